@@ -1,0 +1,115 @@
+// Backend: the ops the Llama-family forward pass needs, implemented once per device.
+//
+// The model (model/) is written once against this interface; the CPU backend (backend/cpu) is
+// the fp32 reference and the oracle of every test, and the CUDA backend (backend/cuda) must match
+// it within each op's stated tolerance. Ops are asynchronous on the backend's stream: results
+// are visible to the host only after CopyToHost or Synchronize. Shapes are written next to every
+// argument; "act" is activation_dtype(), "cache" is the KV pool's dtype.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/step_meta.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace sieve {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;  // "cpu (8 threads)", "cuda:0 NVIDIA H200"
+  // dtype of activations and of weights uploaded with UploadWeight.
+  virtual DType activation_dtype() const = 0;
+  // Bytes of device memory free now (for KV planning); the CPU backend reports host memory.
+  virtual size_t FreeMemoryBytes() const = 0;
+
+  // ---- memory ----
+  virtual Tensor Allocate(std::vector<int64_t> shape, DType dtype) = 0;
+  virtual void CopyFromHost(const void* src, size_t bytes, Tensor& dst) = 0;  // contiguous dst
+  virtual void CopyToHost(const Tensor& src, void* dst) = 0;                  // waits for the copy
+  virtual void Synchronize() = 0;
+  // Converts host data of `src_dtype` to activation_dtype() and uploads it.
+  virtual Tensor UploadWeight(const void* src, DType src_dtype, std::vector<int64_t> shape) = 0;
+  // Fills with seeded pseudo-random N(0, stddev) values (for --load-format dummy).
+  virtual void FillRandom(Tensor& tensor, uint64_t seed, float stddev) = 0;
+
+  // ---- dense ops ----
+  // out[t] = table[ids[t]]          table [V][D] act, ids [T] i32, out [T][D] act
+  virtual void Embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
+  // out = x / rms(x) * weight       x [T][D] act, weight [D] act, out [T][D] act
+  virtual void RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
+  // residual += x; out = RmsNorm(residual)    residual, x, out [T][D] act
+  virtual void AddRmsNorm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                          Tensor& out) = 0;
+  // out = x @ w^T                   x [M][K] act (row stride allowed), w [N][K] act, out [M][N]
+  // act or f32 (f32 is how logits are produced).
+  virtual void Linear(const Tensor& x, const Tensor& w, Tensor& out) = 0;
+  // out = silu(gate_up[:, :F]) * gate_up[:, F:]     gate_up [T][2F] act, out [T][F] act
+  virtual void SiluMul(const Tensor& gate_up, Tensor& out) = 0;
+  // out[r] = x[rows[r]]             x [T][D] act, rows [R] i32, out [R][D] act
+  virtual void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;
+
+  // ---- attention ----
+  // Rotates q and k of every token in place (rope_table [max_pos][d/2][2] f32 holds cos, sin at
+  // each true position), then writes k and v of every token whose sequence has
+  // write_start[layer][s] >= 0 into the pool at entry write_start + (t - query_start[s]).
+  // qkv [T][(H + 2G) d] act: q heads, then k heads, then v heads.
+  virtual void RopeAndCacheWrite(Tensor& qkv, const Tensor& rope_table, int num_heads,
+                                 const StepMeta& step, int layer, KvPool& pool) = 0;
+  // Builds each prefill sequence's whole K/V in scratch rows key_start[s] .. : the entries cached
+  // before this step (context_lens[s] of them, gathered from the layer's pages) followed by the
+  // chunk's rotated k and v from qkv.      k_out, v_out [num_prefill_keys][G][d] act
+  virtual void GatherPrefillKv(const Tensor& qkv, int num_heads, const StepMeta& step, int layer,
+                               const KvPool& pool, Tensor& k_out, Tensor& v_out) = 0;
+  // Causal attention of each prefill sequence's chunk against its whole K/V (the chunk's rows are
+  // the last rows of the keys, so row i sees keys j <= context_len + i). GQA: query head h reads
+  // KV head h / (H / G).     q: the q columns of qkv [T][H d] (row stride allowed); k, v from
+  // GatherPrefillKv; out [T_p][H d] act; lse [T_p][H] f32 natural-log log-sum-exp of the scaled
+  // scores of each row.
+  virtual void PrefillAttention(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
+                                const StepMeta& step, Tensor& out, Tensor& lse) = 0;
+  // Attention of each decode token against every entry its sequence holds in `layer` (kv_lens,
+  // page_table), the token's own entry included.   q: rows [T_p, T) of the q columns, out rows
+  // [T_p, T) of [T][H d]. When the pool has a scores side pool, adds each entry's probability
+  // (mean over the KV head's query group) to it (H2O's accumulated attention).
+  virtual void DecodeAttention(const Tensor& q, int num_heads, const StepMeta& step, int layer,
+                               KvPool& pool, Tensor& out) = 0;
+
+  // ---- KV sparsity (SPARSITY.md) ----
+  // For each compression job of `layer` in kTopScores mode, with R = score_rows:
+  // a[g][j] = reduce_{h in group g} sum_{i = n-R}^{n-1} exp(scale * q_h[i] . k_g[j] - lse_h[i])
+  // for every key j < n (causal: terms with j > i are 0). The scored rows lie in this step's
+  // chunk.    scores [..] f32, job rows at score_offset, laid out [G][n].
+  virtual void WindowScores(const Tensor& q, const Tensor& k, const Tensor& lse, int num_heads,
+                            const StepMeta& step, int layer, Tensor& scores) = 0;
+  // For each job: pool each KV head's scores over j < n - W, keep the C - W best (ties toward the
+  // lower position; kFirstPositions keeps positions 0 .. C-W-1), sorted ascending.
+  // kept [..] i32, job rows at index_offset, laid out [G][C - W].
+  virtual void SelectKept(const Tensor& scores, int num_kv_heads, const StepMeta& step, int layer,
+                          Tensor& kept) = 0;
+  // Writes each job's kept entries into the layer's pages: entry t < C - W of KV head g is key
+  // kept[g][t]; entries C - W .. C - 1 are the window keys n - W .. n - 1. Sets kv_lens to C.
+  // Fills the side pools (scores from `scores`, positions) when they exist.
+  virtual void WriteKeptKv(const Tensor& k, const Tensor& v, const Tensor& scores,
+                           const Tensor& kept, const StepMeta& step, int layer, KvPool& pool) = 0;
+  // For each eviction job of `layer`, per KV head: the victim is, among entries neither recent
+  // nor sinks, the lowest accumulated score (ties: the lowest position) or the lowest position;
+  // the layer's last entry moves into its place (K, V and both side pools) and kv_lens drops by
+  // one. Needs the positions side pool (and scores for kLowestScore).
+  virtual void EvictEntries(const StepMeta& step, int layer, KvPool& pool) = 0;
+
+  // ---- bookkeeping ----
+  // dst[patches[p][0]] = patches[p][1] for p < count.    patches [>= count][2] i32, dst i32.
+  virtual void ScatterInt32(const Tensor& patches, int count, Tensor& dst) = 0;
+};
+
+// The CPU reference backend; `num_threads` <= 0 uses the default pool.
+std::unique_ptr<Backend> MakeCpuBackend();
+
+}  // namespace sieve

@@ -1,0 +1,224 @@
+// Attention ops of the CPU backend: RoPE + cache write, K/V gather, prefill and decode attention.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_math.h"
+
+namespace sieve {
+
+namespace {
+
+const int32_t* I32(const Tensor& tensor) { return tensor.data_as<int32_t>(); }
+
+// Index of entry `entry` of (slot, layer) in the pool's [num_pages * page_size] entry space.
+int64_t PoolEntry(const KvPool& pool, int layer, int slot, int entry) {
+  const int32_t* row = I32(pool.page_table) + (static_cast<int64_t>(layer) * pool.max_seqs + slot) *
+                                                  pool.max_pages_per_seq;
+  const int page_index = entry / pool.page_size;
+  SIEVE_CHECK(page_index < pool.max_pages_per_seq) << "entry " << entry << " past the page table";
+  const int32_t page = row[page_index];
+  SIEVE_CHECK(page >= 0 && page < pool.num_pages) << "bad page " << page;
+  return static_cast<int64_t>(page) * pool.page_size + entry % pool.page_size;
+}
+
+float* PoolK(const KvPool& pool, int64_t entry, int kv_head) {
+  return pool.k.data_as<float>() + (entry * pool.num_kv_heads + kv_head) * pool.head_dim;
+}
+float* PoolV(const KvPool& pool, int64_t entry, int kv_head) {
+  return pool.v.data_as<float>() + (entry * pool.num_kv_heads + kv_head) * pool.head_dim;
+}
+
+void RotateHalf(float* x, const float* cos_sin, int head_dim) {
+  const int half = head_dim / 2;
+  for (int index = 0; index < half; ++index) {
+    const float c = cos_sin[2 * index];
+    const float s = cos_sin[2 * index + 1];
+    const float a = x[index];
+    const float b = x[index + half];
+    x[index] = a * c - b * s;
+    x[index + half] = b * c + a * s;
+  }
+}
+
+}  // namespace
+
+void CpuBackend::RopeAndCacheWrite(Tensor& qkv, const Tensor& rope_table, int num_heads,
+                                   const StepMeta& step, int layer, KvPool& pool) {
+  const int head_dim = pool.head_dim;
+  const int kv_heads = pool.num_kv_heads;
+  const int64_t max_position = rope_table.dim(0);
+  const int32_t* positions = I32(step.positions);
+  pool_.ParallelFor(step.num_tokens, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t token = begin; token < end; ++token) {
+      const int32_t position = positions[token];
+      SIEVE_CHECK(position >= 0 && position < max_position) << "position " << position;
+      const float* cos_sin = rope_table.data_as<float>() + position * rope_table.stride(0);
+      float* row = qkv.data_as<float>() + token * qkv.stride(0);
+      for (int head = 0; head < num_heads + kv_heads; ++head) {
+        RotateHalf(row + head * head_dim, cos_sin, head_dim);
+      }
+    }
+  });
+  const int32_t* query_start = I32(step.query_start);
+  const int32_t* write_start = I32(step.write_start) + static_cast<int64_t>(layer) * step.num_seqs;
+  const int32_t* slots = I32(step.seq_slots);
+  for (int seq = 0; seq < step.num_seqs; ++seq) {
+    if (write_start[seq] < 0) continue;
+    for (int32_t token = query_start[seq]; token < query_start[seq + 1]; ++token) {
+      const int entry_index = write_start[seq] + (token - query_start[seq]);
+      const int64_t entry = PoolEntry(pool, layer, slots[seq], entry_index);
+      const float* row = qkv.data_as<float>() + token * qkv.stride(0);
+      for (int g = 0; g < kv_heads; ++g) {
+        std::memcpy(PoolK(pool, entry, g), row + (num_heads + g) * head_dim,
+                    head_dim * sizeof(float));
+        std::memcpy(PoolV(pool, entry, g), row + (num_heads + kv_heads + g) * head_dim,
+                    head_dim * sizeof(float));
+        if (pool.positions.defined()) {
+          pool.positions.data_as<int32_t>()[entry * kv_heads + g] = positions[token];
+        }
+        if (pool.scores.defined()) pool.scores.data_as<float>()[entry * kv_heads + g] = 0.0f;
+      }
+    }
+  }
+}
+
+void CpuBackend::GatherPrefillKv(const Tensor& qkv, int num_heads, const StepMeta& step, int layer,
+                                 const KvPool& pool, Tensor& k_out, Tensor& v_out) {
+  const int head_dim = pool.head_dim;
+  const int kv_heads = pool.num_kv_heads;
+  const int64_t row_width = static_cast<int64_t>(kv_heads) * head_dim;
+  const int32_t* query_start = I32(step.query_start);
+  const int32_t* key_start = I32(step.key_start);
+  const int32_t* context = I32(step.context_lens);
+  const int32_t* slots = I32(step.seq_slots);
+  for (int seq = 0; seq < step.num_prefill_seqs; ++seq) {
+    float* k_rows = k_out.data_as<float>() + key_start[seq] * row_width;
+    float* v_rows = v_out.data_as<float>() + key_start[seq] * row_width;
+    for (int entry = 0; entry < context[seq]; ++entry) {
+      const int64_t pool_entry = PoolEntry(pool, layer, slots[seq], entry);
+      std::memcpy(k_rows + entry * row_width, PoolK(pool, pool_entry, 0),
+                  row_width * sizeof(float));
+      std::memcpy(v_rows + entry * row_width, PoolV(pool, pool_entry, 0),
+                  row_width * sizeof(float));
+    }
+    const int chunk = query_start[seq + 1] - query_start[seq];
+    for (int index = 0; index < chunk; ++index) {
+      const float* row = qkv.data_as<float>() + (query_start[seq] + index) * qkv.stride(0);
+      std::memcpy(k_rows + (context[seq] + index) * row_width, row + num_heads * head_dim,
+                  row_width * sizeof(float));
+      std::memcpy(v_rows + (context[seq] + index) * row_width,
+                  row + (num_heads + kv_heads) * head_dim, row_width * sizeof(float));
+    }
+  }
+}
+
+void CpuBackend::PrefillAttention(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
+                                  const StepMeta& step, Tensor& out, Tensor& lse) {
+  const int kv_heads = static_cast<int>(k.dim(1));
+  const int head_dim = static_cast<int>(k.dim(2));
+  const int group = num_heads / kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const int32_t* query_start = I32(step.query_start);
+  const int32_t* key_start = I32(step.key_start);
+  const int32_t* context = I32(step.context_lens);
+  // One work item per (token, head): rows are independent.
+  const int64_t items = static_cast<int64_t>(step.num_prefill_tokens) * num_heads;
+  pool_.ParallelFor(items, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    int seq = 0;
+    for (int64_t item = begin; item < end; ++item) {
+      const int token = static_cast<int>(item / num_heads);
+      const int head = static_cast<int>(item % num_heads);
+      while (query_start[seq + 1] <= token) ++seq;
+      const int visible = context[seq] + (token - query_start[seq]) + 1;
+      const int kv_head = head / group;
+      const float* q_row = q.data_as<float>() + token * q.stride(0) + head * head_dim;
+      const float* k_base = k.data_as<float>() +
+                            (static_cast<int64_t>(key_start[seq]) * kv_heads + kv_head) * head_dim;
+      const float* v_base = v.data_as<float>() +
+                            (static_cast<int64_t>(key_start[seq]) * kv_heads + kv_head) * head_dim;
+      const int64_t key_stride = static_cast<int64_t>(kv_heads) * head_dim;
+      scores.resize(visible);
+      float max_score = -std::numeric_limits<float>::infinity();
+      for (int key = 0; key < visible; ++key) {
+        scores[key] = scale * cpu::Dot(q_row, k_base + key * key_stride, head_dim);
+        max_score = std::max(max_score, scores[key]);
+      }
+      float sum = 0.0f;
+      for (int key = 0; key < visible; ++key) {
+        scores[key] = std::exp(scores[key] - max_score);
+        sum += scores[key];
+      }
+      float* dst = out.data_as<float>() + token * out.stride(0) + head * head_dim;
+      std::memset(dst, 0, head_dim * sizeof(float));
+      const float inv_sum = 1.0f / sum;
+      for (int key = 0; key < visible; ++key) {
+        cpu::Axpy(scores[key] * inv_sum, v_base + key * key_stride, dst, head_dim);
+      }
+      lse.data_as<float>()[token * lse.stride(0) + head] = max_score + std::log(sum);
+    }
+  });
+}
+
+void CpuBackend::DecodeAttention(const Tensor& q, int num_heads, const StepMeta& step, int layer,
+                                 KvPool& pool, Tensor& out) {
+  const int kv_heads = pool.num_kv_heads;
+  const int head_dim = pool.head_dim;
+  const int group = num_heads / kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const int num_decode = step.num_seqs - step.num_prefill_seqs;
+  const int32_t* query_start = I32(step.query_start);
+  const int32_t* slots = I32(step.seq_slots);
+  const int32_t* lens = I32(pool.kv_lens) + static_cast<int64_t>(layer) * pool.max_seqs;
+  // One work item per (decode sequence, KV head): the group's query heads share the K/V reads,
+  // and the side pool's per-entry scores are owned by exactly one item.
+  pool_.ParallelFor(
+      static_cast<int64_t>(num_decode) * kv_heads, 1, [&](int64_t begin, int64_t end) {
+        std::vector<int64_t> entries;
+        std::vector<float> probs;
+        for (int64_t item = begin; item < end; ++item) {
+          const int seq = step.num_prefill_seqs + static_cast<int>(item / kv_heads);
+          const int kv_head = static_cast<int>(item % kv_heads);
+          const int token = query_start[seq];
+          const int length = lens[slots[seq]];
+          entries.resize(length);
+          for (int entry = 0; entry < length; ++entry)
+            entries[entry] = PoolEntry(pool, layer, slots[seq], entry);
+          probs.assign(length, 0.0f);
+          std::vector<float> scores(length);
+          for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
+            const float* q_row = q.data_as<float>() + token * q.stride(0) + head * head_dim;
+            float max_score = -std::numeric_limits<float>::infinity();
+            for (int entry = 0; entry < length; ++entry) {
+              scores[entry] =
+                  scale * cpu::Dot(q_row, PoolK(pool, entries[entry], kv_head), head_dim);
+              max_score = std::max(max_score, scores[entry]);
+            }
+            float sum = 0.0f;
+            for (int entry = 0; entry < length; ++entry) {
+              scores[entry] = std::exp(scores[entry] - max_score);
+              sum += scores[entry];
+            }
+            float* dst = out.data_as<float>() + token * out.stride(0) + head * head_dim;
+            std::memset(dst, 0, head_dim * sizeof(float));
+            const float inv_sum = 1.0f / sum;
+            for (int entry = 0; entry < length; ++entry) {
+              const float p = scores[entry] * inv_sum;
+              cpu::Axpy(p, PoolV(pool, entries[entry], kv_head), dst, head_dim);
+              probs[entry] += p;
+            }
+          }
+          if (pool.scores.defined()) {
+            float* acc = pool.scores.data_as<float>();
+            for (int entry = 0; entry < length; ++entry) {
+              acc[entries[entry] * kv_heads + kv_head] += probs[entry] / static_cast<float>(group);
+            }
+          }
+        }
+      });
+}
+
+}  // namespace sieve

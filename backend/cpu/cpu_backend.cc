@@ -1,0 +1,51 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+namespace sieve {
+
+std::unique_ptr<Backend> MakeCpuBackend() { return std::make_unique<CpuBackend>(); }
+
+CpuBackend::CpuBackend(ThreadPool* pool) : pool_(pool ? *pool : ThreadPool::Default()) {}
+
+std::string CpuBackend::name() const {
+  return "cpu (" + std::to_string(pool_.num_threads()) + " threads)";
+}
+
+size_t CpuBackend::FreeMemoryBytes() const {
+  const long pages = sysconf(_SC_AVPHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page_size > 0 ? static_cast<size_t>(pages) * page_size : 0;
+}
+
+Tensor CpuBackend::Allocate(std::vector<int64_t> shape, DType dtype) {
+  return Tensor::Empty(std::move(shape), dtype);
+}
+
+void CpuBackend::CopyFromHost(const void* src, size_t bytes, Tensor& dst) {
+  SIEVE_CHECK(bytes <= dst.nbytes()) << "copy of " << bytes << " bytes into " << dst.ShapeString();
+  std::memcpy(dst.data(), src, bytes);
+}
+
+void CpuBackend::CopyToHost(const Tensor& src, void* dst) {
+  std::memcpy(dst, src.data(), src.nbytes());
+}
+
+Tensor CpuBackend::UploadWeight(const void* src, DType src_dtype, std::vector<int64_t> shape) {
+  Tensor tensor = Tensor::Empty(std::move(shape), DType::kF32);
+  ConvertToFloat(src, src_dtype, static_cast<size_t>(tensor.numel()), tensor.data_as<float>());
+  return tensor;
+}
+
+void CpuBackend::FillRandom(Tensor& tensor, uint64_t seed, float stddev) {
+  SIEVE_CHECK(tensor.dtype() == DType::kF32 && tensor.is_contiguous());
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, stddev);
+  float* data = tensor.data_as<float>();
+  for (int64_t index = 0; index < tensor.numel(); ++index) data[index] = normal(rng);
+}
+
+}  // namespace sieve

@@ -1,0 +1,63 @@
+// CpuBackend: the fp32 reference implementation of every Backend op. Correctness first: each op
+// is written the straightforward way, parallelised over independent outputs with the thread pool,
+// and every output element is computed by the same code whatever the batch holds, so a batched
+// run is bitwise equal to single runs. The CUDA backend is tested against it.
+#pragma once
+
+#include "backend/backend.h"
+#include "core/thread_pool.h"
+
+namespace sieve {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(ThreadPool* pool = nullptr);
+
+  Device device() const override { return Device::kCpu; }
+  std::string name() const override;
+  DType activation_dtype() const override { return DType::kF32; }
+  size_t FreeMemoryBytes() const override;
+
+  Tensor Allocate(std::vector<int64_t> shape, DType dtype) override;
+  void CopyFromHost(const void* src, size_t bytes, Tensor& dst) override;
+  void CopyToHost(const Tensor& src, void* dst) override;
+  void Synchronize() override {}
+  Tensor UploadWeight(const void* src, DType src_dtype, std::vector<int64_t> shape) override;
+  void FillRandom(Tensor& tensor, uint64_t seed, float stddev) override;
+
+  void Embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
+  void RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
+  void AddRmsNorm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                  Tensor& out) override;
+  void Linear(const Tensor& x, const Tensor& w, Tensor& out) override;
+  void SiluMul(const Tensor& gate_up, Tensor& out) override;
+  void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) override;
+
+  void RopeAndCacheWrite(Tensor& qkv, const Tensor& rope_table, int num_heads, const StepMeta& step,
+                         int layer, KvPool& pool) override;
+  void GatherPrefillKv(const Tensor& qkv, int num_heads, const StepMeta& step, int layer,
+                       const KvPool& pool, Tensor& k_out, Tensor& v_out) override;
+  void PrefillAttention(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
+                        const StepMeta& step, Tensor& out, Tensor& lse) override;
+  void DecodeAttention(const Tensor& q, int num_heads, const StepMeta& step, int layer,
+                       KvPool& pool, Tensor& out) override;
+
+  void WindowScores(const Tensor& q, const Tensor& k, const Tensor& lse, int num_heads,
+                    const StepMeta& step, int layer, Tensor& scores) override;
+  void SelectKept(const Tensor& scores, int num_kv_heads, const StepMeta& step, int layer,
+                  Tensor& kept) override;
+  void WriteKeptKv(const Tensor& k, const Tensor& v, const Tensor& scores, const Tensor& kept,
+                   const StepMeta& step, int layer, KvPool& pool) override;
+  void EvictEntries(const StepMeta& step, int layer, KvPool& pool) override;
+  void ScatterInt32(const Tensor& patches, int count, Tensor& dst) override;
+
+ private:
+  ThreadPool& pool_;
+};
+
+// Pools one KV head's prefix scores and returns the `keep` best positions, ascending; ties go to
+// the lower position. Exposed for the sparsity reference tests. `scores` has `count` values.
+void PoolScores(const float* scores, int count, PoolKind pool, int kernel, float* pooled);
+void SelectTopPositions(const float* pooled, int count, int keep, int32_t* kept);
+
+}  // namespace sieve

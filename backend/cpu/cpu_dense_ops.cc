@@ -1,0 +1,134 @@
+// Dense ops of the CPU backend: embedding, norms, GEMM, SiLU-and-multiply, row gather.
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_math.h"
+
+namespace sieve {
+
+namespace {
+
+void CheckF32Rows(const Tensor& tensor, const char* what) {
+  SIEVE_CHECK(tensor.device() == Device::kCpu && tensor.dtype() == DType::kF32 &&
+              tensor.rank() == 2 && tensor.stride(1) == 1)
+      << what << " must be a 2-D f32 host tensor with contiguous rows, got "
+      << tensor.ShapeString();
+}
+
+void RmsNormRow(const float* x, const float* weight, float eps, int64_t width, float* out) {
+  double sum_squares = 0.0;
+  for (int64_t index = 0; index < width; ++index)
+    sum_squares += static_cast<double>(x[index]) * x[index];
+  const float inv_rms =
+      1.0f / std::sqrt(static_cast<float>(sum_squares / static_cast<double>(width)) + eps);
+  for (int64_t index = 0; index < width; ++index) out[index] = x[index] * inv_rms * weight[index];
+}
+
+}  // namespace
+
+void CpuBackend::Embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
+  CheckF32Rows(table, "embedding table");
+  CheckF32Rows(out, "embedding output");
+  const int64_t width = table.dim(1);
+  const int64_t vocab = table.dim(0);
+  const int32_t* id_data = ids.data_as<int32_t>();
+  for (int64_t row = 0; row < ids.numel(); ++row) {
+    const int32_t id = id_data[row];
+    SIEVE_CHECK(id >= 0 && id < vocab) << "token id " << id << " outside the vocabulary";
+    std::memcpy(out.data_as<float>() + row * out.stride(0),
+                table.data_as<float>() + id * table.stride(0), width * sizeof(float));
+  }
+}
+
+void CpuBackend::RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  CheckF32Rows(x, "rms_norm input");
+  CheckF32Rows(out, "rms_norm output");
+  const int64_t width = x.dim(1);
+  pool_.ParallelFor(x.dim(0), 4, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      RmsNormRow(x.data_as<float>() + row * x.stride(0), weight.data_as<float>(), eps, width,
+                 out.data_as<float>() + row * out.stride(0));
+    }
+  });
+}
+
+void CpuBackend::AddRmsNorm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                            Tensor& out) {
+  CheckF32Rows(residual, "residual");
+  CheckF32Rows(x, "add_rms_norm input");
+  const int64_t width = x.dim(1);
+  pool_.ParallelFor(x.dim(0), 4, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      float* res = residual.data_as<float>() + row * residual.stride(0);
+      const float* in = x.data_as<float>() + row * x.stride(0);
+      for (int64_t index = 0; index < width; ++index) res[index] += in[index];
+      RmsNormRow(res, weight.data_as<float>(), eps, width,
+                 out.data_as<float>() + row * out.stride(0));
+    }
+  });
+}
+
+void CpuBackend::Linear(const Tensor& x, const Tensor& w, Tensor& out) {
+  CheckF32Rows(x, "linear input");
+  CheckF32Rows(w, "linear weight");
+  CheckF32Rows(out, "linear output");
+  const int64_t rows = x.dim(0);
+  const int64_t inner = x.dim(1);
+  const int64_t cols = w.dim(0);
+  SIEVE_CHECK(w.dim(1) == inner && out.dim(0) == rows && out.dim(1) == cols)
+      << "linear shapes " << x.ShapeString() << " x " << w.ShapeString() << " -> "
+      << out.ShapeString();
+  // Blocks of weight rows stay in cache while every input row passes over them. Each output
+  // element is one Dot over `inner`, whatever the batch: results don't depend on batch size.
+  constexpr int64_t kColBlock = 32;
+  constexpr int64_t kRowBlock = 64;
+  const int64_t col_blocks = (cols + kColBlock - 1) / kColBlock;
+  const int64_t row_blocks = (rows + kRowBlock - 1) / kRowBlock;
+  pool_.ParallelFor(col_blocks * row_blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t col_begin = (block % col_blocks) * kColBlock;
+      const int64_t col_end = std::min(cols, col_begin + kColBlock);
+      const int64_t row_begin = (block / col_blocks) * kRowBlock;
+      const int64_t row_end = std::min(rows, row_begin + kRowBlock);
+      for (int64_t row = row_begin; row < row_end; ++row) {
+        const float* in = x.data_as<float>() + row * x.stride(0);
+        float* dst = out.data_as<float>() + row * out.stride(0);
+        for (int64_t col = col_begin; col < col_end; ++col) {
+          dst[col] = cpu::Dot(in, w.data_as<float>() + col * w.stride(0), inner);
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::SiluMul(const Tensor& gate_up, Tensor& out) {
+  CheckF32Rows(gate_up, "silu_mul input");
+  CheckF32Rows(out, "silu_mul output");
+  const int64_t width = out.dim(1);
+  SIEVE_CHECK(gate_up.dim(1) == 2 * width);
+  pool_.ParallelFor(out.dim(0), 4, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const float* gate = gate_up.data_as<float>() + row * gate_up.stride(0);
+      const float* up = gate + width;
+      float* dst = out.data_as<float>() + row * out.stride(0);
+      for (int64_t index = 0; index < width; ++index) {
+        const float g = gate[index];
+        dst[index] = g / (1.0f + std::exp(-g)) * up[index];
+      }
+    }
+  });
+}
+
+void CpuBackend::GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) {
+  CheckF32Rows(x, "gather input");
+  const int64_t width = x.dim(1);
+  const int32_t* row_ids = rows.data_as<int32_t>();
+  for (int64_t index = 0; index < rows.numel(); ++index) {
+    SIEVE_CHECK(row_ids[index] >= 0 && row_ids[index] < x.dim(0));
+    std::memcpy(out.data_as<float>() + index * out.stride(0),
+                x.data_as<float>() + row_ids[index] * x.stride(0), width * sizeof(float));
+  }
+}
+
+}  // namespace sieve

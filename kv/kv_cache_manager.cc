@@ -1,0 +1,207 @@
+#include "kv/kv_cache_manager.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/check.h"
+
+namespace sieve {
+
+KvCacheManager::KvCacheManager(const Options& options)
+    : options_(options),
+      pool_(options.num_pages),
+      page_table_(
+          static_cast<size_t>(options.num_layers) * options.max_seqs * options.max_pages_per_seq,
+          -1),
+      lengths_(static_cast<size_t>(options.num_layers) * options.max_seqs, 0) {
+  SIEVE_CHECK(options.page_size > 0 && options.num_layers > 0 && options.max_seqs > 0 &&
+              options.max_pages_per_seq > 0);
+  for (int slot = options.max_seqs - 1; slot >= 0; --slot) free_slots_.push_back(slot);
+}
+
+const KvCacheManager::Sequence& KvCacheManager::Get(SeqId id) const {
+  const auto it = seqs_.find(id);
+  SIEVE_CHECK(it != seqs_.end()) << "unknown sequence " << id;
+  return it->second;
+}
+
+KvCacheManager::Sequence& KvCacheManager::Get(SeqId id) {
+  const auto it = seqs_.find(id);
+  SIEVE_CHECK(it != seqs_.end()) << "unknown sequence " << id;
+  return it->second;
+}
+
+int64_t KvCacheManager::TableIndex(int layer, int slot, int page_index) const {
+  return (static_cast<int64_t>(layer) * options_.max_seqs + slot) * options_.max_pages_per_seq +
+         page_index;
+}
+
+void KvCacheManager::WriteTable(int layer, int slot, int page_index, int32_t page) {
+  const int64_t index = TableIndex(layer, slot, page_index);
+  page_table_[index] = page;
+  patches_.emplace_back(static_cast<int32_t>(index), page);
+}
+
+Result<int> KvCacheManager::AddSequence(SeqId id) {
+  SIEVE_CHECK(!HasSequence(id)) << "sequence " << id << " added twice";
+  if (free_slots_.empty()) {
+    return ResourceExhaustedError("all " + std::to_string(options_.max_seqs) +
+                                  " sequence slots are in use");
+  }
+  Sequence seq;
+  seq.slot = free_slots_.back();
+  free_slots_.pop_back();
+  seq.pages.resize(options_.num_layers);
+  const int slot = seq.slot;
+  seqs_.emplace(id, std::move(seq));
+  return slot;
+}
+
+void KvCacheManager::RemoveSequence(SeqId id) {
+  Sequence& seq = Get(id);
+  for (int layer = 0; layer < options_.num_layers; ++layer) {
+    SetLength(id, layer, 0);
+  }
+  free_slots_.push_back(seq.slot);
+  seqs_.erase(id);
+}
+
+int KvCacheManager::Slot(SeqId id) const { return Get(id).slot; }
+
+int KvCacheManager::Length(SeqId id, int layer) const {
+  return lengths_[static_cast<int64_t>(layer) * options_.max_seqs + Get(id).slot];
+}
+
+int KvCacheManager::Capacity(SeqId id, int layer) const {
+  return static_cast<int>(Get(id).pages[layer].size()) * options_.page_size;
+}
+
+const std::vector<int32_t>& KvCacheManager::Pages(SeqId id, int layer) const {
+  return Get(id).pages[layer];
+}
+
+int KvCacheManager::PagesToGrow(SeqId id, std::span<const int> capacities) const {
+  SIEVE_CHECK(static_cast<int>(capacities.size()) == options_.num_layers);
+  const auto it = seqs_.find(id);
+  int needed = 0;
+  for (int layer = 0; layer < options_.num_layers; ++layer) {
+    const int held = it == seqs_.end() ? 0 : static_cast<int>(it->second.pages[layer].size());
+    needed += std::max(0, PagesFor(capacities[layer]) - held);
+  }
+  return needed;
+}
+
+bool KvCacheManager::Grow(SeqId id, std::span<const int> capacities) {
+  SIEVE_CHECK(static_cast<int>(capacities.size()) == options_.num_layers);
+  Sequence& seq = Get(id);
+  for (int layer = 0; layer < options_.num_layers; ++layer) {
+    if (PagesFor(capacities[layer]) > options_.max_pages_per_seq) return false;
+  }
+  if (PagesToGrow(id, capacities) > pool_.num_free()) return false;
+  for (int layer = 0; layer < options_.num_layers; ++layer) {
+    std::vector<int32_t>& pages = seq.pages[layer];
+    const int before = static_cast<int>(pages.size());
+    const int wanted = PagesFor(capacities[layer]);
+    if (wanted <= before) continue;
+    const bool ok = pool_.Allocate(wanted - before, pages);
+    SIEVE_CHECK(ok) << "pool ran out after PagesToGrow said it would not";
+    for (int index = before; index < wanted; ++index)
+      WriteTable(layer, seq.slot, index, pages[index]);
+  }
+  return true;
+}
+
+void KvCacheManager::SetLength(SeqId id, int layer, int length) {
+  Sequence& seq = Get(id);
+  std::vector<int32_t>& pages = seq.pages[layer];
+  SIEVE_CHECK(length >= 0 && length <= static_cast<int>(pages.size()) * options_.page_size)
+      << "length " << length << " past the capacity of layer " << layer;
+  lengths_[static_cast<int64_t>(layer) * options_.max_seqs + seq.slot] = length;
+  const int keep = PagesFor(length);
+  if (keep < static_cast<int>(pages.size())) {
+    pool_.Release(std::span<const int32_t>(pages).subspan(keep));
+    for (int index = keep; index < static_cast<int>(pages.size()); ++index) {
+      WriteTable(layer, seq.slot, index, -1);
+    }
+    pages.resize(keep);
+  }
+}
+
+int KvCacheManager::PagesUsedByLayer(int layer) const {
+  int total = 0;
+  for (const auto& [id, seq] : seqs_) total += static_cast<int>(seq.pages[layer].size());
+  return total;
+}
+
+int KvCacheManager::PagesUsedBySequence(SeqId id) const {
+  int total = 0;
+  for (const auto& pages : Get(id).pages) total += static_cast<int>(pages.size());
+  return total;
+}
+
+int64_t KvCacheManager::EntriesHeldByLayer(int layer) const {
+  int64_t total = 0;
+  for (const auto& [id, seq] : seqs_)
+    total += lengths_[static_cast<int64_t>(layer) * options_.max_seqs + seq.slot];
+  return total;
+}
+
+std::vector<std::pair<int32_t, int32_t>> KvCacheManager::TakePageTablePatches() {
+  std::vector<std::pair<int32_t, int32_t>> out;
+  out.swap(patches_);
+  return out;
+}
+
+Status KvCacheManager::CheckInvariants() const {
+  std::vector<int> owners(pool_.num_pages(), 0);
+  std::vector<bool> slot_used(options_.max_seqs, false);
+  for (const auto& [id, seq] : seqs_) {
+    if (seq.slot < 0 || seq.slot >= options_.max_seqs || slot_used[seq.slot]) {
+      return InternalError("sequence " + std::to_string(id) + " has a bad or shared slot");
+    }
+    slot_used[seq.slot] = true;
+    for (int layer = 0; layer < options_.num_layers; ++layer) {
+      const auto& pages = seq.pages[layer];
+      const int length = lengths_[static_cast<int64_t>(layer) * options_.max_seqs + seq.slot];
+      if (length > static_cast<int>(pages.size()) * options_.page_size) {
+        return InternalError("sequence " + std::to_string(id) + " layer " + std::to_string(layer) +
+                             ": length past capacity");
+      }
+      for (int index = 0; index < options_.max_pages_per_seq; ++index) {
+        const int32_t expected = index < static_cast<int>(pages.size()) ? pages[index] : -1;
+        if (page_table_[TableIndex(layer, seq.slot, index)] != expected) {
+          return InternalError("page-table mirror differs from the lists for sequence " +
+                               std::to_string(id) + " layer " + std::to_string(layer));
+        }
+      }
+      for (const int32_t page : pages) {
+        if (page < 0 || page >= pool_.num_pages()) return InternalError("bad page id");
+        ++owners[page];
+      }
+    }
+  }
+  int used = 0;
+  for (int32_t page = 0; page < pool_.num_pages(); ++page) {
+    if (owners[page] > 1) return InternalError("page " + std::to_string(page) + " in two lists");
+    if (owners[page] != pool_.ref_count(page)) {
+      return InternalError("page " + std::to_string(page) + " ref count " +
+                           std::to_string(pool_.ref_count(page)) + " but " +
+                           std::to_string(owners[page]) + " owners (leak or double free)");
+    }
+    used += owners[page];
+  }
+  if (used != pool_.num_used()) return InternalError("pool's used count disagrees with the lists");
+  for (int slot = 0; slot < options_.max_seqs; ++slot) {
+    if (slot_used[slot]) continue;
+    for (int layer = 0; layer < options_.num_layers; ++layer) {
+      for (int index = 0; index < options_.max_pages_per_seq; ++index) {
+        if (page_table_[TableIndex(layer, slot, index)] != -1) {
+          return InternalError("a free slot's page-table row holds pages");
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace sieve

@@ -1,0 +1,107 @@
+// KvCacheManager: every (sequence, layer) has its own page list and length, all drawing pages
+// from one BlockPool. This is what lets a sparse layer hold 400 entries while a full layer of the
+// same sequence holds 4000 — vLLM's one-block-table-per-sequence cannot.
+//
+// It also keeps the host mirror of the device page tables: [L][max_seqs][max_pages_per_seq]
+// page ids (row = the sequence's slot; -1 past its pages) and [L][max_seqs] lengths, plus the log
+// of page-table writes since the last TakePageTablePatches(), so the runner uploads only changes.
+//
+// Ownership: the engine thread. Planning queries are const; Grow/SetLength/Remove commit.
+// Invariants (CheckInvariants): every used page belongs to exactly one (sequence, layer) list;
+// a list holds ceil(capacity / page_size) pages and length <= capacity; the mirror equals the
+// lists.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+#include "kv/block_pool.h"
+
+namespace sieve {
+
+using SeqId = int64_t;
+
+class KvCacheManager {
+ public:
+  struct Options {
+    int num_pages = 0;
+    int page_size = 16;
+    int num_layers = 0;
+    int max_seqs = 0;           // sequence slots (rows of the page tables)
+    int max_pages_per_seq = 0;  // pages one (sequence, layer) may hold
+  };
+
+  explicit KvCacheManager(const Options& options);
+
+  const Options& options() const { return options_; }
+  int page_size() const { return options_.page_size; }
+  int num_layers() const { return options_.num_layers; }
+  int PagesFor(int entries) const {
+    return (entries + options_.page_size - 1) / options_.page_size;
+  }
+
+  // ---- sequences ----
+  // Gives the sequence a slot and empty lists; ResourceExhausted when all slots are taken.
+  Result<int> AddSequence(SeqId id);
+  // Frees every page of every layer of the sequence and its slot.
+  void RemoveSequence(SeqId id);
+  bool HasSequence(SeqId id) const { return seqs_.count(id) != 0; }
+  int Slot(SeqId id) const;
+  int num_sequences() const { return static_cast<int>(seqs_.size()); }
+  int num_free_slots() const { return static_cast<int>(free_slots_.size()); }
+
+  // ---- per (sequence, layer) ----
+  int Length(SeqId id, int layer) const;
+  int Capacity(SeqId id, int layer) const;  // pages held * page_size
+  const std::vector<int32_t>& Pages(SeqId id, int layer) const;
+
+  // Pages that Grow(id, capacities) would take from the pool (0 for an unknown sequence: a new
+  // one is counted by passing its target capacities to PagesFor).
+  int PagesToGrow(SeqId id, std::span<const int> capacities) const;
+  // Makes each layer l hold at least capacities[l] entries. All or nothing: false (and no change)
+  // when the pool has too few free pages or a list would pass max_pages_per_seq.
+  [[nodiscard]] bool Grow(SeqId id, std::span<const int> capacities);
+  // Sets the layer's length and frees the pages past it.
+  void SetLength(SeqId id, int layer, int length);
+
+  // ---- accounting ----
+  int num_pages() const { return pool_.num_pages(); }
+  int num_free_pages() const { return pool_.num_free(); }
+  int num_used_pages() const { return pool_.num_used(); }
+  int PagesUsedByLayer(int layer) const;
+  int PagesUsedBySequence(SeqId id) const;
+  int64_t EntriesHeldByLayer(int layer) const;
+
+  // ---- device mirror ----
+  const std::vector<int32_t>& page_table() const { return page_table_; }  // [L][S][P]
+  const std::vector<int32_t>& lengths() const { return lengths_; }        // [L][S]
+  // (index into page_table(), new value) for every write since the last call.
+  std::vector<std::pair<int32_t, int32_t>> TakePageTablePatches();
+
+  // OK when every invariant above holds; used by the property tests.
+  Status CheckInvariants() const;
+
+ private:
+  struct Sequence {
+    int slot = -1;
+    std::vector<std::vector<int32_t>> pages;  // [L] page ids
+  };
+  const Sequence& Get(SeqId id) const;
+  Sequence& Get(SeqId id);
+  int64_t TableIndex(int layer, int slot, int page_index) const;
+  void WriteTable(int layer, int slot, int page_index, int32_t page);
+
+  Options options_;
+  BlockPool pool_;
+  std::unordered_map<SeqId, Sequence> seqs_;
+  std::vector<int> free_slots_;
+  std::vector<int32_t> page_table_;  // [L][max_seqs][max_pages_per_seq]
+  std::vector<int32_t> lengths_;     // [L][max_seqs]
+  std::vector<std::pair<int32_t, int32_t>> patches_;
+};
+
+}  // namespace sieve

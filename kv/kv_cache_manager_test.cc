@@ -1,0 +1,86 @@
+#include "kv/kv_cache_manager.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "core/testing.h"
+
+namespace sieve {
+namespace {
+
+KvCacheManager::Options SmallOptions() {
+  KvCacheManager::Options options;
+  options.num_pages = 40;
+  options.page_size = 4;
+  options.num_layers = 3;
+  options.max_seqs = 4;
+  options.max_pages_per_seq = 8;
+  return options;
+}
+
+TEST(KvCacheManagerTest, LayersHoldDifferentLengths) {
+  KvCacheManager manager(SmallOptions());
+  ASSERT_TRUE(manager.AddSequence(7).ok());
+  const std::vector<int> capacities = {30, 5, 12};
+  EXPECT_EQ(manager.PagesToGrow(7, capacities), 8 + 2 + 3);
+  ASSERT_TRUE(manager.Grow(7, capacities));
+  manager.SetLength(7, 0, 30);
+  manager.SetLength(7, 1, 5);
+  manager.SetLength(7, 2, 9);  // frees the third page of layer 2
+  EXPECT_EQ(manager.Pages(7, 2).size(), 3u);
+  EXPECT_EQ(manager.PagesUsedBySequence(7), 8 + 2 + 3);
+  EXPECT_EQ(manager.PagesUsedByLayer(1), 2);
+  EXPECT_EQ(manager.EntriesHeldByLayer(0), 30);
+  EXPECT_TRUE(manager.CheckInvariants().ok()) << manager.CheckInvariants().ToString();
+  manager.RemoveSequence(7);
+  EXPECT_EQ(manager.num_free_pages(), 40);
+  EXPECT_TRUE(manager.CheckInvariants().ok());
+}
+
+TEST(KvCacheManagerTest, GrowIsAllOrNothing) {
+  KvCacheManager manager(SmallOptions());
+  ASSERT_TRUE(manager.AddSequence(1).ok());
+  ASSERT_TRUE(manager.AddSequence(2).ok());
+  ASSERT_TRUE(manager.Grow(1, std::vector<int>{32, 32, 32}));   // 24 pages
+  EXPECT_FALSE(manager.Grow(2, std::vector<int>{32, 32, 32}));  // 24 more do not exist
+  EXPECT_EQ(manager.PagesUsedBySequence(2), 0);
+  EXPECT_FALSE(manager.Grow(2, std::vector<int>{33, 0, 0}));  // past max_pages_per_seq
+  EXPECT_TRUE(manager.CheckInvariants().ok());
+}
+
+TEST(KvCacheManagerTest, SlotsRunOut) {
+  KvCacheManager manager(SmallOptions());
+  for (SeqId id = 0; id < 4; ++id) ASSERT_TRUE(manager.AddSequence(id).ok());
+  const auto fifth = manager.AddSequence(4);
+  EXPECT_EQ(fifth.status().code(), StatusCode::kResourceExhausted);
+}
+
+TEST(KvCacheManagerTest, PatchesReplayToTheMirror) {
+  auto rng = testing::MakeRng();
+  KvCacheManager manager(SmallOptions());
+  std::vector<int32_t> device(manager.page_table().size(), -1);
+  std::map<SeqId, bool> live;
+  for (int step = 0; step < 3000; ++step) {
+    const SeqId id = static_cast<SeqId>(rng() % 6);
+    if (!manager.HasSequence(id)) {
+      if (manager.AddSequence(id).ok()) live[id] = true;
+    } else if (rng() % 5 == 0) {
+      manager.RemoveSequence(id);
+    } else {
+      std::vector<int> capacities(3);
+      for (int& capacity : capacities) capacity = static_cast<int>(rng() % 33);
+      if (manager.Grow(id, capacities)) {
+        for (int layer = 0; layer < 3; ++layer) {
+          manager.SetLength(id, layer, static_cast<int>(rng() % (manager.Capacity(id, layer) + 1)));
+        }
+      }
+    }
+    for (const auto& [index, value] : manager.TakePageTablePatches()) device[index] = value;
+    ASSERT_EQ(device, manager.page_table());
+    ASSERT_TRUE(manager.CheckInvariants().ok()) << manager.CheckInvariants().ToString();
+  }
+}
+
+}  // namespace
+}  // namespace sieve

@@ -1,0 +1,97 @@
+// LlamaModel: the Llama-family forward pass (Llama 2/3/3.1, Mistral), written once against
+// Backend. Weights are uploaded once at load, with q/k/v fused into one [(H + 2G) hd, D] matrix
+// and gate/up into one [2F, D] matrix so each block runs two input GEMMs instead of five.
+//
+// One Forward() call runs one scheduler step: a mix of prefill chunks and decode tokens
+// described by StepMeta. Inside each layer's prefill attention the layer's KV-sparsity jobs run
+// (window scores, selection, write of the kept entries), so a layer's full-length K/V exists
+// only in the step's scratch, never in the pages of a compressed layer (SPARSITY.md "When it
+// runs").
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
+
+namespace sieve {
+
+struct LlamaLayerWeights {
+  Tensor attn_norm;  // [D]
+  Tensor qkv;        // [(H + 2G) hd][D]
+  Tensor o;          // [D][H hd]
+  Tensor mlp_norm;   // [D]
+  Tensor gate_up;    // [2F][D]
+  Tensor down;       // [D][F]
+};
+
+struct LlamaWeights {
+  Tensor embed;       // [V][D]
+  Tensor final_norm;  // [D]
+  Tensor lm_head;     // [V][D]; the embed tensor itself when tied
+  std::vector<LlamaLayerWeights> layers;
+};
+
+// Activation buffers of one step, sized for the largest step the runner will plan.
+struct ForwardWorkspace {
+  int max_tokens = 0;
+  int64_t max_prefill_keys = 0;
+  int max_sample_rows = 0;
+  int64_t max_scores = 0;
+  int64_t max_kept = 0;
+  Tensor hidden;     // [max_tokens][D] residual stream
+  Tensor normed;     // [max_tokens][D]
+  Tensor qkv;        // [max_tokens][(H + 2G) hd]
+  Tensor attn;       // [max_tokens][H hd]
+  Tensor proj;       // [max_tokens][D]
+  Tensor gate_up;    // [max_tokens][2F]
+  Tensor act;        // [max_tokens][F]
+  Tensor lse;        // [max_tokens][H] f32
+  Tensor k_scratch;  // [max_prefill_keys][G][hd]
+  Tensor v_scratch;  // [max_prefill_keys][G][hd]
+  Tensor scores;     // [max_scores] f32
+  Tensor kept;       // [max_kept] i32
+  Tensor last;       // [max_sample_rows][D]
+};
+
+class LlamaModel {
+ public:
+  // Loads and validates the checkpoint's weights (any float dtype, converted to the backend's).
+  static Result<std::unique_ptr<LlamaModel>> Load(const ModelConfig& config,
+                                                  const SafetensorsCheckpoint& checkpoint,
+                                                  Backend& backend, int max_positions);
+  // Seeded random weights on the device (--load-format dummy and the embedded model): N(0,
+  // init_std) for matrices, 1 + N(0, 0.1) for norms.
+  static std::unique_ptr<LlamaModel> Random(const ModelConfig& config, Backend& backend,
+                                            uint64_t seed, int max_positions,
+                                            float init_std = 0.02f);
+
+  const ModelConfig& config() const { return config_; }
+  Backend& backend() const { return backend_; }
+  int max_positions() const { return max_positions_; }
+  const LlamaWeights& weights() const { return weights_; }
+
+  // Makes (or grows) the workspace so it holds a step of these sizes. Not on the hot path: the
+  // runner sizes it once at start-up for the largest step it will plan.
+  void EnsureWorkspace(ForwardWorkspace& workspace, int max_tokens, int64_t max_prefill_keys,
+                       int max_sample_rows, int64_t max_scores, int64_t max_kept) const;
+
+  // Runs one step. `logits` [R][V] f32 receives the logits of step.sample_rows.
+  void Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& workspace,
+               Tensor& logits) const;
+
+ private:
+  LlamaModel(const ModelConfig& config, Backend& backend, int max_positions);
+  void UploadRopeTable();
+
+  ModelConfig config_;
+  Backend& backend_;
+  int max_positions_;
+  LlamaWeights weights_;
+  Tensor rope_table_;  // [max_positions][hd / 2][2] f32
+};
+
+}  // namespace sieve

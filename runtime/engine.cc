@@ -1,0 +1,342 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "core/logging.h"
+
+namespace sieve {
+
+std::string_view FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+  }
+  return "none";
+}
+
+double EngineStats::compression_ratio() const {
+  int64_t kept = 0;
+  for (const int64_t entries : entries_kept_by_layer) kept += entries;
+  if (kept == 0) return 1.0;
+  return static_cast<double>(compressed_prompt_tokens) * entries_kept_by_layer.size() / kept;
+}
+
+Engine::Engine(std::unique_ptr<LlamaModel> model, const Tokenizer* tokenizer,
+               std::vector<int32_t> eos_ids, const EngineOptions& options)
+    : options_(options),
+      model_(std::move(model)),
+      tokenizer_(tokenizer),
+      eos_ids_(std::move(eos_ids)),
+      seed_source_(std::random_device{}()) {}
+
+Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<LlamaModel> model,
+                                               const Tokenizer* tokenizer,
+                                               std::vector<int32_t> eos_ids,
+                                               const EngineOptions& options_in) {
+  EngineOptions options = options_in;
+  const ModelConfig& config = model->config();
+  if (options.max_num_seqs < 1) return InvalidArgumentError("--max-num-seqs must be >= 1");
+  if (options.max_num_batched_tokens < 1) {
+    return InvalidArgumentError("--max-num-batched-tokens must be >= 1");
+  }
+  if (options.page_size < 1 || options.page_size > 1024) {
+    return InvalidArgumentError("--page-size must be in [1, 1024]");
+  }
+  int limit = config.max_position_embeddings;
+  if (config.sliding_window && *config.sliding_window < limit) limit = *config.sliding_window;
+  if (options.max_model_len <= 0) {
+    options.max_model_len = std::min(limit, 8192);
+  } else if (options.max_model_len > limit) {
+    return InvalidArgumentError("--max-model-len " + std::to_string(options.max_model_len) +
+                                " is larger than the model's " + std::to_string(limit));
+  }
+  if (options.max_model_len > model->max_positions()) {
+    return InternalError("the model was loaded for " + std::to_string(model->max_positions()) +
+                         " positions but --max-model-len is " +
+                         std::to_string(options.max_model_len));
+  }
+  SIEVE_ASSIGN_OR_RETURN(KvPolicy policy, KvPolicy::Parse(options.kv_policy, config.num_layers,
+                                                          options.kv_policy_options));
+  if (options.enable_chunked_prefill &&
+      policy.FinalChunkRows(options.max_model_len) > options.max_num_batched_tokens &&
+      !policy.IsDense()) {
+    spdlog::warn(
+        "policy {} scores up to {} rows at a prompt's end; longer prompts than "
+        "--max-num-batched-tokens {} will be refused",
+        policy.ToString(), policy.FinalChunkRows(options.max_model_len),
+        options.max_num_batched_tokens);
+  }
+
+  std::unique_ptr<Engine> engine(
+      new Engine(std::move(model), tokenizer, std::move(eos_ids), options));
+  engine->default_policy_ = std::make_unique<KvPolicy>(std::move(policy));
+  const KvPolicy& default_policy = *engine->default_policy_;
+
+  // KV memory: every page holds page_size entries of K and V for all KV heads of one layer.
+  Backend& backend = engine->model_->backend();
+  const int64_t entries_per_page = options.page_size;
+  const bool score_pool = default_policy.NeedsScorePool();
+  const bool position_pool = default_policy.NeedsPositionPool();
+  int64_t bytes_per_page = 2 * entries_per_page * config.num_kv_heads * config.head_dim *
+                           static_cast<int64_t>(DTypeSize(backend.activation_dtype()));
+  if (score_pool) bytes_per_page += entries_per_page * config.num_kv_heads * 4;
+  if (position_pool) bytes_per_page += entries_per_page * config.num_kv_heads * 4;
+  const int max_pages_per_seq =
+      (options.max_model_len + 1 + options.page_size - 1) / options.page_size + 1;
+  const int64_t most_useful =
+      static_cast<int64_t>(options.max_num_seqs) * max_pages_per_seq * config.num_layers;
+  int64_t budget = options.kv_memory_bytes;
+  if (budget <= 0) {
+    budget = static_cast<int64_t>(options.memory_fraction *
+                                  static_cast<double>(backend.FreeMemoryBytes()));
+    // On the CPU the cache shares RAM with everything else: at most 4 GiB unless asked (as
+    // vLLM's CPU backend defaults VLLM_CPU_KVCACHE_SPACE to 4 GB).
+    if (backend.device() == Device::kCpu) budget = std::min<int64_t>(budget, int64_t{4} << 30);
+  }
+  int64_t num_pages = std::min(budget / bytes_per_page, most_useful);
+  if (num_pages < config.num_layers) {
+    return ResourceExhaustedError("KV memory of " + std::to_string(budget) +
+                                  " bytes holds fewer pages than the model has layers; raise "
+                                  "--kv-memory (one page is " +
+                                  std::to_string(bytes_per_page) + " bytes)");
+  }
+  num_pages = std::min<int64_t>(num_pages, 1 << 30);
+  KvCacheManager::Options kv_options;
+  kv_options.num_pages = static_cast<int>(num_pages);
+  kv_options.page_size = options.page_size;
+  kv_options.num_layers = config.num_layers;
+  kv_options.max_seqs = options.max_num_seqs;
+  kv_options.max_pages_per_seq = max_pages_per_seq;
+  engine->kv_ = std::make_unique<KvCacheManager>(kv_options);
+  SchedulerOptions sched_options;
+  sched_options.max_num_seqs = options.max_num_seqs;
+  sched_options.max_num_batched_tokens = options.max_num_batched_tokens;
+  sched_options.enable_chunked_prefill = options.enable_chunked_prefill;
+  sched_options.max_model_len = options.max_model_len;
+  engine->scheduler_ = std::make_unique<Scheduler>(sched_options, engine->kv_.get());
+  ModelRunnerOptions runner_options;
+  runner_options.max_num_seqs = options.max_num_seqs;
+  runner_options.max_num_batched_tokens = options.max_num_batched_tokens;
+  runner_options.score_pool = score_pool;
+  runner_options.position_pool = position_pool;
+  engine->runner_ = std::make_unique<ModelRunner>(*engine->model_, *engine->kv_, runner_options);
+  engine->stats_.entries_kept_by_layer.assign(config.num_layers, 0);
+  engine->options_ = options;
+  return engine;
+}
+
+std::string Engine::Describe() const {
+  std::ostringstream out;
+  const ModelConfig& config = model_->config();
+  out << config.Summary() << "\n"
+      << "backend: " << model_->backend().name() << "\n"
+      << "kv policy: " << default_policy_->ToString() << "\n"
+      << "kv pool: " << kv_->num_pages() << " pages of " << options_.page_size << " entries ("
+      << runner_->pool_bytes() / (1024.0 * 1024.0) << " MiB), max model len "
+      << options_.max_model_len << ", max seqs " << options_.max_num_seqs << ", max batched tokens "
+      << options_.max_num_batched_tokens
+      << (options_.enable_chunked_prefill ? ", chunked prefill" : "");
+  return out.str();
+}
+
+Result<RequestId> Engine::Add(Request request) {
+  SIEVE_RETURN_IF_ERROR(request.sampling.Validate());
+  const int vocab = model_->config().vocab_size;
+  for (const int32_t token : request.prompt) {
+    if (token < 0 || token >= vocab) {
+      return InvalidArgumentError("token id " + std::to_string(token) +
+                                  " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+  }
+  if (!request.sampling.stop.empty() && tokenizer_ == nullptr) {
+    return InvalidArgumentError("stop strings need a tokenizer");
+  }
+  std::unique_ptr<KvPolicy> own_policy;
+  if (!request.kv_policy.empty()) {
+    auto parsed =
+        KvPolicy::Parse(request.kv_policy, model_->config().num_layers, default_policy_->options());
+    if (!parsed.ok()) return parsed.status().WithContext("kv_policy");
+    if ((parsed->NeedsScorePool() && !runner_->pool().scores.defined()) ||
+        (parsed->NeedsPositionPool() && !runner_->pool().positions.defined())) {
+      return InvalidArgumentError("kv_policy '" + request.kv_policy +
+                                  "' evicts during decode, which this server was not started "
+                                  "for (start it with such a --kv-policy)");
+    }
+    own_policy = std::make_unique<KvPolicy>(std::move(parsed).value());
+  }
+  const KvPolicy& policy = own_policy ? *own_policy : *default_policy_;
+  const int prompt_len = static_cast<int>(request.prompt.size());
+  const int max_total = std::min(options_.max_model_len, prompt_len + request.sampling.max_tokens);
+  SIEVE_RETURN_IF_ERROR(scheduler_->CanEverSchedule(prompt_len, max_total, policy));
+
+  const RequestId id = next_id_++;
+  RequestState state;
+  state.id = id;
+  state.sampling = request.sampling;
+  state.num_prompt_tokens = prompt_len;
+  state.rng.seed(request.sampling.seed ? *request.sampling.seed : seed_source_());
+  if (tokenizer_)
+    state.decoder.emplace(*tokenizer_, /*skip_special_tokens=*/true, /*continuation=*/true);
+  Sequence seq;
+  seq.id = id;
+  seq.arrival = arrivals_++;
+  seq.tokens = std::move(request.prompt);
+  seq.num_prompt_tokens = prompt_len;
+  seq.max_total_tokens = max_total;
+  seq.policy = &policy;
+  state.own_policy = std::move(own_policy);
+  requests_.emplace(id, std::move(state));
+  scheduler_->Add(std::move(seq));
+  return id;
+}
+
+bool Engine::Abort(RequestId id) {
+  const auto it = requests_.find(id);
+  if (it == requests_.end()) return false;
+  const Sequence* seq = scheduler_->Find(id);
+  RequestOutput output;
+  output.id = id;
+  output.finished = true;
+  output.finish_reason = FinishReason::kAbort;
+  output.num_prompt_tokens = it->second.num_prompt_tokens;
+  output.num_generated_tokens = seq ? seq->num_generated() : 0;
+  scheduler_->Remove(id);
+  requests_.erase(it);
+  aborted_.push_back(std::move(output));
+  return true;
+}
+
+bool Engine::HasWork() const { return scheduler_->HasWork() || !aborted_.empty(); }
+
+void Engine::Finish(RequestState& state, RequestOutput& output, FinishReason reason) {
+  if (state.decoder) state.text += state.decoder->Flush();
+  output.finished = true;
+  output.finish_reason = reason;
+}
+
+RequestOutput Engine::Advance(RequestState& state, Sequence& seq, const SampleResult& sample) {
+  const SamplingParams& params = state.sampling;
+  const int32_t token = sample.token;
+  seq.tokens.push_back(token);
+  ++stats_.generation_tokens;
+  RequestOutput output;
+  output.id = state.id;
+  output.new_tokens.push_back(token);
+  if (params.logprobs >= 0) output.new_logprobs.push_back(sample);
+
+  const bool is_eos = std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
+  const bool is_stop_token = std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
+                                       token) != params.stop_token_ids.end();
+  size_t search_from = state.text.size();
+  if (state.decoder && !(is_eos && !params.ignore_eos)) state.text += state.decoder->Push(token);
+  if (is_eos && !params.ignore_eos) {
+    Finish(state, output, FinishReason::kStop);
+    if (tokenizer_) output.stop_reason = tokenizer_->TokenBytes(token);
+  } else if (is_stop_token) {
+    Finish(state, output, FinishReason::kStop);
+    output.stop_reason = std::to_string(token);
+  } else {
+    // A stop string may straddle the tokens: search from where the longest could have begun.
+    size_t longest = 0;
+    for (const std::string& stop : params.stop) longest = std::max(longest, stop.size());
+    search_from = search_from >= longest ? search_from - longest + 1 : 0;
+    size_t first_match = std::string::npos;
+    for (const std::string& stop : params.stop) {
+      const size_t position = state.text.find(stop, search_from);
+      if (position != std::string::npos && position < first_match) {
+        first_match = position;
+        output.stop_reason = stop;
+      }
+    }
+    if (first_match != std::string::npos) {
+      Finish(state, output, FinishReason::kStop);
+      state.text.resize(first_match);  // the stop string and anything after it are dropped
+    } else if (seq.num_generated() >= params.max_tokens ||
+               static_cast<int>(seq.tokens.size()) >= seq.max_total_tokens) {
+      Finish(state, output, FinishReason::kLength);
+    }
+  }
+  // Emit complete text, holding back what could still become the start of a stop string.
+  size_t emit_to = state.text.size();
+  if (!output.finished) {
+    size_t hold = 0;
+    for (const std::string& stop : params.stop) hold = std::max(hold, stop.size() - 1);
+    emit_to = emit_to > state.emitted + hold ? emit_to - hold : state.emitted;
+    // Never split a UTF-8 character.
+    while (emit_to > state.emitted && emit_to < state.text.size() &&
+           (static_cast<uint8_t>(state.text[emit_to]) & 0xc0) == 0x80) {
+      --emit_to;
+    }
+  }
+  if (emit_to > state.emitted) {
+    output.new_text = state.text.substr(state.emitted, emit_to - state.emitted);
+    state.emitted = emit_to;
+  }
+  output.num_prompt_tokens = state.num_prompt_tokens;
+  output.num_generated_tokens = seq.num_generated();
+  return output;
+}
+
+std::vector<RequestOutput> Engine::Step() {
+  std::vector<RequestOutput> outputs;
+  outputs.swap(aborted_);
+  if (!scheduler_->HasWork()) return outputs;
+  const StepPlan plan = scheduler_->Plan();
+  scheduler_->Commit(plan);
+  if (plan.empty()) return outputs;
+  ++stats_.steps;
+  const std::vector<float>& logits = runner_->Run(plan, *scheduler_, sample_ids_);
+  scheduler_->Complete(plan);
+  for (const ScheduledSequence& scheduled : plan.prefills) {
+    stats_.prompt_tokens += scheduled.num_tokens;
+    if (!scheduled.final_chunk) continue;
+    RequestState& state = requests_.at(scheduled.id);
+    if (state.prefill_recorded) continue;  // a recompute after preemption is not a new prompt
+    state.prefill_recorded = true;
+    stats_.compressed_prompt_tokens += scheduled.context_len + scheduled.num_tokens;
+    for (size_t layer = 0; layer < scheduled.lengths_after.size(); ++layer) {
+      stats_.entries_kept_by_layer[layer] += scheduled.lengths_after[layer];
+    }
+  }
+  stats_.peak_pages_used = std::max(stats_.peak_pages_used, kv_->num_used_pages());
+
+  const int vocab = model_->config().vocab_size;
+  for (size_t row = 0; row < sample_ids_.size(); ++row) {
+    const SeqId id = sample_ids_[row];
+    Sequence& seq = *scheduler_->Find(id);
+    RequestState& state = requests_.at(id);
+    std::vector<float> row_logits(logits.begin() + row * vocab, logits.begin() + (row + 1) * vocab);
+    const SampleResult sample =
+        Sampler::Sample(row_logits, state.sampling, seq.tokens, seq.num_prompt_tokens, state.rng);
+    RequestOutput output = Advance(state, seq, sample);
+    if (output.finished) {
+      scheduler_->Remove(id);
+      requests_.erase(id);
+    }
+    outputs.push_back(std::move(output));
+  }
+  return outputs;
+}
+
+EngineStats Engine::Stats() const {
+  EngineStats stats = stats_;
+  stats.num_running = scheduler_->num_running();
+  stats.num_waiting = scheduler_->num_waiting();
+  stats.num_pages = kv_->num_pages();
+  stats.num_pages_used = kv_->num_used_pages();
+  stats.num_preemptions = scheduler_->num_preemptions();
+  stats.pages_used_by_layer.resize(kv_->num_layers());
+  for (int layer = 0; layer < kv_->num_layers(); ++layer) {
+    stats.pages_used_by_layer[layer] = kv_->PagesUsedByLayer(layer);
+  }
+  return stats;
+}
+
+}  // namespace sieve

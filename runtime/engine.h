@@ -1,0 +1,149 @@
+// Engine: requests in, tokens out, one step at a time.
+//
+// The engine owns the scheduler, the KV manager, the model runner and every request's state;
+// only the thread that calls Step() may touch it (Add and Abort included — see AsyncEngine for the
+// thread-safe front door the server uses). Each Step() plans one batch (continuous batching:
+// prefill chunks and decodes together), runs the forward pass, samples, detokenizes, checks stop
+// conditions, and returns what each request produced in that step.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kv/kv_cache_manager.h"
+#include "model/llama_model.h"
+#include "runtime/model_runner.h"
+#include "runtime/sampler.h"
+#include "runtime/sampling_params.h"
+#include "sched/scheduler.h"
+#include "sparsity/kv_policy.h"
+#include "tokenizer/streaming_decoder.h"
+#include "tokenizer/tokenizer.h"
+
+namespace sieve {
+
+using RequestId = int64_t;
+
+struct EngineOptions {
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;
+  bool enable_chunked_prefill = true;
+  int max_model_len = 0;  // 0: the model's, capped at 8192 (and at a sliding window)
+  int page_size = 16;
+  int64_t kv_memory_bytes = 0;   // 0: memory_fraction of what the device has free
+  double memory_fraction = 0.9;  // of the device's free memory (GPU: --gpu-memory-utilization)
+  std::string kv_policy = "full";
+  KvPolicyOptions kv_policy_options;
+};
+
+enum class FinishReason { kNone, kStop, kLength, kAbort };
+std::string_view FinishReasonName(FinishReason reason);  // "stop", "length", "abort"
+
+struct Request {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  std::string kv_policy;  // "" : the engine's policy
+};
+
+struct RequestOutput {
+  RequestId id = 0;
+  std::vector<int32_t> new_tokens;
+  std::vector<SampleResult> new_logprobs;  // when requested: one per new token
+  std::string new_text;                    // complete UTF-8; stop strings held back until sure
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string stop_reason;  // the stop string or token that ended it
+  int num_prompt_tokens = 0;
+  int num_generated_tokens = 0;
+  int num_cached_prompt_entries = 0;  // KV entries kept for the prompt (all layers)
+};
+
+struct EngineStats {
+  int num_running = 0;
+  int num_waiting = 0;
+  int num_pages = 0;
+  int num_pages_used = 0;
+  int peak_pages_used = 0;
+  int64_t num_preemptions = 0;
+  int64_t prompt_tokens = 0;  // prompt tokens prefilled (recomputes included)
+  int64_t generation_tokens = 0;
+  int64_t steps = 0;
+  // Over every prompt that finished prefill: sum of its length, and of entries each layer kept.
+  int64_t compressed_prompt_tokens = 0;
+  std::vector<int64_t> entries_kept_by_layer;  // [L]
+  std::vector<int> pages_used_by_layer;        // [L] now
+  double kv_usage() const { return num_pages ? double(num_pages_used) / num_pages : 0.0; }
+  // prompt entries a dense cache would hold / entries kept (>= 1).
+  double compression_ratio() const;
+};
+
+class Engine {
+ public:
+  // Plans the KV pool from the options and the backend's free memory and builds the runner.
+  // `tokenizer` may be null (token ids only: no text, no stop strings).
+  static Result<std::unique_ptr<Engine>> Create(std::unique_ptr<LlamaModel> model,
+                                                const Tokenizer* tokenizer,
+                                                std::vector<int32_t> eos_ids,
+                                                const EngineOptions& options);
+
+  // Validates and queues a request. InvalidArgument / OutOfRange errors say what is wrong
+  // (bad sampling values, prompt longer than the context, unknown token ids, bad kv_policy).
+  Result<RequestId> Add(Request request);
+  // Ends a request now; its pages are freed at once. The next Step() reports it finished with
+  // reason abort. False when unknown or already finished.
+  bool Abort(RequestId id);
+  bool HasWork() const;
+  std::vector<RequestOutput> Step();
+
+  EngineStats Stats() const;
+  const EngineOptions& options() const { return options_; }
+  const LlamaModel& model() const { return *model_; }
+  const Tokenizer* tokenizer() const { return tokenizer_; }
+  const KvPolicy& default_policy() const { return *default_policy_; }
+  int max_model_len() const { return options_.max_model_len; }
+  int64_t kv_pool_bytes() const { return runner_->pool_bytes(); }
+  std::string Describe() const;  // a multi-line summary for start-up logs
+
+ private:
+  struct RequestState {
+    RequestId id = 0;
+    SamplingParams sampling;
+    int num_prompt_tokens = 0;
+    std::unique_ptr<KvPolicy> own_policy;  // a per-request policy, if any
+    std::mt19937_64 rng;
+    std::optional<StreamingDecoder> decoder;
+    std::string text;    // generated text so far (stop strings are searched here)
+    size_t emitted = 0;  // bytes of text already returned
+    bool prefill_recorded = false;
+  };
+
+  Engine(std::unique_ptr<LlamaModel> model, const Tokenizer* tokenizer,
+         std::vector<int32_t> eos_ids, const EngineOptions& options);
+  // Appends a sampled token; returns the request's output for this step.
+  RequestOutput Advance(RequestState& state, Sequence& seq, const SampleResult& sample);
+  void Finish(RequestState& state, RequestOutput& output, FinishReason reason);
+
+  EngineOptions options_;
+  std::unique_ptr<LlamaModel> model_;
+  const Tokenizer* tokenizer_;
+  std::vector<int32_t> eos_ids_;
+  std::unique_ptr<KvPolicy> default_policy_;
+  std::unique_ptr<KvCacheManager> kv_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::map<RequestId, RequestState> requests_;
+  std::vector<RequestOutput> aborted_;  // reported by the next Step()
+  RequestId next_id_ = 1;
+  int64_t arrivals_ = 0;
+  std::mt19937_64 seed_source_;
+  EngineStats stats_;
+  std::vector<SeqId> sample_ids_;
+};
+
+}  // namespace sieve

@@ -1,0 +1,341 @@
+// Engine behaviour on the CPU backend: greedy continuations equal transformers', batching and
+// chunking never change greedy output, sparse policies whose budget covers the prompt are
+// bitwise dense, real compression cuts KV entries as expected, and bad requests are refused.
+#include "runtime/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "core/testing.h"
+#include "model/safetensors.h"
+#include "runtime/model_loader.h"
+
+namespace sieve {
+namespace {
+
+ModelConfig SmallConfig() {
+  ModelConfig config = EmbeddedModelConfig();
+  config.hidden_size = 64;
+  config.intermediate_size = 128;
+  config.num_layers = 3;
+  config.num_heads = 4;
+  config.num_kv_heads = 2;
+  config.head_dim = 16;
+  config.max_position_embeddings = 8192;
+  return config;
+}
+
+struct TestEngine {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Engine> engine;
+};
+
+TestEngine MakeEngine(const ModelConfig& config, EngineOptions options, uint64_t seed = 7) {
+  TestEngine t;
+  t.backend = MakeCpuBackend();
+  if (options.max_model_len == 0) options.max_model_len = config.max_position_embeddings;
+  if (options.kv_memory_bytes == 0) options.kv_memory_bytes = int64_t{256} << 20;
+  auto model = LlamaModel::Random(config, *t.backend, seed, options.max_model_len, 0.08f);
+  auto engine = Engine::Create(std::move(model), nullptr, {257, 260}, options);
+  SIEVE_CHECK(engine.ok()) << engine.status().ToString();
+  t.engine = std::move(engine).value();
+  return t;
+}
+
+struct Completion {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;  // chosen-token logprobs, for bitwise comparisons
+  FinishReason reason = FinishReason::kNone;
+};
+
+std::map<RequestId, Completion> RunToEnd(Engine& engine) {
+  std::map<RequestId, Completion> done;
+  std::map<RequestId, Completion> partial;
+  while (engine.HasWork()) {
+    for (const RequestOutput& output : engine.Step()) {
+      Completion& c = partial[output.id];
+      c.tokens.insert(c.tokens.end(), output.new_tokens.begin(), output.new_tokens.end());
+      for (const SampleResult& s : output.new_logprobs) c.logprobs.push_back(s.logprob);
+      if (output.finished) {
+        c.reason = output.finish_reason;
+        done[output.id] = c;
+      }
+    }
+  }
+  return done;
+}
+
+std::vector<int32_t> RandomPrompt(std::mt19937_64& rng, int length) {
+  std::vector<int32_t> prompt(length);
+  for (int32_t& token : prompt) token = static_cast<int32_t>(rng() % 256);
+  return prompt;
+}
+
+SamplingParams Greedy(int max_tokens) {
+  SamplingParams params;
+  params.temperature = 0;
+  params.max_tokens = max_tokens;
+  params.ignore_eos = true;
+  params.logprobs = 0;
+  return params;
+}
+
+class GoldenGreedyTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoldenGreedyTest, ContinuationMatchesTransformers) {
+  const std::string dir = TestDataDir() + "/models/" + GetParam();
+  auto backend = MakeCpuBackend();
+  LoadModelOptions load;
+  load.model_dir = dir;
+  auto loaded = LoadModel(load, *backend);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  auto golden = SafetensorsFile::Open(dir + "/golden.safetensors");
+  ASSERT_TRUE(golden.ok());
+  const auto* ids = static_cast<const int32_t*>((*golden)->Find("input_ids")->data);
+  const auto* greedy = static_cast<const int32_t*>((*golden)->Find("greedy_ids")->data);
+  const int n = static_cast<int>((*golden)->Find("input_ids")->shape[0]);
+  const int steps = static_cast<int>((*golden)->Find("greedy_ids")->shape[0]);
+  EngineOptions options;
+  options.kv_memory_bytes = 64 << 20;
+  options.max_model_len = 256;
+  auto engine =
+      Engine::Create(std::move(loaded->model), loaded->tokenizer.get(), loaded->eos_ids, options);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Request request;
+  request.prompt.assign(ids, ids + n);
+  request.sampling = Greedy(steps);
+  ASSERT_TRUE((*engine)->Add(request).ok());
+  const auto done = RunToEnd(**engine);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done.begin()->second.tokens, std::vector<int32_t>(greedy, greedy + steps));
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, GoldenGreedyTest,
+                         ::testing::Values("llama2_mha", "llama_gqa_bf16", "llama3_rope_sharded",
+                                           "llama_tied", "mistral_gqa"));
+
+// N prompts batched equal N single runs (greedy, dense), chunked and unchunked.
+TEST(EngineTest, BatchedEqualsSingleRuns) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  std::vector<std::vector<int32_t>> prompts;
+  for (int index = 0; index < 6; ++index) {
+    prompts.push_back(RandomPrompt(rng, 5 + static_cast<int>(rng() % 120)));
+  }
+  std::vector<Completion> singles;
+  for (const auto& prompt : prompts) {
+    EngineOptions options;
+    TestEngine t = MakeEngine(config, options);
+    ASSERT_TRUE(t.engine->Add({prompt, Greedy(12), ""}).ok());
+    singles.push_back(RunToEnd(*t.engine).begin()->second);
+  }
+  for (const bool chunked : {false, true}) {
+    EngineOptions options;
+    options.enable_chunked_prefill = chunked;
+    options.max_num_batched_tokens = chunked ? 48 : 2048;
+    TestEngine t = MakeEngine(config, options);
+    std::vector<RequestId> ids;
+    for (const auto& prompt : prompts) ids.push_back(*t.engine->Add({prompt, Greedy(12), ""}));
+    const auto done = RunToEnd(*t.engine);
+    for (size_t index = 0; index < prompts.size(); ++index) {
+      EXPECT_EQ(done.at(ids[index]).tokens, singles[index].tokens)
+          << "prompt " << index << (chunked ? " chunked" : " unchunked");
+    }
+  }
+}
+
+// SPARSITY.md test 1: a budget that covers the prompt leaves the engine bitwise dense.
+TEST(EngineTest, SparsePolicyWithCoveringBudgetIsBitwiseDense) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  std::vector<std::vector<int32_t>> prompts;
+  for (int index = 0; index < 4; ++index)
+    prompts.push_back(RandomPrompt(rng, 20 + static_cast<int>(rng() % 100)));
+  const auto run = [&](const std::string& policy) {
+    EngineOptions options;
+    options.kv_policy = policy;
+    options.kv_policy_options.budget = 256;
+    options.kv_policy_options.window = 8;
+    options.kv_policy_options.heavy = 200;
+    options.kv_policy_options.recent = 252;  // with 4 sinks, 256 for streamingllm
+    TestEngine t = MakeEngine(config, options);
+    std::vector<RequestId> ids;
+    for (const auto& prompt : prompts) ids.push_back(*t.engine->Add({prompt, Greedy(10), ""}));
+    auto done = RunToEnd(*t.engine);
+    std::vector<Completion> out;
+    for (const RequestId id : ids) out.push_back(done.at(id));
+    return out;
+  };
+  const auto dense = run("full");
+  for (const std::string policy :
+       {"snapkv", "pyramidkv", "full:0,snapkv:1-2", "streamingllm", "h2o"}) {
+    const auto sparse = run(policy);
+    for (size_t index = 0; index < prompts.size(); ++index) {
+      EXPECT_EQ(sparse[index].tokens, dense[index].tokens) << policy;
+      EXPECT_EQ(sparse[index].logprobs, dense[index].logprobs) << policy << " (bitwise)";
+    }
+  }
+}
+
+// 4000-token prompts with budget 400: sparse layers hold at least 8x fewer entries.
+TEST(EngineTest, CompressionCutsEntriesByTheBudgetRatio) {
+  auto rng = testing::MakeRng();
+  ModelConfig config = SmallConfig();
+  config.num_layers = 4;
+  config.num_heads = 2;
+  config.num_kv_heads = 1;
+  for (const std::string policy : {"snapkv", "full:0,pyramidkv:1-3"}) {
+    EngineOptions options;
+    options.kv_policy = policy;
+    options.kv_policy_options.budget = 400;
+    options.kv_policy_options.window = 32;
+    options.max_num_batched_tokens = 4096;
+    TestEngine t = MakeEngine(config, options);
+    ASSERT_TRUE(t.engine->Add({RandomPrompt(rng, 4000), Greedy(3), ""}).ok());
+    ASSERT_TRUE(t.engine->Add({RandomPrompt(rng, 4000), Greedy(3), ""}).ok());
+    const auto done = RunToEnd(*t.engine);
+    EXPECT_EQ(done.size(), 2u);
+    const EngineStats stats = t.engine->Stats();
+    const int first_sparse = policy == "snapkv" ? 0 : 1;
+    int64_t sparse_entries = 0;
+    for (int layer = first_sparse; layer < config.num_layers; ++layer) {
+      sparse_entries += stats.entries_kept_by_layer[layer];
+    }
+    const int64_t dense_entries = int64_t{2} * 4000 * (config.num_layers - first_sparse);
+    EXPECT_GE(dense_entries, 8 * sparse_entries) << policy << ": " << sparse_entries;
+    if (first_sparse == 1) {
+      EXPECT_EQ(stats.entries_kept_by_layer[0], 8000);
+    }
+    EXPECT_EQ(stats.num_pages_used, 0) << "pages leaked";
+  }
+}
+
+TEST(EngineTest, RefusesBadRequests) {
+  const ModelConfig config = SmallConfig();
+  EngineOptions options;
+  options.max_model_len = 64;
+  TestEngine t = MakeEngine(config, options);
+  const auto too_long = t.engine->Add({std::vector<int32_t>(64, 1), Greedy(4), ""});
+  EXPECT_EQ(too_long.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(too_long.status().message().find("context"), std::string::npos);
+  EXPECT_EQ(t.engine->Add({{1, 2, 999}, Greedy(4), ""}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_FALSE(t.engine->Add({{}, Greedy(4), ""}).ok());
+  SamplingParams bad = Greedy(4);
+  bad.top_p = 0;
+  EXPECT_FALSE(t.engine->Add({{1, 2}, bad, ""}).ok());
+  EXPECT_FALSE(t.engine->Add({{1, 2}, Greedy(4), "nonsense:0-1"}).ok());
+  // A prompt that fits gets max_tokens clipped to the context.
+  auto id = t.engine->Add({std::vector<int32_t>(60, 1), Greedy(100), ""});
+  ASSERT_TRUE(id.ok());
+  const auto done = RunToEnd(*t.engine);
+  EXPECT_EQ(done.at(*id).tokens.size(), 4u);
+  EXPECT_EQ(done.at(*id).reason, FinishReason::kLength);
+}
+
+TEST(EngineTest, SeededSamplingIsReproducibleAcrossBatches) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  SamplingParams params;
+  params.temperature = 1.0f;
+  params.top_k = 50;
+  params.top_p = 0.9f;
+  params.max_tokens = 16;
+  params.ignore_eos = true;
+  params.seed = rng();
+  const auto prompt = RandomPrompt(rng, 30);
+  EngineOptions options;
+  TestEngine alone = MakeEngine(config, options);
+  ASSERT_TRUE(alone.engine->Add({prompt, params, ""}).ok());
+  const auto first = RunToEnd(*alone.engine).begin()->second.tokens;
+  TestEngine crowd = MakeEngine(config, options);
+  for (int index = 0; index < 5; ++index) {
+    SamplingParams other = params;
+    other.seed = rng();
+    ASSERT_TRUE(crowd.engine->Add({RandomPrompt(rng, 40), other, ""}).ok());
+  }
+  const RequestId id = *crowd.engine->Add({prompt, params, ""});
+  EXPECT_EQ(RunToEnd(*crowd.engine).at(id).tokens, first);
+}
+
+// Random add / step / abort traffic with random policies and a small pool (so preemption
+// happens): no page leaks or double frees, every finished request got exactly its tokens.
+TEST(EngineTest, RandomTrafficKeepsInvariants) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  const std::vector<std::string> policies = {
+      "full", "snapkv", "pyramidkv", "streamingllm", "h2o", "full:0,snapkv:1-2", "full:0-1,h2o:2"};
+  int64_t preemptions = 0;
+  for (int round = 0; round < 10; ++round) {
+    EngineOptions options;
+    options.kv_policy = policies[rng() % policies.size()];
+    options.kv_policy_options.budget = 24;
+    options.kv_policy_options.window = 4;
+    options.kv_policy_options.heavy = 12;
+    options.kv_policy_options.recent = 12;
+    options.kv_policy_options.sinks = 2;
+    options.kv_policy_options.decode_cap = rng() % 2 ? 0 : 48;
+    options.page_size = 4;
+    options.max_num_seqs = 6;
+    options.max_num_batched_tokens = 32 + static_cast<int>(rng() % 64);
+    options.enable_chunked_prefill = rng() % 3 != 0;
+    options.max_model_len = 160;
+    // A pool small enough that sequences must be preempted.
+    const int64_t page_bytes =
+        2 * 4 * config.num_kv_heads * config.head_dim * 4 + 2 * 4 * config.num_kv_heads * 4;
+    options.kv_memory_bytes = page_bytes * (config.num_layers * 40 + static_cast<int>(rng() % 60));
+    TestEngine t = MakeEngine(config, options, rng());
+    std::map<RequestId, int> expected_tokens;
+    std::map<RequestId, size_t> received;
+    std::set<RequestId> aborted, finished;
+    for (int step = 0; step < 300; ++step) {
+      const int action = static_cast<int>(rng() % 10);
+      if (action < 3) {
+        const int length = 1 + static_cast<int>(rng() % 100);
+        SamplingParams params = Greedy(1 + static_cast<int>(rng() % 30));
+        auto id = t.engine->Add({RandomPrompt(rng, length), params, ""});
+        if (id.ok()) expected_tokens[*id] = params.max_tokens;
+      } else if (action == 3 && !expected_tokens.empty()) {
+        auto it = expected_tokens.begin();
+        std::advance(it, rng() % expected_tokens.size());
+        if (!finished.count(it->first) && t.engine->Abort(it->first)) aborted.insert(it->first);
+      }
+      for (const RequestOutput& output : t.engine->Step()) {
+        received[output.id] += output.new_tokens.size();
+        if (output.finished) {
+          ASSERT_FALSE(finished.count(output.id)) << "finished twice";
+          finished.insert(output.id);
+          if (output.finish_reason != FinishReason::kAbort) {
+            EXPECT_EQ(static_cast<int>(received[output.id]), expected_tokens.at(output.id));
+            EXPECT_EQ(output.num_generated_tokens, expected_tokens.at(output.id));
+          }
+        }
+      }
+    }
+    while (t.engine->HasWork()) {
+      for (const RequestOutput& output : t.engine->Step()) {
+        received[output.id] += output.new_tokens.size();
+        if (output.finished) {
+          finished.insert(output.id);
+          if (output.finish_reason != FinishReason::kAbort) {
+            EXPECT_EQ(static_cast<int>(received[output.id]), expected_tokens.at(output.id));
+          }
+        }
+      }
+    }
+    EXPECT_EQ(finished.size(), expected_tokens.size()) << "a request was lost";
+    const EngineStats stats = t.engine->Stats();
+    EXPECT_EQ(stats.num_pages_used, 0) << "pages leaked with " << options.kv_policy;
+    preemptions += stats.num_preemptions;
+  }
+  RecordProperty("preemptions", std::to_string(preemptions));
+  std::printf("%lld preemptions over the rounds\n", static_cast<long long>(preemptions));
+  EXPECT_GT(preemptions, 0) << "the pool was never tight enough to preempt";
+}
+
+}  // namespace
+}  // namespace sieve

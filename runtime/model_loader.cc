@@ -1,0 +1,115 @@
+#include "runtime/model_loader.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "core/logging.h"
+#include "model/safetensors.h"
+#include "tokenizer/tokenizer_loader.h"
+
+namespace sieve {
+
+ModelConfig EmbeddedModelConfig() {
+  ModelConfig config;
+  config.architecture = "LlamaForCausalLM";
+  config.model_type = "llama";
+  config.vocab_size = 261;
+  config.hidden_size = 128;
+  config.intermediate_size = 384;
+  config.num_layers = 4;
+  config.num_heads = 4;
+  config.num_kv_heads = 2;
+  config.head_dim = 32;
+  config.rms_norm_eps = 1e-5f;
+  config.rope_theta = 10000.0;
+  config.max_position_embeddings = 4096;
+  config.tie_word_embeddings = false;
+  config.dtype = DType::kF32;
+  config.bos_token_id = 256;
+  config.eos_token_ids = {257, 260};
+  return config;
+}
+
+int DefaultMaxModelLen(const ModelConfig& config) {
+  int limit = config.max_position_embeddings;
+  if (config.sliding_window && *config.sliding_window < limit) limit = *config.sliding_window;
+  return std::min(limit, 8192);
+}
+
+namespace {
+
+void AddUnique(std::vector<int32_t>& ids, int32_t id) {
+  if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+}
+
+}  // namespace
+
+Result<LoadedModel> LoadModel(const LoadModelOptions& options, Backend& backend) {
+  LoadedModel loaded;
+  ModelConfig config;
+  if (options.model_dir.empty()) {
+    config = EmbeddedModelConfig();
+    loaded.embedded = true;
+    loaded.tokenizer = MakeEmbeddedByteTokenizer();
+    const int positions =
+        options.max_model_len > 0 ? options.max_model_len : DefaultMaxModelLen(config);
+    loaded.model = LlamaModel::Random(config, backend, kEmbeddedModelSeed, positions, 0.08f);
+    loaded.description =
+        "embedded tiny random-weight Llama (4 layers, hidden 128, byte vocabulary; NOT a "
+        "trained model: its output is noise)";
+  } else {
+    namespace fs = std::filesystem;
+    std::error_code error;
+    if (!fs::is_directory(options.model_dir, error)) {
+      return NotFoundError("model directory '" + options.model_dir + "' does not exist");
+    }
+    SIEVE_ASSIGN_OR_RETURN(config, LoadModelConfig(options.model_dir));
+    SIEVE_ASSIGN_OR_RETURN(loaded.generation_config, LoadGenerationConfig(options.model_dir));
+    const int positions =
+        options.max_model_len > 0 ? options.max_model_len : DefaultMaxModelLen(config);
+    if (options.load_format == "dummy") {
+      loaded.model = LlamaModel::Random(config, backend, options.dummy_seed, positions);
+      loaded.description = config.architecture + " from " + options.model_dir +
+                           " with random weights (--load-format dummy)";
+    } else if (options.load_format == "auto" || options.load_format == "safetensors") {
+      auto checkpoint = SafetensorsCheckpoint::Open(options.model_dir);
+      if (!checkpoint.ok()) return checkpoint.status().WithContext("loading weights");
+      auto model = LlamaModel::Load(config, **checkpoint, backend, positions);
+      if (!model.ok()) return model.status().WithContext("loading " + options.model_dir);
+      loaded.model = std::move(model).value();
+      loaded.description = config.architecture + " from " + options.model_dir;
+    } else {
+      return InvalidArgumentError("unknown --load-format '" + options.load_format +
+                                  "' (expected auto, safetensors or dummy)");
+    }
+    const std::string tokenizer_path =
+        options.tokenizer_path.empty() ? options.model_dir : options.tokenizer_path;
+    auto tokenizer = LoadTokenizer(tokenizer_path);
+    if (tokenizer.ok()) {
+      loaded.tokenizer = std::move(tokenizer).value();
+    } else if (options.load_format == "dummy" && options.tokenizer_path.empty() &&
+               tokenizer.status().code() == StatusCode::kNotFound) {
+      spdlog::warn("no tokenizer in {}: token ids only", options.model_dir);
+    } else {
+      return tokenizer.status().WithContext("loading the tokenizer");
+    }
+  }
+  if (loaded.tokenizer && !options.chat_template.empty()) {
+    loaded.tokenizer->SetChatTemplate(ChatTemplate::FromName(options.chat_template));
+    if (!loaded.tokenizer->chat_template()) return loaded.tokenizer->chat_template_status();
+  }
+  for (const int32_t id : config.eos_token_ids) AddUnique(loaded.eos_ids, id);
+  for (const int32_t id : loaded.generation_config.eos_token_ids) AddUnique(loaded.eos_ids, id);
+  if (loaded.tokenizer) {
+    for (const int32_t id : loaded.eos_ids) loaded.tokenizer->AddEosId(id);
+    for (const int32_t id : loaded.tokenizer->eos_ids()) AddUnique(loaded.eos_ids, id);
+    if (loaded.tokenizer->vocab_size() > config.vocab_size) {
+      return InvalidArgumentError(
+          "the tokenizer has " + std::to_string(loaded.tokenizer->vocab_size()) +
+          " tokens but the model's vocabulary is " + std::to_string(config.vocab_size));
+    }
+  }
+  return loaded;
+}
+
+}  // namespace sieve

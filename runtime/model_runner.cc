@@ -1,0 +1,237 @@
+#include "runtime/model_runner.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace sieve {
+
+ModelRunner::ModelRunner(const LlamaModel& model, KvCacheManager& kv,
+                         const ModelRunnerOptions& options)
+    : model_(model), kv_(kv), options_(options) {
+  Backend& backend = model.backend();
+  const ModelConfig& config = model.config();
+  const KvCacheManager::Options& kv_options = kv.options();
+  pool_.page_size = kv_options.page_size;
+  pool_.num_pages = kv_options.num_pages;
+  pool_.max_seqs = kv_options.max_seqs;
+  pool_.max_pages_per_seq = kv_options.max_pages_per_seq;
+  pool_.num_kv_heads = config.num_kv_heads;
+  pool_.head_dim = config.head_dim;
+  const DType cache_dtype = backend.activation_dtype();
+  pool_.k = backend.Allocate(
+      {kv_options.num_pages, kv_options.page_size, config.num_kv_heads, config.head_dim},
+      cache_dtype);
+  pool_.v = backend.Allocate(pool_.k.shape(), cache_dtype);
+  const int64_t entries = static_cast<int64_t>(kv_options.num_pages) * kv_options.page_size;
+  if (options.score_pool)
+    pool_.scores = backend.Allocate({entries, config.num_kv_heads}, DType::kF32);
+  if (options.position_pool) {
+    pool_.positions = backend.Allocate({entries, config.num_kv_heads}, DType::kI32);
+  }
+  pool_.page_table = backend.Allocate(
+      {config.num_layers, kv_options.max_seqs, kv_options.max_pages_per_seq}, DType::kI32);
+  const std::vector<int32_t>& table = kv.page_table();
+  backend.CopyFromHost(table.data(), table.size() * sizeof(int32_t), pool_.page_table);
+  (void)kv.TakePageTablePatches();  // the upload above covers them
+  pool_.kv_lens = backend.Allocate({config.num_layers, kv_options.max_seqs}, DType::kI32);
+  logits_device_ = backend.Allocate({options.max_num_seqs, config.vocab_size}, DType::kF32);
+  // Sized for the largest step the scheduler can plan; long chunked prefills grow the K/V
+  // scratch on first use.
+  model.EnsureWorkspace(workspace_, options.max_num_batched_tokens + options.max_num_seqs,
+                        options.max_num_batched_tokens, options.max_num_seqs, 1, 1);
+}
+
+int64_t ModelRunner::pool_bytes() const {
+  int64_t bytes = 2 * static_cast<int64_t>(pool_.k.nbytes());
+  if (pool_.scores.defined()) bytes += pool_.scores.nbytes();
+  if (pool_.positions.defined()) bytes += pool_.positions.nbytes();
+  return bytes;
+}
+
+void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
+                            std::vector<SeqId>& sample_ids) {
+  const int layers = model_.config().num_layers;
+  const int kv_heads = model_.config().num_kv_heads;
+  std::vector<const ScheduledSequence*> order;
+  for (const auto& s : plan.prefills) order.push_back(&s);
+  for (const auto& s : plan.decodes) order.push_back(&s);
+  const int num_seqs = static_cast<int>(order.size());
+  const int num_prefill = static_cast<int>(plan.prefills.size());
+
+  StepMeta& step = step_;
+  step.num_seqs = num_seqs;
+  step.num_prefill_seqs = num_prefill;
+  step.num_layers = layers;
+  step.num_tokens = 0;
+  step.num_prefill_tokens = 0;
+  step.max_query_len = 0;
+  step.max_kv_len = 0;
+  step.num_prefill_keys = 0;
+  step.job_begin.assign(layers + 1, 0);
+  step.jobs_host.clear();
+  step.eviction_begin.assign(layers + 1, 0);
+  step.evictions_host.clear();
+  step.max_scores_per_layer = 0;
+  step.max_indices_per_layer = 0;
+
+  std::vector<int32_t> token_ids, positions, query_start{0}, key_start{0}, context_lens, slots,
+      sample_rows;
+  std::vector<int32_t> write_start(static_cast<size_t>(layers) * num_seqs, -1);
+  sample_ids.clear();
+  lengths_ = kv_.lengths();
+  std::vector<std::vector<CompressionJob>> jobs_by_layer(layers);
+  std::vector<std::vector<EvictionJob>> evictions_by_layer(layers);
+
+  for (int index = 0; index < num_seqs; ++index) {
+    const ScheduledSequence& scheduled = *order[index];
+    const Sequence& seq = *scheduler.Find(scheduled.id);
+    const int slot = kv_.Slot(scheduled.id);
+    for (int offset = 0; offset < scheduled.num_tokens; ++offset) {
+      token_ids.push_back(seq.tokens[scheduled.context_len + offset]);
+      positions.push_back(scheduled.context_len + offset);
+    }
+    step.num_tokens += scheduled.num_tokens;
+    query_start.push_back(step.num_tokens);
+    context_lens.push_back(scheduled.context_len);
+    slots.push_back(slot);
+    step.max_kv_len = std::max(step.max_kv_len, scheduled.context_len + scheduled.num_tokens);
+    if (scheduled.sample) {
+      sample_rows.push_back(step.num_tokens - 1);
+      sample_ids.push_back(scheduled.id);
+    }
+    if (!scheduled.is_decode) {
+      step.num_prefill_tokens += scheduled.num_tokens;
+      step.max_query_len = std::max(step.max_query_len, scheduled.num_tokens);
+      const int keys = scheduled.context_len + scheduled.num_tokens;
+      step.num_prefill_keys += keys;
+      key_start.push_back(static_cast<int32_t>(step.num_prefill_keys));
+      for (int layer = 0; layer < layers; ++layer) {
+        const bool compress = scheduled.final_chunk && scheduled.compress[layer].compress;
+        write_start[static_cast<size_t>(layer) * num_seqs + index] =
+            compress ? -1 : scheduled.context_len;
+        if (!compress) continue;
+        const LayerPlan& lp = scheduled.compress[layer];
+        CompressionJob job{};
+        job.layer = layer;
+        job.prefill_seq = index;
+        job.num_keys = keys;
+        job.window = lp.window;
+        job.score_rows = lp.score_rows;
+        job.budget = lp.budget;
+        job.pool = lp.pool;
+        job.pool_kernel = lp.kernel;
+        job.reduce = lp.reduce;
+        job.mode = lp.mode;
+        job.seq_slot = slot;
+        jobs_by_layer[layer].push_back(job);
+      }
+    } else {
+      for (int layer = 0; layer < layers; ++layer) {
+        const int length = kv_.Length(scheduled.id, layer);
+        write_start[static_cast<size_t>(layer) * num_seqs + index] = length;
+        lengths_[static_cast<size_t>(layer) * kv_.options().max_seqs + slot] = length + 1;
+        if (!scheduled.evict[layer]) continue;
+        const DecodeLimit limit = seq.policy->DecodeLimitFor(layer);
+        EvictionJob job{};
+        job.layer = layer;
+        job.seq_slot = slot;
+        job.length = length + 1;
+        job.kind = limit.evict == DecodeLimit::Evict::kOldest ? EvictionJob::kOldest
+                                                              : EvictionJob::kLowestScore;
+        job.protect_recent = limit.protect_recent;
+        job.sinks = limit.sinks;
+        job.position = scheduled.context_len;
+        evictions_by_layer[layer].push_back(job);
+      }
+    }
+  }
+  for (int layer = 0; layer < layers; ++layer) {
+    int64_t scores = 0;
+    int64_t kept = 0;
+    for (CompressionJob& job : jobs_by_layer[layer]) {
+      job.score_offset = static_cast<int32_t>(scores);
+      job.index_offset = static_cast<int32_t>(kept);
+      if (job.mode == SelectMode::kTopScores)
+        scores += static_cast<int64_t>(kv_heads) * job.num_keys;
+      kept += static_cast<int64_t>(kv_heads) * (job.budget - job.window);
+      step.jobs_host.push_back(job);
+    }
+    step.job_begin[layer + 1] = static_cast<int32_t>(step.jobs_host.size());
+    step.max_scores_per_layer = std::max(step.max_scores_per_layer, scores);
+    step.max_indices_per_layer = std::max(step.max_indices_per_layer, kept);
+    for (const EvictionJob& job : evictions_by_layer[layer]) step.evictions_host.push_back(job);
+    step.eviction_begin[layer + 1] = static_cast<int32_t>(step.evictions_host.size());
+  }
+  step.num_sample_rows = static_cast<int>(sample_rows.size());
+
+  // Pack every array into one buffer; the StepMeta tensors are views of one upload.
+  host_meta_.clear();
+  struct Section {
+    Tensor* tensor;
+    size_t offset;
+    int64_t rows;
+    int64_t cols;
+  };
+  std::vector<Section> sections;
+  const auto append = [&](Tensor* tensor, const int32_t* data, int64_t rows, int64_t cols) {
+    sections.push_back({tensor, host_meta_.size(), rows, cols});
+    host_meta_.insert(host_meta_.end(), data, data + rows * cols);
+  };
+  append(&step.token_ids, token_ids.data(), static_cast<int64_t>(token_ids.size()), 1);
+  append(&step.positions, positions.data(), static_cast<int64_t>(positions.size()), 1);
+  append(&step.query_start, query_start.data(), static_cast<int64_t>(query_start.size()), 1);
+  append(&step.key_start, key_start.data(), static_cast<int64_t>(key_start.size()), 1);
+  append(&step.context_lens, context_lens.data(), static_cast<int64_t>(context_lens.size()), 1);
+  append(&step.seq_slots, slots.data(), static_cast<int64_t>(slots.size()), 1);
+  append(&step.write_start, write_start.data(), static_cast<int64_t>(write_start.size()), 1);
+  append(&step.sample_rows, sample_rows.data(), static_cast<int64_t>(sample_rows.size()), 1);
+  append(&step.compression_jobs, reinterpret_cast<const int32_t*>(step.jobs_host.data()),
+         static_cast<int64_t>(step.jobs_host.size()), kCompressionJobInts);
+  append(&step.eviction_jobs, reinterpret_cast<const int32_t*>(step.evictions_host.data()),
+         static_cast<int64_t>(step.evictions_host.size()), kEvictionJobInts);
+
+  Backend& backend = model_.backend();
+  const int64_t needed = std::max<int64_t>(1, static_cast<int64_t>(host_meta_.size()));
+  if (!device_meta_.defined() || device_meta_.numel() < needed) {
+    device_meta_ = backend.Allocate({std::max<int64_t>(needed, 1 << 16)}, DType::kI32);
+  }
+  backend.CopyFromHost(host_meta_.data(), host_meta_.size() * sizeof(int32_t), device_meta_);
+  for (const Section& section : sections) {
+    *section.tensor =
+        device_meta_.Rows(static_cast<int64_t>(section.offset),
+                          static_cast<int64_t>(section.offset) + section.rows * section.cols);
+    if (section.cols > 1) *section.tensor = section.tensor->Reshape({section.rows, section.cols});
+  }
+
+  // Page-table changes since the last step, then the lengths this step's attention sees.
+  const auto patches = kv_.TakePageTablePatches();
+  if (!patches.empty()) {
+    const int64_t count = static_cast<int64_t>(patches.size());
+    if (!patches_.defined() || patches_.dim(0) < count) {
+      patches_ = backend.Allocate({std::max<int64_t>(count, 4096), 2}, DType::kI32);
+    }
+    backend.CopyFromHost(patches.data(), patches.size() * sizeof(patches[0]), patches_);
+    backend.ScatterInt32(patches_, static_cast<int>(count), pool_.page_table);
+  }
+  backend.CopyFromHost(lengths_.data(), lengths_.size() * sizeof(int32_t), pool_.kv_lens);
+}
+
+const std::vector<float>& ModelRunner::Run(const StepPlan& plan, const Scheduler& scheduler,
+                                           std::vector<SeqId>& sample_ids) {
+  BuildStep(plan, scheduler, sample_ids);
+  model_.EnsureWorkspace(workspace_, step_.num_tokens, step_.num_prefill_keys,
+                         std::max(1, step_.num_sample_rows), step_.max_scores_per_layer,
+                         step_.max_indices_per_layer);
+  const int vocab = model_.config().vocab_size;
+  Tensor logits = logits_device_.Rows(0, step_.num_sample_rows);
+  model_.Forward(step_, pool_, workspace_, logits);
+  logits_host_.resize(static_cast<size_t>(step_.num_sample_rows) * vocab);
+  if (step_.num_sample_rows > 0) {
+    model_.backend().CopyToHost(logits, logits_host_.data());
+  } else {
+    model_.backend().Synchronize();
+  }
+  return logits_host_;
+}
+
+}  // namespace sieve

@@ -1,0 +1,285 @@
+#include "sched/scheduler.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/check.h"
+
+namespace sieve {
+
+Scheduler::Scheduler(const SchedulerOptions& options, KvCacheManager* kv)
+    : options_(options), kv_(kv) {
+  SIEVE_CHECK(options.max_num_seqs > 0 && options.max_num_batched_tokens > 0);
+}
+
+Status Scheduler::CanEverSchedule(int prompt_len, int max_total_tokens,
+                                  const KvPolicy& policy) const {
+  if (prompt_len <= 0) return InvalidArgumentError("the prompt is empty");
+  if (prompt_len >= options_.max_model_len) {
+    return OutOfRangeError(
+        "the prompt has " + std::to_string(prompt_len) + " tokens but the context holds " +
+        std::to_string(options_.max_model_len) + " (prompt plus at least one generated token)");
+  }
+  const int final_rows = policy.FinalChunkRows(max_total_tokens - 1);
+  const int must_fit = options_.enable_chunked_prefill ? final_rows : max_total_tokens - 1;
+  if (must_fit > options_.max_num_batched_tokens) {
+    return InvalidArgumentError("this request needs " + std::to_string(must_fit) +
+                                " tokens in one step but --max-num-batched-tokens is " +
+                                std::to_string(options_.max_num_batched_tokens) +
+                                (options_.enable_chunked_prefill
+                                     ? " (its policy scores every prompt row)"
+                                     : " (chunked prefill is off)"));
+  }
+  // Its largest moment: the whole context in every layer that keeps it.
+  std::vector<int> capacities(kv_->num_layers(), max_total_tokens + 1);
+  const int worst = kv_->PagesToGrow(-1, capacities);
+  if (worst > kv_->num_pages() && policy.IsDense()) {
+    return ResourceExhaustedError("a sequence of " + std::to_string(max_total_tokens) +
+                                  " tokens needs " + std::to_string(worst) +
+                                  " KV pages but the pool has " + std::to_string(kv_->num_pages()));
+  }
+  if (kv_->PagesFor(max_total_tokens + 1) > kv_->options().max_pages_per_seq) {
+    return OutOfRangeError("a sequence of " + std::to_string(max_total_tokens) +
+                           " tokens does not fit the page tables");
+  }
+  return Status::Ok();
+}
+
+void Scheduler::Add(Sequence sequence) {
+  sequence.state = SequenceState::kWaiting;
+  sequence.num_computed = 0;
+  sequence.prefill_target = static_cast<int>(sequence.tokens.size());
+  const SeqId id = sequence.id;
+  SIEVE_CHECK(seqs_.count(id) == 0) << "sequence " << id << " added twice";
+  waiting_.push_back(id);
+  seqs_.emplace(id, std::move(sequence));
+}
+
+bool Scheduler::Remove(SeqId id) {
+  const auto it = seqs_.find(id);
+  if (it == seqs_.end()) return false;
+  if (kv_->HasSequence(id)) kv_->RemoveSequence(id);
+  std::erase(running_, id);
+  std::erase(waiting_, id);
+  seqs_.erase(it);
+  return true;
+}
+
+Sequence* Scheduler::Find(SeqId id) {
+  const auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : &it->second;
+}
+
+const Sequence* Scheduler::Find(SeqId id) const {
+  const auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : &it->second;
+}
+
+int Scheduler::ChunkSize(const Sequence& seq, int token_budget) const {
+  const int remaining = seq.prefill_target - seq.num_computed;
+  if (remaining <= token_budget) return remaining;
+  if (!options_.enable_chunked_prefill) return 0;
+  // The rows the policy scores must all be in the final chunk (their queries are not kept).
+  const int final_rows = seq.policy->FinalChunkRows(seq.prefill_target);
+  int chunk = token_budget;
+  if (remaining - chunk < final_rows) chunk = remaining - final_rows;
+  return std::max(chunk, 0);
+}
+
+ScheduledSequence Scheduler::PlanPrefill(const Sequence& seq, int chunk) const {
+  const int layers = kv_->num_layers();
+  ScheduledSequence out;
+  out.id = seq.id;
+  out.context_len = seq.num_computed;
+  out.num_tokens = chunk;
+  out.final_chunk = seq.num_computed + chunk == seq.prefill_target;
+  out.sample = out.final_chunk;
+  out.capacities.resize(layers);
+  out.lengths_after.resize(layers);
+  const int end = seq.num_computed + chunk;
+  if (!out.final_chunk) {
+    std::fill(out.capacities.begin(), out.capacities.end(), end);
+    std::fill(out.lengths_after.begin(), out.lengths_after.end(), end);
+    return out;
+  }
+  out.compress = seq.policy->PlanPrompt(seq.prefill_target);
+  for (int layer = 0; layer < layers; ++layer) {
+    const LayerPlan& plan = out.compress[layer];
+    if (plan.compress) {
+      // Earlier chunks' entries stay in the pages until gathered; the kept ones are then written
+      // over the head of the same list.
+      out.capacities[layer] = std::max(seq.num_computed, plan.budget);
+      out.lengths_after[layer] = plan.budget;
+    } else {
+      out.capacities[layer] = end;
+      out.lengths_after[layer] = end;
+    }
+  }
+  return out;
+}
+
+ScheduledSequence Scheduler::PlanDecode(const Sequence& seq) const {
+  const int layers = kv_->num_layers();
+  ScheduledSequence out;
+  out.id = seq.id;
+  out.context_len = seq.num_computed;
+  out.num_tokens = 1;
+  out.is_decode = true;
+  out.sample = true;
+  out.capacities.resize(layers);
+  out.lengths_after.resize(layers);
+  out.evict.assign(layers, false);
+  for (int layer = 0; layer < layers; ++layer) {
+    const int length = kv_->Length(seq.id, layer);
+    const DecodeLimit limit = seq.policy->DecodeLimitFor(layer);
+    out.capacities[layer] = length + 1;
+    out.evict[layer] = limit.max_entries > 0 && length + 1 > limit.max_entries;
+    out.lengths_after[layer] = out.evict[layer] ? length : length + 1;
+  }
+  return out;
+}
+
+int Scheduler::PagesAfterCompression(const Sequence& seq) const {
+  if (seq.state == SequenceState::kRunning && !seq.in_prefill()) {
+    return kv_->PagesUsedBySequence(seq.id);
+  }
+  int pages = 0;
+  for (const int entries : seq.policy->EntriesAfterPrompt(seq.prefill_target)) {
+    pages += kv_->PagesFor(entries + 1);  // + the first decode entry
+  }
+  return pages;
+}
+
+StepPlan Scheduler::Plan() const {
+  StepPlan plan;
+  int free_pages = kv_->num_free_pages();
+  int token_budget = options_.max_num_batched_tokens;
+  std::vector<SeqId> preempted;
+  const auto is_preempted = [&](SeqId id) {
+    return std::find(preempted.begin(), preempted.end(), id) != preempted.end();
+  };
+  const auto newest_running = [&]() -> SeqId {
+    for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+      if (!is_preempted(*it)) return *it;
+    }
+    return -1;
+  };
+
+  for (const SeqId id : running_) {
+    if (is_preempted(id)) continue;
+    const Sequence& seq = seqs_.at(id);
+    ScheduledSequence scheduled;
+    if (seq.in_prefill()) {
+      const int chunk = ChunkSize(seq, token_budget);
+      if (chunk == 0) continue;
+      scheduled = PlanPrefill(seq, chunk);
+    } else {
+      if (token_budget < 1) continue;
+      scheduled = PlanDecode(seq);
+    }
+    const int needed = kv_->PagesToGrow(id, scheduled.capacities);
+    bool self_preempted = false;
+    while (needed > free_pages) {
+      const SeqId victim = newest_running();
+      preempted.push_back(victim);
+      free_pages += kv_->PagesUsedBySequence(victim);
+      if (victim == id) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) continue;
+    free_pages -= needed;
+    token_budget -= scheduled.num_tokens;
+    plan.num_tokens += scheduled.num_tokens;
+    (scheduled.is_decode ? plan.decodes : plan.prefills).push_back(std::move(scheduled));
+  }
+  // A sequence preempted now may have been scheduled before its victim was chosen: drop it.
+  for (auto* list : {&plan.prefills, &plan.decodes}) {
+    for (auto it = list->begin(); it != list->end();) {
+      if (is_preempted(it->id)) {
+        plan.num_tokens -= it->num_tokens;
+        it = list->erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  plan.preempted = preempted;
+
+  // New sequences, FCFS, only when nothing had to be preempted (memory is tight otherwise).
+  if (preempted.empty()) {
+    int running = static_cast<int>(running_.size());
+    int free_slots = kv_->num_free_slots();
+    int64_t pages_after = 0;  // what every running sequence holds once its prompt is compressed
+    for (const SeqId id : running_) pages_after += PagesAfterCompression(seqs_.at(id));
+    for (const SeqId id : waiting_) {
+      if (running >= options_.max_num_seqs || free_slots == 0 || token_budget == 0) break;
+      const Sequence& seq = seqs_.at(id);
+      const int chunk = ChunkSize(seq, token_budget);
+      if (chunk == 0) break;
+      ScheduledSequence scheduled = PlanPrefill(seq, chunk);
+      const int needed = kv_->PagesToGrow(-1, scheduled.capacities);
+      const int after = PagesAfterCompression(seq);
+      if (needed > free_pages || pages_after + after > kv_->num_pages()) break;
+      free_pages -= needed;
+      pages_after += after;
+      token_budget -= chunk;
+      plan.num_tokens += chunk;
+      ++running;
+      --free_slots;
+      plan.admitted.push_back(id);
+      plan.prefills.push_back(std::move(scheduled));
+    }
+  }
+  return plan;
+}
+
+void Scheduler::Commit(const StepPlan& plan) {
+  for (const SeqId id : plan.preempted) {
+    Sequence& seq = seqs_.at(id);
+    kv_->RemoveSequence(id);
+    std::erase(running_, id);
+    seq.state = SequenceState::kWaiting;
+    seq.num_computed = 0;
+    seq.prefill_target = static_cast<int>(seq.tokens.size());
+    ++seq.num_preemptions;
+    ++num_preemptions_;
+    // Back to the queue in arrival order: it goes before everything that came after it.
+    const auto position = std::find_if(waiting_.begin(), waiting_.end(), [&](SeqId other) {
+      return seqs_.at(other).arrival > seq.arrival;
+    });
+    waiting_.insert(position, id);
+  }
+  for (const SeqId id : plan.admitted) {
+    Sequence& seq = seqs_.at(id);
+    const auto slot = kv_->AddSequence(id);
+    SIEVE_CHECK(slot.ok()) << slot.status().ToString();
+    seq.state = SequenceState::kRunning;
+    std::erase(waiting_, id);
+    const auto position = std::find_if(running_.begin(), running_.end(), [&](SeqId other) {
+      return seqs_.at(other).arrival > seq.arrival;
+    });
+    running_.insert(position, id);
+  }
+  for (const auto* list : {&plan.prefills, &plan.decodes}) {
+    for (const ScheduledSequence& scheduled : *list) {
+      const bool grown = kv_->Grow(scheduled.id, scheduled.capacities);
+      SIEVE_CHECK(grown) << "planned KV growth failed for sequence " << scheduled.id;
+    }
+  }
+}
+
+void Scheduler::Complete(const StepPlan& plan) {
+  for (const auto* list : {&plan.prefills, &plan.decodes}) {
+    for (const ScheduledSequence& scheduled : *list) {
+      Sequence& seq = seqs_.at(scheduled.id);
+      seq.num_computed += scheduled.num_tokens;
+      for (int layer = 0; layer < kv_->num_layers(); ++layer) {
+        kv_->SetLength(scheduled.id, layer, scheduled.lengths_after[layer]);
+      }
+    }
+  }
+}
+
+}  // namespace sieve

@@ -1,0 +1,77 @@
+// Scheduler: iteration-level (continuous) batching with chunked prefill, admission by the KV
+// pages a sequence needs now and will hold after compression, and preemption by recompute.
+//
+// Each engine step: Plan() (const) decides which sequences run and how many tokens each computes
+// (decodes and unfinished prefills of running sequences first, in arrival order, then new ones
+// from the waiting queue, FCFS, never skipping ahead); Commit() applies it to the KV manager
+// (preemptions free pages, admissions take slots, every scheduled (sequence, layer) grows to its
+// step capacity); after the forward pass Complete() advances progress and trims each layer to its
+// length after the step (compression frees pages here).
+//
+// When a running sequence cannot get the pages it needs, the newest running sequence is
+// preempted: all its pages are freed and it returns to the waiting queue with everything it has
+// generated, to be prefilled again (recompute). Nothing is lost; the count is kept.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "kv/kv_cache_manager.h"
+#include "sched/sequence.h"
+#include "sched/step_plan.h"
+
+namespace sieve {
+
+struct SchedulerOptions {
+  int max_num_seqs = 256;             // running sequences at once
+  int max_num_batched_tokens = 2048;  // tokens per step (prefill chunks + decodes)
+  bool enable_chunked_prefill = true;
+  int max_model_len = 4096;  // prompt + generated tokens per sequence
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerOptions& options, KvCacheManager* kv);
+
+  const SchedulerOptions& options() const { return options_; }
+
+  // Checks that a sequence of `prompt_len` tokens under `policy` can ever be scheduled: fits the
+  // context, the per-step token budget where chunking cannot split it, and the whole KV pool.
+  Status CanEverSchedule(int prompt_len, int max_total_tokens, const KvPolicy& policy) const;
+  // Queues a sequence (state kWaiting, prefill_target = its tokens).
+  void Add(Sequence sequence);
+  // Removes a sequence wherever it is and frees its pages at once. False when unknown.
+  bool Remove(SeqId id);
+
+  StepPlan Plan() const;
+  void Commit(const StepPlan& plan);
+  // After the step's forward pass: progress and per-layer lengths of every scheduled sequence.
+  void Complete(const StepPlan& plan);
+
+  Sequence* Find(SeqId id);
+  const Sequence* Find(SeqId id) const;
+  int num_running() const { return static_cast<int>(running_.size()); }
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  bool HasWork() const { return !running_.empty() || !waiting_.empty(); }
+  const std::vector<SeqId>& running() const { return running_; }
+
+ private:
+  // Tokens of this sequence's prefill that fit in `token_budget` this step (0: none).
+  int ChunkSize(const Sequence& seq, int token_budget) const;
+  ScheduledSequence PlanPrefill(const Sequence& seq, int chunk) const;
+  ScheduledSequence PlanDecode(const Sequence& seq) const;
+  // Pages the sequence holds once its prompt is compressed (or now, when decoding).
+  int PagesAfterCompression(const Sequence& seq) const;
+
+  SchedulerOptions options_;
+  KvCacheManager* kv_;
+  std::map<SeqId, Sequence> seqs_;
+  std::vector<SeqId> running_;  // arrival order
+  std::vector<SeqId> waiting_;  // arrival order
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace sieve

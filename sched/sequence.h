@@ -1,0 +1,33 @@
+// Sequence: one request's tokens and progress, as the scheduler sees them.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kv/kv_cache_manager.h"
+#include "sparsity/kv_policy.h"
+
+namespace sieve {
+
+enum class SequenceState { kWaiting, kRunning, kFinished };
+
+struct Sequence {
+  SeqId id = 0;
+  int64_t arrival = 0;               // FCFS order (smaller = earlier)
+  std::vector<int32_t> tokens;       // the prompt, then every generated token
+  int num_prompt_tokens = 0;         // the original prompt
+  int max_total_tokens = 0;          // prompt + max new tokens (never past the context)
+  const KvPolicy* policy = nullptr;  // owned by the engine
+  SequenceState state = SequenceState::kWaiting;
+  // Progress of the KV cache: tokens [0, num_computed) are in it (or were, then compressed).
+  int num_computed = 0;
+  // Tokens to prefill before decoding: the prompt, or after a preemption the prompt and the
+  // tokens generated so far (recompute).
+  int prefill_target = 0;
+  int num_preemptions = 0;
+
+  int num_generated() const { return static_cast<int>(tokens.size()) - num_prompt_tokens; }
+  bool in_prefill() const { return num_computed < prefill_target; }
+};
+
+}  // namespace sieve

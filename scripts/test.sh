@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Sets up, builds everything and runs every test. SIEVE_PRESET picks the CMake preset
+# (default: release; CI uses ci, which also compiles the CUDA backend and treats warnings as
+# errors). GPU tests skip themselves on machines without a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+preset="${SIEVE_PRESET:-release}"
+if [ "${SIEVE_SKIP_BOOTSTRAP:-0}" != "1" ]; then ./scripts/bootstrap.sh; fi
+if [ -d /usr/local/cuda/bin ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+cmake --preset "$preset"
+cmake --build --preset "$preset"
+ctest --preset "$preset"

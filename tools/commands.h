@@ -1,0 +1,20 @@
+// The subcommands of `sieve`. Each Add*Command registers its flags on `app` and returns the
+// function that runs it (after parsing) and gives the process exit code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace sieve {
+
+using CommandRunner = std::function<int()>;
+
+CommandRunner AddGenerateCommand(CLI::App& app);
+CommandRunner AddTokenizeCommand(CLI::App& app);
+CommandRunner AddInspectCommand(CLI::App& app);
+CommandRunner AddServeCommand(CLI::App& app);
+// `sieve bench` has its own subcommands (serve, sweep, kernels, ...).
+CommandRunner AddBenchCommand(CLI::App& app);
+
+}  // namespace sieve

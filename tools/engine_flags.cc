@@ -1,0 +1,168 @@
+#include "tools/engine_flags.h"
+
+#include <cctype>
+
+#include "core/logging.h"
+#include "core/thread_pool.h"
+
+#ifdef SIEVE_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace sieve {
+
+void AddEngineFlags(CLI::App& app, EngineFlags& flags) {
+  app.add_option("--model", flags.load.model_dir,
+                 "Hugging Face model directory (config.json, *.safetensors, tokenizer). Without "
+                 "it: the embedded tiny random-weight model (noise, for trying Sieve out)");
+  app.add_option("--tokenizer", flags.load.tokenizer_path,
+                 "Tokenizer to use instead of the model's: a directory, tokenizer.json or "
+                 "tokenizer.model");
+  app.add_option("--load-format", flags.load.load_format,
+                 "auto | safetensors | dummy (seeded random weights of the config's shape)")
+      ->capture_default_str();
+  app.add_option("--dummy-seed", flags.load.dummy_seed, "Seed of --load-format dummy weights")
+      ->capture_default_str();
+  app.add_option("--chat-template", flags.load.chat_template,
+                 "Override the chat format: llama3 | llama2 | mistral");
+  app.add_option("--device", flags.device, "auto | cpu | cuda | cuda:N")->capture_default_str();
+  app.add_option("--threads", flags.threads, "CPU threads (0: all cores; also SIEVE_NUM_THREADS)");
+  app.add_option("--max-model-len", flags.engine.max_model_len,
+                 "Context length: prompt + generated tokens (0: the model's, at most 8192)")
+      ->capture_default_str();
+  app.add_option("--max-num-seqs", flags.engine.max_num_seqs, "Sequences running at once")
+      ->capture_default_str();
+  app.add_option("--max-num-batched-tokens", flags.engine.max_num_batched_tokens,
+                 "Tokens computed per engine step (prefill chunks + decodes)")
+      ->capture_default_str();
+  app.add_flag("--no-chunked-prefill", flags.no_chunked_prefill,
+               "Prefill each prompt in one step (it must fit --max-num-batched-tokens)");
+  app.add_option("--page-size", flags.engine.page_size, "KV entries per page")
+      ->capture_default_str();
+  app.add_option("--kv-memory", flags.kv_memory,
+                 "Bytes for the KV cache, e.g. 2G (default: --gpu-memory-utilization of free "
+                 "memory)");
+  app.add_option("--gpu-memory-utilization", flags.engine.memory_fraction,
+                 "Fraction of the device's free memory (after weights) given to the KV cache")
+      ->capture_default_str();
+  app.add_option("--kv-policy", flags.engine.kv_policy,
+                 "KV-cache policy per layer range: full | snapkv | pyramidkv | streamingllm | "
+                 "h2o, e.g. \"full:0-2,pyramidkv:3-31\"")
+      ->capture_default_str();
+  KvPolicyOptions& kv = flags.engine.kv_policy_options;
+  app.add_option("--kv-budget", kv.budget, "Entries kept per sparse layer (PyramidKV: average)")
+      ->capture_default_str();
+  app.add_option("--kv-window", kv.window, "Observation window: last prompt tokens scored and kept")
+      ->capture_default_str();
+  app.add_option("--kv-pool", flags.kv_pool, "Pooling of window scores: max | avg | none")
+      ->capture_default_str();
+  app.add_option("--kv-kernel", kv.kernel, "Pooling kernel (odd)")->capture_default_str();
+  app.add_option("--kv-group-reduce", flags.kv_group_reduce,
+                 "GQA aggregation of a KV head's query heads: mean | max")
+      ->capture_default_str();
+  app.add_option("--kv-pyramid-beta", kv.beta, "PyramidKV top/bottom budget ratio")
+      ->capture_default_str();
+  app.add_option("--kv-sinks", kv.sinks, "StreamingLLM attention sinks")->capture_default_str();
+  app.add_option("--kv-recent", kv.recent, "StreamingLLM / H2O recent entries kept")
+      ->capture_default_str();
+  app.add_option("--kv-heavy", kv.heavy, "H2O heavy-hitter entries kept")->capture_default_str();
+  app.add_option("--kv-decode-cap", kv.decode_cap,
+                 "Cap on a layer's entries during decode (0: none); evicts one per step past it")
+      ->capture_default_str();
+  app.add_option("--kv-decode-cap-by", flags.kv_decode_cap_by,
+                 "What the decode cap evicts: score (lowest accumulated attention) | oldest")
+      ->capture_default_str();
+}
+
+Result<int64_t> ParseByteSize(const std::string& text) {
+  if (text.empty()) return InvalidArgumentError("empty byte size");
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (...) {
+    return InvalidArgumentError("bad byte size '" + text + "' (e.g. 512M, 4G)");
+  }
+  std::string suffix = text.substr(used);
+  for (char& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  double scale = 1;
+  if (suffix == "K" || suffix == "KB" || suffix == "KIB")
+    scale = 1024.0;
+  else if (suffix == "M" || suffix == "MB" || suffix == "MIB")
+    scale = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "GB" || suffix == "GIB")
+    scale = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty() && suffix != "B")
+    return InvalidArgumentError("bad byte size '" + text + "'");
+  if (value <= 0) return InvalidArgumentError("byte size must be positive: '" + text + "'");
+  return static_cast<int64_t>(value * scale);
+}
+
+namespace {
+
+Result<PoolKind> ParsePool(const std::string& name) {
+  if (name == "max") return PoolKind::kMax;
+  if (name == "avg") return PoolKind::kAvg;
+  if (name == "none") return PoolKind::kNone;
+  return InvalidArgumentError("--kv-pool must be max, avg or none, not '" + name + "'");
+}
+
+Result<std::unique_ptr<Backend>> MakeBackend(const std::string& device) {
+  if (device == "cpu") return MakeCpuBackend();
+#ifdef SIEVE_HAVE_CUDA
+  if (device == "auto" || device.rfind("cuda", 0) == 0) {
+    int index = 0;
+    if (device.size() > 5 && device[4] == ':') index = std::atoi(device.c_str() + 5);
+    auto cuda = MakeCudaBackend(index);
+    if (cuda.ok()) return std::move(cuda).value();
+    if (device != "auto") return cuda.status();
+    spdlog::info("no usable CUDA device ({}); running on the CPU", cuda.status().message());
+  }
+#else
+  if (device.rfind("cuda", 0) == 0) {
+    return UnavailableError("this sieve was built without the CUDA backend");
+  }
+#endif
+  if (device != "auto") {
+    return InvalidArgumentError("--device must be auto, cpu, cuda or cuda:N, not '" + device + "'");
+  }
+  return MakeCpuBackend();
+}
+
+}  // namespace
+
+Result<EngineBundle> BuildEngine(EngineFlags& flags) {
+  if (flags.threads > 0) setenv("SIEVE_NUM_THREADS", std::to_string(flags.threads).c_str(), 1);
+  EngineBundle bundle;
+  SIEVE_ASSIGN_OR_RETURN(bundle.backend, MakeBackend(flags.device));
+  if (!flags.kv_memory.empty()) {
+    SIEVE_ASSIGN_OR_RETURN(flags.engine.kv_memory_bytes, ParseByteSize(flags.kv_memory));
+  }
+  SIEVE_ASSIGN_OR_RETURN(flags.engine.kv_policy_options.pool, ParsePool(flags.kv_pool));
+  if (flags.kv_group_reduce == "mean") {
+    flags.engine.kv_policy_options.reduce = GroupReduce::kMean;
+  } else if (flags.kv_group_reduce == "max") {
+    flags.engine.kv_policy_options.reduce = GroupReduce::kMax;
+  } else {
+    return InvalidArgumentError("--kv-group-reduce must be mean or max");
+  }
+  if (flags.kv_decode_cap_by != "score" && flags.kv_decode_cap_by != "oldest") {
+    return InvalidArgumentError("--kv-decode-cap-by must be score or oldest");
+  }
+  flags.engine.kv_policy_options.decode_cap_by_score = flags.kv_decode_cap_by == "score";
+  flags.engine.enable_chunked_prefill = !flags.no_chunked_prefill;
+  flags.load.max_model_len = flags.engine.max_model_len;
+  spdlog::info("loading {} on {}",
+               flags.load.model_dir.empty() ? "the embedded model" : flags.load.model_dir,
+               bundle.backend->name());
+  SIEVE_ASSIGN_OR_RETURN(bundle.loaded, LoadModel(flags.load, *bundle.backend));
+  spdlog::info("model: {}", bundle.loaded.description);
+  auto engine = Engine::Create(std::move(bundle.loaded.model), bundle.loaded.tokenizer.get(),
+                               bundle.loaded.eos_ids, flags.engine);
+  if (!engine.ok()) return engine.status();
+  bundle.engine = std::move(engine).value();
+  spdlog::info("engine:\n{}", bundle.engine->Describe());
+  return bundle;
+}
+
+}  // namespace sieve

@@ -1,0 +1,74 @@
+// sieve inspect: what a model directory holds, without loading its weights.
+#include <cstdio>
+#include <iostream>
+
+#include "model/llama_checkpoint.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
+#include "runtime/model_loader.h"
+#include "tokenizer/tokenizer_loader.h"
+#include "tools/commands.h"
+
+namespace sieve {
+
+CommandRunner AddInspectCommand(CLI::App& app) {
+  auto model_dir = std::make_shared<std::string>();
+  app.add_option("--model", *model_dir,
+                 "Hugging Face model directory (default: the embedded model)");
+  return [model_dir]() {
+    ModelConfig config;
+    std::string checkpoint_line = "embedded (random weights built in memory)";
+    if (model_dir->empty()) {
+      config = EmbeddedModelConfig();
+    } else {
+      auto parsed = LoadModelConfig(*model_dir);
+      if (!parsed.ok()) {
+        std::cerr << "error: " << parsed.status().message() << "\n";
+        return 1;
+      }
+      config = *parsed;
+      auto checkpoint = SafetensorsCheckpoint::Open(*model_dir);
+      if (!checkpoint.ok()) {
+        checkpoint_line = "not readable: " + checkpoint.status().message();
+      } else {
+        const Status valid = ValidateLlamaCheckpoint(**checkpoint, config);
+        char size[64];
+        std::snprintf(size, sizeof(size), "%.2f GB", (*checkpoint)->TotalBytes() / 1e9);
+        checkpoint_line = std::string(size) + " in safetensors, " +
+                          (valid.ok() ? "matches the config" : "INVALID: " + valid.message());
+      }
+    }
+    const int64_t params = config.NumParameters();
+    std::printf("architecture:      %s\n", config.architecture.c_str());
+    std::printf("parameters:        %lld (%.2f B)\n", static_cast<long long>(params), params / 1e9);
+    std::printf("dtype:             %s\n", std::string(DTypeName(config.dtype)).c_str());
+    std::printf("layers:            %d\n", config.num_layers);
+    std::printf("hidden / ffn:      %d / %d\n", config.hidden_size, config.intermediate_size);
+    std::printf("heads / kv heads:  %d / %d (head dim %d)\n", config.num_heads, config.num_kv_heads,
+                config.head_dim);
+    std::printf("vocabulary:        %d\n", config.vocab_size);
+    std::printf("rope:              theta %.0f, scaling %s\n", config.rope_theta,
+                std::string(RopeScalingTypeName(config.rope_scaling.type)).c_str());
+    std::printf("context:           %d positions%s\n", config.max_position_embeddings,
+                config.sliding_window
+                    ? (", sliding window " + std::to_string(*config.sliding_window)).c_str()
+                    : "");
+    std::printf("KV bytes / token:  %lld (bf16), %lld (f32)\n",
+                static_cast<long long>(config.KvBytesPerToken(DType::kBF16)),
+                static_cast<long long>(config.KvBytesPerToken(DType::kF32)));
+    std::printf("weights:           %s\n", checkpoint_line.c_str());
+    if (!model_dir->empty()) {
+      auto tokenizer = LoadTokenizer(*model_dir);
+      if (tokenizer.ok()) {
+        std::printf("tokenizer:         %s, %d tokens, chat template %s\n",
+                    std::string((*tokenizer)->kind()).c_str(), (*tokenizer)->vocab_size(),
+                    (*tokenizer)->chat_template() ? "yes" : "none");
+      } else {
+        std::printf("tokenizer:         %s\n", tokenizer.status().message().c_str());
+      }
+    }
+    return 0;
+  };
+}
+
+}  // namespace sieve
