@@ -104,6 +104,39 @@ class Backend {
   // one. Needs the positions side pool (and scores for kLowestScore).
   virtual void EvictEntries(const StepMeta& step, int layer, KvPool& pool) = 0;
 
+  // ---- graphs ----
+  // Records the ops issued between BeginCapture and EndCapture into a graph; ReplayGraph runs it
+  // again on the same buffers (whose contents may have changed). No allocation or host copy may
+  // happen while capturing. Backends without graphs return -1 and the caller runs ops eagerly.
+  virtual bool SupportsGraphs() const { return false; }
+  virtual void BeginCapture() {}
+  virtual int EndCapture() { return -1; }
+  virtual void ReplayGraph(int graph) { (void)graph; }
+  // Sizes every scratch buffer the ops of a decode step of up to `max_batch` sequences with up to
+  // `max_kv_len` entries need, so that captured graphs never see a buffer move.
+  virtual void PrepareDecodeGraphs(int max_batch, int num_heads, int head_dim, int max_kv_len) {
+    (void)max_batch, (void)num_heads, (void)head_dim, (void)max_kv_len;
+  }
+
+  // ---- sampling ----
+  // One row's knobs for sampling on the device (no penalties: those rows sample on the host).
+  struct DeviceSamplingRow {
+    float temperature;  // <= 0: greedy
+    int32_t top_k;      // <= 0: off
+    float top_p;        // >= 1: off
+    float min_p;        // <= 0: off
+    uint64_t seed;
+    uint64_t offset;  // the request's draw counter (its t-th token uses draw t)
+  };
+  // Picks each row's token from logits [R][V] f32 without moving the logits to the host: tokens
+  // [R] and the chosen tokens' raw log-probabilities [R]. False when the backend cannot (the
+  // caller samples on the host; runtime/sampler.h is the twin).
+  virtual bool SampleOnDevice(const Tensor& logits, const std::vector<DeviceSamplingRow>& rows,
+                              std::vector<int32_t>& tokens, std::vector<float>& logprobs) {
+    (void)logits, (void)rows, (void)tokens, (void)logprobs;
+    return false;
+  }
+
   // ---- bookkeeping ----
   // dst[patches[p][0]] = patches[p][1] for p < count.    patches [>= count][2] i32, dst i32.
   virtual void ScatterInt32(const Tensor& patches, int count, Tensor& dst) = 0;

@@ -14,21 +14,26 @@ KvCacheManager::KvCacheManager(const Options& options)
           static_cast<size_t>(options.num_layers) * options.max_seqs * options.max_pages_per_seq,
           -1),
       lengths_(static_cast<size_t>(options.num_layers) * options.max_seqs, 0) {
+  by_slot_.resize(options.max_seqs);
+  if ((options.page_size & (options.page_size - 1)) == 0) {
+    page_shift_ = 0;
+    while ((1 << page_shift_) < options.page_size) ++page_shift_;
+  }
   SIEVE_CHECK(options.page_size > 0 && options.num_layers > 0 && options.max_seqs > 0 &&
               options.max_pages_per_seq > 0);
   for (int slot = options.max_seqs - 1; slot >= 0; --slot) free_slots_.push_back(slot);
 }
 
 const KvCacheManager::Sequence& KvCacheManager::Get(SeqId id) const {
-  const auto it = seqs_.find(id);
-  SIEVE_CHECK(it != seqs_.end()) << "unknown sequence " << id;
-  return it->second;
+  const auto it = slot_of_.find(id);
+  SIEVE_CHECK(it != slot_of_.end()) << "unknown sequence " << id;
+  return by_slot_[it->second];
 }
 
 KvCacheManager::Sequence& KvCacheManager::Get(SeqId id) {
-  const auto it = seqs_.find(id);
-  SIEVE_CHECK(it != seqs_.end()) << "unknown sequence " << id;
-  return it->second;
+  const auto it = slot_of_.find(id);
+  SIEVE_CHECK(it != slot_of_.end()) << "unknown sequence " << id;
+  return by_slot_[it->second];
 }
 
 int64_t KvCacheManager::TableIndex(int layer, int slot, int page_index) const {
@@ -48,28 +53,54 @@ Result<int> KvCacheManager::AddSequence(SeqId id) {
     return ResourceExhaustedError("all " + std::to_string(options_.max_seqs) +
                                   " sequence slots are in use");
   }
-  Sequence seq;
-  seq.slot = free_slots_.back();
+  const int slot = free_slots_.back();
   free_slots_.pop_back();
-  seq.pages.resize(options_.num_layers);
-  const int slot = seq.slot;
-  seqs_.emplace(id, std::move(seq));
+  Sequence& seq = by_slot_[slot];
+  seq.id = id;
+  seq.slot = slot;
+  seq.pages_held = 0;
+  seq.pages.assign(options_.num_layers, {});
+  slot_of_.emplace(id, slot);
   return slot;
+}
+
+int KvCacheManager::ReservePaddingSlot() {
+  SIEVE_CHECK(padding_slot_ < 0 && slot_of_.empty()) << "reserve the padding slot first, once";
+  constexpr SeqId kPaddingId = -2;
+  auto slot = AddSequence(kPaddingId);
+  SIEVE_CHECK(slot.ok()) << slot.status().ToString();
+  const std::vector<int> one(options_.num_layers, 1);
+  SIEVE_CHECK(Grow(kPaddingId, one)) << "no pages for the padding slot";
+  SetLengths(kPaddingId, one);
+  // It stays out of the sequence index (so accounting and slots count only real sequences) but
+  // keeps its pages and its slot.
+  slot_of_.erase(kPaddingId);
+  padding_slot_ = *slot;
+  padding_pages_ = options_.num_layers;
+  return padding_slot_;
 }
 
 void KvCacheManager::RemoveSequence(SeqId id) {
   Sequence& seq = Get(id);
-  for (int layer = 0; layer < options_.num_layers; ++layer) {
-    SetLength(id, layer, 0);
-  }
+  for (int layer = 0; layer < options_.num_layers; ++layer) SetLengthOf(seq, layer, 0);
   free_slots_.push_back(seq.slot);
-  seqs_.erase(id);
+  seq.slot = -1;
+  seq.id = -1;
+  slot_of_.erase(id);
 }
 
 int KvCacheManager::Slot(SeqId id) const { return Get(id).slot; }
 
 int KvCacheManager::Length(SeqId id, int layer) const {
   return lengths_[static_cast<int64_t>(layer) * options_.max_seqs + Get(id).slot];
+}
+
+void KvCacheManager::Lengths(SeqId id, std::vector<int>& out) const {
+  const int slot = Get(id).slot;
+  out.resize(options_.num_layers);
+  for (int layer = 0; layer < options_.num_layers; ++layer) {
+    out[layer] = lengths_[static_cast<int64_t>(layer) * options_.max_seqs + slot];
+  }
 }
 
 int KvCacheManager::Capacity(SeqId id, int layer) const {
@@ -82,10 +113,11 @@ const std::vector<int32_t>& KvCacheManager::Pages(SeqId id, int layer) const {
 
 int KvCacheManager::PagesToGrow(SeqId id, std::span<const int> capacities) const {
   SIEVE_CHECK(static_cast<int>(capacities.size()) == options_.num_layers);
-  const auto it = seqs_.find(id);
+  const auto it = slot_of_.find(id);
+  const Sequence* seq = it == slot_of_.end() ? nullptr : &by_slot_[it->second];
   int needed = 0;
   for (int layer = 0; layer < options_.num_layers; ++layer) {
-    const int held = it == seqs_.end() ? 0 : static_cast<int>(it->second.pages[layer].size());
+    const int held = seq == nullptr ? 0 : static_cast<int>(seq->pages[layer].size());
     needed += std::max(0, PagesFor(capacities[layer]) - held);
   }
   return needed;
@@ -94,17 +126,22 @@ int KvCacheManager::PagesToGrow(SeqId id, std::span<const int> capacities) const
 bool KvCacheManager::Grow(SeqId id, std::span<const int> capacities) {
   SIEVE_CHECK(static_cast<int>(capacities.size()) == options_.num_layers);
   Sequence& seq = Get(id);
+  int needed = 0;
   for (int layer = 0; layer < options_.num_layers; ++layer) {
-    if (PagesFor(capacities[layer]) > options_.max_pages_per_seq) return false;
+    const int wanted = PagesFor(capacities[layer]);
+    if (wanted > options_.max_pages_per_seq) return false;
+    needed += std::max(0, wanted - static_cast<int>(seq.pages[layer].size()));
   }
-  if (PagesToGrow(id, capacities) > pool_.num_free()) return false;
+  if (needed > pool_.num_free()) return false;
+  if (needed == 0) return true;
   for (int layer = 0; layer < options_.num_layers; ++layer) {
     std::vector<int32_t>& pages = seq.pages[layer];
     const int before = static_cast<int>(pages.size());
     const int wanted = PagesFor(capacities[layer]);
     if (wanted <= before) continue;
     const bool ok = pool_.Allocate(wanted - before, pages);
-    SIEVE_CHECK(ok) << "pool ran out after PagesToGrow said it would not";
+    SIEVE_CHECK(ok) << "pool ran out after counting enough free pages";
+    seq.pages_held += wanted - before;
     for (int index = before; index < wanted; ++index)
       WriteTable(layer, seq.slot, index, pages[index]);
   }
@@ -112,7 +149,16 @@ bool KvCacheManager::Grow(SeqId id, std::span<const int> capacities) {
 }
 
 void KvCacheManager::SetLength(SeqId id, int layer, int length) {
+  SetLengthOf(Get(id), layer, length);
+}
+
+void KvCacheManager::SetLengths(SeqId id, std::span<const int> lengths) {
+  SIEVE_CHECK(static_cast<int>(lengths.size()) == options_.num_layers);
   Sequence& seq = Get(id);
+  for (int layer = 0; layer < options_.num_layers; ++layer) SetLengthOf(seq, layer, lengths[layer]);
+}
+
+void KvCacheManager::SetLengthOf(Sequence& seq, int layer, int length) {
   std::vector<int32_t>& pages = seq.pages[layer];
   SIEVE_CHECK(length >= 0 && length <= static_cast<int>(pages.size()) * options_.page_size)
       << "length " << length << " past the capacity of layer " << layer;
@@ -123,26 +169,26 @@ void KvCacheManager::SetLength(SeqId id, int layer, int length) {
     for (int index = keep; index < static_cast<int>(pages.size()); ++index) {
       WriteTable(layer, seq.slot, index, -1);
     }
+    seq.pages_held -= static_cast<int>(pages.size()) - keep;
     pages.resize(keep);
   }
 }
 
 int KvCacheManager::PagesUsedByLayer(int layer) const {
   int total = 0;
-  for (const auto& [id, seq] : seqs_) total += static_cast<int>(seq.pages[layer].size());
+  for (const auto& [id, slot] : slot_of_) {
+    total += static_cast<int>(by_slot_[slot].pages[layer].size());
+  }
   return total;
 }
 
-int KvCacheManager::PagesUsedBySequence(SeqId id) const {
-  int total = 0;
-  for (const auto& pages : Get(id).pages) total += static_cast<int>(pages.size());
-  return total;
-}
+int KvCacheManager::PagesUsedBySequence(SeqId id) const { return Get(id).pages_held; }
 
 int64_t KvCacheManager::EntriesHeldByLayer(int layer) const {
   int64_t total = 0;
-  for (const auto& [id, seq] : seqs_)
-    total += lengths_[static_cast<int64_t>(layer) * options_.max_seqs + seq.slot];
+  for (const auto& [id, slot] : slot_of_) {
+    total += lengths_[static_cast<int64_t>(layer) * options_.max_seqs + slot];
+  }
   return total;
 }
 
@@ -155,8 +201,12 @@ std::vector<std::pair<int32_t, int32_t>> KvCacheManager::TakePageTablePatches() 
 Status KvCacheManager::CheckInvariants() const {
   std::vector<int> owners(pool_.num_pages(), 0);
   std::vector<bool> slot_used(options_.max_seqs, false);
-  for (const auto& [id, seq] : seqs_) {
-    if (seq.slot < 0 || seq.slot >= options_.max_seqs || slot_used[seq.slot]) {
+  for (const auto& [id, slot] : slot_of_) {
+    const Sequence& seq = by_slot_[slot];
+    int pages_held = 0;
+    for (const auto& pages : seq.pages) pages_held += static_cast<int>(pages.size());
+    if (pages_held != seq.pages_held) return InternalError("pages_held out of step");
+    if (seq.slot != slot || seq.id != id || slot_used[seq.slot]) {
       return InternalError("sequence " + std::to_string(id) + " has a bad or shared slot");
     }
     slot_used[seq.slot] = true;
@@ -178,6 +228,13 @@ Status KvCacheManager::CheckInvariants() const {
         if (page < 0 || page >= pool_.num_pages()) return InternalError("bad page id");
         ++owners[page];
       }
+    }
+  }
+  if (padding_slot_ >= 0) {
+    const Sequence& padding = by_slot_[padding_slot_];
+    slot_used[padding_slot_] = true;
+    for (const auto& pages : padding.pages) {
+      for (const int32_t page : pages) ++owners[page];
     }
   }
   int used = 0;

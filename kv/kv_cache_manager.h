@@ -47,15 +47,22 @@ class KvCacheManager {
   // ---- sequences ----
   // Gives the sequence a slot and empty lists; ResourceExhausted when all slots are taken.
   Result<int> AddSequence(SeqId id);
+  // Takes one slot for good and gives it one page and one entry in every layer: the row that
+  // padding sequences of a fixed-size (CUDA graph) decode batch point to, so they read and write
+  // only memory nobody else uses. Returns the slot; call once, before any sequence is added.
+  int ReservePaddingSlot();
+  int padding_slot() const { return padding_slot_; }
   // Frees every page of every layer of the sequence and its slot.
   void RemoveSequence(SeqId id);
-  bool HasSequence(SeqId id) const { return seqs_.count(id) != 0; }
+  bool HasSequence(SeqId id) const { return slot_of_.count(id) != 0; }
   int Slot(SeqId id) const;
-  int num_sequences() const { return static_cast<int>(seqs_.size()); }
+  int num_sequences() const { return static_cast<int>(slot_of_.size()); }
   int num_free_slots() const { return static_cast<int>(free_slots_.size()); }
 
   // ---- per (sequence, layer) ----
   int Length(SeqId id, int layer) const;
+  // Every layer's length at once ([L]): one lookup instead of L on the per-step paths.
+  void Lengths(SeqId id, std::vector<int>& out) const;
   int Capacity(SeqId id, int layer) const;  // pages held * page_size
   const std::vector<int32_t>& Pages(SeqId id, int layer) const;
 
@@ -67,11 +74,14 @@ class KvCacheManager {
   [[nodiscard]] bool Grow(SeqId id, std::span<const int> capacities);
   // Sets the layer's length and frees the pages past it.
   void SetLength(SeqId id, int layer, int length);
+  // SetLength for every layer ([L] lengths).
+  void SetLengths(SeqId id, std::span<const int> lengths);
 
   // ---- accounting ----
-  int num_pages() const { return pool_.num_pages(); }
+  // Pages for sequences (the padding slot's are set apart and not counted).
+  int num_pages() const { return pool_.num_pages() - padding_pages_; }
   int num_free_pages() const { return pool_.num_free(); }
-  int num_used_pages() const { return pool_.num_used(); }
+  int num_used_pages() const { return pool_.num_used() - padding_pages_; }
   int PagesUsedByLayer(int layer) const;
   int PagesUsedBySequence(SeqId id) const;
   int64_t EntriesHeldByLayer(int layer) const;
@@ -87,21 +97,28 @@ class KvCacheManager {
 
  private:
   struct Sequence {
+    SeqId id = -1;
     int slot = -1;
+    int pages_held = 0;                       // sum of pages[l].size()
     std::vector<std::vector<int32_t>> pages;  // [L] page ids
   };
   const Sequence& Get(SeqId id) const;
   Sequence& Get(SeqId id);
   int64_t TableIndex(int layer, int slot, int page_index) const;
   void WriteTable(int layer, int slot, int page_index, int32_t page);
+  void SetLengthOf(Sequence& seq, int layer, int length);
 
   Options options_;
+  int page_shift_ = -1;  // log2(page_size) when a power of two: PagesFor runs per (seq, layer)
   BlockPool pool_;
-  std::unordered_map<SeqId, Sequence> seqs_;
+  std::vector<Sequence> by_slot_;  // [max_seqs]; slot -1 when free
+  std::unordered_map<SeqId, int> slot_of_;
   std::vector<int> free_slots_;
   std::vector<int32_t> page_table_;  // [L][max_seqs][max_pages_per_seq]
   std::vector<int32_t> lengths_;     // [L][max_seqs]
   std::vector<std::pair<int32_t, int32_t>> patches_;
+  int padding_slot_ = -1;
+  int padding_pages_ = 0;
 };
 
 }  // namespace sieve

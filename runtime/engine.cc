@@ -108,13 +108,15 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<LlamaModel> model
                                   std::to_string(bytes_per_page) + " bytes)");
   }
   num_pages = std::min<int64_t>(num_pages, 1 << 30);
+  const bool pad = options.pad_decode_batches || (options.cuda_graphs && backend.SupportsGraphs());
   KvCacheManager::Options kv_options;
   kv_options.num_pages = static_cast<int>(num_pages);
   kv_options.page_size = options.page_size;
   kv_options.num_layers = config.num_layers;
-  kv_options.max_seqs = options.max_num_seqs;
+  kv_options.max_seqs = options.max_num_seqs + (pad ? 1 : 0);
   kv_options.max_pages_per_seq = max_pages_per_seq;
   engine->kv_ = std::make_unique<KvCacheManager>(kv_options);
+  if (pad) engine->kv_->ReservePaddingSlot();
   SchedulerOptions sched_options;
   sched_options.max_num_seqs = options.max_num_seqs;
   sched_options.max_num_batched_tokens = options.max_num_batched_tokens;
@@ -124,6 +126,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<LlamaModel> model
   ModelRunnerOptions runner_options;
   runner_options.max_num_seqs = options.max_num_seqs;
   runner_options.max_num_batched_tokens = options.max_num_batched_tokens;
+  runner_options.max_model_len = options.max_model_len;
+  runner_options.pad_decode_batches = pad;
+  runner_options.use_graphs = options.cuda_graphs;
   runner_options.score_pool = score_pool;
   runner_options.position_pool = position_pool;
   engine->runner_ = std::make_unique<ModelRunner>(*engine->model_, *engine->kv_, runner_options);
@@ -181,7 +186,8 @@ Result<RequestId> Engine::Add(Request request) {
   state.id = id;
   state.sampling = request.sampling;
   state.num_prompt_tokens = prompt_len;
-  state.rng.seed(request.sampling.seed ? *request.sampling.seed : seed_source_());
+  state.device_seed = request.sampling.seed ? *request.sampling.seed : seed_source_();
+  state.rng.seed(state.device_seed);
   if (tokenizer_)
     state.decoder.emplace(*tokenizer_, /*skip_special_tokens=*/true, /*continuation=*/true);
   Sequence seq;
@@ -292,7 +298,7 @@ std::vector<RequestOutput> Engine::Step() {
   scheduler_->Commit(plan);
   if (plan.empty()) return outputs;
   ++stats_.steps;
-  const std::vector<float>& logits = runner_->Run(plan, *scheduler_, sample_ids_);
+  const Tensor& logits = runner_->Run(plan, *scheduler_, sample_ids_);
   scheduler_->Complete(plan);
   for (const ScheduledSequence& scheduled : plan.prefills) {
     stats_.prompt_tokens += scheduled.num_tokens;
@@ -307,15 +313,12 @@ std::vector<RequestOutput> Engine::Step() {
   }
   stats_.peak_pages_used = std::max(stats_.peak_pages_used, kv_->num_used_pages());
 
-  const int vocab = model_->config().vocab_size;
+  const std::vector<SampleResult> samples = SampleRows(logits);
   for (size_t row = 0; row < sample_ids_.size(); ++row) {
     const SeqId id = sample_ids_[row];
     Sequence& seq = *scheduler_->Find(id);
     RequestState& state = requests_.at(id);
-    std::vector<float> row_logits(logits.begin() + row * vocab, logits.begin() + (row + 1) * vocab);
-    const SampleResult sample =
-        Sampler::Sample(row_logits, state.sampling, seq.tokens, seq.num_prompt_tokens, state.rng);
-    RequestOutput output = Advance(state, seq, sample);
+    RequestOutput output = Advance(state, seq, samples[row]);
     if (output.finished) {
       scheduler_->Remove(id);
       requests_.erase(id);
@@ -323,6 +326,48 @@ std::vector<RequestOutput> Engine::Step() {
     outputs.push_back(std::move(output));
   }
   return outputs;
+}
+
+std::vector<SampleResult> Engine::SampleRows(const Tensor& logits) {
+  const size_t rows = sample_ids_.size();
+  std::vector<SampleResult> samples(rows);
+  std::vector<Backend::DeviceSamplingRow> device_rows;
+  device_rows.reserve(rows);
+  bool on_device = true;
+  for (const SeqId id : sample_ids_) {
+    const RequestState& state = requests_.at(id);
+    const SamplingParams& p = state.sampling;
+    if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f ||
+        p.logprobs > 0) {
+      on_device = false;
+      break;
+    }
+    const Sequence& seq = *scheduler_->Find(id);
+    device_rows.push_back({p.temperature, p.top_k, p.top_p, p.min_p, state.device_seed,
+                           static_cast<uint64_t>(seq.num_generated())});
+  }
+  Backend& backend = model_->backend();
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  if (on_device && backend.SampleOnDevice(logits.Rows(0, static_cast<int64_t>(rows)), device_rows,
+                                          tokens, logprobs)) {
+    for (size_t row = 0; row < rows; ++row) {
+      samples[row].token = tokens[row];
+      samples[row].logprob = logprobs[row];
+    }
+    return samples;
+  }
+  const int vocab = model_->config().vocab_size;
+  host_logits_.resize(rows * vocab);
+  if (rows > 0) backend.CopyToHost(logits.Rows(0, static_cast<int64_t>(rows)), host_logits_.data());
+  for (size_t row = 0; row < rows; ++row) {
+    const SeqId id = sample_ids_[row];
+    const Sequence& seq = *scheduler_->Find(id);
+    RequestState& state = requests_.at(id);
+    samples[row] = Sampler::Sample(std::span<float>(host_logits_.data() + row * vocab, vocab),
+                                   state.sampling, seq.tokens, seq.num_prompt_tokens, state.rng);
+  }
+  return samples;
 }
 
 EngineStats Engine::Stats() const {

@@ -40,6 +40,9 @@ struct EngineOptions {
   double memory_fraction = 0.9;  // of the device's free memory (GPU: --gpu-memory-utilization)
   std::string kv_policy = "full";
   KvPolicyOptions kv_policy_options;
+  bool cuda_graphs = true;          // decode steps as CUDA graphs where the backend has them
+  bool pad_decode_batches = false;  // pad decode batches to graph buckets even without graphs
+                                    // (tests of the padding path on the CPU)
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort };
@@ -116,7 +119,8 @@ class Engine {
     SamplingParams sampling;
     int num_prompt_tokens = 0;
     std::unique_ptr<KvPolicy> own_policy;  // a per-request policy, if any
-    std::mt19937_64 rng;
+    std::mt19937_64 rng;                   // host sampling
+    uint64_t device_seed = 0;              // device sampling: draw t of the request uses (seed, t)
     std::optional<StreamingDecoder> decoder;
     std::string text;    // generated text so far (stop strings are searched here)
     size_t emitted = 0;  // bytes of text already returned
@@ -127,6 +131,9 @@ class Engine {
          std::vector<int32_t> eos_ids, const EngineOptions& options);
   // Appends a sampled token; returns the request's output for this step.
   RequestOutput Advance(RequestState& state, Sequence& seq, const SampleResult& sample);
+  // Samples every row of `logits` [R][V] (rows in sample_ids_ order): on the device when the
+  // backend can and no row needs host-only features (penalties, top log-probabilities).
+  std::vector<SampleResult> SampleRows(const Tensor& logits);
   void Finish(RequestState& state, RequestOutput& output, FinishReason reason);
 
   EngineOptions options_;
@@ -144,6 +151,7 @@ class Engine {
   std::mt19937_64 seed_source_;
   EngineStats stats_;
   std::vector<SeqId> sample_ids_;
+  std::vector<float> host_logits_;
 };
 
 }  // namespace sieve

@@ -34,11 +34,28 @@ ModelRunner::ModelRunner(const LlamaModel& model, KvCacheManager& kv,
   backend.CopyFromHost(table.data(), table.size() * sizeof(int32_t), pool_.page_table);
   (void)kv.TakePageTablePatches();  // the upload above covers them
   pool_.kv_lens = backend.Allocate({config.num_layers, kv_options.max_seqs}, DType::kI32);
-  logits_device_ = backend.Allocate({options.max_num_seqs, config.vocab_size}, DType::kF32);
+  if (options_.pad_decode_batches) {
+    SIEVE_CHECK(kv.padding_slot() >= 0) << "padded decode batches need the KV padding slot";
+  }
+  logits_device_ =
+      backend.Allocate({BucketFor(options.max_num_seqs), config.vocab_size}, DType::kF32);
   // Sized for the largest step the scheduler can plan; long chunked prefills grow the K/V
   // scratch on first use.
-  model.EnsureWorkspace(workspace_, options.max_num_batched_tokens + options.max_num_seqs,
-                        options.max_num_batched_tokens, options.max_num_seqs, 1, 1);
+  model.EnsureWorkspace(workspace_,
+                        options.max_num_batched_tokens + BucketFor(options.max_num_seqs),
+                        options.max_num_batched_tokens, BucketFor(options.max_num_seqs), 1, 1);
+  if (options_.pad_decode_batches && options_.use_graphs && backend.SupportsGraphs()) {
+    backend.PrepareDecodeGraphs(BucketFor(options.max_num_seqs), config.num_heads, config.head_dim,
+                                options.max_model_len + 1);
+  }
+}
+
+int ModelRunner::BucketFor(int batch) {
+  if (batch <= 1) return 1;
+  if (batch <= 2) return 2;
+  if (batch <= 4) return 4;
+  if (batch <= 8) return 8;
+  return (batch + 15) / 16 * 16;
 }
 
 int64_t ModelRunner::pool_bytes() const {
@@ -48,15 +65,18 @@ int64_t ModelRunner::pool_bytes() const {
   return bytes;
 }
 
-void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
-                            std::vector<SeqId>& sample_ids) {
+void ModelRunner::PrepareStep(const StepPlan& plan, const Scheduler& scheduler,
+                              std::vector<SeqId>& sample_ids, int pad_to) {
   const int layers = model_.config().num_layers;
   const int kv_heads = model_.config().num_kv_heads;
   std::vector<const ScheduledSequence*> order;
   for (const auto& s : plan.prefills) order.push_back(&s);
   for (const auto& s : plan.decodes) order.push_back(&s);
-  const int num_seqs = static_cast<int>(order.size());
+  const int num_real = static_cast<int>(order.size());
   const int num_prefill = static_cast<int>(plan.prefills.size());
+  const bool pad = pad_to > num_real;
+  SIEVE_CHECK(!pad || num_prefill == 0) << "only decode-only steps are padded";
+  const int num_seqs = pad ? pad_to : num_real;
 
   StepMeta& step = step_;
   step.num_seqs = num_seqs;
@@ -82,7 +102,7 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
   std::vector<std::vector<CompressionJob>> jobs_by_layer(layers);
   std::vector<std::vector<EvictionJob>> evictions_by_layer(layers);
 
-  for (int index = 0; index < num_seqs; ++index) {
+  for (int index = 0; index < num_real; ++index) {
     const ScheduledSequence& scheduled = *order[index];
     const Sequence& seq = *scheduler.Find(scheduled.id);
     const int slot = kv_.Slot(scheduled.id);
@@ -127,9 +147,10 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
       }
     } else {
       for (int layer = 0; layer < layers; ++layer) {
-        const int length = kv_.Length(scheduled.id, layer);
+        int32_t& length_seen = lengths_[static_cast<size_t>(layer) * kv_.options().max_seqs + slot];
+        const int length = length_seen;  // committed length before this step
         write_start[static_cast<size_t>(layer) * num_seqs + index] = length;
-        lengths_[static_cast<size_t>(layer) * kv_.options().max_seqs + slot] = length + 1;
+        length_seen = length + 1;
         if (!scheduled.evict[layer]) continue;
         const DecodeLimit limit = seq.policy->DecodeLimitFor(layer);
         EvictionJob job{};
@@ -145,6 +166,21 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
       }
     }
   }
+  // Padding sequences: one token at position 0 in the padding slot, whose every layer holds one
+  // entry that this token overwrites; their logits rows are computed and ignored.
+  for (int index = num_real; index < num_seqs; ++index) {
+    token_ids.push_back(0);
+    positions.push_back(0);
+    ++step.num_tokens;
+    query_start.push_back(step.num_tokens);
+    context_lens.push_back(0);
+    slots.push_back(kv_.padding_slot());
+    sample_rows.push_back(step.num_tokens - 1);
+    for (int layer = 0; layer < layers; ++layer) {
+      write_start[static_cast<size_t>(layer) * num_seqs + index] = 0;
+    }
+  }
+  if (pad) step.max_kv_len = options_.max_model_len + 1;  // fixed: the graph's launch shapes
   for (int layer = 0; layer < layers; ++layer) {
     int64_t scores = 0;
     int64_t kept = 0;
@@ -164,44 +200,28 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
   }
   step.num_sample_rows = static_cast<int>(sample_rows.size());
 
-  // Pack every array into one buffer; the StepMeta tensors are views of one upload.
+  // Pack every array into one buffer; Upload makes the StepMeta tensors views of one copy.
   host_meta_.clear();
-  struct Section {
-    Tensor* tensor;
-    size_t offset;
-    int64_t rows;
-    int64_t cols;
-  };
-  std::vector<Section> sections;
-  const auto append = [&](Tensor* tensor, const int32_t* data, int64_t rows, int64_t cols) {
-    sections.push_back({tensor, host_meta_.size(), rows, cols});
+  sections_.clear();
+  const auto append = [&](Tensor StepMeta::*field, const int32_t* data, int64_t rows,
+                          int64_t cols) {
+    sections_.push_back({field, host_meta_.size(), rows, cols});
     host_meta_.insert(host_meta_.end(), data, data + rows * cols);
   };
-  append(&step.token_ids, token_ids.data(), static_cast<int64_t>(token_ids.size()), 1);
-  append(&step.positions, positions.data(), static_cast<int64_t>(positions.size()), 1);
-  append(&step.query_start, query_start.data(), static_cast<int64_t>(query_start.size()), 1);
-  append(&step.key_start, key_start.data(), static_cast<int64_t>(key_start.size()), 1);
-  append(&step.context_lens, context_lens.data(), static_cast<int64_t>(context_lens.size()), 1);
-  append(&step.seq_slots, slots.data(), static_cast<int64_t>(slots.size()), 1);
-  append(&step.write_start, write_start.data(), static_cast<int64_t>(write_start.size()), 1);
-  append(&step.sample_rows, sample_rows.data(), static_cast<int64_t>(sample_rows.size()), 1);
-  append(&step.compression_jobs, reinterpret_cast<const int32_t*>(step.jobs_host.data()),
-         static_cast<int64_t>(step.jobs_host.size()), kCompressionJobInts);
-  append(&step.eviction_jobs, reinterpret_cast<const int32_t*>(step.evictions_host.data()),
-         static_cast<int64_t>(step.evictions_host.size()), kEvictionJobInts);
-
+  const auto size = [](const auto& v) { return static_cast<int64_t>(v.size()); };
+  append(&StepMeta::token_ids, token_ids.data(), size(token_ids), 1);
+  append(&StepMeta::positions, positions.data(), size(positions), 1);
+  append(&StepMeta::query_start, query_start.data(), size(query_start), 1);
+  append(&StepMeta::key_start, key_start.data(), size(key_start), 1);
+  append(&StepMeta::context_lens, context_lens.data(), size(context_lens), 1);
+  append(&StepMeta::seq_slots, slots.data(), size(slots), 1);
+  append(&StepMeta::write_start, write_start.data(), size(write_start), 1);
+  append(&StepMeta::sample_rows, sample_rows.data(), size(sample_rows), 1);
+  append(&StepMeta::compression_jobs, reinterpret_cast<const int32_t*>(step.jobs_host.data()),
+         size(step.jobs_host), kCompressionJobInts);
+  append(&StepMeta::eviction_jobs, reinterpret_cast<const int32_t*>(step.evictions_host.data()),
+         size(step.evictions_host), kEvictionJobInts);
   Backend& backend = model_.backend();
-  const int64_t needed = std::max<int64_t>(1, static_cast<int64_t>(host_meta_.size()));
-  if (!device_meta_.defined() || device_meta_.numel() < needed) {
-    device_meta_ = backend.Allocate({std::max<int64_t>(needed, 1 << 16)}, DType::kI32);
-  }
-  backend.CopyFromHost(host_meta_.data(), host_meta_.size() * sizeof(int32_t), device_meta_);
-  for (const Section& section : sections) {
-    *section.tensor =
-        device_meta_.Rows(static_cast<int64_t>(section.offset),
-                          static_cast<int64_t>(section.offset) + section.rows * section.cols);
-    if (section.cols > 1) *section.tensor = section.tensor->Reshape({section.rows, section.cols});
-  }
 
   // Page-table changes since the last step, then the lengths this step's attention sees.
   const auto patches = kv_.TakePageTablePatches();
@@ -216,22 +236,58 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
   backend.CopyFromHost(lengths_.data(), lengths_.size() * sizeof(int32_t), pool_.kv_lens);
 }
 
-const std::vector<float>& ModelRunner::Run(const StepPlan& plan, const Scheduler& scheduler,
-                                           std::vector<SeqId>& sample_ids) {
-  BuildStep(plan, scheduler, sample_ids);
+void ModelRunner::Upload(Tensor& destination, StepMeta& step) {
+  Backend& backend = model_.backend();
+  const int64_t needed = std::max<int64_t>(1, static_cast<int64_t>(host_meta_.size()));
+  if (!destination.defined() || destination.numel() < needed) {
+    destination = backend.Allocate({std::max<int64_t>(needed, 1 << 12)}, DType::kI32);
+  }
+  backend.CopyFromHost(host_meta_.data(), host_meta_.size() * sizeof(int32_t), destination);
+  if (&step != &step_) {
+    // A graph's StepMeta: this step's host fields, device views into the graph's own buffer.
+    step = step_;
+  }
+  for (const Section& section : sections_) {
+    Tensor& tensor = step.*(section.field);
+    tensor = destination.Rows(static_cast<int64_t>(section.offset),
+                              static_cast<int64_t>(section.offset) + section.rows * section.cols);
+    if (section.cols > 1) tensor = tensor.Reshape({section.rows, section.cols});
+  }
+}
+
+const Tensor& ModelRunner::Run(const StepPlan& plan, const Scheduler& scheduler,
+                               std::vector<SeqId>& sample_ids) {
+  Backend& backend = model_.backend();
+  bool evicts = false;
+  for (const ScheduledSequence& decode : plan.decodes) {
+    for (const uint8_t evict : decode.evict) evicts = evicts || evict;
+  }
+  const bool padded =
+      options_.pad_decode_batches && plan.prefills.empty() && !plan.decodes.empty() && !evicts;
+  const int bucket = padded ? BucketFor(static_cast<int>(plan.decodes.size())) : 0;
+  PrepareStep(plan, scheduler, sample_ids, bucket);
+  logits_view_ = logits_device_.Rows(0, step_.num_sample_rows);
+  if (padded && options_.use_graphs && backend.SupportsGraphs()) {
+    DecodeGraph& graph = graphs_[bucket];
+    Upload(graph.meta, graph.step);  // same size every time for a bucket: same address
+    if (graph.graph < 0) {
+      // The bucket's first step runs eagerly (planning its GEMMs), then is captured.
+      model_.Forward(graph.step, pool_, workspace_, logits_view_);
+      backend.BeginCapture();
+      model_.Forward(graph.step, pool_, workspace_, logits_view_);
+      graph.graph = backend.EndCapture();
+    } else {
+      backend.ReplayGraph(graph.graph);
+      ++graph_steps_;
+    }
+    return logits_view_;
+  }
+  Upload(device_meta_, step_);
   model_.EnsureWorkspace(workspace_, step_.num_tokens, step_.num_prefill_keys,
                          std::max(1, step_.num_sample_rows), step_.max_scores_per_layer,
                          step_.max_indices_per_layer);
-  const int vocab = model_.config().vocab_size;
-  Tensor logits = logits_device_.Rows(0, step_.num_sample_rows);
-  model_.Forward(step_, pool_, workspace_, logits);
-  logits_host_.resize(static_cast<size_t>(step_.num_sample_rows) * vocab);
-  if (step_.num_sample_rows > 0) {
-    model_.backend().CopyToHost(logits, logits_host_.data());
-  } else {
-    model_.backend().Synchronize();
-  }
-  return logits_host_;
+  model_.Forward(step_, pool_, workspace_, logits_view_);
+  return logits_view_;
 }
 
 }  // namespace sieve

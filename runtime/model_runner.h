@@ -1,13 +1,20 @@
 // ModelRunner: turns a StepPlan into one forward pass on the backend.
 //
-// It owns the KV pool's device memory and the step's device-side metadata. Per step it packs
+// It owns the KV pool's device memory and each step's device-side metadata. Per step it packs
 // every int32 array of the StepMeta into one host buffer and uploads it with one copy, applies
 // the page-table patches the KV manager logged (only changed entries travel), uploads the
-// lengths the step's attention will see, runs LlamaModel::Forward and copies the sampled rows'
-// logits back. No per-token and no per-layer host work beyond building these arrays.
+// lengths the step's attention will see, and runs LlamaModel::Forward. No per-token and no
+// per-layer host work beyond building these arrays.
+//
+// Decode-only steps run as CUDA graphs where the backend has them: the batch is padded to a
+// bucket size (1, 2, 4, 8, then multiples of 16) with padding sequences that point at the KV
+// manager's padding slot, the bucket's metadata lives in its own device buffer at a fixed
+// address, and the graph captured at the bucket's first use is replayed. Steps with prefills or
+// decode-time evictions run eagerly.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "kv/kv_cache_manager.h"
@@ -19,27 +26,49 @@ namespace sieve {
 struct ModelRunnerOptions {
   int max_num_seqs = 256;
   int max_num_batched_tokens = 2048;
+  int max_model_len = 4096;
   bool score_pool = false;     // H2O / score-capped decode
   bool position_pool = false;  // any decode-time eviction
+  // Pad decode-only steps to bucket sizes (needs kv.ReservePaddingSlot()). On by default when
+  // the backend has graphs; tests turn it on for the CPU to check the padding path.
+  bool pad_decode_batches = false;
+  bool use_graphs = true;
 };
 
 class ModelRunner {
  public:
   ModelRunner(const LlamaModel& model, KvCacheManager& kv, const ModelRunnerOptions& options);
 
-  // Runs the step; returns the logits [R][V] of its sampled rows, in plan order (prefills whose
-  // final chunk ran, then decodes). `sample_ids` receives the sequence of each row.
-  const std::vector<float>& Run(const StepPlan& plan, const Scheduler& scheduler,
-                                std::vector<SeqId>& sample_ids);
+  // Runs the step. Returns the logits [R][V] f32 of its sampled rows on the device (valid until
+  // the next Run), in plan order: prefills whose final chunk ran, then decodes; `sample_ids`
+  // receives each row's sequence.
+  const Tensor& Run(const StepPlan& plan, const Scheduler& scheduler,
+                    std::vector<SeqId>& sample_ids);
+
+  // The host half of Run: builds and uploads the step's metadata and page-table changes.
+  // Public so the scheduler benchmark can time a step's host work without the forward pass.
+  // `pad_to` > number of sequences pads a decode-only step to that size.
+  void PrepareStep(const StepPlan& plan, const Scheduler& scheduler, std::vector<SeqId>& sample_ids,
+                   int pad_to = 0);
 
   const KvPool& pool() const { return pool_; }
   Backend& backend() const { return model_.backend(); }
   int vocab_size() const { return model_.config().vocab_size; }
-  // Bytes of the KV pool (K and V pages, side pools).
-  int64_t pool_bytes() const;
+  int64_t pool_bytes() const;  // K and V pages and side pools
+  int num_graphs() const { return static_cast<int>(graphs_.size()); }
+  int64_t graph_steps() const { return graph_steps_; }
+
+  // The bucket a decode batch of `batch` sequences is padded to.
+  static int BucketFor(int batch);
 
  private:
-  void BuildStep(const StepPlan& plan, const Scheduler& scheduler, std::vector<SeqId>& sample_ids);
+  struct DecodeGraph {
+    Tensor meta;    // [capacity] i32: this bucket's packed StepMeta, fixed address
+    StepMeta step;  // views of `meta`
+    int graph = -1;
+  };
+
+  void Upload(Tensor& destination, StepMeta& step);
 
   const LlamaModel& model_;
   KvCacheManager& kv_;
@@ -47,12 +76,21 @@ class ModelRunner {
   KvPool pool_;
   ForwardWorkspace workspace_;
   StepMeta step_;
-  std::vector<int32_t> host_meta_;  // packed int32 arrays of step_, uploaded at once
-  Tensor device_meta_;              // [capacity] i32
-  Tensor patches_;                  // [capacity][2] i32 staging for page-table patches
-  std::vector<int32_t> lengths_;    // [L][max_seqs] lengths seen by this step's attention
-  Tensor logits_device_;            // [max_num_seqs][V] f32
-  std::vector<float> logits_host_;
+  std::vector<int32_t> host_meta_;  // packed int32 arrays of a step, uploaded at once
+  struct Section {
+    Tensor StepMeta::*field;
+    size_t offset;
+    int64_t rows;
+    int64_t cols;
+  };
+  std::vector<Section> sections_;
+  Tensor device_meta_;            // [capacity] i32 for eager steps
+  Tensor patches_;                // [capacity][2] i32 staging for page-table patches
+  std::vector<int32_t> lengths_;  // [L][max_seqs] lengths seen by this step's attention
+  Tensor logits_device_;          // [max rows][V] f32
+  Tensor logits_view_;
+  std::map<int, DecodeGraph> graphs_;  // by bucket size
+  int64_t graph_steps_ = 0;
 };
 
 }  // namespace sieve

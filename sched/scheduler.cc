@@ -129,9 +129,11 @@ ScheduledSequence Scheduler::PlanDecode(const Sequence& seq) const {
   out.capacities.resize(layers);
   out.lengths_after.resize(layers);
   out.evict.assign(layers, false);
+  thread_local std::vector<int> lengths;
+  kv_->Lengths(seq.id, lengths);
   for (int layer = 0; layer < layers; ++layer) {
-    const int length = kv_->Length(seq.id, layer);
-    const DecodeLimit limit = seq.policy->DecodeLimitFor(layer);
+    const int length = lengths[layer];
+    const DecodeLimit& limit = seq.policy->DecodeLimitFor(layer);
     out.capacities[layer] = length + 1;
     out.evict[layer] = limit.max_entries > 0 && length + 1 > limit.max_entries;
     out.lengths_after[layer] = out.evict[layer] ? length : length + 1;
@@ -275,9 +277,7 @@ void Scheduler::Complete(const StepPlan& plan) {
     for (const ScheduledSequence& scheduled : *list) {
       Sequence& seq = seqs_.at(scheduled.id);
       seq.num_computed += scheduled.num_tokens;
-      for (int layer = 0; layer < kv_->num_layers(); ++layer) {
-        kv_->SetLength(scheduled.id, layer, scheduled.lengths_after[layer]);
-      }
+      kv_->SetLengths(scheduled.id, scheduled.lengths_after);
     }
   }
 }

@@ -2,6 +2,7 @@
 // Scheduler::Commit applies it.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "kv/kv_cache_manager.h"
@@ -19,7 +20,7 @@ struct ScheduledSequence {
   std::vector<int> capacities;     // [L] entries each layer must hold during the step
   std::vector<int> lengths_after;  // [L] entries each layer holds after the step
   std::vector<LayerPlan> compress;  // [L] final prefill chunk only: each layer's plan
-  std::vector<bool> evict;          // [L] decode: the layer evicts one entry after attention
+  std::vector<uint8_t> evict;       // [L] decode: the layer evicts one entry after attention
 };
 
 struct StepPlan {

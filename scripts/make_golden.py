@@ -7,8 +7,10 @@ For each tiny random-weight model below it writes, under OUT/<name>/:
   golden.safetensors: input_ids [n] i32, logits [n][V] f32 (every position, fp32, eager
   attention), greedy_ids [k] i32 (greedy continuation by full recomputation, EOS ignored).
 
-Runs where torch + transformers exist (the GPU machine); the outputs are small and committed under
-testdata/models. Usage: python3 scripts/make_golden.py OUT_DIR
+Runs where torch + transformers exist (the GPU machine). The default set is small (head_dim 16/32)
+and committed under testdata/models; `--set gpu` makes models with the head dims the CUDA kernels
+support (64, 128), which gpu_check.sh generates on the GPU machine into testdata/models_gpu
+(not committed). Usage: python3 scripts/make_golden.py OUT_DIR [--set cpu|gpu]
 """
 import json
 import os
@@ -45,6 +47,22 @@ MODELS = {
     "mistral_gqa": (MistralForCausalLM, dict(num_attention_heads=4, num_key_value_heads=2,
                                              head_dim=32, sliding_window=None,
                                              rope_theta=1000000.0), torch.float32, None),
+}
+
+
+GPU_MODELS = {
+    "gpu_llama3_d64": (LlamaForCausalLM, dict(
+        hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=64, rope_theta=500000.0,
+        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                          high_freq_factor=4.0, original_max_position_embeddings=64)),
+        torch.bfloat16, None),
+    "gpu_mistral_d128": (MistralForCausalLM, dict(
+        hidden_size=256, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=128, sliding_window=None, rope_theta=1000000.0), torch.bfloat16, None),
+    "gpu_llama_mha_d128_tied": (LlamaForCausalLM, dict(
+        hidden_size=256, intermediate_size=256, num_attention_heads=2, num_key_value_heads=2,
+        head_dim=128, tie_word_embeddings=True, rope_theta=10000.0), torch.bfloat16, None),
 }
 
 
@@ -114,11 +132,13 @@ def write_tokenizer(path):
 
 def main():
     out_root = sys.argv[1]
+    models = GPU_MODELS if "--set" in sys.argv and sys.argv[sys.argv.index("--set") + 1] == "gpu" \
+        else MODELS
     print("transformers", transformers.__version__, "torch", torch.__version__)
-    for seed, (name, (cls, kwargs, save_dtype, shard)) in enumerate(MODELS.items()):
+    for seed, (name, (cls, kwargs, save_dtype, shard)) in enumerate(models.items()):
         torch.manual_seed(1234 + seed)
         config_cls = MistralConfig if cls is MistralForCausalLM else LlamaConfig
-        config = config_cls(**COMMON, **kwargs)
+        config = config_cls(**{**COMMON, **kwargs})
         config._attn_implementation = "eager"
         model = cls(config).eval()
         # Norm weights start at 1: perturb them so a missing norm would show.

@@ -273,6 +273,7 @@ Result<KvPolicy> KvPolicy::Parse(std::string_view spec, int num_layers,
               range.kind);
   }
   SIEVE_RETURN_IF_ERROR(ValidateOptions(present, options));
+  policy.CacheDecodeLimits();
   return policy;
 }
 
@@ -280,6 +281,7 @@ KvPolicy KvPolicy::Dense(int num_layers) {
   KvPolicy policy;
   if (num_layers > 0) policy.ranges_.push_back({PolicyKind::kFull, 0, num_layers - 1});
   policy.layer_kind_.assign(std::max(num_layers, 0), PolicyKind::kFull);
+  policy.CacheDecodeLimits();
   return policy;
 }
 
@@ -359,7 +361,18 @@ std::vector<int> KvPolicy::EntriesAfterPrompt(int n) const {
   return entries;
 }
 
-DecodeLimit KvPolicy::DecodeLimitFor(int layer) const {
+void KvPolicy::CacheDecodeLimits() {
+  decode_limits_.clear();
+  for (int layer = 0; layer < num_layers(); ++layer)
+    decode_limits_.push_back(ComputeDecodeLimit(layer));
+}
+
+const DecodeLimit& KvPolicy::DecodeLimitFor(int layer) const {
+  SIEVE_CHECK(layer >= 0 && layer < static_cast<int>(decode_limits_.size())) << "layer " << layer;
+  return decode_limits_[layer];
+}
+
+DecodeLimit KvPolicy::ComputeDecodeLimit(int layer) const {
   DecodeLimit limit;
   switch (kind(layer)) {
     case PolicyKind::kStreamingLlm:

@@ -76,7 +76,7 @@ class KvPolicy {
   std::vector<LayerPlan> PlanPrompt(int n) const;
   // Entries each layer holds right after a prompt of n tokens ([num_layers]).
   std::vector<int> EntriesAfterPrompt(int n) const;
-  DecodeLimit DecodeLimitFor(int layer) const;
+  const DecodeLimit& DecodeLimitFor(int layer) const;
   // Query rows of the prompt's end that must be in the final prefill chunk (max score_rows).
   int FinalChunkRows(int n) const;
   bool NeedsScorePool() const;     // H2O or a score-based decode cap
@@ -90,7 +90,11 @@ class KvPolicy {
     int last;
   };
   std::vector<Range> ranges_;  // sorted, covering [0, num_layers)
+  void CacheDecodeLimits();
+  DecodeLimit ComputeDecodeLimit(int layer) const;
+
   std::vector<PolicyKind> layer_kind_;
+  std::vector<DecodeLimit> decode_limits_;  // [L], asked for every layer of every decode step
   KvPolicyOptions options_;
 };
 

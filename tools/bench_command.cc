@@ -1,14 +1,198 @@
-// Placeholder until the benchmarks land (being written now).
+// sieve bench: benchmarks. Each subcommand is one row of kBenchSubcommands: a name, a line of help
+// and the function that registers its flags and returns its runner. Adding one is a row here and
+// its Add function.
 #include <cstdio>
+#include <memory>
+#include <utility>
+#include <vector>
 
+#include "tools/bench/bench_commands.h"
 #include "tools/commands.h"
 
 namespace sieve {
 
-CommandRunner AddBenchCommand(CLI::App&) {
-  return [] {
-    std::fprintf(stderr, "error: sieve bench is not built yet\n");
+namespace {
+
+using bench::ClientConfig;
+using bench::DatasetConfig;
+
+void AddDatasetFlags(CLI::App& app, DatasetConfig& dataset, bool with_num_prompts) {
+  app.add_option("--dataset-name", dataset.name,
+                 "random: random token ids decoded to text (vLLM's RandomDataset); jsonl: "
+                 "--dataset-path")
+      ->capture_default_str();
+  app.add_option("--dataset-path", dataset.path,
+                 "JSONL file, one {\"prompt\": \"...\", \"output_len\": N} per line (output_len "
+                 "optional: --output-len); implies --dataset-name jsonl");
+  app.add_option("--tokenizer", dataset.tokenizer,
+                 "The served model's tokenizer (directory, tokenizer.json or tokenizer.model): "
+                 "builds random prompts of exact token lengths and counts output tokens when the "
+                 "server sends no usage. Default: Sieve's embedded byte-level tokenizer");
+  app.add_option("--input-len", dataset.input_len, "Random dataset: prompt tokens")
+      ->capture_default_str();
+  app.add_option("--output-len", dataset.output_len,
+                 "Tokens to generate per request (max_tokens; add --ignore-eos to force them)")
+      ->capture_default_str();
+  app.add_option("--range-ratio", dataset.range_ratio,
+                 "Random dataset: lengths uniform in [len x (1 - r), len x (1 + r)], 0 <= r < 1")
+      ->capture_default_str();
+  if (with_num_prompts) {
+    app.add_option("--num-prompts", dataset.num_prompts,
+                   "Requests to send (jsonl: default every line; more repeats the file)")
+        ->capture_default_str();
+  }
+  app.add_option("--seed", dataset.seed, "Seed of the random prompts and of the arrival times")
+      ->capture_default_str();
+}
+
+void AddClientFlags(CLI::App& app, ClientConfig& client) {
+  app.add_option("--base-url", client.base_url,
+                 "The server: http://host:port (any OpenAI-compatible server: Sieve, vLLM, "
+                 "llama-server)")
+      ->capture_default_str();
+  app.add_option("--endpoint", client.endpoint,
+                 "/v1/completions or /v1/chat/completions (the prompt becomes one user message)")
+      ->capture_default_str();
+  app.add_option("--model", client.model,
+                 "Model name sent in each request (default: the first of GET /v1/models)");
+  app.add_option("--api-key", client.api_key, "Sent as 'Authorization: Bearer KEY'")
+      ->envname("OPENAI_API_KEY");
+  app.add_flag("--ignore-eos", client.ignore_eos,
+               "Ask the server to generate all --output-len tokens (\"ignore_eos\": true)");
+  app.add_option("--temperature", client.temperature, "Sampling temperature (0: greedy)")
+      ->capture_default_str();
+  app.add_option("--extra-body", client.extra_body,
+                 "JSON object merged into every request body, e.g. '{\"top_p\": 0.9}'");
+  app.add_option("--request-timeout", client.request_timeout_s,
+                 "Seconds before one request counts as failed")
+      ->capture_default_str();
+  app.add_option("--warmup", client.warmup,
+                 "Requests sent and discarded before measuring (per level in a sweep)")
+      ->capture_default_str();
+  app.add_flag("!--no-progress", client.progress,
+               "No progress display (it goes to stderr: a bar on a terminal, else a line every "
+               "10 s)");
+  app.add_option("--label", client.label, "A name for this run, stored in --result-json");
+  app.add_option(
+      "--metadata", client.metadata,
+      "KEY=VALUE pairs stored in --result-json (repeatable), e.g. gpu=H200 policy=snapkv");
+  app.add_option("--result-json", client.result_json,
+                 "Write the whole run: config, server info and flags, metrics, errors and every "
+                 "request's timings");
+  app.add_flag("--save-texts", client.save_texts,
+               "Also store every request's generated text in --result-json");
+}
+
+// Runs `run` and turns its Status into the process exit code.
+template <typename Config>
+CommandRunner Runner(std::shared_ptr<Config> config, Status (*run)(const Config&)) {
+  return [config, run] {
+    const Status status = run(*config);
+    if (status.ok()) return 0;
+    std::fprintf(stderr, "error: %s\n", status.message().c_str());
     return 1;
+  };
+}
+
+// `--dataset-path` alone means a JSONL dataset of every line unless --num-prompts says otherwise.
+void ApplyJsonlDefaults(DatasetConfig& dataset, const CLI::App& app, bool with_num_prompts) {
+  if (!dataset.path.empty() && app.get_option("--dataset-name")->count() == 0) {
+    dataset.name = "jsonl";
+  }
+  if (dataset.name == "jsonl" && with_num_prompts &&
+      app.get_option("--num-prompts")->count() == 0) {
+    dataset.num_prompts = 0;
+  }
+}
+
+CommandRunner AddServeBenchmark(CLI::App& app) {
+  auto config = std::make_shared<bench::ServeConfig>();
+  AddClientFlags(app, config->client);
+  AddDatasetFlags(app, config->dataset, /*with_num_prompts=*/true);
+  app.add_option("--max-concurrency", config->max_concurrency,
+                 "Requests in flight at most; released requests wait for a slot (0: no cap)")
+      ->capture_default_str();
+  app.add_option("--request-rate", config->request_rate,
+                 "Requests released per second by a Poisson process, or inf: all at once")
+      ->capture_default_str();
+  app.add_option("--burstiness", config->burstiness,
+                 "Gamma shape of the arrival gaps: 1 Poisson, < 1 burstier, > 1 more regular")
+      ->capture_default_str();
+  CLI::App* parsed = &app;
+  return [config, parsed] {
+    ApplyJsonlDefaults(config->dataset, *parsed, /*with_num_prompts=*/true);
+    return Runner<bench::ServeConfig>(config, bench::RunBenchServe)();
+  };
+}
+
+CommandRunner AddSweepBenchmark(CLI::App& app) {
+  auto config = std::make_shared<bench::SweepConfig>();
+  AddClientFlags(app, config->client);
+  AddDatasetFlags(app, config->dataset, /*with_num_prompts=*/false);
+  app.add_option("--concurrency", config->concurrency,
+                 "Concurrency levels, comma-separated: a closed loop of C clients each "
+                 "(default: PERF.md's 1,10,20,64,128)")
+      ->delimiter(',');
+  app.add_option("--num-prompts-per-level", config->num_prompts_per_level,
+                 "Requests per level (0: max(10, 2 x concurrency))")
+      ->capture_default_str();
+  app.add_option("--plot", config->plot,
+                 "Draw output tokens/s and TTFT P50/P99 against concurrency into this PNG");
+  CLI::App* parsed = &app;
+  return [config, parsed] {
+    ApplyJsonlDefaults(config->dataset, *parsed, /*with_num_prompts=*/false);
+    return Runner<bench::SweepConfig>(config, bench::RunBenchSweep)();
+  };
+}
+
+CommandRunner AddPlotBenchmark(CLI::App& app) {
+  auto config = std::make_shared<bench::PlotConfig>();
+  app.add_option("--result-json", config->result_jsons,
+                 "A `sieve bench sweep` result (repeatable: one curve per file, named by its "
+                 "--label)")
+      ->required();
+  app.add_option("--plot", config->plot, "The PNG to write")->required();
+  app.add_option("--title", config->title, "Chart title (default: the workload)");
+  return Runner<bench::PlotConfig>(config, bench::RunBenchPlot);
+}
+
+struct BenchSubcommand {
+  const char* name;
+  const char* description;
+  CommandRunner (*add)(CLI::App& app);
+};
+
+const BenchSubcommand kBenchSubcommands[] = {
+    {"serve",
+     "Load-test an OpenAI-compatible server like `vllm bench serve`: streamed requests, TTFT, "
+     "TPOT, ITL, E2E latency and throughput",
+     AddServeBenchmark},
+    {"sweep",
+     "Run `bench serve` at each concurrency level (closed loop) and tabulate / plot throughput "
+     "and TTFT against concurrency",
+     AddSweepBenchmark},
+    {"plot", "Redraw the chart of saved `bench sweep` results (several overlay as curves)",
+     AddPlotBenchmark},
+    {"kernels",
+     "GPU kernels and a whole decode step, each beside PERF.md's bound (copy bandwidth, GEMM, "
+     "attention, score/select/compact)",
+     AddBenchKernelsCommand},
+};
+
+}  // namespace
+
+CommandRunner AddBenchCommand(CLI::App& app) {
+  app.require_subcommand(1);
+  auto runners = std::make_shared<std::vector<std::pair<CLI::App*, CommandRunner>>>();
+  for (const BenchSubcommand& subcommand : kBenchSubcommands) {
+    CLI::App* sub = app.add_subcommand(subcommand.name, subcommand.description);
+    runners->emplace_back(sub, subcommand.add(*sub));
+  }
+  return [runners] {
+    for (auto& [sub, runner] : *runners) {
+      if (sub->parsed()) return runner();
+    }
+    return 2;
   };
 }
 

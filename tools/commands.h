@@ -16,5 +16,7 @@ CommandRunner AddInspectCommand(CLI::App& app);
 CommandRunner AddServeCommand(CLI::App& app);
 // `sieve bench` has its own subcommands (serve, sweep, kernels, ...).
 CommandRunner AddBenchCommand(CLI::App& app);
+// `sieve bench kernels` (GPU kernels and the decode step against PERF.md's bounds).
+CommandRunner AddBenchKernelsCommand(CLI::App& app);
 
 }  // namespace sieve

@@ -218,8 +218,9 @@ void CpuBackend::EvictEntries(const StepMeta& step, int layer, KvPool& pool) {
 void CpuBackend::ScatterInt32(const Tensor& patches, int count, Tensor& dst) {
   const int32_t* pairs = I32(patches);
   int32_t* out = dst.data_as<int32_t>();
+  const int64_t size = dst.numel();
   for (int index = 0; index < count; ++index) {
-    SIEVE_CHECK(pairs[2 * index] >= 0 && pairs[2 * index] < dst.numel());
+    SIEVE_CHECK(pairs[2 * index] >= 0 && pairs[2 * index] < size);
     out[pairs[2 * index]] = pairs[2 * index + 1];
   }
 }

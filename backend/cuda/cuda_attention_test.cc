@@ -1,0 +1,535 @@
+// Prefill and decode attention kernels against the CPU backend (the reference).
+//
+// Every case draws fresh random inputs (replay with SIEVE_TEST_SEED), rounds them to bf16 so both
+// sides compute from identical values, poisons the outputs with NaN, and checks that every output
+// element was written, that nothing outside the outputs was (padding columns, other rows), and
+// that a second run is bitwise identical (a moving result is a race).
+//
+// Tolerances: outputs are bf16 and P is rounded to bf16 before the P.V product, so the relative
+// L2 error over a case lands near 3e-3; we allow 1e-2 over the whole output and 5e-2 for any
+// single (row, head), which catches a wrong key set in one row. The log-sum-exp is f32 on both
+// sides from identical bf16 scores: 5e-3 absolute. H2O scores are f32 sums of probabilities:
+// 1e-4 absolute.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/attention_bench.h"
+#include "backend/cuda/cuda_test_util.h"
+#include "backend/cuda/decode_attention.h"
+#include "backend/cuda/kernels.h"
+#include "core/testing.h"
+
+namespace sieve::cuda {
+namespace {
+
+using ::sieve::cuda::testing::DeviceBuffer;
+using ::sieve::cuda::testing::ToBf16;
+using ::sieve::cuda::testing::ToFloat;
+
+constexpr double kOutTolerance = 1e-2;
+constexpr double kOutRowTolerance = 5e-2;
+constexpr double kLseTolerance = 5e-3;
+constexpr double kScoresTolerance = 1e-4;
+
+// N(0, stddev) values already rounded to bf16.
+std::vector<float> RandomBf16Values(size_t count, std::mt19937_64& rng, float stddev = 1.0f) {
+  std::vector<float> values(count);
+  sieve::testing::FillRandom(values.data(), count, rng, stddev);
+  ::sieve::cuda::testing::RoundToBf16(values);
+  return values;
+}
+
+Tensor HostF32(std::vector<int64_t> shape, const std::vector<float>& values) {
+  Tensor tensor = Tensor::Empty(std::move(shape), DType::kF32);
+  SIEVE_CHECK_EQ(static_cast<size_t>(tensor.numel()), values.size());
+  std::copy(values.begin(), values.end(), tensor.data_as<float>());
+  return tensor;
+}
+
+Tensor HostI32(std::vector<int64_t> shape, const std::vector<int32_t>& values) {
+  Tensor tensor = Tensor::Empty(std::move(shape), DType::kI32);
+  SIEVE_CHECK_EQ(static_cast<size_t>(tensor.numel()), values.size());
+  std::copy(values.begin(), values.end(), tensor.data_as<int32_t>());
+  return tensor;
+}
+
+std::vector<bf16> NanBf16(size_t count) {
+  __nv_bfloat16_raw bits;
+  bits.x = 0x7fc0;
+  return std::vector<bf16>(count, bf16(bits));
+}
+
+// Compares `rows` rows of a GPU output [.][stride] (columns [0, width) are the output, the rest
+// padding that must stay NaN) with the reference [rows][width].
+struct OutputCheck {
+  int64_t unwritten = 0;        // NaN inside the output
+  int64_t padding_written = 0;  // non-NaN in the padding columns
+  double rel_l2 = 0.0;          // over the whole output
+  double worst_segment = 0.0;   // worst relative L2 of one (row, segment) (segment = a head)
+};
+
+OutputCheck CompareOutput(const float* gpu, int64_t stride, const float* ref, int64_t rows,
+                          int64_t width, int64_t segment) {
+  OutputCheck check;
+  double diff_sum = 0.0;
+  double ref_sum = 0.0;
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int64_t begin = 0; begin < width; begin += segment) {
+      double segment_diff = 0.0;
+      double segment_ref = 0.0;
+      for (int64_t column = begin; column < begin + segment; ++column) {
+        const float actual = gpu[row * stride + column];
+        const float expected = ref[row * width + column];
+        if (std::isnan(actual)) {
+          ++check.unwritten;
+          continue;
+        }
+        const double d = static_cast<double>(actual) - expected;
+        segment_diff += d * d;
+        segment_ref += static_cast<double>(expected) * expected;
+      }
+      diff_sum += segment_diff;
+      ref_sum += segment_ref;
+      if (segment_ref > 0.0) {
+        check.worst_segment = std::max(check.worst_segment, std::sqrt(segment_diff / segment_ref));
+      }
+    }
+    for (int64_t column = width; column < stride; ++column) {
+      if (!std::isnan(gpu[row * stride + column])) ++check.padding_written;
+    }
+  }
+  check.rel_l2 = ref_sum > 0.0 ? std::sqrt(diff_sum / ref_sum) : (diff_sum > 0.0 ? INFINITY : 0.0);
+  return check;
+}
+
+void ExpectOutputMatches(const OutputCheck& check, const std::string& what) {
+  EXPECT_EQ(check.unwritten, 0) << what << ": output elements never written";
+  EXPECT_EQ(check.padding_written, 0) << what << ": wrote past the output columns";
+  EXPECT_LE(check.rel_l2, kOutTolerance) << what;
+  EXPECT_LE(check.worst_segment, kOutRowTolerance) << what << ": worst (row, head)";
+  std::printf("%s: rel L2 %.3g, worst (row, head) %.3g\n", what.c_str(), check.rel_l2,
+              check.worst_segment);
+}
+
+bool BitwiseEqual(const std::vector<bf16>& a, const std::vector<bf16>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)) == 0;
+}
+
+// ------------------------------------------------------------------------------------------
+// Prefill
+
+struct PrefillCase {
+  std::string name;
+  int num_heads;
+  int num_kv_heads;
+  int head_dim;
+  std::vector<int> chunk_lens;    // query rows of each prefill sequence this step
+  std::vector<int> context_lens;  // keys cached before this step (chunked prefill)
+  float q_stddev = 1.0f;          // larger: peakier softmax
+};
+
+void PrintTo(const PrefillCase& test_case, std::ostream* os) { *os << test_case.name; }
+
+class PrefillAttentionTest : public ::testing::TestWithParam<PrefillCase> {};
+
+TEST_P(PrefillAttentionTest, MatchesCpu) {
+  SIEVE_REQUIRE_GPU();
+  const PrefillCase& test_case = GetParam();
+  std::mt19937_64 rng = sieve::testing::MakeRng();
+  const int num_heads = test_case.num_heads;
+  const int kv_heads = test_case.num_kv_heads;
+  const int head_dim = test_case.head_dim;
+  const int num_seqs = static_cast<int>(test_case.chunk_lens.size());
+  ASSERT_EQ(test_case.context_lens.size(), test_case.chunk_lens.size());
+
+  std::vector<int32_t> query_start(num_seqs + 1, 0);
+  std::vector<int32_t> key_start(num_seqs + 1, 0);
+  std::vector<int32_t> context(test_case.context_lens.begin(), test_case.context_lens.end());
+  int max_query_len = 0;
+  int max_kv_len = 0;
+  for (int seq = 0; seq < num_seqs; ++seq) {
+    const int chunk = test_case.chunk_lens[seq];
+    query_start[seq + 1] = query_start[seq] + chunk;
+    key_start[seq + 1] = key_start[seq] + context[seq] + chunk;
+    max_query_len = std::max(max_query_len, chunk);
+    max_kv_len = std::max(max_kv_len, context[seq] + chunk);
+  }
+  const int tokens = query_start[num_seqs];
+  const int keys = key_start[num_seqs];
+  // q is the first H d columns of a fused qkv row, as in the model.
+  const int64_t qkv_width = static_cast<int64_t>(num_heads + 2 * kv_heads) * head_dim;
+  const int64_t q_width = static_cast<int64_t>(num_heads) * head_dim;
+  const std::vector<float> qkv =
+      RandomBf16Values(static_cast<size_t>(tokens) * qkv_width, rng, test_case.q_stddev);
+  const size_t kv_count = static_cast<size_t>(keys) * kv_heads * head_dim;
+  const std::vector<float> k = RandomBf16Values(kv_count, rng);
+  const std::vector<float> v = RandomBf16Values(kv_count, rng);
+
+  // CPU reference.
+  StepMeta step;
+  step.num_tokens = step.num_prefill_tokens = tokens;
+  step.num_seqs = step.num_prefill_seqs = num_seqs;
+  step.num_layers = 1;
+  step.max_query_len = max_query_len;
+  step.max_kv_len = max_kv_len;
+  step.num_prefill_keys = keys;
+  step.query_start = HostI32({num_seqs + 1}, query_start);
+  step.key_start = HostI32({num_seqs + 1}, key_start);
+  step.context_lens = HostI32({num_seqs}, context);
+  std::vector<int32_t> slots(num_seqs);
+  std::iota(slots.begin(), slots.end(), 0);
+  step.seq_slots = HostI32({num_seqs}, slots);
+  const Tensor qkv_host = HostF32({tokens, qkv_width}, qkv);
+  const Tensor k_host = HostF32({keys, kv_heads, head_dim}, k);
+  const Tensor v_host = HostF32({keys, kv_heads, head_dim}, v);
+  Tensor out_ref = Tensor::Empty({tokens, q_width}, DType::kF32);
+  Tensor lse_ref = Tensor::Empty({tokens, num_heads}, DType::kF32);
+  auto cpu = MakeCpuBackend();
+  cpu->PrefillAttention(qkv_host.Columns(0, q_width), k_host, v_host, num_heads, step, out_ref,
+                        lse_ref);
+
+  // GPU, twice on the same inputs.
+  const DeviceBuffer<bf16> qkv_dev(ToBf16(qkv));
+  const DeviceBuffer<bf16> k_dev(ToBf16(k));
+  const DeviceBuffer<bf16> v_dev(ToBf16(v));
+  const DeviceBuffer<int32_t> query_start_dev(query_start);
+  const DeviceBuffer<int32_t> key_start_dev(key_start);
+  const DeviceBuffer<int32_t> context_dev(context);
+  StepView view{};
+  view.query_start = query_start_dev.get();
+  view.key_start = key_start_dev.get();
+  view.context_lens = context_dev.get();
+  view.num_tokens = view.num_prefill_tokens = tokens;
+  view.num_seqs = view.num_prefill_seqs = num_seqs;
+  view.max_query_len = max_query_len;
+  view.max_kv_len = max_kv_len;
+  const int64_t out_stride = q_width + 16;  // the 16 padding columns must stay NaN
+  const int64_t lse_stride = num_heads + 3;
+  std::vector<bf16> first_run;
+  for (int run = 0; run < 2; ++run) {
+    DeviceBuffer<bf16> out_dev(NanBf16(static_cast<size_t>(tokens) * out_stride));
+    DeviceBuffer<float> lse_dev(std::vector<float>(static_cast<size_t>(tokens) * lse_stride, NAN));
+    PrefillAttention(qkv_dev.get(), qkv_width, k_dev.get(), v_dev.get(), num_heads, kv_heads,
+                     head_dim, view, out_dev.get(), out_stride, lse_dev.get(), lse_stride, nullptr);
+    SIEVE_CUDA_CHECK(cudaGetLastError());
+    SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<bf16> out_bits = out_dev.ToHost();
+    if (run == 1) {
+      EXPECT_TRUE(BitwiseEqual(out_bits, first_run)) << "two runs on the same inputs differ";
+      break;
+    }
+    first_run = out_bits;
+    const std::vector<float> out = ToFloat(out_bits);
+    ExpectOutputMatches(
+        CompareOutput(out.data(), out_stride, out_ref.data_as<float>(), tokens, q_width, head_dim),
+        test_case.name + " out");
+    const std::vector<float> lse = lse_dev.ToHost();
+    OutputCheck lse_check;
+    double worst = 0.0;
+    for (int token = 0; token < tokens; ++token) {
+      for (int64_t column = 0; column < lse_stride; ++column) {
+        const float actual = lse[token * lse_stride + column];
+        if (column >= num_heads) {
+          if (!std::isnan(actual)) ++lse_check.padding_written;
+          continue;
+        }
+        if (std::isnan(actual)) {
+          ++lse_check.unwritten;
+          continue;
+        }
+        worst = std::max(worst, std::abs(static_cast<double>(actual) -
+                                         lse_ref.data_as<float>()[token * num_heads + column]));
+      }
+    }
+    EXPECT_EQ(lse_check.unwritten, 0) << "lse elements never written";
+    EXPECT_EQ(lse_check.padding_written, 0) << "wrote past the lse columns";
+    EXPECT_LE(worst, kLseTolerance) << "lse";
+    std::printf("%s lse: max abs error %.3g\n", test_case.name.c_str(), worst);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, PrefillAttentionTest,
+    ::testing::Values(
+        // MHA, d = 64, lengths around the 128-row and 64-key tiles, a length-1 sequence.
+        PrefillCase{"mha_d64", 4, 4, 64, {1, 37, 128, 200}, {0, 0, 0, 0}},
+        // Llama-3-8B heads, d = 128.
+        PrefillCase{"gqa32x8_d128", 32, 8, 128, {1, 65, 130, 257}, {0, 0, 0, 0}},
+        // Chunked prefill: cached context before each chunk (bottom-right causal alignment).
+        PrefillCase{
+            "gqa8x2_d128_chunked", 8, 2, 128, {100, 1, 64, 129, 7}, {50, 300, 0, 127, 1000}},
+        PrefillCase{"gqa8x2_d64_chunked", 8, 2, 64, {33, 129, 1}, {5, 64, 77}},
+        // Long sequences: many key tiles, the online-softmax rescaling over ~50 tiles.
+        PrefillCase{"long3000_d128", 8, 2, 128, {3000}, {0}},
+        PrefillCase{"long_chunked_d64", 8, 2, 64, {1000, 257}, {2000, 0}},
+        // Peaky softmax (score std 4): the running max moves a lot between tiles.
+        PrefillCase{"peaky_d128", 8, 2, 128, {300}, {200}, 4.0f},
+        // A group size that is not a power of two.
+        PrefillCase{"group3_d64", 12, 4, 64, {70}, {10}}),
+    [](const ::testing::TestParamInfo<PrefillCase>& info) { return info.param.name; });
+
+// ------------------------------------------------------------------------------------------
+// Decode
+
+struct DecodeCase {
+  std::string name;
+  int num_heads;
+  int num_kv_heads;
+  int head_dim;
+  int batch;                        // decode sequences
+  int max_context;                  // kv lengths in [1, max_context]; 1 and max_context occur
+  std::vector<int> prefill_chunks;  // prefill sequences ahead of the decode ones in the step
+  bool h2o;                         // exercise the scores side pool
+  std::vector<int> splits;          // split counts to run; 0 = DecodeAttention's own choice
+  int page_size = 16;
+};
+
+void PrintTo(const DecodeCase& test_case, std::ostream* os) { *os << test_case.name; }
+
+class DecodeAttentionTest : public ::testing::TestWithParam<DecodeCase> {};
+
+TEST_P(DecodeAttentionTest, MatchesCpu) {
+  SIEVE_REQUIRE_GPU();
+  const DecodeCase& test_case = GetParam();
+  std::mt19937_64 rng = sieve::testing::MakeRng();
+  const int num_heads = test_case.num_heads;
+  const int kv_heads = test_case.num_kv_heads;
+  const int head_dim = test_case.head_dim;
+  const int page_size = test_case.page_size;
+  const int batch = test_case.batch;
+  const int num_prefill = static_cast<int>(test_case.prefill_chunks.size());
+  const int num_seqs = num_prefill + batch;
+  const int num_layers = 2;
+  const int layer = 1;  // layer 0 holds other lengths and pages: a wrong layer offset shows
+  const int max_seqs = num_seqs + 3;
+
+  // Sequences sit in shuffled page-table rows.
+  std::vector<int32_t> slot_order(max_seqs);
+  std::iota(slot_order.begin(), slot_order.end(), 0);
+  std::shuffle(slot_order.begin(), slot_order.end(), rng);
+  const std::vector<int32_t> slots(slot_order.begin(), slot_order.begin() + num_seqs);
+
+  // Lengths per (layer, slot): the decode sequences of `layer` get [1, max_context] (with both
+  // ends present); everything else a short random length.
+  std::uniform_int_distribution<int> context_dist(1, test_case.max_context);
+  std::uniform_int_distribution<int> short_dist(1, 40);
+  std::vector<int32_t> kv_lens(static_cast<size_t>(num_layers) * max_seqs);
+  for (auto& length : kv_lens) length = short_dist(rng);
+  int max_kv_len = 0;
+  for (int index = 0; index < batch; ++index) {
+    int length = context_dist(rng);
+    if (index == 0) length = test_case.max_context;
+    if (index == 1) length = 1;
+    kv_lens[static_cast<size_t>(layer) * max_seqs + slots[num_prefill + index]] = length;
+    max_kv_len = std::max(max_kv_len, length);
+  }
+  const int max_pages_per_seq = (test_case.max_context + page_size - 1) / page_size + 1;
+  int total_pages = 0;
+  for (const int length : kv_lens) total_pages += (length + page_size - 1) / page_size;
+  const int num_pages = total_pages + 7;
+  std::vector<int32_t> page_ids(num_pages);
+  std::iota(page_ids.begin(), page_ids.end(), 0);
+  std::shuffle(page_ids.begin(), page_ids.end(), rng);
+  // Unused table entries are -1: reading one would fetch from before the pool.
+  std::vector<int32_t> page_table(static_cast<size_t>(num_layers) * max_seqs * max_pages_per_seq,
+                                  -1);
+  int next_page = 0;
+  for (int row = 0; row < num_layers * max_seqs; ++row) {
+    for (int page = 0; page < (kv_lens[row] + page_size - 1) / page_size; ++page) {
+      page_table[static_cast<size_t>(row) * max_pages_per_seq + page] = page_ids[next_page++];
+    }
+  }
+
+  const size_t pool_count = static_cast<size_t>(num_pages) * page_size * kv_heads * head_dim;
+  const std::vector<float> k_pool = RandomBf16Values(pool_count, rng);
+  const std::vector<float> v_pool = RandomBf16Values(pool_count, rng);
+  std::vector<float> scores_initial;
+  if (test_case.h2o) {
+    std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+    scores_initial.resize(static_cast<size_t>(num_pages) * page_size * kv_heads);
+    for (float& score : scores_initial) score = uniform(rng);
+  }
+
+  // The step: prefill chunks first, then one token per decode sequence.
+  std::vector<int32_t> query_start(num_seqs + 1, 0);
+  for (int seq = 0; seq < num_seqs; ++seq) {
+    query_start[seq + 1] =
+        query_start[seq] + (seq < num_prefill ? test_case.prefill_chunks[seq] : 1);
+  }
+  const int tokens = query_start[num_seqs];
+  const int prefill_tokens = query_start[num_prefill];
+  const int64_t qkv_width = static_cast<int64_t>(num_heads + 2 * kv_heads) * head_dim;
+  const int64_t q_width = static_cast<int64_t>(num_heads) * head_dim;
+  const std::vector<float> qkv = RandomBf16Values(static_cast<size_t>(tokens) * qkv_width, rng);
+
+  StepMeta step;
+  step.num_tokens = tokens;
+  step.num_prefill_tokens = prefill_tokens;
+  step.num_seqs = num_seqs;
+  step.num_prefill_seqs = num_prefill;
+  step.num_layers = num_layers;
+  step.max_kv_len = max_kv_len;
+  step.query_start = HostI32({num_seqs + 1}, query_start);
+  step.seq_slots = HostI32({num_seqs}, slots);
+  step.context_lens = HostI32({num_seqs}, std::vector<int32_t>(num_seqs, 0));
+
+  KvPool pool;
+  pool.page_size = page_size;
+  pool.num_pages = num_pages;
+  pool.max_seqs = max_seqs;
+  pool.max_pages_per_seq = max_pages_per_seq;
+  pool.num_kv_heads = kv_heads;
+  pool.head_dim = head_dim;
+  pool.k = HostF32({num_pages, page_size, kv_heads, head_dim}, k_pool);
+  pool.v = HostF32({num_pages, page_size, kv_heads, head_dim}, v_pool);
+  pool.page_table = HostI32({num_layers, max_seqs, max_pages_per_seq}, page_table);
+  pool.kv_lens = HostI32({num_layers, max_seqs}, kv_lens);
+  if (test_case.h2o) {
+    pool.scores = HostF32({static_cast<int64_t>(num_pages) * page_size, kv_heads}, scores_initial);
+  }
+  const Tensor qkv_host = HostF32({tokens, qkv_width}, qkv);
+  Tensor out_ref = Tensor::Empty({tokens, q_width}, DType::kF32);
+  auto cpu = MakeCpuBackend();
+  cpu->DecodeAttention(qkv_host.Columns(0, q_width), num_heads, step, layer, pool, out_ref);
+
+  const DeviceBuffer<bf16> qkv_dev(ToBf16(qkv));
+  const DeviceBuffer<bf16> k_dev(ToBf16(k_pool));
+  const DeviceBuffer<bf16> v_dev(ToBf16(v_pool));
+  const DeviceBuffer<int32_t> page_table_dev(page_table);
+  DeviceBuffer<int32_t> kv_lens_dev(kv_lens);
+  const DeviceBuffer<int32_t> query_start_dev(query_start);
+  const DeviceBuffer<int32_t> slots_dev(slots);
+  StepView view{};
+  view.query_start = query_start_dev.get();
+  view.seq_slots = slots_dev.get();
+  view.num_tokens = tokens;
+  view.num_prefill_tokens = prefill_tokens;
+  view.num_seqs = num_seqs;
+  view.num_prefill_seqs = num_prefill;
+  view.max_kv_len = max_kv_len;
+  const int64_t out_stride = q_width + 8;  // padding columns must stay NaN
+
+  for (const int forced_splits : test_case.splits) {
+    const int splits = forced_splits > 0
+                           ? forced_splits
+                           : DecodeAttentionSplits(batch, num_heads, kv_heads, head_dim, max_kv_len,
+                                                   DecodeAttentionWorkspaceBytes(
+                                                       batch, num_heads, head_dim, max_kv_len));
+    const std::string what = test_case.name + (forced_splits > 0 ? " forced" : " chosen") +
+                             " splits=" + std::to_string(splits);
+    const size_t workspace_bytes =
+        forced_splits > 0
+            ? DecodeAttentionWorkspaceBytesForSplits(batch, num_heads, head_dim, forced_splits)
+            : DecodeAttentionWorkspaceBytes(batch, num_heads, head_dim, max_kv_len);
+    DeviceBuffer<uint8_t> workspace(workspace_bytes);
+    std::vector<bf16> first_run;
+    for (int run = 0; run < 2; ++run) {
+      DeviceBuffer<bf16> out_dev(NanBf16(static_cast<size_t>(tokens) * out_stride));
+      std::unique_ptr<DeviceBuffer<float>> scores_dev;
+      if (test_case.h2o) scores_dev = std::make_unique<DeviceBuffer<float>>(scores_initial);
+      PoolView pool_view{};
+      pool_view.k = k_dev.get();
+      pool_view.v = v_dev.get();
+      pool_view.page_table = page_table_dev.get();
+      pool_view.kv_lens = kv_lens_dev.get();
+      pool_view.scores = scores_dev ? scores_dev->get() : nullptr;
+      pool_view.page_size = page_size;
+      pool_view.max_seqs = max_seqs;
+      pool_view.max_pages_per_seq = max_pages_per_seq;
+      pool_view.num_kv_heads = kv_heads;
+      pool_view.head_dim = head_dim;
+      if (forced_splits > 0) {
+        DecodeAttentionWithSplits(forced_splits, qkv_dev.get(), qkv_width, num_heads, view, layer,
+                                  pool_view, out_dev.get(), out_stride, workspace.get(),
+                                  workspace_bytes, nullptr);
+      } else {
+        DecodeAttention(qkv_dev.get(), qkv_width, num_heads, view, layer, pool_view, out_dev.get(),
+                        out_stride, workspace.get(), workspace_bytes, nullptr);
+      }
+      SIEVE_CUDA_CHECK(cudaGetLastError());
+      SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<bf16> out_bits = out_dev.ToHost();
+      if (run == 1) {
+        EXPECT_TRUE(BitwiseEqual(out_bits, first_run)) << what << ": two runs differ";
+        break;
+      }
+      first_run = out_bits;
+      const std::vector<float> out = ToFloat(out_bits);
+      // Prefill rows belong to another op: they must stay NaN.
+      int64_t prefill_written = 0;
+      for (int64_t index = 0; index < prefill_tokens * out_stride; ++index) {
+        if (!std::isnan(out[index])) ++prefill_written;
+      }
+      EXPECT_EQ(prefill_written, 0) << what << ": wrote into prefill rows";
+      ExpectOutputMatches(CompareOutput(out.data() + prefill_tokens * out_stride, out_stride,
+                                        out_ref.data_as<float>() + prefill_tokens * q_width,
+                                        tokens - prefill_tokens, q_width, head_dim),
+                          what);
+      if (test_case.h2o) {
+        // Compare what each side added to the accumulated scores.
+        const std::vector<float> scores = scores_dev->ToHost();
+        const float* scores_ref = pool.scores.data_as<float>();
+        double worst = 0.0;
+        int64_t nan_count = 0;
+        for (size_t index = 0; index < scores.size(); ++index) {
+          if (std::isnan(scores[index])) {
+            ++nan_count;
+            continue;
+          }
+          worst = std::max(worst, std::abs(static_cast<double>(scores[index]) - scores_ref[index]));
+        }
+        EXPECT_EQ(nan_count, 0) << what << ": NaN scores";
+        EXPECT_LE(worst, kScoresTolerance) << what << ": H2O scores";
+        std::printf("%s: H2O scores max abs error %.3g\n", what.c_str(), worst);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, DecodeAttentionTest,
+    ::testing::Values(
+        // Batch 1, long context: split-K by the heuristic, and forced off and odd.
+        DecodeCase{"b1_gqa32x8_d128", 32, 8, 128, 1, 5000, {}, false, {0, 1, 7}},
+        DecodeCase{"b7_gqa32x8_d128", 32, 8, 128, 7, 5000, {}, false, {0, 1, 3}},
+        DecodeCase{"b33_gqa8x2_d128", 8, 2, 128, 33, 5000, {}, false, {0, 1, 4}},
+        DecodeCase{"b7_gqa8x2_d64", 8, 2, 64, 7, 3000, {}, false, {0, 1, 5}},
+        DecodeCase{"b5_mha_d128", 4, 4, 128, 5, 700, {}, false, {0, 1, 2}},
+        // 32 query heads on one KV head: two 16-head chunks per KV head.
+        DecodeCase{"b3_mqa32_d64", 32, 1, 64, 3, 1000, {}, false, {0, 1, 3}},
+        DecodeCase{"b4_group3_d128", 12, 4, 128, 4, 600, {}, false, {0, 1}},
+        // A mixed step: prefill rows ahead of the decode rows stay untouched.
+        DecodeCase{"mixed_b9_gqa32x8_d128", 32, 8, 128, 9, 2000, {5, 3}, false, {0, 1, 2}},
+        // H2O accumulated scores, with and without splits.
+        DecodeCase{"h2o_b7_gqa32x8_d128", 32, 8, 128, 7, 3000, {}, true, {0, 1, 4}},
+        DecodeCase{"h2o_mixed_b5_gqa8x2_d64", 8, 2, 64, 5, 1500, {4}, true, {0, 1, 3}},
+        // A page size that is not a power of two (the division path).
+        DecodeCase{"page24_b3_gqa8x2_d128", 8, 2, 128, 3, 1000, {}, true, {0, 2}, 24}),
+    [](const ::testing::TestParamInfo<DecodeCase>& info) { return info.param.name; });
+
+// Not a check: the benchmark (attention_bench.h) run from this binary, so that one GPU session can
+// test and time without the `sieve` tool. Run with
+//   --gtest_also_run_disabled_tests --gtest_filter='AttentionBenchmark.*'
+TEST(AttentionBenchmark, DISABLED_Run) {
+  SIEVE_REQUIRE_GPU();
+  std::vector<AttentionBenchResult> results;
+  AttentionBenchOptions options;
+  options.results = &results;
+  EXPECT_EQ(RunAttentionBenchmarks(options), 0);
+  std::printf("%s", AttentionBenchResultsToJson(results).c_str());
+}
+
+}  // namespace
+}  // namespace sieve::cuda

@@ -1,0 +1,403 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/sampling_kernels.h"
+
+namespace sieve {
+
+namespace {
+
+#define SIEVE_CUBLAS_CHECK(call)                                                       \
+  do {                                                                                 \
+    const cublasStatus_t sieve_cublas_status_ = (call);                                \
+    if (sieve_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                               \
+      std::fprintf(stderr, "%s:%d: %s failed: status %d\n", __FILE__, __LINE__, #call, \
+                   static_cast<int>(sieve_cublas_status_));                            \
+      std::abort();                                                                    \
+    }                                                                                  \
+  } while (0)
+
+using cuda::bf16;
+
+bf16* Bf16(const Tensor& tensor) { return static_cast<bf16*>(tensor.data()); }
+
+void CheckDevice(const Tensor& tensor, const char* what) {
+  SIEVE_CHECK(tensor.device() == Device::kCuda)
+      << what << " is not on the GPU: " << tensor.ShapeString();
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    SIEVE_CUDA_CHECK(cudaSetDevice(device));
+    SIEVE_CUDA_CHECK(cudaGetDeviceProperties(&props_, device));
+    SIEVE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    SIEVE_CUBLAS_CHECK(cublasLtCreate(&lt_));
+    SIEVE_CUDA_CHECK(cudaMalloc(&gemm_workspace_, kGemmWorkspaceBytes));
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    for (cudaGraphExec_t exec : graphs_) cudaGraphExecDestroy(exec);
+    for (auto& [key, plan] : gemm_plans_) {
+      cublasLtMatmulDescDestroy(plan.op);
+      cublasLtMatrixLayoutDestroy(plan.a);
+      cublasLtMatrixLayoutDestroy(plan.b);
+      cublasLtMatrixLayoutDestroy(plan.c);
+    }
+    cudaFree(gemm_workspace_);
+    cudaFree(attention_workspace_);
+    cudaFree(select_workspace_);
+    cudaFree(sample_buffer_);
+    cublasLtDestroy(lt_);
+    cudaStreamDestroy(stream_);
+  }
+
+  Device device() const override { return Device::kCuda; }
+  std::string name() const override {
+    return "cuda:" + std::to_string(device_) + " " + props_.name;
+  }
+  DType activation_dtype() const override { return DType::kBF16; }
+  size_t FreeMemoryBytes() const override {
+    size_t free_bytes = 0;
+    size_t total = 0;
+    SIEVE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return free_bytes;
+  }
+  void* stream() const { return stream_; }
+
+  Tensor Allocate(std::vector<int64_t> shape, DType dtype) override {
+    int64_t count = 1;
+    for (const int64_t extent : shape) count *= extent;
+    const size_t bytes = std::max<size_t>(256, static_cast<size_t>(count) * DTypeSize(dtype));
+    void* memory = nullptr;
+    const cudaError_t error = cudaMalloc(&memory, bytes);
+    SIEVE_CHECK(error == cudaSuccess)
+        << "cudaMalloc of " << bytes << " bytes: " << cudaGetErrorString(error);
+    SIEVE_CUDA_CHECK(cudaMemsetAsync(memory, 0, bytes, stream_));
+    std::shared_ptr<void> owner(memory, [](void* p) { cudaFree(p); });
+    return Tensor::Wrap(memory, std::move(shape), dtype, Device::kCuda, std::move(owner));
+  }
+
+  void CopyFromHost(const void* src, size_t bytes, Tensor& dst) override {
+    CheckDevice(dst, "copy destination");
+    SIEVE_CHECK(bytes <= dst.nbytes()) << bytes << " bytes into " << dst.ShapeString();
+    // From pageable memory the call returns once the source has been staged, so the caller may
+    // reuse its buffer at once.
+    SIEVE_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+
+  void CopyToHost(const Tensor& src, void* dst) override {
+    CheckDevice(src, "copy source");
+    SIEVE_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, stream_));
+    SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void Synchronize() override { SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  Tensor UploadWeight(const void* src, DType src_dtype, std::vector<int64_t> shape) override {
+    Tensor tensor = Allocate(std::move(shape), DType::kBF16);
+    const size_t count = static_cast<size_t>(tensor.numel());
+    if (src_dtype == DType::kBF16) {
+      SIEVE_CUDA_CHECK(
+          cudaMemcpyAsync(tensor.data(), src, count * 2, cudaMemcpyHostToDevice, stream_));
+    } else {
+      std::vector<float> floats(count);
+      ConvertToFloat(src, src_dtype, count, floats.data());
+      std::vector<uint16_t> halves(count);
+      ConvertFromFloat(floats.data(), count, DType::kBF16, halves.data());
+      SIEVE_CUDA_CHECK(cudaMemcpyAsync(tensor.data(), halves.data(), count * 2,
+                                       cudaMemcpyHostToDevice, stream_));
+      SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `halves` dies here
+    }
+    return tensor;
+  }
+
+  void FillRandom(Tensor& tensor, uint64_t seed, float stddev) override {
+    SIEVE_CHECK(tensor.dtype() == DType::kBF16 && tensor.is_contiguous());
+    cuda::FillRandomBf16(Bf16(tensor), tensor.numel(), seed, stddev, stream_);
+  }
+
+  void Embedding(const Tensor& table, const Tensor& ids, Tensor& out) override {
+    cuda::Embedding(Bf16(table), table.stride(0), ids.data_as<int32_t>(),
+                    static_cast<int>(ids.numel()), static_cast<int>(table.dim(1)), Bf16(out),
+                    out.stride(0), stream_);
+  }
+  void RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override {
+    cuda::RmsNorm(Bf16(x), x.stride(0), Bf16(weight), eps, static_cast<int>(x.dim(0)),
+                  static_cast<int>(x.dim(1)), Bf16(out), out.stride(0), stream_);
+  }
+  void AddRmsNorm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                  Tensor& out) override {
+    cuda::AddRmsNorm(Bf16(residual), residual.stride(0), Bf16(x), x.stride(0), Bf16(weight), eps,
+                     static_cast<int>(x.dim(0)), static_cast<int>(x.dim(1)), Bf16(out),
+                     out.stride(0), stream_);
+  }
+  void Linear(const Tensor& x, const Tensor& w, Tensor& out) override;
+  void SiluMul(const Tensor& gate_up, Tensor& out) override {
+    cuda::SiluMul(Bf16(gate_up), gate_up.stride(0), static_cast<int>(out.dim(0)),
+                  static_cast<int>(out.dim(1)), Bf16(out), out.stride(0), stream_);
+  }
+  void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) override {
+    cuda::GatherRows(Bf16(x), x.stride(0), rows.data_as<int32_t>(), static_cast<int>(rows.numel()),
+                     static_cast<int>(x.dim(1)), Bf16(out), out.stride(0), stream_);
+  }
+
+  void RopeAndCacheWrite(Tensor& qkv, const Tensor& rope_table, int num_heads, const StepMeta& step,
+                         int layer, KvPool& pool) override {
+    cuda::RopeAndCacheWrite(Bf16(qkv), qkv.stride(0), rope_table.data_as<float>(), num_heads,
+                            View(step), layer, View(pool), stream_);
+  }
+  void GatherPrefillKv(const Tensor& qkv, int num_heads, const StepMeta& step, int layer,
+                       const KvPool& pool, Tensor& k_out, Tensor& v_out) override {
+    cuda::GatherPrefillKv(Bf16(qkv), qkv.stride(0), num_heads, View(step), layer, View(pool),
+                          Bf16(k_out), Bf16(v_out), stream_);
+  }
+  void PrefillAttention(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
+                        const StepMeta& step, Tensor& out, Tensor& lse) override {
+    cuda::PrefillAttention(Bf16(q), q.stride(0), Bf16(k), Bf16(v), num_heads,
+                           static_cast<int>(k.dim(1)), static_cast<int>(k.dim(2)), View(step),
+                           Bf16(out), out.stride(0), lse.data_as<float>(), lse.stride(0), stream_);
+  }
+  void DecodeAttention(const Tensor& q, int num_heads, const StepMeta& step, int layer,
+                       KvPool& pool, Tensor& out) override {
+    const size_t bytes = cuda::DecodeAttentionWorkspaceBytes(
+        step.num_seqs - step.num_prefill_seqs, num_heads, pool.head_dim, step.max_kv_len);
+    EnsureWorkspace(attention_workspace_, attention_workspace_bytes_, bytes);
+    cuda::DecodeAttention(Bf16(q), q.stride(0), num_heads, View(step), layer, View(pool), Bf16(out),
+                          out.stride(0), attention_workspace_, attention_workspace_bytes_, stream_);
+  }
+
+  void WindowScores(const Tensor& q, const Tensor& k, const Tensor& lse, int num_heads,
+                    const StepMeta& step, int layer, Tensor& scores) override {
+    cuda::WindowScores(Bf16(q), q.stride(0), Bf16(k), lse.data_as<float>(), lse.stride(0),
+                       num_heads, static_cast<int>(k.dim(1)), static_cast<int>(k.dim(2)),
+                       View(step), step.jobs_host.data(), step.job_begin[layer],
+                       step.job_begin[layer + 1], scores.data_as<float>(), stream_);
+  }
+  void SelectKept(const Tensor& scores, int num_kv_heads, const StepMeta& step, int layer,
+                  Tensor& kept) override {
+    const size_t bytes = cuda::SelectKeptWorkspaceBytes(
+        step.jobs_host.data(), step.job_begin[layer], step.job_begin[layer + 1], num_kv_heads);
+    EnsureWorkspace(select_workspace_, select_workspace_bytes_, bytes);
+    cuda::SelectKept(scores.data_as<float>(), num_kv_heads, View(step), step.jobs_host.data(),
+                     step.job_begin[layer], step.job_begin[layer + 1], kept.data_as<int32_t>(),
+                     select_workspace_, select_workspace_bytes_, stream_);
+  }
+  void WriteKeptKv(const Tensor& k, const Tensor& v, const Tensor& scores, const Tensor& kept,
+                   const StepMeta& step, int layer, KvPool& pool) override {
+    cuda::WriteKeptKv(Bf16(k), Bf16(v), scores.data_as<float>(), kept.data_as<int32_t>(),
+                      View(step), step.jobs_host.data(), step.job_begin[layer],
+                      step.job_begin[layer + 1], layer, View(pool), stream_);
+  }
+  void EvictEntries(const StepMeta& step, int layer, KvPool& pool) override {
+    cuda::EvictEntries(View(step), step.evictions_host.data(), step.eviction_begin[layer],
+                       step.eviction_begin[layer + 1], layer, View(pool), stream_);
+  }
+  void ScatterInt32(const Tensor& patches, int count, Tensor& dst) override {
+    cuda::ScatterInt32(patches.data_as<int32_t>(), count, dst.data_as<int32_t>(), stream_);
+  }
+
+  bool SupportsGraphs() const override { return true; }
+  void BeginCapture() override {
+    SIEVE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  }
+  int EndCapture() override {
+    cudaGraph_t graph = nullptr;
+    SIEVE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    SIEVE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    SIEVE_CUDA_CHECK(cudaGraphDestroy(graph));
+    graphs_.push_back(exec);
+    return static_cast<int>(graphs_.size()) - 1;
+  }
+  void PrepareDecodeGraphs(int max_batch, int num_heads, int head_dim, int max_kv_len) override {
+    EnsureWorkspace(
+        attention_workspace_, attention_workspace_bytes_,
+        cuda::DecodeAttentionWorkspaceBytes(max_batch, num_heads, head_dim, max_kv_len));
+  }
+
+  bool SampleOnDevice(const Tensor& logits, const std::vector<DeviceSamplingRow>& rows,
+                      std::vector<int32_t>& tokens, std::vector<float>& logprobs) override {
+    static_assert(sizeof(DeviceSamplingRow) == sizeof(cuda::SamplingRowParams));
+    const int count = static_cast<int>(rows.size());
+    if (count == 0) return true;
+    const size_t param_bytes = rows.size() * sizeof(DeviceSamplingRow);
+    // One buffer: params, then tokens, then logprobs; one copy in, one copy out.
+    const size_t bytes = param_bytes + rows.size() * 8;
+    EnsureWorkspace(sample_buffer_, sample_buffer_bytes_, bytes);
+    auto* params = static_cast<cuda::SamplingRowParams*>(sample_buffer_);
+    auto* out_tokens = reinterpret_cast<int32_t*>(static_cast<char*>(sample_buffer_) + param_bytes);
+    float* out_logprobs = reinterpret_cast<float*>(out_tokens + count);
+    SIEVE_CUDA_CHECK(
+        cudaMemcpyAsync(params, rows.data(), param_bytes, cudaMemcpyHostToDevice, stream_));
+    const int vocab = static_cast<int>(logits.dim(1));
+    cuda::SampleTokens(logits.data_as<float>(), count, vocab, params, out_tokens, out_logprobs,
+                       nullptr, 0, stream_);
+    std::vector<int32_t> host(2 * rows.size());
+    SIEVE_CUDA_CHECK(
+        cudaMemcpyAsync(host.data(), out_tokens, rows.size() * 8, cudaMemcpyDeviceToHost, stream_));
+    SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    tokens.assign(host.begin(), host.begin() + count);
+    logprobs.resize(count);
+    std::memcpy(logprobs.data(), host.data() + count, count * sizeof(float));
+    return true;
+  }
+
+  void ReplayGraph(int graph) override {
+    SIEVE_CHECK(graph >= 0 && graph < static_cast<int>(graphs_.size()));
+    SIEVE_CUDA_CHECK(cudaGraphLaunch(graphs_[graph], stream_));
+  }
+
+ private:
+  static constexpr size_t kGemmWorkspaceBytes = 32u << 20;
+
+  struct GemmPlan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr;
+    cublasLtMatrixLayout_t b = nullptr;
+    cublasLtMatrixLayout_t c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  using GemmKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>;
+
+  const GemmPlan& PlanGemm(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
+                           DType out_dtype);
+
+  void EnsureWorkspace(void*& buffer, size_t& capacity, size_t bytes) {
+    if (bytes <= capacity) return;
+    SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    cudaFree(buffer);
+    capacity = std::max(bytes, capacity * 2);
+    SIEVE_CUDA_CHECK(cudaMalloc(&buffer, capacity));
+  }
+
+  static cuda::StepView View(const StepMeta& step) {
+    cuda::StepView view{};
+    view.token_ids = step.token_ids.data_as<int32_t>();
+    view.positions = step.positions.data_as<int32_t>();
+    view.query_start = step.query_start.data_as<int32_t>();
+    view.key_start = step.key_start.data_as<int32_t>();
+    view.context_lens = step.context_lens.data_as<int32_t>();
+    view.seq_slots = step.seq_slots.data_as<int32_t>();
+    view.write_start = step.write_start.data_as<int32_t>();
+    view.compression_jobs = step.compression_jobs.data_as<int32_t>();
+    view.eviction_jobs = step.eviction_jobs.data_as<int32_t>();
+    view.num_tokens = step.num_tokens;
+    view.num_prefill_tokens = step.num_prefill_tokens;
+    view.num_seqs = step.num_seqs;
+    view.num_prefill_seqs = step.num_prefill_seqs;
+    view.max_query_len = step.max_query_len;
+    view.max_kv_len = step.max_kv_len;
+    view.num_prefill_keys = static_cast<int>(step.num_prefill_keys);
+    return view;
+  }
+  static cuda::PoolView View(const KvPool& pool) {
+    cuda::PoolView view{};
+    view.k = Bf16(pool.k);
+    view.v = Bf16(pool.v);
+    view.page_table = pool.page_table.data_as<int32_t>();
+    view.kv_lens = pool.kv_lens.data_as<int32_t>();
+    view.scores = pool.scores.defined() ? pool.scores.data_as<float>() : nullptr;
+    view.positions = pool.positions.defined() ? pool.positions.data_as<int32_t>() : nullptr;
+    view.page_size = pool.page_size;
+    view.max_seqs = pool.max_seqs;
+    view.max_pages_per_seq = pool.max_pages_per_seq;
+    view.num_kv_heads = pool.num_kv_heads;
+    view.head_dim = pool.head_dim;
+    return view;
+  }
+
+  int device_;
+  cudaDeviceProp props_{};
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void* gemm_workspace_ = nullptr;
+  std::map<GemmKey, GemmPlan> gemm_plans_;
+  void* attention_workspace_ = nullptr;
+  size_t attention_workspace_bytes_ = 0;
+  void* select_workspace_ = nullptr;
+  size_t select_workspace_bytes_ = 0;
+  std::vector<cudaGraphExec_t> graphs_;
+  void* sample_buffer_ = nullptr;
+  size_t sample_buffer_bytes_ = 0;
+};
+
+const CudaBackend::GemmPlan& CudaBackend::PlanGemm(int64_t m, int64_t n, int64_t k, int64_t lda,
+                                                   int64_t ldb, int64_t ldc, DType out_dtype) {
+  const GemmKey key{m, n, k, lda, ldb, ldc, static_cast<int>(out_dtype)};
+  const auto found = gemm_plans_.find(key);
+  if (found != gemm_plans_.end()) return found->second;
+  GemmPlan plan;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t transpose = CUBLAS_OP_T;
+  const cublasOperation_t none = CUBLAS_OP_N;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                    &transpose, sizeof(transpose)));
+  SIEVE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
+  const cudaDataType_t out_type = out_dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, k, m, lda));
+  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, k, n, ldb));
+  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, out_type, m, n, ldc));
+  cublasLtMatmulPreference_t preference;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  const size_t workspace = kGemmWorkspaceBytes;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found_count = 0;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.c, plan.c,
+                                                    preference, 1, &result, &found_count));
+  cublasLtMatmulPreferenceDestroy(preference);
+  SIEVE_CHECK(found_count > 0) << "cuBLASLt has no algorithm for " << m << "x" << n << "x" << k;
+  plan.algo = result.algo;
+  return gemm_plans_.emplace(key, plan).first->second;
+}
+
+void CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor& out) {
+  // Row-major out[M][N] = x[M][K] w[N][K]^T is column-major out'(N x M) = w'(K x N)^T x'(K x M).
+  const int64_t rows = x.dim(0);
+  const int64_t inner = x.dim(1);
+  const int64_t cols = w.dim(0);
+  SIEVE_CHECK(w.dim(1) == inner && out.dim(0) == rows && out.dim(1) == cols)
+      << "linear shapes " << x.ShapeString() << " x " << w.ShapeString() << " -> "
+      << out.ShapeString();
+  if (rows == 0) return;
+  const GemmPlan& plan =
+      PlanGemm(cols, rows, inner, w.stride(0), x.stride(0), out.stride(0), out.dtype());
+  const float alpha = 1.0f;
+  const float beta = 0.0f;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.op, &alpha, w.data(), plan.a, x.data(), plan.b, &beta,
+                                    out.data(), plan.c, out.data(), plan.c, &plan.algo,
+                                    gemm_workspace_, kGemmWorkspaceBytes, stream_));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> MakeCudaBackend(int device_index) {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess || count == 0) {
+    return UnavailableError(std::string("no CUDA device (") +
+                            (error == cudaSuccess ? "none found" : cudaGetErrorString(error)) +
+                            ")");
+  }
+  if (device_index < 0 || device_index >= count) {
+    return InvalidArgumentError("CUDA device " + std::to_string(device_index) +
+                                " does not exist (" + std::to_string(count) + " found)");
+  }
+  return std::unique_ptr<Backend>(new CudaBackend(device_index));
+}
+
+}  // namespace sieve

@@ -1,0 +1,16 @@
+// CudaBackend: the Backend ops on one NVIDIA GPU. bf16 weights, activations and KV pages, fp32
+// accumulation; GEMMs through cuBLASLt; every other op is a kernel of kernels.h. All work goes to
+// one stream, so ops are ordered without host synchronisation; CopyToHost waits.
+#pragma once
+
+#include <memory>
+
+#include "backend/backend.h"
+#include "core/status.h"
+
+namespace sieve {
+
+// A CUDA backend on device `device_index`; Unavailable when there is no usable GPU.
+Result<std::unique_ptr<Backend>> MakeCudaBackend(int device_index);
+
+}  // namespace sieve

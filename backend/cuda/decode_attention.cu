@@ -1,0 +1,609 @@
+// Paged decode attention: one query token per decode sequence against every entry its sequence
+// holds in one layer, read through the page table. GQA-aware: one CTA serves the (up to 16) query
+// heads of one KV head, so each K/V entry is read from memory once per step, and the heads form
+// the 16 rows of the same tensor-core tile code the prefill kernel uses (flash_warp.cuh). The
+// unused rows of that tile cost tensor-core time only, which this memory-bound kernel has spare.
+//
+// Work split: CTA = (decode sequence, KV head, head chunk, split). A split is a contiguous range
+// of the sequence's entries; its 4 warps take 16 entries each of every 64-entry tile, tiles
+// stream through a 3-stage cp.async pipeline (2 where shared memory is smaller), and the warps
+// merge their softmax states in shared memory at the end. With more than one split
+// (flash-decoding), each split writes a normalised partial output and its log-sum-exp, and a
+// combine kernel merges them. The optional H2O pass recomputes q.k of every entry against the final
+// lse and adds the group-mean probability to the scores side pool. README_attention.md has the
+// numbers.
+#include "backend/cuda/decode_attention.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/flash_warp.cuh"
+#include "backend/cuda/kernels.h"
+#include "core/check.h"
+
+namespace sieve::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kTile = 16 * kWarps;  // entries per pipeline stage, 16 per warp
+// Pipeline depth: 3 stages (two tiles in flight while one is computed on) where a block may have
+// 100 KiB of shared memory (A100, H100/H200), else 2 (Ada and Ampere consumer parts: 99 KiB).
+constexpr int kMaxStages = 3;
+constexpr int kHeadsPerCta = 16;  // query heads per CTA: the M of one mma tile
+constexpr int kMinSplitEntries = 128;
+constexpr int kMaxSplitEntries = 4096;
+constexpr int kCtasPerSm = 2;  // what the shared memory allows at d = 128 (100 KiB each)
+
+template <int kHeadDim>
+constexpr int SmemQBytes() {
+  return kHeadsPerCta * kHeadDim * 2;
+}
+template <int kHeadDim>
+constexpr int SmemKvTileBytes() {
+  return kTile * kHeadDim * 2;
+}
+// d = 128: 4 KiB Q + 3 stages x (16 + 16) KiB K/V = 100 KiB (2 CTAs per SM on H100/H200);
+// d = 64: 50 KiB.
+template <int kHeadDim, int kStages>
+constexpr int SmemBytes() {
+  return SmemQBytes<kHeadDim>() + 2 * kStages * SmemKvTileBytes<kHeadDim>();
+}
+// After the key loop the K/V stages hold the warps' merge buffers: (m, l) of each warp's 16 rows,
+// then each warp's rescaled 16 x d output, rows padded by 8 floats against bank conflicts.
+template <int kHeadDim>
+constexpr int MergeRowStride() {
+  return kHeadDim + 8;
+}
+static_assert(kWarps * 16 * 2 * 4 + kWarps * 16 * MergeRowStride<64>() * 4 <=
+              2 * 2 * SmemKvTileBytes<64>());
+static_assert(kWarps * 16 * 2 * 4 + kWarps * 16 * MergeRowStride<128>() * 4 <=
+              2 * 2 * SmemKvTileBytes<128>());
+
+struct DecodeParams {
+  const bf16* q;               // [T][q_stride]
+  const bf16* k_pool;          // [num_pages][page_size][G][d]
+  const bf16* v_pool;          // [num_pages][page_size][G][d]
+  const int32_t* page_table;   // [max_seqs][max_pages_per_seq] of this layer
+  const int32_t* kv_lens;      // [max_seqs] of this layer
+  const int32_t* query_start;  // [S + 1]
+  const int32_t* seq_slots;    // [S]
+  bf16* out;                   // [T][out_stride]
+  float* lse;                  // [B][H] final log-sum-exp, or null when nobody needs it
+  float* partial_lse;          // [num_splits][B][H] (num_splits > 1)
+  float* partial_out;          // [num_splits][B][H][d] normalised per split (num_splits > 1)
+  float* scores;               // [num_pages * page_size][G] or null
+  int64_t q_stride;
+  int64_t out_stride;
+  int first_seq;     // S_p: decode sequences are [S_p, S)
+  int num_decode;    // B
+  int num_heads;     // H
+  int num_kv_heads;  // G
+  int group;         // H / G
+  int head_chunks;   // ceil(group / kHeadsPerCta)
+  int page_size;
+  int page_shift;  // log2(page_size), or -1 when it is not a power of two
+  int max_pages_per_seq;
+  int num_splits;
+  float scale;
+  float scale_log2;
+};
+
+// Entries [begin, end) of split `split` of a sequence holding `length` entries: equal pieces
+// rounded up to whole tiles, so each sequence is cut by its own length (a CUDA graph replayed
+// with longer contexts still covers every entry).
+__device__ __forceinline__ void SplitRange(int length, int split, int num_splits, int& begin,
+                                           int& end) {
+  const int per_split = ((length + num_splits - 1) / num_splits + kTile - 1) / kTile * kTile;
+  begin = min(length, split * per_split);
+  end = min(length, begin + per_split);
+}
+
+// Index of `entry` of a (slot, layer) in the pool's [num_pages * page_size] entry space.
+__device__ __forceinline__ int64_t PoolEntry(const DecodeParams& params, const int32_t* pages,
+                                             int entry) {
+  const int page_index =
+      params.page_shift >= 0 ? entry >> params.page_shift : entry / params.page_size;
+  const int offset = entry - page_index * params.page_size;
+  return static_cast<int64_t>(pages[page_index]) * params.page_size + offset;
+}
+
+// Grid: x = (decode sequence, KV head, head chunk), chunk fastest; y = split.
+template <int kHeadDim, int kStages>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm)
+    DecodeAttentionKernel(const DecodeParams params) {
+  constexpr int kQBytes = SmemQBytes<kHeadDim>();
+  constexpr int kKvBytes = SmemKvTileBytes<kHeadDim>();
+  constexpr int kChunks = kHeadDim / 8;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t smem_q = flash::SharedAddress(smem);
+  const uint32_t smem_k = smem_q + kQBytes;
+  const uint32_t smem_v = smem_k + kStages * kKvBytes;
+
+  const int item = static_cast<int>(blockIdx.x);
+  const int chunk = item % params.head_chunks;
+  const int kv_head = (item / params.head_chunks) % params.num_kv_heads;
+  const int decode_index = item / (params.head_chunks * params.num_kv_heads);
+  const int split = static_cast<int>(blockIdx.y);
+  const int seq = params.first_seq + decode_index;
+  const int token = params.query_start[seq];
+  const int slot = params.seq_slots[seq];
+  const int length = params.kv_lens[slot];
+  const int head0 = kv_head * params.group + chunk * kHeadsPerCta;
+  const int num_rows = min(kHeadsPerCta, params.group - chunk * kHeadsPerCta);
+  const int tid = static_cast<int>(threadIdx.x);
+  int begin = 0;
+  int end = 0;
+  SplitRange(length, split, params.num_splits, begin, end);
+  const int64_t part_row =  // row of (split, sequence, head0) in the partial arrays
+      (static_cast<int64_t>(split) * params.num_decode + decode_index) * params.num_heads + head0;
+
+  if (begin >= end) {
+    // An empty piece adds nothing to the combine. A sequence with no entries at all (the engine
+    // never makes one: a decode token's own entry is always there) gets zeros, as on the CPU.
+    if (params.num_splits > 1) {
+      if (tid < num_rows) params.partial_lse[part_row + tid] = -INFINITY;
+    } else {
+      for (int index = tid; index < num_rows * kHeadDim; index += kThreads) {
+        params.out[static_cast<int64_t>(token) * params.out_stride +
+                   static_cast<int64_t>(head0) * kHeadDim + index] = __float2bfloat16(0.0f);
+      }
+      if (params.lse != nullptr && tid < num_rows) {
+        params.lse[static_cast<int64_t>(decode_index) * params.num_heads + head0 + tid] = -INFINITY;
+      }
+    }
+    return;
+  }
+
+  const int32_t* pages = params.page_table + static_cast<int64_t>(slot) * params.max_pages_per_seq;
+  const int num_tiles = (end - begin + kTile - 1) / kTile;
+  const int64_t entry_stride = static_cast<int64_t>(params.num_kv_heads) * kHeadDim;
+  const bf16* k_head = params.k_pool + static_cast<int64_t>(kv_head) * kHeadDim;
+  const bf16* v_head = params.v_pool + static_cast<int64_t>(kv_head) * kHeadDim;
+  // Entries past `end` are zero-filled and masked, never read: their page-table slots may hold
+  // anything.
+  const auto load_kv = [&](int tile) {
+    const int first = begin + tile * kTile;
+    const int stage = tile % kStages;
+#pragma unroll
+    for (int step = 0; step < kTile * kChunks / kThreads; ++step) {
+      const int index = tid + step * kThreads;
+      const int row = index / kChunks;
+      const int piece = index % kChunks;
+      const int entry = first + row;
+      const bool valid = entry < end;
+      const int64_t offset = valid ? PoolEntry(params, pages, entry) * entry_stride : 0;
+      const uint32_t dst = flash::TileOffset<kHeadDim>(row, piece);
+      flash::CpAsync16(smem_k + stage * kKvBytes + dst, k_head + offset + piece * 8, valid);
+      flash::CpAsync16(smem_v + stage * kKvBytes + dst, v_head + offset + piece * 8, valid);
+    }
+  };
+
+  // The group's query heads are adjacent in q's row: rows of a [16][d] tile, zero past num_rows.
+  flash::LoadTileAsync<kHeadDim, kHeadsPerCta, kThreads>(
+      smem_q,
+      params.q + static_cast<int64_t>(token) * params.q_stride +
+          static_cast<int64_t>(head0) * kHeadDim,
+      kHeadDim, num_rows);
+  load_kv(0);
+  flash::CpAsyncCommit();
+#pragma unroll
+  for (int tile = 1; tile < kStages - 1; ++tile) {
+    if (tile < num_tiles) load_kv(tile);
+    flash::CpAsyncCommit();
+  }
+
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  flash::WarpRows<kHeadDim> state;
+  state.Reset();
+  flash::CpAsyncWait<kStages - 2>();
+  __syncthreads();
+  state.LoadQ(smem_q, 0);
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    // Tile `tile` visible to all; every warp is done with tile - 1, whose stage is refilled.
+    flash::CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    if (tile + kStages - 1 < num_tiles) load_kv(tile + kStages - 1);
+    flash::CpAsyncCommit();
+
+    const int slice_first = begin + tile * kTile + warp * 16;  // the warp's 16 entries
+    if (slice_first >= end) continue;
+    const int stage = tile % kStages;
+    const uint32_t k_tile = smem_k + stage * kKvBytes;
+    const uint32_t v_tile = smem_v + stage * kKvBytes;
+    const int limit[2] = {end - 1 - slice_first, end - 1 - slice_first};
+    if (slice_first + 16 > end) {
+      state.template AttendTile<16, true>(k_tile, v_tile, warp * 16, params.scale_log2, limit);
+    } else {
+      state.template AttendTile<16, false>(k_tile, v_tile, warp * 16, params.scale_log2, limit);
+    }
+  }
+
+  // Merge the 4 warps' states: out = sum_w acc_w * 2^((m_w - m) c) / sum_w l_w 2^((m_w - m) c).
+  flash::CpAsyncWait<0>();
+  __syncthreads();  // all warps are done with the K/V stages: they become the merge buffers
+  state.FinishSums();
+  float* merge_ml = reinterpret_cast<float*>(smem + kQBytes);  // [kWarps][16][2] (m, l)
+  float* merge_out = merge_ml + kWarps * 16 * 2;               // [kWarps][16][MergeRowStride]
+  constexpr int kMergeStride = MergeRowStride<kHeadDim>();
+  const int g = lane / 4;
+  const int t = lane % 4;
+  if (t == 0) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      merge_ml[(warp * 16 + g + 8 * half) * 2] = state.m[half];
+      merge_ml[(warp * 16 + g + 8 * half) * 2 + 1] = state.l[half];
+    }
+  }
+  __syncthreads();
+  float factor[2];
+  float row_lse[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = g + 8 * half;
+    float m_max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, merge_ml[(w * 16 + row) * 2]);
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float l_w = merge_ml[(w * 16 + row) * 2 + 1];
+      // l_w == 0 exactly when the warp saw no entry (m_w = -inf): skipping avoids -inf - -inf.
+      if (l_w > 0.0f) {
+        total += l_w * flash::Exp2((merge_ml[(w * 16 + row) * 2] - m_max) * params.scale_log2);
+      }
+    }
+    const float own =
+        state.l[half] > 0.0f ? flash::Exp2((state.m[half] - m_max) * params.scale_log2) : 0.0f;
+    factor[half] = total > 0.0f ? own / total : 0.0f;
+    row_lse[half] = total > 0.0f ? m_max * params.scale + logf(total) : -INFINITY;
+  }
+#pragma unroll
+  for (int n = 0; n < kHeadDim / 8; ++n) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float2* dst = reinterpret_cast<float2*>(
+          merge_out + (warp * 16 + g + 8 * half) * kMergeStride + n * 8 + 2 * t);
+      *dst = make_float2(state.acc[n][2 * half] * factor[half],
+                         state.acc[n][2 * half + 1] * factor[half]);
+    }
+  }
+  __syncthreads();
+  for (int index = tid; index < num_rows * (kHeadDim / 4); index += kThreads) {
+    const int row = index / (kHeadDim / 4);
+    const int column = (index % (kHeadDim / 4)) * 4;
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float4 part =
+          *reinterpret_cast<const float4*>(merge_out + (w * 16 + row) * kMergeStride + column);
+      sum.x += part.x;
+      sum.y += part.y;
+      sum.z += part.z;
+      sum.w += part.w;
+    }
+    if (params.num_splits == 1) {
+      const uint2 packed = make_uint2(flash::PackBf16(sum.x, sum.y), flash::PackBf16(sum.z, sum.w));
+      *reinterpret_cast<uint2*>(params.out + static_cast<int64_t>(token) * params.out_stride +
+                                static_cast<int64_t>(head0 + row) * kHeadDim + column) = packed;
+    } else {
+      *reinterpret_cast<float4*>(params.partial_out + (part_row + row) * kHeadDim + column) = sum;
+    }
+  }
+  if (warp == 0 && t == 0) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = g + 8 * half;
+      if (row >= num_rows) continue;
+      if (params.num_splits > 1) {
+        params.partial_lse[part_row + row] = row_lse[half];
+      } else if (params.lse != nullptr) {
+        params.lse[static_cast<int64_t>(decode_index) * params.num_heads + head0 + row] =
+            row_lse[half];
+      }
+    }
+  }
+}
+
+// Merges the splits of one (decode sequence, head): weights exp(lse_s - max lse). Grid (B, H),
+// one thread per output column.
+template <int kHeadDim>
+__global__ void __launch_bounds__(kHeadDim) DecodeCombineKernel(const DecodeParams params) {
+  const int decode_index = static_cast<int>(blockIdx.x);
+  const int head = static_cast<int>(blockIdx.y);
+  const int column = static_cast<int>(threadIdx.x);
+  const int64_t split_stride = static_cast<int64_t>(params.num_decode) * params.num_heads;
+  const int64_t row = static_cast<int64_t>(decode_index) * params.num_heads + head;
+  float m_max = -INFINITY;
+  for (int split = 0; split < params.num_splits; ++split) {
+    m_max = fmaxf(m_max, params.partial_lse[split * split_stride + row]);
+  }
+  float total = 0.0f;
+  float value = 0.0f;
+  if (m_max != -INFINITY) {
+    for (int split = 0; split < params.num_splits; ++split) {
+      const float part_lse = params.partial_lse[split * split_stride + row];
+      if (part_lse == -INFINITY) continue;  // empty piece: its partial output was never written
+      const float weight = expf(part_lse - m_max);
+      total += weight;
+      value += weight * params.partial_out[(split * split_stride + row) * kHeadDim + column];
+    }
+  }
+  const int token = params.query_start[params.first_seq + decode_index];
+  params.out[static_cast<int64_t>(token) * params.out_stride +
+             static_cast<int64_t>(head) * kHeadDim + column] =
+      __float2bfloat16(total > 0.0f ? value / total : 0.0f);
+  if (params.lse != nullptr && column == 0) {
+    params.lse[row] = total > 0.0f ? m_max + logf(total) : -INFINITY;
+  }
+}
+
+// H2O: scores[entry][g] += mean over the group's heads of exp(scale q_h . k - lse_h), for every
+// entry of the split. A second pass over K, written for clarity: a warp per entry, lanes across
+// d, a warp reduction per head. Grid: x = (decode sequence, KV head), y = split. Dynamic shared
+// memory: the group's q rows in f32 and their lse.
+template <int kHeadDim>
+__global__ void DecodeScoresKernel(const DecodeParams params) {
+  constexpr int kPerLane = kHeadDim / 32;
+  extern __shared__ float shared_q[];  // [group][d], then [group] lse
+  const int kv_head = static_cast<int>(blockIdx.x) % params.num_kv_heads;
+  const int decode_index = static_cast<int>(blockIdx.x) / params.num_kv_heads;
+  const int seq = params.first_seq + decode_index;
+  const int token = params.query_start[seq];
+  const int slot = params.seq_slots[seq];
+  int begin = 0;
+  int end = 0;
+  SplitRange(params.kv_lens[slot], static_cast<int>(blockIdx.y), params.num_splits, begin, end);
+  if (begin >= end) return;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int head0 = kv_head * params.group;
+  float* lse_shared = shared_q + params.group * kHeadDim;
+  const bf16* q_group = params.q + static_cast<int64_t>(token) * params.q_stride +
+                        static_cast<int64_t>(head0) * kHeadDim;
+  for (int index = tid; index < params.group * kHeadDim; index += kThreads) {
+    shared_q[index] = __bfloat162float(q_group[index]);
+  }
+  for (int index = tid; index < params.group; index += kThreads) {
+    lse_shared[index] =
+        params.lse[static_cast<int64_t>(decode_index) * params.num_heads + head0 + index];
+  }
+  __syncthreads();
+
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int32_t* pages = params.page_table + static_cast<int64_t>(slot) * params.max_pages_per_seq;
+  for (int entry = begin + warp; entry < end; entry += kWarps) {
+    const int64_t pool_entry = PoolEntry(params, pages, entry);
+    const bf16* k_row =
+        params.k_pool + (pool_entry * params.num_kv_heads + kv_head) * kHeadDim + lane * kPerLane;
+    float k_values[kPerLane];
+#pragma unroll
+    for (int index = 0; index < kPerLane; ++index) k_values[index] = __bfloat162float(k_row[index]);
+    float probability = 0.0f;
+    for (int head = 0; head < params.group; ++head) {
+      const float* q_row = shared_q + head * kHeadDim + lane * kPerLane;
+      float dot = 0.0f;
+#pragma unroll
+      for (int index = 0; index < kPerLane; ++index) dot = fmaf(q_row[index], k_values[index], dot);
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) {
+        dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+      }
+      probability += expf(dot * params.scale - lse_shared[head]);
+    }
+    if (lane == 0) {
+      params.scores[pool_entry * params.num_kv_heads + kv_head] +=
+          probability / static_cast<float>(params.group);
+    }
+  }
+}
+
+int SmCount() {
+  int device = 0;
+  int count = 0;
+  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
+  SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Workspace: final lse [B][H], then (with splits) partial lse [slots][H] and partial outputs
+// [slots][H][d], slots = splits * B; each region 256-byte aligned.
+struct WorkspaceLayout {
+  size_t partial_lse_offset = 0;
+  size_t partial_out_offset = 0;
+  size_t lse_bytes = 0;
+  size_t bytes = 0;
+};
+WorkspaceLayout Layout(int num_decode_seqs, int num_heads, int head_dim, int64_t slots) {
+  const auto align = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+  WorkspaceLayout layout;
+  layout.lse_bytes = align(static_cast<size_t>(num_decode_seqs) * num_heads * sizeof(float));
+  layout.partial_lse_offset = layout.lse_bytes;
+  layout.partial_out_offset =
+      layout.partial_lse_offset + align(static_cast<size_t>(slots) * num_heads * sizeof(float));
+  layout.bytes =
+      layout.partial_out_offset + static_cast<size_t>(slots) * num_heads * head_dim * sizeof(float);
+  return layout;
+}
+
+template <int kHeadDim, int kStages>
+void LaunchDecodeMain(const DecodeParams& params, int device, cudaStream_t stream) {
+  constexpr int kSmem = SmemBytes<kHeadDim, kStages>();
+  // Above 48 KiB of dynamic shared memory needs an opt-in, once per device.
+  static std::atomic<uint64_t> configured_devices{0};
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((configured_devices.load(std::memory_order_acquire) & bit) == 0) {
+    SIEVE_CUDA_CHECK(cudaFuncSetAttribute(DecodeAttentionKernel<kHeadDim, kStages>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    configured_devices.fetch_or(bit, std::memory_order_release);
+  }
+  const dim3 grid(params.num_decode * params.num_kv_heads * params.head_chunks, params.num_splits);
+  DecodeAttentionKernel<kHeadDim, kStages><<<grid, kThreads, kSmem, stream>>>(params);
+  SIEVE_CUDA_CHECK_LAUNCH();
+}
+
+template <int kHeadDim>
+void LaunchDecode(const DecodeParams& params, cudaStream_t stream) {
+  int device = 0;
+  int smem_optin = 0;
+  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
+  SIEVE_CUDA_CHECK(
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (smem_optin >= SmemBytes<kHeadDim, kMaxStages>()) {
+    LaunchDecodeMain<kHeadDim, kMaxStages>(params, device, stream);
+  } else {
+    LaunchDecodeMain<kHeadDim, 2>(params, device, stream);
+  }
+  if (params.num_splits > 1) {
+    DecodeCombineKernel<kHeadDim>
+        <<<dim3(params.num_decode, params.num_heads), kHeadDim, 0, stream>>>(params);
+    SIEVE_CUDA_CHECK_LAUNCH();
+  }
+  if (params.scores != nullptr) {
+    const size_t smem =
+        (static_cast<size_t>(params.group) * kHeadDim + params.group) * sizeof(float);
+    if (smem > 48 * 1024) {
+      SIEVE_CUDA_CHECK(cudaFuncSetAttribute(DecodeScoresKernel<kHeadDim>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem)));
+    }
+    DecodeScoresKernel<kHeadDim><<<dim3(params.num_decode * params.num_kv_heads, params.num_splits),
+                                   kThreads, smem, stream>>>(params);
+    SIEVE_CUDA_CHECK_LAUNCH();
+  }
+}
+
+bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
+}  // namespace
+
+int DecodeAttentionSplits(int num_decode_seqs, int num_heads, int num_kv_heads, int head_dim,
+                          int max_kv_len, size_t workspace_bytes) {
+  if (num_decode_seqs <= 0 || max_kv_len <= 0 || num_kv_heads <= 0) return 1;
+  const int group = num_heads / num_kv_heads;
+  const int64_t ctas_per_split =
+      static_cast<int64_t>(num_decode_seqs) * num_kv_heads * CeilDiv(group, kHeadsPerCta);
+  const int64_t target_ctas = static_cast<int64_t>(kCtasPerSm) * SmCount();
+  const int64_t cap = std::min<int64_t>(CeilDiv(max_kv_len, kMinSplitEntries), 65535);
+  int64_t splits =
+      std::max(CeilDiv(target_ctas, ctas_per_split), CeilDiv(max_kv_len, kMaxSplitEntries));
+  splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(cap, 1));
+  while (splits > 1 &&
+         DecodeAttentionWorkspaceBytesForSplits(num_decode_seqs, num_heads, head_dim,
+                                                static_cast<int>(splits)) > workspace_bytes) {
+    --splits;
+  }
+  return static_cast<int>(splits);
+}
+
+size_t DecodeAttentionWorkspaceBytesForSplits(int num_decode_seqs, int num_heads, int head_dim,
+                                              int num_splits) {
+  const int64_t slots = num_splits > 1 ? static_cast<int64_t>(num_splits) * num_decode_seqs : 0;
+  return Layout(num_decode_seqs, num_heads, head_dim, slots).bytes;
+}
+
+size_t DecodeAttentionWorkspaceBytes(int num_decode_seqs, int num_heads, int head_dim,
+                                     int max_kv_len) {
+  if (num_decode_seqs <= 0) return 0;
+  // DecodeAttentionSplits picks splits <= max(ceil(target / B), ceil(L / 4096)) and <= ceil(L /
+  // 128), so splits * B stays under this bound, which also grows with B and L: a workspace sized
+  // for the largest batch and context serves every smaller step.
+  const int64_t batch = num_decode_seqs;
+  const int64_t target_ctas = static_cast<int64_t>(kCtasPerSm) * SmCount();
+  const int64_t length = std::max(max_kv_len, 1);
+  const int64_t slots =
+      std::min(batch * CeilDiv(length, kMinSplitEntries),
+               std::max(target_ctas + batch, batch * CeilDiv(length, kMaxSplitEntries)));
+  return Layout(num_decode_seqs, num_heads, head_dim, slots).bytes;
+}
+
+void DecodeAttentionWithSplits(int num_splits, const bf16* q, int64_t q_stride, int num_heads,
+                               const StepView& step, int layer, const PoolView& pool, bf16* out,
+                               int64_t out_stride, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream) {
+  const int num_decode = step.num_seqs - step.num_prefill_seqs;
+  if (num_decode <= 0) return;
+  const int head_dim = pool.head_dim;
+  SIEVE_CHECK(pool.num_kv_heads > 0 && num_heads % pool.num_kv_heads == 0)
+      << num_heads << " query heads, " << pool.num_kv_heads << " KV heads";
+  SIEVE_CHECK(head_dim == 64 || head_dim == 128) << "head_dim " << head_dim;
+  SIEVE_CHECK(num_splits >= 1 && num_splits <= 65535) << "num_splits " << num_splits;
+  SIEVE_CHECK(pool.page_size > 0) << "page_size " << pool.page_size;
+  SIEVE_CHECK(Aligned16(q) && Aligned16(pool.k) && Aligned16(pool.v) && q_stride % 8 == 0 &&
+              out_stride % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0)
+      << "q, the pool and their strides must be 16-byte aligned, out 8-byte aligned";
+
+  DecodeParams params;
+  params.q = q;
+  params.k_pool = pool.k;
+  params.v_pool = pool.v;
+  params.page_table =
+      pool.page_table + static_cast<int64_t>(layer) * pool.max_seqs * pool.max_pages_per_seq;
+  params.kv_lens = pool.kv_lens + static_cast<int64_t>(layer) * pool.max_seqs;
+  params.query_start = step.query_start;
+  params.seq_slots = step.seq_slots;
+  params.out = out;
+  params.scores = pool.scores;
+  params.q_stride = q_stride;
+  params.out_stride = out_stride;
+  params.first_seq = step.num_prefill_seqs;
+  params.num_decode = num_decode;
+  params.num_heads = num_heads;
+  params.num_kv_heads = pool.num_kv_heads;
+  params.group = num_heads / pool.num_kv_heads;
+  params.head_chunks = static_cast<int>(CeilDiv(params.group, kHeadsPerCta));
+  params.page_size = pool.page_size;
+  params.page_shift = -1;
+  if ((pool.page_size & (pool.page_size - 1)) == 0) {
+    params.page_shift = 0;
+    while ((1 << params.page_shift) < pool.page_size) ++params.page_shift;
+  }
+  params.max_pages_per_seq = pool.max_pages_per_seq;
+  params.num_splits = num_splits;
+  params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  params.scale_log2 = params.scale * static_cast<float>(M_LOG2E);
+
+  // The final lse is kept only for the H2O pass; partial results only with splits.
+  const bool need_lse = pool.scores != nullptr;
+  const WorkspaceLayout layout =
+      Layout(num_decode, num_heads, head_dim,
+             num_splits > 1 ? static_cast<int64_t>(num_splits) * num_decode : 0);
+  const size_t needed = num_splits > 1 ? layout.bytes : (need_lse ? layout.lse_bytes : 0);
+  SIEVE_CHECK(needed == 0 || (workspace != nullptr && workspace_bytes >= needed))
+      << "decode attention workspace holds " << workspace_bytes << " bytes, needs " << needed;
+  auto* base = static_cast<uint8_t*>(workspace);
+  params.lse = need_lse ? reinterpret_cast<float*>(base) : nullptr;
+  params.partial_lse =
+      num_splits > 1 ? reinterpret_cast<float*>(base + layout.partial_lse_offset) : nullptr;
+  params.partial_out =
+      num_splits > 1 ? reinterpret_cast<float*>(base + layout.partial_out_offset) : nullptr;
+
+  if (head_dim == 64) {
+    LaunchDecode<64>(params, stream);
+  } else {
+    LaunchDecode<128>(params, stream);
+  }
+}
+
+void DecodeAttention(const bf16* q, int64_t q_stride, int num_heads, const StepView& step,
+                     int layer, const PoolView& pool, bf16* out, int64_t out_stride,
+                     void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const int num_decode = step.num_seqs - step.num_prefill_seqs;
+  if (num_decode <= 0) return;
+  const int splits = DecodeAttentionSplits(num_decode, num_heads, pool.num_kv_heads, pool.head_dim,
+                                           step.max_kv_len, workspace_bytes);
+  DecodeAttentionWithSplits(splits, q, q_stride, num_heads, step, layer, pool, out, out_stride,
+                            workspace, workspace_bytes, stream);
+}
+
+}  // namespace sieve::cuda

@@ -1,0 +1,142 @@
+// RoPE fused with the write of K/V into the pages, and the gather of a prefill sequence's whole
+// K/V into contiguous scratch.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+
+namespace sieve::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// The sequence a row belongs to: the last s with starts[s] <= row (starts is cumulative).
+__device__ __forceinline__ int SequenceOf(const int32_t* __restrict__ starts, int count, int row) {
+  int low = 0;
+  int high = count - 1;
+  while (low < high) {
+    const int mid = (low + high + 1) / 2;
+    if (starts[mid] <= row) {
+      low = mid;
+    } else {
+      high = mid - 1;
+    }
+  }
+  return low;
+}
+
+__device__ __forceinline__ int64_t PoolEntry(const PoolView& pool, int layer, int slot, int entry) {
+  const int32_t* row = pool.page_table + (static_cast<int64_t>(layer) * pool.max_seqs + slot) *
+                                             pool.max_pages_per_seq;
+  return static_cast<int64_t>(row[entry / pool.page_size]) * pool.page_size +
+         entry % pool.page_size;
+}
+
+// One block per token.
+__global__ void RopeAndCacheWriteKernel(bf16* __restrict__ qkv, int64_t qkv_stride,
+                                        const float* __restrict__ rope_table, int num_heads,
+                                        StepView step, int layer, PoolView pool) {
+  const int token = blockIdx.x;
+  const int head_dim = pool.head_dim;
+  const int half = head_dim / 2;
+  const int kv_heads = pool.num_kv_heads;
+  const int seq = SequenceOf(step.query_start, step.num_seqs, token);
+  const int write_start = step.write_start[static_cast<int64_t>(layer) * step.num_seqs + seq];
+  const int position = step.positions[token];
+  int64_t entry = -1;
+  if (write_start >= 0) {
+    entry =
+        PoolEntry(pool, layer, step.seq_slots[seq], write_start + token - step.query_start[seq]);
+  }
+  bf16* row = qkv + static_cast<int64_t>(token) * qkv_stride;
+  const float* cos_sin = rope_table + static_cast<int64_t>(position) * head_dim;
+  // Rotate q and k: work item = (head, pair index).
+  for (int item = threadIdx.x; item < (num_heads + kv_heads) * half; item += blockDim.x) {
+    const int head = item / half;
+    const int index = item % half;
+    bf16* x = row + head * head_dim;
+    const float c = cos_sin[2 * index];
+    const float s = cos_sin[2 * index + 1];
+    const float a = __bfloat162float(x[index]);
+    const float b = __bfloat162float(x[index + half]);
+    const bf16 ra = __float2bfloat16(a * c - b * s);
+    const bf16 rb = __float2bfloat16(b * c + a * s);
+    x[index] = ra;
+    x[index + half] = rb;
+    if (head >= num_heads && entry >= 0) {
+      bf16* dst = pool.k + (entry * kv_heads + (head - num_heads)) * head_dim;
+      dst[index] = ra;
+      dst[index + half] = rb;
+    }
+  }
+  if (entry < 0) return;
+  const bf16* v = row + (num_heads + kv_heads) * head_dim;
+  for (int index = threadIdx.x; index < kv_heads * head_dim; index += blockDim.x) {
+    pool.v[entry * kv_heads * head_dim + index] = v[index];
+  }
+  for (int g = threadIdx.x; g < kv_heads; g += blockDim.x) {
+    if (pool.positions) pool.positions[entry * kv_heads + g] = position;
+    if (pool.scores) pool.scores[entry * kv_heads + g] = 0.0f;
+  }
+}
+
+// One block per key row of the scratch.
+__global__ void GatherPrefillKvKernel(const bf16* __restrict__ qkv, int64_t qkv_stride,
+                                      int num_heads, StepView step, int layer, PoolView pool,
+                                      bf16* __restrict__ k_out, bf16* __restrict__ v_out) {
+  const int key_row = blockIdx.x;
+  const int seq = SequenceOf(step.key_start, step.num_prefill_seqs, key_row);
+  const int index_in_seq = key_row - step.key_start[seq];
+  const int context = step.context_lens[seq];
+  const int width = pool.num_kv_heads * pool.head_dim;  // elements of one K (or V) row
+  const bf16* k_src;
+  const bf16* v_src;
+  if (index_in_seq < context) {
+    const int64_t entry = PoolEntry(pool, layer, step.seq_slots[seq], index_in_seq);
+    k_src = pool.k + entry * width;
+    v_src = pool.v + entry * width;
+  } else {
+    const bf16* row =
+        qkv + static_cast<int64_t>(step.query_start[seq] + index_in_seq - context) * qkv_stride;
+    k_src = row + num_heads * pool.head_dim;
+    v_src = k_src + width;
+  }
+  bf16* k_dst = k_out + static_cast<int64_t>(key_row) * width;
+  bf16* v_dst = v_out + static_cast<int64_t>(key_row) * width;
+  if (width % 8 == 0) {  // 16-byte copies (rows of pool and qkv are 16-byte aligned then)
+    for (int index = threadIdx.x; index < width / 8; index += blockDim.x) {
+      reinterpret_cast<uint4*>(k_dst)[index] = reinterpret_cast<const uint4*>(k_src)[index];
+      reinterpret_cast<uint4*>(v_dst)[index] = reinterpret_cast<const uint4*>(v_src)[index];
+    }
+  } else {
+    for (int index = threadIdx.x; index < width; index += blockDim.x) {
+      k_dst[index] = k_src[index];
+      v_dst[index] = v_src[index];
+    }
+  }
+}
+
+}  // namespace
+
+void RopeAndCacheWrite(bf16* qkv, int64_t qkv_stride, const float* rope_table, int num_heads,
+                       const StepView& step, int layer, const PoolView& pool, cudaStream_t stream) {
+  if (step.num_tokens == 0) return;
+  RopeAndCacheWriteKernel<<<step.num_tokens, kThreads, 0, stream>>>(qkv, qkv_stride, rope_table,
+                                                                    num_heads, step, layer, pool);
+  SIEVE_CUDA_CHECK_LAUNCH();
+}
+
+void GatherPrefillKv(const bf16* qkv, int64_t qkv_stride, int num_heads, const StepView& step,
+                     int layer, const PoolView& pool, bf16* k_out, bf16* v_out,
+                     cudaStream_t stream) {
+  const int key_rows = step.num_prefill_keys;
+  if (key_rows == 0) return;
+  GatherPrefillKvKernel<<<key_rows, 128, 0, stream>>>(qkv, qkv_stride, num_heads, step, layer, pool,
+                                                      k_out, v_out);
+  SIEVE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace sieve::cuda

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Everything Sieve does on the GPU machine, in one call: build (CMake + Ninja, sm_90a), generate
+# the transformers golden models, run every GPU test, run the benchmarks. Logs and JSON go to
+# $OUT (the device tool brings them back): at most 8 files, so logs are bundled in logs.tgz.
+#
+#   scripts/gpu_check.sh [stage ...]     stages: build golden test bench sdpa serve (default: all
+#                                        but serve)
+# Needs the carried .deb/ (PCRE2 headers, absent on the GPU machine) and, for `serve`, the Llama 3
+# tokenizer in .fixtures/tokenizers/llama3/tokenizer.model.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/sieve-gpu-out}"
+LOGS="$OUT/logs"
+mkdir -p "$LOGS"
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(build golden test bench sdpa)
+has() { for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+summary="$OUT/summary.txt"
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+finish() {
+  tar czf "$OUT/logs.tgz" -C "$OUT" logs 2>/dev/null && rm -rf "$LOGS"
+  echo "================ summary"; cat "$summary"
+}
+trap finish EXIT
+
+note "gpu: $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader)"
+note "commit: $(git rev-parse --short HEAD 2>/dev/null) $(git status --porcelain 2>/dev/null | wc -l) changed files"
+
+if [ ! -f /usr/include/pcre2.h ] && [ -d .deb ]; then
+  for f in .deb/*.deb; do dpkg -x "$f" /tmp/pcre2; done
+  export PKG_CONFIG_SYSROOT_DIR=/tmp/pcre2
+  export PKG_CONFIG_PATH=/tmp/pcre2/usr/lib/x86_64-linux-gnu/pkgconfig
+fi
+export SIEVE_FIXTURES="${SIEVE_FIXTURES:-$PWD/.fixtures}"
+
+if has build; then
+  start=$(date +%s)
+  if ! cmake --preset gpu > "$LOGS/configure.log" 2>&1; then
+    note "configure FAILED"; tail -40 "$LOGS/configure.log"; exit 1
+  fi
+  if ! cmake --build --preset gpu -j "$(nproc)" > "$LOGS/build.log" 2>&1; then
+    note "build FAILED"; grep -E "error|Error" -A6 "$LOGS/build.log" | head -120; exit 1
+  fi
+  note "build: ok in $(( $(date +%s) - start )) s"
+fi
+
+if has golden; then
+  PYTHONUNBUFFERED=1 python3 scripts/make_golden.py testdata/models_gpu --set gpu > "$LOGS/golden_gpu.log" 2>&1 \
+    && note "golden gpu models: ok" || { note "golden gpu models FAILED"; tail -20 "$LOGS/golden_gpu.log"; }
+  PYTHONUNBUFFERED=1 python3 scripts/make_golden.py /tmp/golden_cpu > "$LOGS/golden_cpu.log" 2>&1 \
+    && tar czf "$OUT/golden_cpu.tgz" -C /tmp golden_cpu && note "golden cpu models: ok (golden_cpu.tgz)"
+fi
+
+if has test; then
+  start=$(date +%s)
+  ctest --test-dir build/gpu -L gpu --output-on-failure --timeout 600 > "$LOGS/gpu_tests.log" 2>&1
+  note "gpu tests: $(grep -E 'tests passed|tests failed' "$LOGS/gpu_tests.log" | tail -1) in $(( $(date +%s) - start )) s"
+  grep -E "^\s+[0-9]+ - .*(Failed|Exception|Timeout|Not Run)" "$LOGS/gpu_tests.log" | head -40 | tee -a "$summary"
+  grep -hE "rel L2|near-tie|greedy tokens equal|max \|" "$LOGS/gpu_tests.log" | head -40 >> "$summary"
+  # The first failures in full, for debugging without another run.
+  grep -E "Failure|Expected|Which is|actual|check failed" -m 60 "$LOGS/gpu_tests.log" > "$LOGS/failures.txt"
+  head -c 6000 "$LOGS/failures.txt"
+fi
+
+if has bench; then
+  ./build/gpu/sieve bench kernels --result-json "$OUT/kernels.json" > "$LOGS/bench_kernels.log" 2>&1 \
+    || note "bench kernels FAILED (rc $?)"
+  cat "$LOGS/bench_kernels.log" | tail -60 >> "$summary"
+fi
+
+if has sdpa; then
+  python3 scripts/sdpa_bench.py > "$OUT/sdpa.json" 2> "$LOGS/sdpa.log" || note "sdpa FAILED"
+  python3 -c "import json; d=json.load(open('$OUT/sdpa.json')); [print('sdpa', r['backend'], r['n'], round(r.get('tflops',0)), 'TFLOP/s', r.get('error','')) for r in d['results']]" >> "$summary"
+fi
+
+if has serve; then
+  # Issue 5's numbers: Llama-3-8B-shaped dummy model, 4000/500, concurrency 10, dense and sparse.
+  tok=.fixtures/tokenizers/llama3/tokenizer.model
+  for policy in full "full:0-2,pyramidkv:3-31"; do
+    name=$( [ "$policy" = full ] && echo dense || echo sparse )
+    ./build/gpu/sieve serve --model configs/llama-3-8b --load-format dummy --tokenizer "$tok" \
+      --port 8123 --max-model-len 4600 --kv-policy "$policy" --kv-budget 400 --kv-window 32 \
+      > "$LOGS/serve_$name.log" 2>&1 &
+    pid=$!
+    for i in $(seq 1 120); do curl -sf localhost:8123/health >/dev/null 2>&1 && break; sleep 1; done
+    ./build/gpu/sieve bench serve --base-url http://localhost:8123 --tokenizer "$tok" \
+      --input-len 4000 --output-len 500 --num-prompts 40 --max-concurrency 10 --ignore-eos \
+      --result-json "$OUT/serve_$name.json" > "$LOGS/bench_serve_$name.log" 2>&1 || note "bench serve $name FAILED"
+    kill -TERM $pid; wait $pid
+    note "serve $name:"; tail -25 "$LOGS/bench_serve_$name.log" >> "$summary"
+  done
+fi

@@ -1,0 +1,40 @@
+// ServerMetrics: what /metrics exposes, named like vLLM's (`vllm:` becomes `sieve:`) plus Sieve's
+// KV-sparsity counters. Latencies are observed by the connections as outputs arrive; engine
+// gauges and totals are copied from the AsyncEngine's published stats at scrape time.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "runtime/async_engine.h"
+#include "server/metrics.h"
+
+namespace sieve {
+
+class ServerMetrics {
+ public:
+  explicit ServerMetrics(std::string model_name);
+
+  void ObserveTimeToFirstToken(double seconds);
+  void ObserveInterTokenLatency(double seconds);
+  // One engine request ended (a choice of an HTTP request).
+  void ObserveRequestFinished(FinishReason reason, double e2e_seconds, int prompt_tokens,
+                              int generation_tokens);
+  void CountHttpResponse(std::string_view endpoint, int status);
+
+  // Updates the engine-derived metrics from `stats`, then renders everything.
+  std::string Render(const AsyncEngineStats& stats);
+
+ private:
+  MetricLabels Labels(MetricLabels extra = {}) const;
+
+  const std::string model_name_;
+  MetricsRegistry registry_;
+  Histogram* time_to_first_token_;
+  Histogram* inter_token_latency_;
+  Histogram* e2e_request_latency_;
+  Histogram* request_prompt_tokens_;
+  Histogram* request_generation_tokens_;
+};
+
+}  // namespace sieve

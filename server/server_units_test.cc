@@ -1,0 +1,215 @@
+// The server's parts without sockets: request parsing (types, ranges, prompts, lengths), the
+// Prometheus registry's text format, and the response builder's OpenAI shapes.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "server/api_error.h"
+#include "server/completion_request.h"
+#include "server/metrics.h"
+#include "server/response_builder.h"
+#include "tokenizer/tokenizer_loader.h"
+
+namespace sieve {
+namespace {
+
+using json = nlohmann::json;
+
+class RequestParsingTest : public ::testing::Test {
+ protected:
+  RequestParsingTest() : tokenizer_(MakeEmbeddedByteTokenizer()) {
+    limits_.tokenizer = tokenizer_.get();
+    limits_.max_model_len = 64;
+    limits_.vocab_size = 261;
+  }
+
+  Result<CompletionRequest> Parse(const json& body, ApiKind kind = ApiKind::kCompletion) {
+    param_.clear();
+    return ParseCompletionRequest(body, kind, limits_, &param_);
+  }
+
+  std::unique_ptr<Tokenizer> tokenizer_;
+  RequestLimits limits_;
+  std::string param_;
+};
+
+TEST_F(RequestParsingTest, DefaultsAndNullsLikeOpenAi) {
+  auto parsed = Parse({{"prompt", "abc"}, {"temperature", nullptr}, {"whatever", {1, 2}}});
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->prompts.size(), 1u);
+  EXPECT_EQ(parsed->prompts[0], (std::vector<int32_t>{256, 'a', 'b', 'c'}));
+  EXPECT_FLOAT_EQ(parsed->sampling.temperature, 1.0f);
+  EXPECT_FALSE(parsed->max_tokens.has_value());
+  EXPECT_EQ(parsed->n, 1);
+  EXPECT_FALSE(parsed->stream);
+  EXPECT_EQ(parsed->logprobs, -1);
+  // max_tokens defaults to the rest of the context, as vLLM.
+  const std::vector<Request> requests = EngineRequests(*parsed, limits_.max_model_len);
+  ASSERT_EQ(requests.size(), 1u);
+  EXPECT_EQ(requests[0].sampling.max_tokens, 64 - 4);
+}
+
+TEST_F(RequestParsingTest, WrongTypesNameTheField) {
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"prompt", "a"}, {"max_tokens", "ten"}}, "max_tokens"},
+      {{{"prompt", "a"}, {"max_tokens", 2.5}}, "max_tokens"},
+      {{{"prompt", "a"}, {"max_tokens", 0}}, "max_tokens"},
+      {{{"prompt", "a"}, {"temperature", "hot"}}, "temperature"},
+      {{{"prompt", "a"}, {"temperature", -1}}, "temperature"},
+      {{{"prompt", "a"}, {"n", true}}, "n"},
+      {{{"prompt", "a"}, {"stream", "yes"}}, "stream"},
+      {{{"prompt", "a"}, {"stop", {"x", 3}}}, "stop"},
+      {{{"prompt", "a"}, {"stop", ""}}, "stop"},
+      {{{"prompt", "a"}, {"seed", "s"}}, "seed"},
+      {{{"prompt", "a"}, {"logprobs", 21}}, "logprobs"},
+      {{{"prompt", "a"}, {"presence_penalty", 3}}, "presence_penalty"},
+      {{{"prompt", "a"}, {"stream_options", {{"include_usage", true}}}}, "stream_options"},
+      {{{"prompt", "a"}, {"echo", true}}, "echo"},
+      {{{"prompt", "a"}, {"logit_bias", {{"5", 1}}}}, "logit_bias"},
+      {{{"prompt", {1, "a"}}}, "prompt"},
+      {{{"prompt", json::array()}}, "prompt"},
+      {{{"prompt", {300}}}, "prompt"},
+      {{{"model", 3}, {"prompt", "a"}}, "model"},
+      {{{"max_tokens", 3}}, "prompt"},
+      {{{"prompt", std::string(64, 'x')}}, "prompt"},
+      {{{"prompt", "abc"}, {"max_tokens", 61}}, "max_tokens"},
+  };
+  for (const auto& [body, field] : cases) {
+    auto parsed = Parse(body);
+    ASSERT_FALSE(parsed.ok()) << body.dump();
+    EXPECT_TRUE(parsed.status().code() == StatusCode::kInvalidArgument ||
+                parsed.status().code() == StatusCode::kOutOfRange)
+        << body.dump();
+    EXPECT_EQ(param_, field) << body.dump() << ": " << parsed.status().message();
+    EXPECT_EQ(HttpStatusFor(parsed.status().code()), 400);
+  }
+  EXPECT_FALSE(Parse(json::array({1})).ok());
+  // Exactly filling the context is fine.
+  EXPECT_TRUE(Parse({{"prompt", "abc"}, {"max_tokens", 60}}).ok());
+}
+
+TEST_F(RequestParsingTest, ChatFieldsAndMessages) {
+  auto parsed =
+      Parse({{"messages",
+              {{{"role", "developer"}, {"content", "Be nice."}},
+               {{"role", "user"},
+                {"content",
+                 {{{"type", "text"}, {"text", "Hi "}}, {{"type", "text"}, {"text", "you"}}}}}}},
+             {"max_completion_tokens", 7},
+             {"logprobs", true},
+             {"top_logprobs", 3}},
+            ApiKind::kChat);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->max_tokens, 7);
+  EXPECT_EQ(parsed->logprobs, 3);
+  const std::vector<ChatMessage> messages = {{"system", "Be nice."}, {"user", "Hi you"}};
+  auto rendered = tokenizer_->chat_template()->Apply(messages, true);
+  ASSERT_TRUE(rendered.ok());
+  EXPECT_EQ(parsed->prompts.at(0), *tokenizer_->Encode(*rendered, false));
+
+  EXPECT_FALSE(Parse({{"messages", 5}}, ApiKind::kChat).ok());
+  EXPECT_EQ(param_, "messages");
+  EXPECT_FALSE(Parse({{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"top_logprobs", 2}},
+                     ApiKind::kChat)
+                   .ok());
+  EXPECT_EQ(param_, "top_logprobs");
+  EXPECT_FALSE(Parse({{"messages",
+                       {{{"role", "user"}, {"content", {{{"type", "image_url"}, {"url", "x"}}}}}}}},
+                     ApiKind::kChat)
+                   .ok());
+  EXPECT_EQ(param_, "messages");
+}
+
+TEST_F(RequestParsingTest, ChoicesAndSeeds) {
+  auto parsed = Parse({{"prompt", {"a", "b"}}, {"n", 2}, {"seed", 10}, {"max_tokens", 3}});
+  ASSERT_TRUE(parsed.ok());
+  const std::vector<Request> requests = EngineRequests(*parsed, limits_.max_model_len);
+  ASSERT_EQ(requests.size(), 4u);
+  for (size_t choice = 0; choice < 4; ++choice) {
+    EXPECT_EQ(requests[choice].sampling.seed, 10 + choice);
+    EXPECT_EQ(requests[choice].sampling.max_tokens, 3);
+    EXPECT_EQ(requests[choice].prompt.back(), choice < 2 ? 'a' : 'b');
+  }
+}
+
+TEST(MetricsRegistryTest, RendersPrometheusText) {
+  MetricsRegistry registry;
+  registry.GetCounter("app:requests_total", "Requests.", {{"code", "200"}}).Increment(2);
+  registry.GetCounter("app:requests_total", "Requests.", {{"code", "4\"0\"4"}}).Increment();
+  registry.GetGauge("app:load", "Load.").Set(0.5);
+  const double bounds[] = {0.1, 1.0};
+  Histogram& histogram = registry.GetHistogram("app:latency_seconds", "Latency.", bounds);
+  histogram.Observe(0.05);
+  histogram.Observe(0.1);
+  histogram.Observe(5.0);
+  const std::string text = registry.Render();
+  EXPECT_NE(text.find("# HELP app:requests_total Requests.\n# TYPE app:requests_total counter\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("app:requests_total{code=\"200\"} 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("app:requests_total{code=\"4\\\"0\\\"4\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("# TYPE app:load gauge\napp:load 0.5\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("app:latency_seconds_bucket{le=\"0.1\"} 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("app:latency_seconds_bucket{le=\"1\"} 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("app:latency_seconds_bucket{le=\"+Inf\"} 3\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("app:latency_seconds_sum 5.15\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("app:latency_seconds_count 3\n"), std::string::npos) << text;
+}
+
+TEST(ApiErrorTest, StatusCodesMapToHttp) {
+  EXPECT_EQ(HttpStatusFor(StatusCode::kInvalidArgument), 400);
+  EXPECT_EQ(HttpStatusFor(StatusCode::kOutOfRange), 400);
+  EXPECT_EQ(HttpStatusFor(StatusCode::kUnauthenticated), 401);
+  EXPECT_EQ(HttpStatusFor(StatusCode::kNotFound), 404);
+  EXPECT_EQ(HttpStatusFor(StatusCode::kResourceExhausted), 429);
+  EXPECT_EQ(HttpStatusFor(StatusCode::kUnavailable), 503);
+  EXPECT_EQ(HttpStatusFor(StatusCode::kInternal), 500);
+  const json body = json::parse(ApiErrorBody(MakeApiError(400, "bad", "n")));
+  EXPECT_EQ(body["error"]["message"], "bad");
+  EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(body["error"]["param"], "n");
+  EXPECT_TRUE(body["error"]["code"].is_null());
+}
+
+TEST(ResponseBuilderTest, ChatChunksAndUsage) {
+  const std::unique_ptr<Tokenizer> tokenizer = MakeEmbeddedByteTokenizer();
+  CompletionRequest request;
+  request.kind = ApiKind::kChat;
+  request.prompts = {{256, 'a'}};
+  request.n = 2;
+  request.stream = true;
+  request.include_usage = true;
+  ResponseBuilder builder(request, "m", tokenizer.get());
+  // One opening chunk per choice, carrying the role.
+  const std::string start = builder.Start();
+  size_t roles = 0;
+  for (size_t at = start.find("\"role\":\"assistant\""); at != std::string::npos;
+       at = start.find("\"role\":\"assistant\"", at + 1)) {
+    ++roles;
+  }
+  EXPECT_EQ(roles, 2u) << start;
+  RequestOutput output;
+  output.new_tokens = {'h', 'i'};
+  output.new_text = "hi";
+  output.finished = true;
+  output.finish_reason = FinishReason::kStop;
+  output.num_generated_tokens = 2;
+  const std::string event = builder.Event(1, output);
+  ASSERT_EQ(event.rfind("data: ", 0), 0u);
+  const json chunk = json::parse(event.substr(6));
+  EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+  EXPECT_EQ(chunk["choices"][0]["index"], 1);
+  EXPECT_EQ(chunk["choices"][0]["delta"]["content"], "hi");
+  EXPECT_EQ(chunk["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(chunk["usage"].is_null());
+  const std::string end = builder.End();
+  EXPECT_EQ(end.substr(end.size() - 14), "data: [DONE]\n\n");
+  const json usage = json::parse(end.substr(6, end.find("\n\n") - 6));
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["prompt_tokens"], 2);
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 2);
+  EXPECT_EQ(usage["usage"]["total_tokens"], 4);
+}
+
+}  // namespace
+}  // namespace sieve

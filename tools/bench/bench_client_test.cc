@@ -1,0 +1,914 @@
+// Tests of the load generator: metrics math against hand-computed values, SSE parsing at random
+// byte boundaries, arrival statistics, datasets, the PNG encoder (decoded back), the chart, and
+// whole runs against a fake OpenAI-compatible server with known delays.
+#include <gtest/gtest.h>
+
+#include <boost/asio/ip/tcp.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+
+#include "core/testing.h"
+#include "tokenizer/tokenizer_loader.h"
+#include "tools/bench/arrivals.h"
+#include "tools/bench/bench_commands.h"
+#include "tools/bench/bitmap_font.h"
+#include "tools/bench/dataset.h"
+#include "tools/bench/fake_openai_server.h"
+#include "tools/bench/http_client.h"
+#include "tools/bench/metrics.h"
+#include "tools/bench/openai_protocol.h"
+#include "tools/bench/plot.h"
+#include "tools/bench/png_writer.h"
+#include "tools/bench/report.h"
+#include "tools/bench/serving_benchmark.h"
+#include "tools/bench/sse_parser.h"
+
+namespace sieve::bench {
+namespace {
+
+using testing::FakeOpenAiServer;
+using testing::FakeServerOptions;
+
+// ---------------------------------------------------------------------------------------------
+// Metrics
+
+TEST(PercentileTest, MatchesNumpyLinearInterpolation) {
+  const std::vector<double> values = {1, 2, 3, 4};
+  EXPECT_DOUBLE_EQ(Percentile(values, 50), 2.5);
+  EXPECT_DOUBLE_EQ(Percentile(values, 90), 3.7);
+  EXPECT_DOUBLE_EQ(Percentile(values, 99), 3.97);
+  EXPECT_DOUBLE_EQ(Percentile(values, 0), 1);
+  EXPECT_DOUBLE_EQ(Percentile(values, 100), 4);
+  EXPECT_DOUBLE_EQ(Percentile({7}, 99), 7);
+}
+
+TEST(SummarizeTest, MeanStdMedianAndEmpty) {
+  const Distribution d = Summarize({300, 100, 200});
+  EXPECT_DOUBLE_EQ(d.mean, 200);
+  EXPECT_NEAR(d.std, std::sqrt(20000.0 / 3), 1e-9);  // population std, as numpy
+  EXPECT_DOUBLE_EQ(d.median, 200);
+  EXPECT_DOUBLE_EQ(d.p90, 280);
+  EXPECT_DOUBLE_EQ(d.p99, 298);
+  EXPECT_DOUBLE_EQ(d.min, 100);
+  EXPECT_DOUBLE_EQ(d.max, 300);
+  const Distribution empty = Summarize({});
+  EXPECT_EQ(empty.mean, 0);
+  EXPECT_EQ(empty.p99, 0);
+}
+
+RequestRecord Record(int prompt_len, double start, double ttft, double e2e, int64_t tokens,
+                     std::vector<double> itl) {
+  RequestRecord record;
+  record.success = true;
+  record.prompt_len = prompt_len;
+  record.start_s = start;
+  record.ttft_s = ttft;
+  record.e2e_s = e2e;
+  record.output_tokens = tokens;
+  record.itl_s = std::move(itl);
+  return record;
+}
+
+TEST(ComputeMetricsTest, HandComputedRun) {
+  std::vector<RequestRecord> records;
+  records.push_back(Record(10, 0.0, 0.1, 1.0, 10, std::vector<double>(9, 0.1)));
+  records.push_back(Record(20, 0.5, 0.3, 2.0, 5, {0.2, 0.5, 0.5, 0.5}));
+  records.push_back(Record(30, 0.9, 0.2, 0.2, 1, {}));  // one token: no TPOT
+  RequestRecord failed;
+  failed.error = "boom";
+  failed.prompt_len = 1000;
+  failed.start_s = 3.0;
+  failed.e2e_s = 0.1;
+  records.push_back(failed);
+
+  const BenchMetrics m = ComputeMetrics(records, 4.0);
+  EXPECT_EQ(m.completed, 3);
+  EXPECT_EQ(m.failed, 1);
+  EXPECT_EQ(m.total_input_tokens, 60);  // failed requests do not count
+  EXPECT_EQ(m.total_output_tokens, 16);
+  EXPECT_DOUBLE_EQ(m.request_throughput, 0.75);
+  EXPECT_DOUBLE_EQ(m.output_throughput, 4.0);
+  EXPECT_DOUBLE_EQ(m.total_token_throughput, 19.0);
+  EXPECT_NEAR(m.ttft_ms.mean, 200, 1e-9);
+  EXPECT_NEAR(m.ttft_ms.median, 200, 1e-9);
+  EXPECT_NEAR(m.ttft_ms.p99, 298, 1e-9);
+  // TPOT: (1.0 - 0.1) / 9 = 100 ms and (2.0 - 0.3) / 4 = 425 ms.
+  EXPECT_NEAR(m.tpot_ms.mean, 262.5, 1e-9);
+  EXPECT_NEAR(m.tpot_ms.median, 262.5, 1e-9);
+  EXPECT_NEAR(m.tpot_ms.p99, 100 + 0.99 * 325, 1e-9);
+  // ITL: nine gaps of 100 ms and 200, 500, 500, 500.
+  EXPECT_NEAR(m.itl_ms.mean, 200, 1e-9);
+  EXPECT_NEAR(m.itl_ms.median, 100, 1e-9);
+  EXPECT_NEAR(m.itl_ms.p90, 500, 1e-9);
+  EXPECT_NEAR(m.e2el_ms.median, 1000, 1e-9);
+  EXPECT_NEAR(m.e2el_ms.max, 2000, 1e-9);
+  // In flight together during [0.9, 1.0]: all three successful requests.
+  EXPECT_EQ(m.peak_concurrent_requests, 3);
+}
+
+TEST(ComputeMetricsTest, PeakChunksPerSecondBucketsArrivals) {
+  // Chunks at 0.75, 0.875, 1.0, 1.125 s: two in [0, 1) and two in [1, 2).
+  const std::vector<RequestRecord> records = {
+      Record(1, 0.5, 0.25, 0.625, 4, {0.125, 0.125, 0.125})};
+  EXPECT_DOUBLE_EQ(ComputeMetrics(records, 1.0).peak_output_throughput, 2);
+}
+
+TEST(ComputeMetricsTest, JsonRoundTripKeepsVllmKeys) {
+  const std::vector<RequestRecord> records = {Record(5, 0, 0.1, 0.5, 3, {0.2, 0.2})};
+  const BenchMetrics m = ComputeMetrics(records, 1.0);
+  const nlohmann::json json = MetricsToJson(m);
+  for (const char* key :
+       {"completed", "request_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms",
+        "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "median_e2el_ms"}) {
+    EXPECT_TRUE(json.contains(key)) << key;
+  }
+  const BenchMetrics back = MetricsFromJson(json);
+  EXPECT_EQ(back.completed, 1);
+  EXPECT_DOUBLE_EQ(back.tpot_ms.median, m.tpot_ms.median);
+  EXPECT_DOUBLE_EQ(back.itl_ms.p99, m.itl_ms.p99);
+}
+
+TEST(ReportTest, TableHasVllmLayout) {
+  const std::vector<RequestRecord> records = {Record(5, 0, 0.1, 0.5, 3, {0.2, 0.2})};
+  const std::string table =
+      FormatServingTable(ComputeMetrics(records, 1.0), 4, std::numeric_limits<double>::infinity());
+  EXPECT_NE(table.find("============ Serving Benchmark Result ============"), std::string::npos);
+  EXPECT_NE(table.find("---------------Time to First Token----------------"), std::string::npos);
+  EXPECT_NE(table.find("Maximum request concurrency:             4"), std::string::npos);
+  EXPECT_NE(table.find("Request rate configured (RPS):           inf"), std::string::npos);
+  EXPECT_NE(table.find("Median TPOT (ms):                        200.00"), std::string::npos);
+  EXPECT_NE(table.find("P90 ITL (ms):"), std::string::npos);
+  EXPECT_NE(table.find(std::string(50, '=') + "\n"), std::string::npos);
+}
+
+TEST(ReportTest, ErrorsAreCountedMostFrequentFirst) {
+  std::vector<RequestRecord> records(5);
+  records[0].error = "a";
+  records[1].error = "b";
+  records[2].error = "b";
+  records[3].success = true;
+  records[4].error = "c";
+  const nlohmann::json errors = SummarizeErrors(records, 2);
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_EQ(errors[0]["message"], "b");
+  EXPECT_EQ(errors[0]["count"], 2);
+  EXPECT_EQ(errors[1]["message"], "a");
+}
+
+// ---------------------------------------------------------------------------------------------
+// SSE and the OpenAI stream format
+
+std::vector<std::string> ParseAll(const std::vector<std::string>& pieces) {
+  SseParser parser;
+  std::vector<std::string> events;
+  const auto on_event = [&](std::string_view data) { events.emplace_back(data); };
+  for (const std::string& piece : pieces) parser.Feed(piece, on_event);
+  parser.Finish(on_event);
+  return events;
+}
+
+TEST(SseParserTest, SpecCases) {
+  const std::string stream =
+      "\xEF\xBB\xBF"  // byte-order mark
+      "data: {\"a\": 1}\n\n"
+      ": keep-alive comment\n\n"
+      "data:no-space\r\n\r\n"
+      "data: line1\ndata: line2\n\n"
+      "event: message\nid: 7\ndata: y\rdata: z\r\r"
+      "data:\n\n"      // an empty data line is still an event
+      "retry: 10\n\n"  // no data: no event
+      "data: [DONE]\n\n"
+      "data: unterminated";  // dispatched by Finish
+  const std::vector<std::string> expected = {"{\"a\": 1}", "no-space", "line1\nline2", "y\nz",
+                                             "",           "[DONE]",   "unterminated"};
+  EXPECT_EQ(ParseAll({stream}), expected);
+}
+
+TEST(SseParserTest, AnySplitGivesTheSameEvents) {
+  std::string stream;
+  for (int index = 0; index < 40; ++index) {
+    const char* newline = index % 3 == 0 ? "\r\n" : (index % 3 == 1 ? "\n" : "\r");
+    stream += std::string("data: {\"choices\": [{\"text\": \"t\u00e9") + std::to_string(index) +
+              "\"}]}" + newline + newline;
+    if (index % 7 == 0) stream += std::string(": ping") + newline + newline;
+  }
+  stream += "data: [DONE]\n\n";
+  const std::vector<std::string> expected = ParseAll({stream});
+  ASSERT_EQ(expected.size(), 41u);
+  std::mt19937_64 rng = sieve::testing::MakeRng();
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<std::string> pieces;
+    size_t offset = 0;
+    std::uniform_int_distribution<size_t> length(0, trial % 2 == 0 ? 4 : 64);
+    while (offset < stream.size()) {
+      const size_t take = std::min(length(rng), stream.size() - offset);
+      pieces.push_back(stream.substr(offset, take));
+      offset += take;
+    }
+    ASSERT_EQ(ParseAll(pieces), expected) << "trial " << trial;
+  }
+  std::vector<std::string> bytes;
+  for (char c : stream) bytes.emplace_back(1, c);
+  EXPECT_EQ(ParseAll(bytes), expected);
+}
+
+TEST(OpenAiProtocolTest, ParsesCompletionChatUsageErrorAndDone) {
+  auto text = ParseStreamEvent(R"({"choices": [{"index": 0, "text": "Hello"}]})");
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(text->text, "Hello");
+  auto role =
+      ParseStreamEvent(R"({"choices": [{"delta": {"role": "assistant", "content": null}}]})");
+  ASSERT_TRUE(role.ok());
+  EXPECT_EQ(role->text, "");
+  auto chat = ParseStreamEvent(R"({"choices": [{"delta": {"content": " world"}}]})");
+  ASSERT_TRUE(chat.ok());
+  EXPECT_EQ(chat->text, " world");
+  auto usage =
+      ParseStreamEvent(R"({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 9}})");
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ(usage->completion_tokens, 9);
+  EXPECT_EQ(usage->prompt_tokens, 4);
+  EXPECT_EQ(usage->text, "");
+  auto error = ParseStreamEvent(R"({"error": {"message": "out of KV pages", "code": 507}})");
+  ASSERT_TRUE(error.ok());
+  EXPECT_EQ(error->error, "out of KV pages");
+  auto done = ParseStreamEvent(" [DONE] ");
+  ASSERT_TRUE(done.ok());
+  EXPECT_TRUE(done->done);
+  EXPECT_FALSE(ParseStreamEvent("{truncated").ok());
+}
+
+TEST(OpenAiProtocolTest, RequestBodies) {
+  RequestBodyOptions options;
+  options.model = "m";
+  nlohmann::json body = MakeRequestBody(options, "hi", 5);
+  EXPECT_EQ(body["prompt"], "hi");
+  EXPECT_EQ(body["max_tokens"], 5);
+  EXPECT_EQ(body["stream"], true);
+  EXPECT_EQ(body["stream_options"]["include_usage"], true);
+  EXPECT_FALSE(body.contains("ignore_eos"));
+  EXPECT_FALSE(body.contains("messages"));
+  options.api = ApiKindForEndpoint("/v1/chat/completions/");
+  options.ignore_eos = true;
+  options.extra = {{"top_p", 0.5}, {"temperature", 0.7}};
+  body = MakeRequestBody(options, "hi", 5);
+  EXPECT_EQ(body["messages"][0]["role"], "user");
+  EXPECT_EQ(body["messages"][0]["content"], "hi");
+  EXPECT_EQ(body["max_completion_tokens"], 5);
+  EXPECT_EQ(body["ignore_eos"], true);
+  EXPECT_EQ(body["top_p"], 0.5);
+  EXPECT_EQ(body["temperature"], 0.7);  // --extra-body wins
+  EXPECT_EQ(ApiKindForEndpoint("/v1/completions"), ApiKind::kCompletions);
+}
+
+// ---------------------------------------------------------------------------------------------
+// URLs
+
+TEST(HttpUrlTest, ParsesAndRejects) {
+  auto url = ParseHttpUrl("http://127.0.0.1:8000");
+  ASSERT_TRUE(url.ok());
+  EXPECT_EQ(url->host, "127.0.0.1");
+  EXPECT_EQ(url->port, "8000");
+  EXPECT_EQ(url->path, "");
+  url = ParseHttpUrl("http://localhost/prefix/");
+  ASSERT_TRUE(url.ok());
+  EXPECT_EQ(url->port, "80");
+  EXPECT_EQ(url->path, "/prefix");
+  EXPECT_EQ(url->ToString(), "http://localhost:80/prefix");
+  url = ParseHttpUrl("http://[::1]:9000");
+  ASSERT_TRUE(url.ok());
+  EXPECT_EQ(url->host, "::1");
+  EXPECT_EQ(url->Authority(), "[::1]:9000");
+  const auto https = ParseHttpUrl("https://api.openai.com");
+  ASSERT_FALSE(https.ok());
+  EXPECT_NE(https.status().message().find("only http://"), std::string::npos);
+  EXPECT_FALSE(ParseHttpUrl("localhost:8000").ok());
+  EXPECT_FALSE(ParseHttpUrl("http://host:99999").ok());
+  EXPECT_FALSE(ParseHttpUrl("http://host:80x").ok());
+  EXPECT_FALSE(ParseHttpUrl("http://:80").ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Arrivals
+
+struct GapStats {
+  double mean;
+  double cv;  // std / mean
+};
+
+GapStats Gaps(const std::vector<double>& times) {
+  std::vector<double> gaps;
+  for (size_t index = 1; index < times.size(); ++index) {
+    gaps.push_back(times[index] - times[index - 1]);
+  }
+  const Distribution d = Summarize(gaps);
+  return {d.mean, d.std / d.mean};
+}
+
+TEST(ArrivalsTest, InfiniteRateReleasesEverythingAtOnce) {
+  const auto times = MakeArrivalTimes(50, std::numeric_limits<double>::infinity(), 1.0, 3);
+  ASSERT_EQ(times.size(), 50u);
+  for (double time : times) EXPECT_EQ(time, 0.0);
+}
+
+TEST(ArrivalsTest, PoissonGapsAreExponential) {
+  std::mt19937_64 rng = sieve::testing::MakeRng();
+  constexpr int kRequests = 40001;
+  constexpr double kRate = 100;
+  const auto times = MakeArrivalTimes(kRequests, kRate, 1.0, rng());
+  EXPECT_EQ(times.front(), 0.0);
+  EXPECT_TRUE(std::is_sorted(times.begin(), times.end()));
+  const GapStats stats = Gaps(times);
+  // The standard error of the mean gap is 0.5% here; 3% is a six-sigma bound.
+  EXPECT_NEAR(stats.mean, 1 / kRate, 0.03 / kRate);
+  EXPECT_NEAR(stats.cv, 1.0, 0.05);  // exponential: std == mean
+  // Exponential: P(gap < mean x ln 2) = 1/2.
+  int below = 0;
+  for (size_t index = 1; index < times.size(); ++index) {
+    if (times[index] - times[index - 1] < std::log(2.0) / kRate) ++below;
+  }
+  EXPECT_NEAR(static_cast<double>(below) / (kRequests - 1), 0.5, 0.02);
+}
+
+TEST(ArrivalsTest, BurstinessShapesTheGaps) {
+  std::mt19937_64 rng = sieve::testing::MakeRng();
+  const GapStats regular = Gaps(MakeArrivalTimes(40001, 10, 4.0, rng()));
+  EXPECT_NEAR(regular.mean, 0.1, 0.003);
+  EXPECT_NEAR(regular.cv, 0.5, 0.03);  // gamma: cv = 1 / sqrt(shape)
+  const GapStats bursty = Gaps(MakeArrivalTimes(40001, 10, 0.25, rng()));
+  EXPECT_NEAR(bursty.mean, 0.1, 0.006);
+  EXPECT_NEAR(bursty.cv, 2.0, 0.15);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Datasets
+
+TEST(RandomDatasetTest, LengthsInRangeAndExactWithByteTokenizer) {
+  const auto tokenizer = MakeEmbeddedByteTokenizer();
+  RandomDatasetOptions options;
+  options.num_prompts = 60;
+  options.input_len = 100;
+  options.output_len = 20;
+  options.range_ratio = 0.5;
+  options.seed = 11;
+  auto prompts = MakeRandomDataset(*tokenizer, options);
+  ASSERT_TRUE(prompts.ok()) << prompts.status().ToString();
+  ASSERT_EQ(prompts->size(), 60u);
+  std::set<int> input_lens;
+  for (const BenchPrompt& prompt : *prompts) {
+    EXPECT_GE(prompt.prompt_len, 50);
+    EXPECT_LE(prompt.prompt_len, 150);
+    EXPECT_GE(prompt.output_len, 10);
+    EXPECT_LE(prompt.output_len, 30);
+    // The reported length is the re-tokenised one.
+    EXPECT_EQ(static_cast<int>(tokenizer->Encode(prompt.prompt, false)->size()), prompt.prompt_len);
+    input_lens.insert(prompt.prompt_len);
+  }
+  EXPECT_GT(input_lens.size(), 20u);  // really spread
+  auto again = MakeRandomDataset(*tokenizer, options);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)[7].prompt, (*prompts)[7].prompt);  // seeded
+  options.seed = 12;
+  EXPECT_NE((*MakeRandomDataset(*tokenizer, options))[7].prompt, (*prompts)[7].prompt);
+  options.range_ratio = 0;
+  auto exact = MakeRandomDataset(*tokenizer, options);
+  ASSERT_TRUE(exact.ok());
+  for (const BenchPrompt& prompt : *exact) {
+    EXPECT_EQ(prompt.prompt_len, 100);
+    EXPECT_EQ(prompt.output_len, 20);
+  }
+  options.range_ratio = 1.5;
+  EXPECT_FALSE(MakeRandomDataset(*tokenizer, options).ok());
+}
+
+TEST(RandomDatasetTest, BpeTokenizerLengthsAreReTokenised) {
+  SIEVE_REQUIRE_FIXTURES(fixtures);
+  const std::string path = fixtures + "/tokenizers/llama3/tokenizer.json";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no Llama 3 tokenizer fixture at " << path;
+  auto tokenizer = LoadTokenizer(path);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  RandomDatasetOptions options;
+  options.num_prompts = 10;
+  options.input_len = 300;
+  auto prompts = MakeRandomDataset(**tokenizer, options);
+  ASSERT_TRUE(prompts.ok()) << prompts.status().ToString();
+  for (const BenchPrompt& prompt : *prompts) {
+    EXPECT_EQ(static_cast<int>((*tokenizer)->Encode(prompt.prompt, false)->size()),
+              prompt.prompt_len);
+    EXPECT_NEAR(prompt.prompt_len, 300, 15);
+  }
+}
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("sieve_bench_test_" + std::to_string(getpid()) + "_" + name))
+      .string();
+}
+
+TEST(JsonlDatasetTest, ReadsDefaultsRepeatsAndNamesBadLines) {
+  const auto tokenizer = MakeEmbeddedByteTokenizer();
+  const std::string path = TempPath("prompts.jsonl");
+  {
+    std::ofstream file(path);
+    file << R"({"prompt": "hello", "output_len": 3})"
+         << "\n\n"
+         << R"({"prompt": "ab"})"
+         << "\n";
+  }
+  auto all = LoadJsonlDataset(path, *tokenizer, 9, 0);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].prompt_len, 5);
+  EXPECT_EQ((*all)[0].output_len, 3);
+  EXPECT_EQ((*all)[1].output_len, 9);
+  auto repeated = LoadJsonlDataset(path, *tokenizer, 9, 5);
+  ASSERT_TRUE(repeated.ok());
+  ASSERT_EQ(repeated->size(), 5u);
+  EXPECT_EQ((*repeated)[4].prompt, "hello");
+  {
+    std::ofstream file(path);
+    file << R"({"prompt": "ok"})"
+         << "\n"
+         << R"({"text": "no prompt"})"
+         << "\n";
+  }
+  auto bad = LoadJsonlDataset(path, *tokenizer, 9, 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find(path + ":2"), std::string::npos) << bad.status().message();
+  EXPECT_FALSE(LoadJsonlDataset(path + ".missing", *tokenizer, 9, 0).ok());
+  std::filesystem::remove(path);
+}
+
+// ---------------------------------------------------------------------------------------------
+// PNG and the chart
+
+uint32_t BigEndian32(const std::string& bytes, size_t offset) {
+  return (static_cast<uint32_t>(static_cast<uint8_t>(bytes[offset])) << 24) |
+         (static_cast<uint32_t>(static_cast<uint8_t>(bytes[offset + 1])) << 16) |
+         (static_cast<uint32_t>(static_cast<uint8_t>(bytes[offset + 2])) << 8) |
+         static_cast<uint32_t>(static_cast<uint8_t>(bytes[offset + 3]));
+}
+
+struct DecodedPng {
+  int width = 0;
+  int height = 0;
+  std::vector<uint8_t> rgb;
+};
+
+// A decoder for exactly what EncodePng writes, checking everything a real decoder checks.
+DecodedPng DecodeStoredPng(const std::string& png) {
+  DecodedPng decoded;
+  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  size_t offset = 8;
+  std::string idat;
+  std::vector<std::string> types;
+  while (offset + 12 <= png.size()) {
+    const uint32_t length = BigEndian32(png, offset);
+    const std::string type = png.substr(offset + 4, 4);
+    const std::string data = png.substr(offset + 8, length);
+    const uint32_t crc = BigEndian32(png, offset + 8 + length);
+    EXPECT_EQ(crc, Crc32(png.substr(offset + 4, 4 + length))) << "chunk " << type;
+    types.push_back(type);
+    if (type == "IHDR") {
+      EXPECT_EQ(length, 13u);
+      decoded.width = static_cast<int>(BigEndian32(data, 0));
+      decoded.height = static_cast<int>(BigEndian32(data, 4));
+      EXPECT_EQ(data[8], 8);  // bit depth
+      EXPECT_EQ(data[9], 2);  // RGB
+      EXPECT_EQ(data.substr(10), std::string(3, '\0'));
+    } else if (type == "IDAT") {
+      idat += data;
+    }
+    offset += 12 + length;
+  }
+  EXPECT_EQ(offset, png.size());
+  EXPECT_EQ(types.front(), "IHDR");
+  EXPECT_EQ(types.back(), "IEND");
+  // zlib header, stored blocks, Adler-32.
+  const auto cmf = static_cast<uint8_t>(idat[0]);
+  const auto flg = static_cast<uint8_t>(idat[1]);
+  EXPECT_EQ(cmf & 0x0F, 8);  // deflate
+  EXPECT_EQ((cmf * 256 + flg) % 31, 0);
+  std::string raw;
+  size_t pos = 2;
+  int blocks = 0;
+  for (bool final_block = false; !final_block;) {
+    const auto header = static_cast<uint8_t>(idat[pos]);
+    final_block = header & 1;
+    EXPECT_EQ(header >> 1, 0) << "not a stored block";
+    const uint16_t len = static_cast<uint16_t>(static_cast<uint8_t>(idat[pos + 1]) |
+                                               (static_cast<uint8_t>(idat[pos + 2]) << 8));
+    const uint16_t nlen = static_cast<uint16_t>(static_cast<uint8_t>(idat[pos + 3]) |
+                                                (static_cast<uint8_t>(idat[pos + 4]) << 8));
+    EXPECT_EQ(static_cast<uint16_t>(~len), nlen);
+    raw += idat.substr(pos + 5, len);
+    pos += 5 + len;
+    ++blocks;
+  }
+  EXPECT_EQ(BigEndian32(idat, pos), Adler32(raw));
+  EXPECT_EQ(pos + 4, idat.size());
+  const size_t row_bytes = static_cast<size_t>(decoded.width) * 3;
+  EXPECT_EQ(raw.size(), (row_bytes + 1) * decoded.height);
+  EXPECT_GE(blocks, static_cast<int>(raw.size() / 65535));
+  for (int row = 0; row < decoded.height; ++row) {
+    const size_t start = static_cast<size_t>(row) * (row_bytes + 1);
+    EXPECT_EQ(raw[start], '\0');  // filter: none
+    decoded.rgb.insert(decoded.rgb.end(), raw.begin() + start + 1,
+                       raw.begin() + start + 1 + row_bytes);
+  }
+  return decoded;
+}
+
+TEST(PngWriterTest, ChecksumsMatchKnownValues) {
+  EXPECT_EQ(Crc32("123456789"), 0xCBF43926u);
+  EXPECT_EQ(Crc32("IEND"), 0xAE426082u);
+  EXPECT_EQ(Adler32("Wikipedia"), 0x11E60398u);
+  EXPECT_EQ(Adler32(""), 1u);
+}
+
+TEST(PngWriterTest, RandomImageDecodesBackExactly) {
+  std::mt19937_64 rng = sieve::testing::MakeRng();
+  std::uniform_int_distribution<int> size(150, 260);
+  std::uniform_int_distribution<int> byte(0, 255);
+  RgbImage image(size(rng), size(rng), Rgb{});
+  for (int y = 0; y < image.height(); ++y) {
+    for (int x = 0; x < image.width(); ++x) {
+      image.Set(x, y,
+                Rgb{static_cast<uint8_t>(byte(rng)), static_cast<uint8_t>(byte(rng)),
+                    static_cast<uint8_t>(byte(rng))});
+    }
+  }
+  const DecodedPng decoded = DecodeStoredPng(EncodePng(image));
+  EXPECT_EQ(decoded.width, image.width());
+  EXPECT_EQ(decoded.height, image.height());
+  EXPECT_EQ(decoded.rgb, image.pixels());
+  const DecodedPng tiny = DecodeStoredPng(EncodePng(RgbImage(1, 1, Rgb{1, 2, 3})));
+  EXPECT_EQ(tiny.rgb, (std::vector<uint8_t>{1, 2, 3}));
+}
+
+TEST(RgbImageTest, LinesAndText) {
+  RgbImage image(40, 20, Rgb{255, 255, 255});
+  const Rgb red{255, 0, 0};
+  image.DrawLine(0, 0, 39, 19, red);
+  EXPECT_EQ(image.Get(0, 0), red);
+  EXPECT_EQ(image.Get(39, 19), red);
+  image.DrawLine(-10, 5, 100, 5, red, 3);  // clipped, not a crash
+  EXPECT_EQ(image.Get(20, 4), red);
+  EXPECT_EQ(image.Get(20, 6), red);
+  RgbImage text(RgbImage::TextWidth("10", 2), RgbImage::TextHeight(2), Rgb{255, 255, 255});
+  text.DrawText(0, 0, "10", Rgb{}, 2);
+  int ink = 0;
+  for (int y = 0; y < text.height(); ++y) {
+    for (int x = 0; x < text.width(); ++x) ink += text.Get(x, y) == Rgb{} ? 1 : 0;
+  }
+  EXPECT_GT(ink, 20);
+}
+
+TEST(BitmapFontTest, EveryPrintableCharacterHasItsOwnGlyph) {
+  const auto question = GlyphRows('?');
+  for (char c = '!'; c <= '~'; ++c) {
+    if (c == '?') continue;
+    EXPECT_NE(GlyphRows(c), question) << "no glyph for '" << c << "'";
+  }
+  EXPECT_EQ(GlyphRows(' '), (std::array<uint8_t, kGlyphHeight>{}));
+  EXPECT_EQ(GlyphRows('\x01'), question);
+}
+
+std::vector<SweepLevel> FakeLevels(double scale) {
+  std::vector<SweepLevel> levels;
+  for (int concurrency : kPerfConcurrencyLevels) {
+    SweepLevel level;
+    level.concurrency = concurrency;
+    level.metrics.completed = 10;
+    level.metrics.output_throughput = scale * 100 * std::sqrt(concurrency);
+    level.metrics.ttft_ms.median = 50.0 * concurrency;
+    level.metrics.ttft_ms.p99 = 80.0 * concurrency;
+    levels.push_back(level);
+  }
+  return levels;
+}
+
+TEST(PlotTest, ChartIsAValidPngWithEveryCurve) {
+  const RgbImage chart = DrawSweepChart({{"dense", FakeLevels(1.0)}, {"snapkv", FakeLevels(1.6)}},
+                                        "4000 in / 500 out");
+  const DecodedPng decoded = DecodeStoredPng(EncodePng(chart));
+  EXPECT_EQ(decoded.width, 1200);
+  EXPECT_EQ(decoded.height, 560);
+  std::map<std::tuple<int, int, int>, int> colours;
+  for (size_t index = 0; index < decoded.rgb.size(); index += 3) {
+    ++colours[{decoded.rgb[index], decoded.rgb[index + 1], decoded.rgb[index + 2]}];
+  }
+  EXPECT_GT((colours[{31, 119, 180}]), 300);  // first series
+  EXPECT_GT((colours[{255, 127, 14}]), 300);  // second series
+  EXPECT_GT((colours[{0, 0, 0}]), 2000);      // axes and labels
+}
+
+TEST(PlotTest, SeriesFromSweepJson) {
+  nlohmann::json json;
+  json["label"] = "run";
+  json["levels"] = nlohmann::json::array();
+  for (int concurrency : {10, 1}) {
+    BenchMetrics metrics;
+    metrics.output_throughput = concurrency * 3.0;
+    json["levels"].push_back({{"concurrency", concurrency}, {"metrics", MetricsToJson(metrics)}});
+  }
+  auto series = SweepSeriesFromJson(json, "fallback");
+  ASSERT_TRUE(series.ok());
+  EXPECT_EQ(series->label, "run");
+  ASSERT_EQ(series->levels.size(), 2u);
+  EXPECT_EQ(series->levels[0].concurrency, 1);  // sorted
+  EXPECT_DOUBLE_EQ(series->levels[1].metrics.output_throughput, 30);
+  EXPECT_FALSE(SweepSeriesFromJson(nlohmann::json::object(), "x").ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Whole runs against the fake server
+
+ServingLoadOptions LoadOptions(const FakeOpenAiServer& server, const std::string& endpoint) {
+  ServingLoadOptions options;
+  options.base_url = *ParseHttpUrl(server.base_url());
+  options.endpoint = endpoint;
+  options.body.api = ApiKindForEndpoint(endpoint);
+  options.body.model = "fake-model";
+  return options;
+}
+
+std::vector<BenchPrompt> Prompts(int count, int output_len) {
+  std::vector<BenchPrompt> prompts;
+  for (int index = 0; index < count; ++index) {
+    prompts.push_back({"prompt " + std::to_string(index), 8, output_len});
+  }
+  return prompts;
+}
+
+// Timing bounds: at least what the server waited, at most that plus scheduling slack for a loaded
+// CI machine.
+constexpr double kSlackMs = 150;
+
+void ExpectTimingsMatchServer(const std::vector<RequestRecord>& records, int tokens,
+                              const FakeServerOptions& server) {
+  const double first_ms = static_cast<double>(server.first_token_delay.count());
+  const double gap_ms = static_cast<double>(server.token_delay.count());
+  for (const RequestRecord& record : records) {
+    ASSERT_TRUE(record.success) << record.error;
+    EXPECT_GE(record.ttft_s * 1000, first_ms - 1);
+    EXPECT_LE(record.ttft_s * 1000, first_ms + kSlackMs);
+    ASSERT_EQ(record.itl_s.size(), static_cast<size_t>(tokens - 1));
+    double itl_sum = 0;
+    for (double gap : record.itl_s) {
+      EXPECT_GE(gap * 1000, gap_ms - 1);
+      itl_sum += gap;
+    }
+    EXPECT_LE(itl_sum * 1000 / (tokens - 1), gap_ms + kSlackMs / 3);
+    const double tpot_ms = (record.e2e_s - record.ttft_s) / (tokens - 1) * 1000;
+    EXPECT_GE(tpot_ms, gap_ms - 1);
+    EXPECT_LE(tpot_ms, gap_ms + kSlackMs / 3);
+    EXPECT_GE(record.e2e_s * 1000, first_ms + (tokens - 1) * gap_ms - 1);
+  }
+}
+
+TEST(FakeServerTest, CompletionsTimingsAndUsage) {
+  FakeServerOptions server_options;
+  server_options.max_tokens_cap = 6;
+  server_options.first_token_delay = std::chrono::milliseconds(60);
+  server_options.token_delay = std::chrono::milliseconds(25);
+  FakeOpenAiServer server(server_options);
+  ServingLoadOptions options = LoadOptions(server, "/v1/completions");
+  options.max_concurrency = 2;
+  const auto tokenizer = MakeEmbeddedByteTokenizer();
+  auto result = RunServingLoad(options, Prompts(6, 50), *tokenizer, nullptr);
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  ExpectTimingsMatchServer(result->records, 6, server_options);
+  std::string expected_text;
+  for (int index = 0; index < 6; ++index) expected_text += FakeOpenAiServer::TokenText(index);
+  for (const RequestRecord& record : result->records) {
+    EXPECT_EQ(record.output_tokens, 6);
+    EXPECT_TRUE(record.output_tokens_from_usage);
+    EXPECT_EQ(record.generated_text, expected_text);
+    EXPECT_EQ(record.output_len_requested, 50);
+  }
+  const BenchMetrics metrics = ComputeMetrics(result->records, result->duration_s);
+  EXPECT_EQ(metrics.completed, 6);
+  EXPECT_LE(metrics.peak_concurrent_requests, 2);  // the cap held
+  // Three waves of two, each at least 60 + 5 x 25 ms.
+  EXPECT_GE(result->duration_s, 3 * 0.185);
+  EXPECT_NEAR(metrics.tpot_ms.median, 25, kSlackMs / 3);
+  EXPECT_EQ(server.last_request_body()["stream_options"]["include_usage"], true);
+  EXPECT_EQ(server.last_request_body()["max_tokens"], 50);
+}
+
+TEST(FakeServerTest, ChatWithoutUsageCountsTokensByReTokenising) {
+  FakeServerOptions server_options;
+  server_options.max_tokens_cap = 5;
+  server_options.send_usage = false;
+  server_options.first_token_delay = std::chrono::milliseconds(80);
+  server_options.token_delay = std::chrono::milliseconds(10);
+  FakeOpenAiServer server(server_options);
+  const auto tokenizer = MakeEmbeddedByteTokenizer();
+  auto result = RunServingLoad(LoadOptions(server, "/v1/chat/completions"), Prompts(3, 5),
+                               *tokenizer, nullptr);
+  ASSERT_TRUE(result.ok());
+  // The role-only chunk came at once; TTFT waits for the first text.
+  ExpectTimingsMatchServer(result->records, 5, server_options);
+  for (const RequestRecord& record : result->records) {
+    EXPECT_FALSE(record.output_tokens_from_usage);
+    EXPECT_EQ(record.output_tokens, static_cast<int64_t>(record.generated_text.size()));  // bytes
+  }
+  const std::string content = server.last_request_body()["messages"][0]["content"];
+  EXPECT_EQ(content.rfind("prompt ", 0), 0u) << content;
+}
+
+TEST(FakeServerTest, EventsSplitAcrossHttpChunks) {
+  FakeServerOptions server_options;
+  server_options.split_events = true;
+  server_options.max_tokens_cap = 4;
+  server_options.first_token_delay = std::chrono::milliseconds(30);
+  server_options.token_delay = std::chrono::milliseconds(15);
+  FakeOpenAiServer server(server_options);
+  const auto tokenizer = MakeEmbeddedByteTokenizer();
+  auto result =
+      RunServingLoad(LoadOptions(server, "/v1/completions"), Prompts(4, 9), *tokenizer, nullptr);
+  ASSERT_TRUE(result.ok());
+  ExpectTimingsMatchServer(result->records, 4, server_options);
+  for (const RequestRecord& record : result->records) EXPECT_EQ(record.output_tokens, 4);
+}
+
+TEST(FakeServerTest, PoissonArrivalsAreFollowed) {
+  FakeServerOptions server_options;
+  server_options.max_tokens_cap = 2;
+  server_options.first_token_delay = std::chrono::milliseconds(5);
+  server_options.token_delay = std::chrono::milliseconds(5);
+  FakeOpenAiServer server(server_options);
+  ServingLoadOptions options = LoadOptions(server, "/v1/completions");
+  options.request_rate = 40;
+  options.seed = 5;
+  const auto tokenizer = MakeEmbeddedByteTokenizer();
+  auto result = RunServingLoad(options, Prompts(20, 2), *tokenizer, nullptr);
+  ASSERT_TRUE(result.ok());
+  const std::vector<double> arrivals = MakeArrivalTimes(20, 40, 1.0, 5);
+  for (size_t index = 0; index < arrivals.size(); ++index) {
+    const RequestRecord& record = result->records[index];
+    EXPECT_TRUE(record.success) << record.error;
+    EXPECT_DOUBLE_EQ(record.arrival_s, arrivals[index]);
+    EXPECT_GE(record.start_s, arrivals[index]);
+    EXPECT_LE(record.start_s, arrivals[index] + 0.1);  // no cap: sent when released
+  }
+  EXPECT_GE(result->duration_s, arrivals.back());
+}
+
+TEST(FakeServerTest, FailuresAreCountedWithTheirMessages) {
+  FakeServerOptions server_options;
+  server_options.fail_every = 2;
+  server_options.max_tokens_cap = 2;
+  server_options.first_token_delay = std::chrono::milliseconds(1);
+  FakeOpenAiServer server(server_options);
+  const auto tokenizer = MakeEmbeddedByteTokenizer();
+  auto result =
+      RunServingLoad(LoadOptions(server, "/v1/completions"), Prompts(6, 2), *tokenizer, nullptr);
+  ASSERT_TRUE(result.ok());
+  const BenchMetrics metrics = ComputeMetrics(result->records, result->duration_s);
+  EXPECT_EQ(metrics.failed, 3);
+  EXPECT_EQ(metrics.completed, 3);
+  const nlohmann::json errors = SummarizeErrors(result->records, 5);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0]["count"], 3);
+  const std::string message = errors[0]["message"];
+  EXPECT_NE(message.find("HTTP 500"), std::string::npos) << message;
+  EXPECT_NE(message.find("injected failure"), std::string::npos) << message;
+}
+
+int FreePort() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor acceptor(
+      io, boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+  return acceptor.local_endpoint().port();  // closed on return: nothing listens there now
+}
+
+TEST(BenchServeTest, ConnectionRefusedIsAClearError) {
+  ServeConfig config;
+  config.client.base_url = "http://127.0.0.1:" + std::to_string(FreePort());
+  config.client.progress = false;
+  config.dataset.num_prompts = 2;
+  const Status status = RunBenchServe(config);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("cannot reach the server"), std::string::npos)
+      << status.message();
+  EXPECT_NE(status.message().find("refused"), std::string::npos) << status.message();
+}
+
+TEST(BenchServeTest, WrongEndpointFailsOnTheTestRequest) {
+  FakeOpenAiServer server(FakeServerOptions{});
+  ServeConfig config;
+  config.client.base_url = server.base_url();
+  config.client.endpoint = "/v1/nothing";
+  config.client.progress = false;
+  config.dataset.num_prompts = 3;
+  config.dataset.input_len = 8;
+  const Status status = RunBenchServe(config);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("test request failed: HTTP 404"), std::string::npos)
+      << status.message();
+  EXPECT_EQ(server.generation_requests(), 0);
+}
+
+TEST(BenchServeTest, WritesTheResultJson) {
+  FakeServerOptions server_options;
+  server_options.max_tokens_cap = 5;
+  server_options.first_token_delay = std::chrono::milliseconds(20);
+  server_options.token_delay = std::chrono::milliseconds(10);
+  FakeOpenAiServer server(server_options);
+  ServeConfig config;
+  config.client.base_url = server.base_url();
+  config.client.progress = false;
+  config.client.warmup = 2;
+  config.client.ignore_eos = true;
+  config.client.label = "fake";
+  config.client.metadata = {"gpu=none", "policy=snapkv"};
+  config.client.result_json = TempPath("serve.json");
+  config.client.save_texts = true;
+  config.dataset.num_prompts = 8;
+  config.dataset.input_len = 40;
+  config.dataset.output_len = 5;
+  config.max_concurrency = 4;
+  ASSERT_TRUE(RunBenchServe(config).ok());
+  // One test request, two warmups, eight measured.
+  EXPECT_EQ(server.generation_requests(), 11);
+  EXPECT_EQ(server.last_request_body()["ignore_eos"], true);
+  EXPECT_EQ(server.last_request_body()["model"], "fake-model");  // from /v1/models
+  auto json = ReadJsonFile(config.client.result_json);
+  ASSERT_TRUE(json.ok());
+  EXPECT_EQ((*json)["kind"], "sieve_bench_serve");
+  EXPECT_EQ((*json)["label"], "fake");
+  EXPECT_EQ((*json)["metadata"]["policy"], "snapkv");
+  EXPECT_FALSE((*json)["date"].get<std::string>().empty());
+  EXPECT_EQ((*json)["server"]["models"]["data"][0]["id"], "fake-model");
+  EXPECT_EQ((*json)["server"]["version"]["version"], "fake-1.0");
+  EXPECT_EQ((*json)["server"]["metrics_info"][0],
+            "fake_server_info{kv_policy=\"snapkv\",max_num_seqs=\"64\"} 1");
+  EXPECT_EQ((*json)["config"]["max_concurrency"], 4);
+  EXPECT_EQ((*json)["config"]["dataset"]["input_len"], 40);
+  EXPECT_EQ((*json)["config"]["client"]["model"], "fake-model");
+  const nlohmann::json& metrics = (*json)["metrics"];
+  EXPECT_EQ(metrics["completed"], 8);
+  EXPECT_EQ(metrics["failed"], 0);
+  EXPECT_EQ(metrics["total_input_tokens"], 8 * 40);
+  EXPECT_EQ(metrics["total_output_tokens"], 8 * 5);
+  EXPECT_GE(metrics["median_ttft_ms"].get<double>(), 19);
+  EXPECT_NEAR(metrics["median_tpot_ms"].get<double>(), 10, kSlackMs / 3);
+  ASSERT_EQ((*json)["requests"].size(), 8u);
+  EXPECT_EQ((*json)["requests"][0]["itl_ms"].size(), 4u);
+  EXPECT_EQ((*json)["requests"][0]["generated_text"], "tok0 tok1 tok2 tok3 tok4 ");
+  EXPECT_TRUE((*json)["errors"].empty());
+  std::filesystem::remove(config.client.result_json);
+}
+
+TEST(BenchSweepTest, TableJsonAndPlot) {
+  FakeServerOptions server_options;
+  server_options.max_tokens_cap = 3;
+  server_options.first_token_delay = std::chrono::milliseconds(5);
+  server_options.token_delay = std::chrono::milliseconds(5);
+  FakeOpenAiServer server(server_options);
+  SweepConfig config;
+  config.client.base_url = server.base_url();
+  config.client.progress = false;
+  config.client.result_json = TempPath("sweep.json");
+  config.plot = TempPath("sweep.png");
+  config.concurrency = {1, 4};
+  config.dataset.input_len = 16;
+  config.dataset.output_len = 3;
+  EXPECT_EQ(PromptsForLevel(config, 1), 10);
+  EXPECT_EQ(PromptsForLevel(config, 64), 128);
+  config.num_prompts_per_level = 6;
+  ASSERT_TRUE(RunBenchSweep(config).ok());
+  EXPECT_EQ(server.generation_requests(), 1 + 2 * 6);
+  auto json = ReadJsonFile(config.client.result_json);
+  ASSERT_TRUE(json.ok());
+  EXPECT_EQ((*json)["kind"], "sieve_bench_sweep");
+  ASSERT_EQ((*json)["levels"].size(), 2u);
+  EXPECT_EQ((*json)["levels"][1]["concurrency"], 4);
+  EXPECT_EQ((*json)["levels"][1]["metrics"]["completed"], 6);
+  EXPECT_LE((*json)["levels"][1]["metrics"]["max_concurrent_requests"].get<int>(), 4);
+  std::ifstream png_file(config.plot, std::ios::binary);
+  const std::string png((std::istreambuf_iterator<char>(png_file)), {});
+  EXPECT_EQ(DecodeStoredPng(png).width, 1200);
+  // `sieve bench plot` redraws it, here with a second copy overlaid.
+  PlotConfig plot;
+  plot.result_jsons = {config.client.result_json, config.client.result_json};
+  plot.plot = TempPath("replot.png");
+  ASSERT_TRUE(RunBenchPlot(plot).ok());
+  EXPECT_TRUE(std::filesystem::exists(plot.plot));
+  plot.result_jsons = {TempPath("missing.json")};
+  EXPECT_FALSE(RunBenchPlot(plot).ok());
+  for (const std::string& path : {config.client.result_json, config.plot, plot.plot}) {
+    std::filesystem::remove(path);
+  }
+}
+
+}  // namespace
+}  // namespace sieve::bench

@@ -1,0 +1,378 @@
+#include "tools/bench/bench_commands.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "tokenizer/tokenizer_loader.h"
+#include "tools/bench/dataset.h"
+#include "tools/bench/plot.h"
+#include "tools/bench/png_writer.h"
+#include "tools/bench/progress_bar.h"
+#include "tools/bench/report.h"
+#include "tools/bench/server_info.h"
+#include "tools/bench/serving_benchmark.h"
+
+namespace sieve::bench {
+
+namespace {
+
+constexpr std::chrono::seconds kProbeTimeout{10};
+constexpr size_t kErrorsKept = 5;
+// The first request checks the endpoint and model before the load starts; it need not be long.
+constexpr int kTestRequestTokens = 8;
+constexpr uint64_t kWarmupSeedOffset = 0x5EED0000;
+
+// Everything a run needs that does not depend on the load: the server, the model, the tokenizer.
+struct BenchSetup {
+  ServingLoadOptions load;
+  std::unique_ptr<Tokenizer> tokenizer;
+  nlohmann::json server_info;
+  nlohmann::json metadata = nlohmann::json::object();
+};
+
+Result<double> ParseRequestRate(const std::string& text) {
+  if (text == "inf" || text == "INF" || text == "Inf") {
+    return std::numeric_limits<double>::infinity();
+  }
+  double rate = 0;
+  try {
+    size_t used = 0;
+    rate = std::stod(text, &used);
+    if (used != text.size()) throw std::invalid_argument(text);
+  } catch (const std::exception&) {
+    return InvalidArgumentError("--request-rate must be a number of requests/s or inf, not '" +
+                                text + "'");
+  }
+  if (!(rate > 0)) return InvalidArgumentError("--request-rate must be positive");
+  return rate;
+}
+
+Result<nlohmann::json> ParseMetadata(const std::vector<std::string>& pairs) {
+  nlohmann::json metadata = nlohmann::json::object();
+  for (const std::string& pair : pairs) {
+    const size_t equals = pair.find('=');
+    if (equals == std::string::npos || equals == 0) {
+      return InvalidArgumentError("--metadata takes KEY=VALUE, not '" + pair + "'");
+    }
+    metadata[pair.substr(0, equals)] = pair.substr(equals + 1);
+  }
+  return metadata;
+}
+
+std::string Hostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "";
+  return name;
+}
+
+Result<BenchSetup> Prepare(const ClientConfig& client, const DatasetConfig& dataset) {
+  BenchSetup setup;
+  SIEVE_ASSIGN_OR_RETURN(setup.load.base_url, ParseHttpUrl(client.base_url));
+  SIEVE_ASSIGN_OR_RETURN(setup.metadata, ParseMetadata(client.metadata));
+  if (client.warmup < 0) return InvalidArgumentError("--warmup must not be negative");
+  if (!(client.request_timeout_s > 0)) {
+    return InvalidArgumentError("--request-timeout must be positive");
+  }
+  if (!client.extra_body.empty()) {
+    setup.load.body.extra =
+        nlohmann::json::parse(client.extra_body, nullptr, /*allow_exceptions=*/false);
+    if (!setup.load.body.extra.is_object()) {
+      return InvalidArgumentError("--extra-body must be a JSON object, e.g. '{\"top_p\": 0.9}'");
+    }
+  }
+  if (dataset.tokenizer.empty()) {
+    std::fprintf(stderr,
+                 "note: no --tokenizer: prompts are built and unreported output tokens counted "
+                 "with Sieve's embedded byte-level tokenizer (one token per byte); pass the "
+                 "served model's tokenizer for token counts that match the server's\n");
+    setup.tokenizer = MakeEmbeddedByteTokenizer();
+  } else {
+    auto tokenizer = LoadTokenizer(dataset.tokenizer);
+    if (!tokenizer.ok()) return tokenizer.status().WithContext("loading --tokenizer");
+    setup.tokenizer = std::move(tokenizer).value();
+  }
+  auto info = FetchServerInfo(setup.load.base_url, client.api_key,
+                              std::chrono::duration_cast<std::chrono::milliseconds>(kProbeTimeout));
+  if (!info.ok()) return info.status().WithContext("cannot reach the server");
+  setup.server_info = std::move(info).value();
+  setup.load.body.model = client.model;
+  if (setup.load.body.model.empty()) {
+    SIEVE_ASSIGN_OR_RETURN(setup.load.body.model, FirstModelId(setup.server_info));
+    std::fprintf(stderr, "model: %s (from GET /v1/models)\n", setup.load.body.model.c_str());
+  }
+  setup.load.endpoint = client.endpoint;
+  setup.load.body.api = ApiKindForEndpoint(client.endpoint);
+  setup.load.body.temperature = client.temperature;
+  setup.load.body.ignore_eos = client.ignore_eos;
+  setup.load.api_key = client.api_key;
+  setup.load.request_timeout_s = client.request_timeout_s;
+  setup.load.seed = dataset.seed;
+  return setup;
+}
+
+// `seed` rather than dataset.seed: each sweep level and the warm-up draw their own prompts.
+Result<std::vector<BenchPrompt>> MakePrompts(const DatasetConfig& dataset,
+                                             const Tokenizer& tokenizer, int num_prompts,
+                                             uint64_t seed) {
+  if (dataset.name == "random") {
+    if (!dataset.path.empty()) {
+      return InvalidArgumentError("--dataset-path needs --dataset-name jsonl");
+    }
+    RandomDatasetOptions options;
+    options.num_prompts = num_prompts;
+    options.input_len = dataset.input_len;
+    options.output_len = dataset.output_len;
+    options.range_ratio = dataset.range_ratio;
+    options.seed = seed;
+    return MakeRandomDataset(tokenizer, options);
+  }
+  if (dataset.name == "jsonl") {
+    if (dataset.path.empty())
+      return InvalidArgumentError("--dataset-name jsonl needs --dataset-path");
+    return LoadJsonlDataset(dataset.path, tokenizer, dataset.output_len, num_prompts);
+  }
+  return InvalidArgumentError("--dataset-name must be random or jsonl, not '" + dataset.name + "'");
+}
+
+// Prompts for the test request and the warm-up, drawn apart from the measured ones: a server
+// with a prefix cache (vLLM's is on by default) must not find a measured prompt already cached.
+Result<std::vector<BenchPrompt>> MakeWarmupPrompts(const DatasetConfig& dataset,
+                                                   const Tokenizer& tokenizer, int warmup) {
+  return MakePrompts(dataset, tokenizer, std::max(1, warmup), dataset.seed + kWarmupSeedOffset);
+}
+
+// One short request first, so that a wrong endpoint, model or API key is one clear error and not
+// a thousand failed requests.
+Status SendTestRequest(const BenchSetup& setup, const BenchPrompt& prompt) {
+  BenchPrompt test = prompt;
+  test.output_len = std::min(test.output_len, kTestRequestTokens);
+  SIEVE_ASSIGN_OR_RETURN(ServingLoadResult result,
+                         RunServingLoad(setup.load, {test}, *setup.tokenizer, nullptr));
+  const RequestRecord& record = result.records.front();
+  if (!record.success) return UnavailableError("the test request failed: " + record.error);
+  return Status::Ok();
+}
+
+// `count` requests (the prompts from the top, repeated) whose results are thrown away: they let
+// the server allocate, compile and capture before anything is timed.
+Status Warmup(const BenchSetup& setup, const std::vector<BenchPrompt>& prompts, int count,
+              int max_concurrency, bool progress) {
+  if (count <= 0) return Status::Ok();
+  std::vector<BenchPrompt> warmup;
+  for (int index = 0; index < count; ++index) {
+    warmup.push_back(prompts[static_cast<size_t>(index) % prompts.size()]);
+  }
+  ServingLoadOptions options = setup.load;
+  options.max_concurrency = max_concurrency;
+  options.request_rate = std::numeric_limits<double>::infinity();
+  ProgressBar bar("warmup", count, progress);
+  SIEVE_ASSIGN_OR_RETURN(ServingLoadResult result,
+                         RunServingLoad(options, warmup, *setup.tokenizer, &bar));
+  const int failed = static_cast<int>(std::count_if(result.records.begin(), result.records.end(),
+                                                    [](const auto& r) { return !r.success; }));
+  if (failed > 0) std::fprintf(stderr, "warning: %d warmup request(s) failed\n", failed);
+  return Status::Ok();
+}
+
+nlohmann::json DatasetJson(const DatasetConfig& dataset, int num_prompts) {
+  return {{"name", dataset.name},
+          {"path", dataset.path},
+          {"tokenizer", dataset.tokenizer.empty() ? "embedded-byte" : dataset.tokenizer},
+          {"input_len", dataset.input_len},
+          {"output_len", dataset.output_len},
+          {"range_ratio", dataset.range_ratio},
+          {"num_prompts", num_prompts},
+          {"seed", dataset.seed}};
+}
+
+nlohmann::json ClientJson(const ClientConfig& client, const BenchSetup& setup) {
+  return {{"base_url", setup.load.base_url.ToString()},
+          {"endpoint", client.endpoint},
+          {"model", setup.load.body.model},
+          {"ignore_eos", client.ignore_eos},
+          {"temperature", client.temperature},
+          {"extra_body", setup.load.body.extra},
+          {"request_timeout_s", client.request_timeout_s},
+          {"warmup", client.warmup}};
+}
+
+// The fields every result file starts with.
+nlohmann::json ResultHeader(const char* kind, const ClientConfig& client, const BenchSetup& setup) {
+  nlohmann::json json;
+  json["kind"] = kind;
+  json["date"] = NowIso8601();
+  json["label"] = client.label;
+  json["metadata"] = setup.metadata;
+  json["client_host"] = Hostname();
+  json["server"] = setup.server_info;
+  return json;
+}
+
+nlohmann::json RecordsJson(const std::vector<RequestRecord>& records, bool with_text) {
+  nlohmann::json json = nlohmann::json::array();
+  for (const RequestRecord& record : records) json.push_back(RecordToJson(record, with_text));
+  return json;
+}
+
+void PrintErrors(const nlohmann::json& errors, int failed) {
+  if (errors.empty()) return;
+  std::printf("%d request(s) failed; the most frequent error(s):\n", failed);
+  for (const nlohmann::json& error : errors) {
+    std::printf("  [%d x] %s\n", error["count"].get<int>(),
+                error["message"].get<std::string>().c_str());
+  }
+}
+
+// "4000 in / 500 out tokens" from a sweep result's dataset settings.
+std::string WorkloadTitle(const nlohmann::json& sweep) {
+  const nlohmann::json dataset =
+      sweep.value("config", nlohmann::json::object()).value("dataset", nlohmann::json::object());
+  if (dataset.value("name", std::string()) == "jsonl") return dataset.value("path", std::string());
+  return fmt::format("{} in / {} out tokens", dataset.value("input_len", 0),
+                     dataset.value("output_len", 0));
+}
+
+}  // namespace
+
+int PromptsForLevel(const SweepConfig& config, int concurrency) {
+  if (config.num_prompts_per_level > 0) return config.num_prompts_per_level;
+  return std::max(10, 2 * concurrency);
+}
+
+Status RunBenchServe(const ServeConfig& config) {
+  SIEVE_ASSIGN_OR_RETURN(const double request_rate, ParseRequestRate(config.request_rate));
+  if (config.max_concurrency < 0) return InvalidArgumentError("--max-concurrency must be >= 0");
+  if (!(config.burstiness > 0)) return InvalidArgumentError("--burstiness must be positive");
+  SIEVE_ASSIGN_OR_RETURN(BenchSetup setup, Prepare(config.client, config.dataset));
+  setup.load.max_concurrency = config.max_concurrency;
+  setup.load.request_rate = request_rate;
+  setup.load.burstiness = config.burstiness;
+  SIEVE_ASSIGN_OR_RETURN(std::vector<BenchPrompt> prompts,
+                         MakePrompts(config.dataset, *setup.tokenizer, config.dataset.num_prompts,
+                                     config.dataset.seed));
+  SIEVE_ASSIGN_OR_RETURN(std::vector<BenchPrompt> warmup_prompts,
+                         MakeWarmupPrompts(config.dataset, *setup.tokenizer, config.client.warmup));
+  SIEVE_RETURN_IF_ERROR(SendTestRequest(setup, warmup_prompts.front()));
+  SIEVE_RETURN_IF_ERROR(Warmup(setup, warmup_prompts, config.client.warmup, config.max_concurrency,
+                               config.client.progress));
+  ProgressBar bar("benchmark", static_cast<int>(prompts.size()), config.client.progress);
+  SIEVE_ASSIGN_OR_RETURN(ServingLoadResult result,
+                         RunServingLoad(setup.load, prompts, *setup.tokenizer, &bar));
+  const BenchMetrics metrics = ComputeMetrics(result.records, result.duration_s);
+  std::printf("%s", FormatServingTable(metrics, config.max_concurrency, request_rate).c_str());
+  const nlohmann::json errors = SummarizeErrors(result.records, kErrorsKept);
+  PrintErrors(errors, metrics.failed);
+  std::fflush(stdout);
+  if (!config.client.result_json.empty()) {
+    nlohmann::json json = ResultHeader("sieve_bench_serve", config.client, setup);
+    json["config"] = {{"dataset", DatasetJson(config.dataset, static_cast<int>(prompts.size()))},
+                      {"client", ClientJson(config.client, setup)},
+                      {"max_concurrency", config.max_concurrency},
+                      {"request_rate", config.request_rate},
+                      {"burstiness", config.burstiness}};
+    json["metrics"] = MetricsToJson(metrics);
+    json["errors"] = errors;
+    json["requests"] = RecordsJson(result.records, config.client.save_texts);
+    SIEVE_RETURN_IF_ERROR(WriteJsonFile(config.client.result_json, json));
+    std::fprintf(stderr, "wrote %s\n", config.client.result_json.c_str());
+  }
+  if (metrics.completed == 0) {
+    return UnavailableError(fmt::format("all {} requests failed", metrics.failed));
+  }
+  return Status::Ok();
+}
+
+Status RunBenchSweep(const SweepConfig& config) {
+  if (config.concurrency.empty()) return InvalidArgumentError("--concurrency needs a level");
+  for (int level : config.concurrency) {
+    if (level <= 0) return InvalidArgumentError("--concurrency levels must be positive");
+  }
+  SIEVE_ASSIGN_OR_RETURN(BenchSetup setup, Prepare(config.client, config.dataset));
+  std::vector<SweepLevel> levels;
+  nlohmann::json levels_json = nlohmann::json::array();
+  SIEVE_ASSIGN_OR_RETURN(std::vector<BenchPrompt> warmup_prompts,
+                         MakeWarmupPrompts(config.dataset, *setup.tokenizer, config.client.warmup));
+  for (int concurrency : config.concurrency) {
+    const int num_prompts = PromptsForLevel(config, concurrency);
+    SIEVE_ASSIGN_OR_RETURN(std::vector<BenchPrompt> prompts,
+                           MakePrompts(config.dataset, *setup.tokenizer, num_prompts,
+                                       config.dataset.seed + levels.size()));
+    if (levels.empty()) SIEVE_RETURN_IF_ERROR(SendTestRequest(setup, warmup_prompts.front()));
+    SIEVE_RETURN_IF_ERROR(
+        Warmup(setup, warmup_prompts, config.client.warmup, concurrency, config.client.progress));
+    setup.load.max_concurrency = concurrency;
+    ProgressBar bar(fmt::format("concurrency {}", concurrency), static_cast<int>(prompts.size()),
+                    config.client.progress);
+    SIEVE_ASSIGN_OR_RETURN(ServingLoadResult result,
+                           RunServingLoad(setup.load, prompts, *setup.tokenizer, &bar));
+    SweepLevel level;
+    level.concurrency = concurrency;
+    level.num_prompts = static_cast<int>(prompts.size());
+    level.metrics = ComputeMetrics(result.records, result.duration_s);
+    const nlohmann::json errors = SummarizeErrors(result.records, kErrorsKept);
+    std::fprintf(stderr,
+                 "concurrency %d: %.1f output tok/s, TTFT P50 %.1f ms, TPOT P50 %.2f ms, %d "
+                 "failed\n",
+                 concurrency, level.metrics.output_throughput, level.metrics.ttft_ms.median,
+                 level.metrics.tpot_ms.median, level.metrics.failed);
+    levels_json.push_back({{"concurrency", concurrency},
+                           {"num_prompts", level.num_prompts},
+                           {"metrics", MetricsToJson(level.metrics)},
+                           {"errors", errors},
+                           {"requests", RecordsJson(result.records, config.client.save_texts)}});
+    levels.push_back(level);
+  }
+  std::printf("%s", FormatSweepTable(levels).c_str());
+  std::fflush(stdout);
+  if (!config.client.result_json.empty()) {
+    nlohmann::json json = ResultHeader("sieve_bench_sweep", config.client, setup);
+    json["config"] = {{"dataset", DatasetJson(config.dataset, 0)},
+                      {"client", ClientJson(config.client, setup)},
+                      {"concurrency", config.concurrency},
+                      {"num_prompts_per_level", config.num_prompts_per_level}};
+    json["levels"] = levels_json;
+    SIEVE_RETURN_IF_ERROR(WriteJsonFile(config.client.result_json, json));
+    std::fprintf(stderr, "wrote %s\n", config.client.result_json.c_str());
+  }
+  if (!config.plot.empty()) {
+    const std::string title = fmt::format(
+        "{}{} in / {} out tokens", config.client.label.empty() ? "" : config.client.label + ": ",
+        config.dataset.input_len, config.dataset.output_len);
+    SIEVE_RETURN_IF_ERROR(WritePng(config.plot, DrawSweepChart({{"", levels}}, title)));
+    std::fprintf(stderr, "wrote %s\n", config.plot.c_str());
+  }
+  const bool any_completed = std::any_of(
+      levels.begin(), levels.end(), [](const SweepLevel& l) { return l.metrics.completed > 0; });
+  if (!any_completed) return UnavailableError("every request of every level failed");
+  return Status::Ok();
+}
+
+Status RunBenchPlot(const PlotConfig& config) {
+  if (config.result_jsons.empty()) return InvalidArgumentError("--result-json is required");
+  if (config.plot.empty()) return InvalidArgumentError("--plot is required");
+  std::vector<SweepSeries> series;
+  std::string title = config.title;
+  for (const std::string& path : config.result_jsons) {
+    SIEVE_ASSIGN_OR_RETURN(nlohmann::json json, ReadJsonFile(path));
+    if (title.empty()) title = WorkloadTitle(json);
+    auto one = SweepSeriesFromJson(json, path);
+    if (!one.ok()) return one.status().WithContext(path);
+    if (config.result_jsons.size() == 1 && json.value("label", std::string()).empty()) {
+      one->label.clear();  // a single unlabelled sweep needs no legend naming its file
+    }
+    series.push_back(std::move(one).value());
+  }
+  SIEVE_RETURN_IF_ERROR(WritePng(config.plot, DrawSweepChart(series, title)));
+  std::fprintf(stderr, "wrote %s\n", config.plot.c_str());
+  return Status::Ok();
+}
+
+}  // namespace sieve::bench

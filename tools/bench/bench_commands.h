@@ -1,0 +1,75 @@
+// The flows behind `sieve bench serve`, `sieve bench sweep` and `sieve bench plot`: settings in,
+// tables on stdout, progress on stderr, results in JSON and PNG files. tools/bench_command.cc
+// maps flags onto these structs; tests call the functions directly.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace sieve::bench {
+
+// Which prompts to send.
+struct DatasetConfig {
+  std::string name = "random";  // random | jsonl
+  std::string path;             // the JSONL file
+  std::string tokenizer;        // "" : Sieve's embedded byte-level tokenizer
+  int input_len = 1024;
+  int output_len = 128;
+  double range_ratio = 0.0;
+  int num_prompts = 1000;  // for jsonl, 0 takes every line
+  uint64_t seed = 0;
+};
+
+// How to talk to the server, and what to record.
+struct ClientConfig {
+  std::string base_url = "http://127.0.0.1:8000";
+  std::string endpoint = "/v1/completions";
+  std::string model;  // "" : the first model of GET /v1/models
+  std::string api_key;
+  bool ignore_eos = false;
+  double temperature = 0.0;
+  std::string extra_body;  // a JSON object merged into every request
+  double request_timeout_s = 6 * 3600.0;
+  int warmup = 0;  // requests sent and discarded before measuring
+  bool progress = true;
+  std::string label;
+  std::vector<std::string> metadata;  // KEY=VALUE
+  std::string result_json;
+  bool save_texts = false;  // generated text of every request in the JSON
+};
+
+struct ServeConfig {
+  DatasetConfig dataset;
+  ClientConfig client;
+  int max_concurrency = 0;           // 0: no cap
+  std::string request_rate = "inf";  // requests/s, or inf
+  double burstiness = 1.0;
+};
+
+// The concurrency levels of PERF.md's headline workload.
+inline const std::vector<int> kPerfConcurrencyLevels = {1, 10, 20, 64, 128};
+
+struct SweepConfig {
+  DatasetConfig dataset;
+  ClientConfig client;
+  std::vector<int> concurrency = kPerfConcurrencyLevels;
+  int num_prompts_per_level = 0;  // 0: max(10, 2 x concurrency)
+  std::string plot;               // PNG path, "" for none
+};
+
+struct PlotConfig {
+  std::vector<std::string> result_jsons;  // sweep results, one curve each
+  std::string plot;
+  std::string title;
+};
+
+// The number of prompts a sweep level sends.
+int PromptsForLevel(const SweepConfig& config, int concurrency);
+
+Status RunBenchServe(const ServeConfig& config);
+Status RunBenchSweep(const SweepConfig& config);
+Status RunBenchPlot(const PlotConfig& config);
+
+}  // namespace sieve::bench

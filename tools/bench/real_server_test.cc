@@ -1,0 +1,211 @@
+// End to end through the real binaries: `sieve serve` (embedded model, CPU, small KV cache, a
+// free port) and `sieve bench serve` against it, checking the table and the result JSON. Skips
+// itself while `sieve serve` is still the placeholder that says "not built yet".
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/asio/ip/tcp.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tools/bench/http_client.h"
+#include "tools/bench/report.h"
+
+extern char** environ;
+
+namespace sieve::bench {
+namespace {
+
+constexpr std::chrono::seconds kServerStartTimeout{90};
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("sieve_real_server_test_" + std::to_string(getpid()) + "_" + name))
+      .string();
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+CommandResult RunCommand(const std::string& arguments) {
+  const std::string log = TempPath("command.log");
+  const std::string command =
+      std::string(SIEVE_BINARY_PATH) + " " + arguments + " >" + log + " 2>&1";
+  const int status = std::system(command.c_str());
+  CommandResult result;
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  result.output = ReadFile(log);
+  std::filesystem::remove(log);
+  return result;
+}
+
+int FreePort() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor acceptor(
+      io, boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+  return acceptor.local_endpoint().port();
+}
+
+// A `sieve serve` child process, stopped (SIGTERM, then SIGKILL) when this goes away.
+class ServerProcess {
+ public:
+  ServerProcess(const std::vector<std::string>& arguments, const std::string& log_path)
+      : log_path_(log_path) {
+    std::vector<std::string> argv_storage = {SIEVE_BINARY_PATH};
+    argv_storage.insert(argv_storage.end(), arguments.begin(), arguments.end());
+    std::vector<char*> argv;
+    for (std::string& argument : argv_storage) argv.push_back(argument.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&actions);
+  }
+
+  ~ServerProcess() {
+    if (pid_ <= 0 || exited_) return;
+    kill(pid_, SIGTERM);
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      if (Exited()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+
+  bool started() const { return pid_ > 0; }
+  bool Exited() {
+    if (!exited_ && waitpid(pid_, nullptr, WNOHANG) == pid_) exited_ = true;
+    return exited_;
+  }
+  std::string Log() const { return ReadFile(log_path_); }
+
+ private:
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  std::string log_path_;
+};
+
+TEST(BenchCliTest, HelpExplainsEveryFlag) {
+  const CommandResult serve = RunCommand("bench serve --help");
+  ASSERT_EQ(serve.exit_code, 0) << serve.output;
+  for (const char* flag : {"--base-url", "--endpoint", "--model", "--tokenizer", "--input-len",
+                           "--output-len", "--range-ratio", "--num-prompts", "--seed",
+                           "--dataset-path", "--max-concurrency", "--request-rate", "--burstiness",
+                           "--ignore-eos", "--warmup", "--result-json", "--label", "--metadata"}) {
+    EXPECT_NE(serve.output.find(flag), std::string::npos) << flag;
+  }
+  const CommandResult sweep = RunCommand("bench sweep --help");
+  ASSERT_EQ(sweep.exit_code, 0);
+  EXPECT_NE(sweep.output.find("--concurrency"), std::string::npos);
+  EXPECT_NE(sweep.output.find("--plot"), std::string::npos);
+  EXPECT_EQ(RunCommand("bench plot --help").exit_code, 0);
+}
+
+TEST(BenchCliTest, UnreachableServerExitsNonZeroWithAMessage) {
+  const CommandResult result = RunCommand(
+      "bench serve --no-progress --num-prompts 2 --base-url "
+      "http://127.0.0.1:" +
+      std::to_string(FreePort()));
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.output.find("error: cannot reach the server"), std::string::npos)
+      << result.output;
+  const CommandResult bad_url = RunCommand("bench serve --base-url https://example.com");
+  EXPECT_EQ(bad_url.exit_code, 1);
+  EXPECT_NE(bad_url.output.find("only http://"), std::string::npos) << bad_url.output;
+}
+
+TEST(RealServerTest, BenchServeAgainstSieveServe) {
+  const CommandResult help = RunCommand("serve --help");
+  if (help.output.find("--port") == std::string::npos) {
+    GTEST_SKIP() << "sieve serve is not built yet (its --help has no --port)";
+  }
+  const int port = FreePort();
+  std::vector<std::string> arguments = {"serve",  "--device",          "cpu", "--kv-memory", "64M",
+                                        "--port", std::to_string(port)};
+  if (help.output.find("--host") != std::string::npos) {
+    arguments.insert(arguments.end(), {"--host", "127.0.0.1"});
+  }
+  ServerProcess server(arguments, TempPath("server.log"));
+  ASSERT_TRUE(server.started());
+  const HttpUrl url = *ParseHttpUrl("http://127.0.0.1:" + std::to_string(port));
+  const auto deadline = std::chrono::steady_clock::now() + kServerStartTimeout;
+  bool ready = false;
+  while (!ready && std::chrono::steady_clock::now() < deadline) {
+    if (server.Exited()) {
+      const std::string log = server.Log();
+      if (log.find("not built yet") != std::string::npos) {
+        GTEST_SKIP() << "sieve serve is not built yet: " << log;
+      }
+      FAIL() << "sieve serve exited before serving:\n" << log;
+    }
+    HttpRequestSpec spec;
+    spec.target = "/v1/models";
+    spec.timeout = std::chrono::milliseconds(2000);
+    auto response = HttpFetch(url, spec);
+    ready = response.ok() && response->status == 200;
+    if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  ASSERT_TRUE(ready) << "sieve serve did not answer GET /v1/models within "
+                     << kServerStartTimeout.count() << " s:\n"
+                     << server.Log();
+
+  const std::string json_path = TempPath("result.json");
+  const CommandResult bench =
+      RunCommand("bench serve --no-progress --base-url " + url.ToString() +
+                 " --num-prompts 8 --input-len 32 --output-len 16 --max-concurrency 4 --ignore-eos "
+                 "--warmup 1 --label ci --metadata device=cpu --result-json " +
+                 json_path);
+  ASSERT_EQ(bench.exit_code, 0) << bench.output << "\nserver log:\n" << server.Log();
+  EXPECT_NE(bench.output.find("============ Serving Benchmark Result ============"),
+            std::string::npos)
+      << bench.output;
+  std::printf("%s", bench.output.c_str());
+  auto json = ReadJsonFile(json_path);
+  ASSERT_TRUE(json.ok()) << json.status().ToString();
+  const nlohmann::json& metrics = (*json)["metrics"];
+  EXPECT_EQ(metrics["completed"], 8);
+  EXPECT_EQ(metrics["failed"], 0);
+  // --ignore-eos: every request generates all 16 tokens.
+  EXPECT_EQ(metrics["total_output_tokens"], 8 * 16);
+  EXPECT_EQ(metrics["total_input_tokens"], 8 * 32);
+  EXPECT_GT(metrics["mean_ttft_ms"].get<double>(), 0);
+  EXPECT_GT(metrics["mean_tpot_ms"].get<double>(), 0);
+  EXPECT_GT(metrics["output_throughput"].get<double>(), 0);
+  EXPECT_LE(metrics["max_concurrent_requests"].get<int>(), 4);
+  EXPECT_TRUE((*json)["server"].contains("models"));
+  EXPECT_EQ((*json)["label"], "ci");
+  EXPECT_EQ((*json)["metadata"]["device"], "cpu");
+  ASSERT_EQ((*json)["requests"].size(), 8u);
+  for (const nlohmann::json& request : (*json)["requests"]) {
+    EXPECT_TRUE(request["success"].get<bool>()) << request.dump();
+    EXPECT_EQ(request["output_tokens"], 16);
+  }
+  std::filesystem::remove(json_path);
+}
+
+}  // namespace
+}  // namespace sieve::bench

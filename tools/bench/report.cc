@@ -1,0 +1,134 @@
+#include "tools/bench/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+
+namespace sieve::bench {
+
+namespace {
+
+constexpr int kTableWidth = 50;
+
+// A title centred in dashes, as Python's "{:-^50}" does (the odd dash goes to the right).
+std::string Section(const std::string& title) {
+  const int padding = std::max(0, kTableWidth - static_cast<int>(title.size()));
+  return std::string(static_cast<size_t>(padding / 2), '-') + title +
+         std::string(static_cast<size_t>(padding - padding / 2), '-') + "\n";
+}
+
+std::string Row(const std::string& name, const std::string& value) {
+  return fmt::format("{:<40} {:<10}\n", name, value);
+}
+
+std::string Row(const std::string& name, double value) {
+  return Row(name, fmt::format("{:.2f}", value));
+}
+
+std::string DistributionRows(const std::string& title, const std::string& short_name,
+                             const Distribution& value) {
+  std::string text = Section(title);
+  text += Row("Mean " + short_name + " (ms):", value.mean);
+  text += Row("Std " + short_name + " (ms):", value.std);
+  text += Row("Median " + short_name + " (ms):", value.median);
+  text += Row("P90 " + short_name + " (ms):", value.p90);
+  text += Row("P99 " + short_name + " (ms):", value.p99);
+  return text;
+}
+
+}  // namespace
+
+std::string FormatServingTable(const BenchMetrics& metrics, int max_concurrency,
+                               double request_rate) {
+  std::string text = "============ Serving Benchmark Result ============\n";
+  text += Row("Successful requests:", std::to_string(metrics.completed));
+  text += Row("Failed requests:", std::to_string(metrics.failed));
+  if (max_concurrency > 0) {
+    text += Row("Maximum request concurrency:", std::to_string(max_concurrency));
+  }
+  text += Row("Request rate configured (RPS):", std::isfinite(request_rate) && request_rate > 0
+                                                    ? fmt::format("{:.2f}", request_rate)
+                                                    : std::string("inf"));
+  text += Row("Benchmark duration (s):", metrics.duration_s);
+  text += Row("Total input tokens:", std::to_string(metrics.total_input_tokens));
+  text += Row("Total generated tokens:", std::to_string(metrics.total_output_tokens));
+  text += Row("Request throughput (req/s):", metrics.request_throughput);
+  text += Row("Output token throughput (tok/s):", metrics.output_throughput);
+  text += Row("Peak output token throughput (tok/s):", metrics.peak_output_throughput);
+  text += Row("Peak concurrent requests:", std::to_string(metrics.peak_concurrent_requests));
+  text += Row("Total Token throughput (tok/s):", metrics.total_token_throughput);
+  text += DistributionRows("Time to First Token", "TTFT", metrics.ttft_ms);
+  text += DistributionRows("Time per Output Token (excl. 1st token)", "TPOT", metrics.tpot_ms);
+  text += DistributionRows("Inter-token Latency", "ITL", metrics.itl_ms);
+  text += DistributionRows("End-to-end Latency", "E2EL", metrics.e2el_ms);
+  text += std::string(kTableWidth, '=') + "\n";
+  return text;
+}
+
+std::string FormatSweepTable(const std::vector<SweepLevel>& levels) {
+  std::string text =
+      "| concurrency | requests | failed | req/s | output tok/s | TTFT P50 (ms) | TTFT P99 (ms) "
+      "| TPOT P50 (ms) | TPOT P99 (ms) | ITL P99 (ms) |\n"
+      "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  for (const SweepLevel& level : levels) {
+    const BenchMetrics& m = level.metrics;
+    text += fmt::format(
+        "| {} | {} | {} | {:.2f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.2f} | {:.2f} |\n",
+        level.concurrency, level.num_prompts, m.failed, m.request_throughput, m.output_throughput,
+        m.ttft_ms.median, m.ttft_ms.p99, m.tpot_ms.median, m.tpot_ms.p99, m.itl_ms.p99);
+  }
+  return text;
+}
+
+nlohmann::json SummarizeErrors(const std::vector<RequestRecord>& records, size_t limit) {
+  std::vector<std::pair<std::string, int>> counts;  // in order of first occurrence
+  std::map<std::string, size_t> index_of;
+  for (const RequestRecord& record : records) {
+    if (record.success) continue;
+    const auto [it, inserted] = index_of.emplace(record.error, counts.size());
+    if (inserted) counts.emplace_back(record.error, 0);
+    ++counts[it->second].second;
+  }
+  std::stable_sort(counts.begin(), counts.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  nlohmann::json errors = nlohmann::json::array();
+  for (size_t index = 0; index < counts.size() && index < limit; ++index) {
+    errors.push_back({{"message", counts[index].first}, {"count", counts[index].second}});
+  }
+  return errors;
+}
+
+std::string NowIso8601() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char text[64];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%S%z", &local);
+  return text;
+}
+
+Status WriteJsonFile(const std::string& path, const nlohmann::json& json) {
+  std::ofstream file(path);
+  // Replace invalid UTF-8 (a server's broken text) rather than throw while saving hours of data.
+  file << json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  file.close();
+  if (!file) return InternalError("cannot write '" + path + "'");
+  return Status::Ok();
+}
+
+Result<nlohmann::json> ReadJsonFile(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) return NotFoundError("cannot read '" + path + "'");
+  std::stringstream text;
+  text << file.rdbuf();
+  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) return DataLossError("'" + path + "' is not valid JSON");
+  return json;
+}
+
+}  // namespace sieve::bench

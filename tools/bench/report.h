@@ -1,0 +1,42 @@
+// What a benchmark prints and saves: the end-of-run table in vLLM's layout (so the two can be
+// compared line by line), the sweep table (Markdown, ready for docs/benchmarks.md), error
+// summaries, and the JSON file helpers.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+#include "tools/bench/metrics.h"
+
+namespace sieve::bench {
+
+// "============ Serving Benchmark Result ============" and the lines under it. `max_concurrency`
+// 0 and a non-finite `request_rate` print as vLLM prints them (no line / "inf").
+std::string FormatServingTable(const BenchMetrics& metrics, int max_concurrency,
+                               double request_rate);
+
+struct SweepLevel {
+  int concurrency = 0;
+  int num_prompts = 0;
+  BenchMetrics metrics;
+};
+
+// One row per level: concurrency, requests, failures, req/s, output tok/s, TTFT P50/P99,
+// TPOT P50/P99, ITL P99, as a Markdown table.
+std::string FormatSweepTable(const std::vector<SweepLevel>& levels);
+
+// The distinct error messages of the failed requests, most frequent first, at most `limit`:
+// [{"message": ..., "count": n}].
+nlohmann::json SummarizeErrors(const std::vector<RequestRecord>& records, size_t limit);
+
+// Local time as ISO 8601 with the UTC offset: "2025-11-30T15:34:02+0000".
+std::string NowIso8601();
+
+// Writes `json` (indented) to `path`; Internal with the path when it cannot.
+Status WriteJsonFile(const std::string& path, const nlohmann::json& json);
+Result<nlohmann::json> ReadJsonFile(const std::string& path);
+
+}  // namespace sieve::bench

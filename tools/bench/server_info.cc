@@ -1,0 +1,74 @@
+#include "tools/bench/server_info.h"
+
+#include <sstream>
+
+namespace sieve::bench {
+
+namespace {
+
+constexpr size_t kMaxTextBytes = 4000;  // of a probe answer that is not JSON
+
+Result<HttpResponse> Get(const HttpUrl& base_url, const std::string& route,
+                         const std::string& api_key, std::chrono::milliseconds timeout) {
+  HttpRequestSpec spec;
+  spec.target = base_url.path + route;
+  spec.timeout = timeout;
+  if (!api_key.empty()) spec.headers.emplace_back("Authorization", "Bearer " + api_key);
+  return HttpFetch(base_url, std::move(spec));
+}
+
+// The answer as JSON when it is JSON, else as (truncated) text; null for a non-2xx answer.
+nlohmann::json Payload(const HttpResponse& response) {
+  if (response.status < 200 || response.status >= 300) return nullptr;
+  nlohmann::json json = nlohmann::json::parse(response.body, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_discarded()) return json;
+  return response.body.substr(0, kMaxTextBytes);
+}
+
+}  // namespace
+
+Result<nlohmann::json> FetchServerInfo(const HttpUrl& base_url, const std::string& api_key,
+                                       std::chrono::milliseconds timeout) {
+  nlohmann::json info;
+  info["base_url"] = base_url.ToString();
+  SIEVE_ASSIGN_OR_RETURN(HttpResponse models, Get(base_url, "/v1/models", api_key, timeout));
+  if (models.status == 401 || models.status == 403) {
+    return UnauthenticatedError("the server at " + base_url.ToString() +
+                                " refused the request (HTTP " + std::to_string(models.status) +
+                                "): pass --api-key or set OPENAI_API_KEY");
+  }
+  if (nlohmann::json payload = Payload(models); !payload.is_null()) info["models"] = payload;
+  for (const char* route : {"/version", "/server_info", "/props"}) {
+    auto response = Get(base_url, route, api_key, timeout);
+    if (!response.ok()) continue;
+    if (nlohmann::json payload = Payload(*response); !payload.is_null()) {
+      info[std::string(route).substr(1)] = payload;
+    }
+  }
+  if (auto metrics = Get(base_url, "/metrics", api_key, timeout);
+      metrics.ok() && metrics->status == 200) {
+    nlohmann::json lines = nlohmann::json::array();
+    std::istringstream text(metrics->body);
+    for (std::string line; std::getline(text, line);) {
+      const size_t brace = line.find('{');
+      if (line.empty() || line.front() == '#' || brace == std::string::npos) continue;
+      if (line.substr(0, brace).ends_with("_info")) lines.push_back(line);
+    }
+    if (!lines.empty()) info["metrics_info"] = lines;
+  }
+  return info;
+}
+
+Result<std::string> FirstModelId(const nlohmann::json& server_info) {
+  const auto models = server_info.find("models");
+  if (models != server_info.end() && models->is_object()) {
+    const auto data = models->find("data");
+    if (data != models->end() && data->is_array() && !data->empty() && data->front().is_object() &&
+        data->front().contains("id") && data->front()["id"].is_string()) {
+      return data->front()["id"].get<std::string>();
+    }
+  }
+  return NotFoundError("the server lists no model at GET /v1/models: pass --model");
+}
+
+}  // namespace sieve::bench

@@ -1,0 +1,31 @@
+// What a server says about itself, stored with every result so that a number can be traced back
+// to the server and flags that produced it. Each probe is best effort: one that fails (404, not
+// JSON, no such route on this kind of server) is simply absent.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+#include "tools/bench/http_client.h"
+
+namespace sieve::bench {
+
+// Probes, under base_url's path:
+//   GET /v1/models    -> "models"  (every OpenAI-compatible server)
+//   GET /version      -> "version" (vLLM, Sieve)
+//   GET /server_info  -> "server_info" (vLLM's engine config in dev mode; Sieve's flags)
+//   GET /props        -> "props" (llama-server's settings)
+//   GET /metrics      -> "metrics_info": the Prometheus *_info series, whose labels carry
+//                        configuration (vLLM's cache_config_info, Sieve's build/engine info)
+// Unavailable when the server cannot be reached at all (the first probe cannot connect), so that
+// a wrong --base-url fails fast with a clear message.
+Result<nlohmann::json> FetchServerInfo(const HttpUrl& base_url, const std::string& api_key,
+                                       std::chrono::milliseconds timeout);
+
+// The first model id of a /v1/models answer ({"data": [{"id": ...}]}), or NotFound.
+Result<std::string> FirstModelId(const nlohmann::json& server_info);
+
+}  // namespace sieve::bench

@@ -1,0 +1,131 @@
+#include "tools/decode_step_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "model/llama_model.h"
+
+namespace sieve {
+
+DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& config,
+                                         const DecodeStepBenchOptions& options) {
+  const int batch = options.batch;
+  const int layers = config.num_layers;
+  const int page_size = 16;
+  const int entries = std::max(1, static_cast<int>(options.context * options.kept_fraction));
+  const int length = entries + 1;  // this step's token is appended
+  const int pages_per_seq = (length + page_size - 1) / page_size;
+  const int num_pages = pages_per_seq * batch * layers;
+  auto model = LlamaModel::Random(config, backend, 1, options.context + 2);
+
+  const auto ints = [&](const std::vector<int32_t>& values, std::vector<int64_t> shape) {
+    Tensor tensor = backend.Allocate(std::move(shape), DType::kI32);
+    backend.CopyFromHost(values.data(), values.size() * sizeof(int32_t), tensor);
+    return tensor;
+  };
+  StepMeta step;
+  step.num_tokens = batch;
+  step.num_seqs = batch;
+  step.num_layers = layers;
+  step.max_kv_len = length;
+  step.num_sample_rows = batch;
+  std::vector<int32_t> rows(batch), starts(batch + 1), slots(batch);
+  std::iota(rows.begin(), rows.end(), 0);
+  std::iota(starts.begin(), starts.end(), 0);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::mt19937_64 rng(7);
+  std::vector<int32_t> tokens(batch);
+  for (int32_t& token : tokens) token = static_cast<int32_t>(rng() % config.vocab_size);
+  step.token_ids = ints(tokens, {batch});
+  // True positions are the full context even when a layer keeps fewer entries (sparse).
+  step.positions = ints(std::vector<int32_t>(batch, options.context), {batch});
+  step.query_start = ints(starts, {batch + 1});
+  step.key_start = ints({0}, {1});
+  step.context_lens = ints(std::vector<int32_t>(batch, options.context), {batch});
+  step.seq_slots = ints(slots, {batch});
+  step.write_start =
+      ints(std::vector<int32_t>(static_cast<size_t>(layers) * batch, entries), {layers, batch});
+  step.sample_rows = ints(rows, {batch});
+  step.compression_jobs = ints({0}, {1});
+  step.eviction_jobs = ints({0}, {1});
+  step.job_begin.assign(layers + 1, 0);
+  step.eviction_begin.assign(layers + 1, 0);
+
+  KvPool pool;
+  pool.page_size = page_size;
+  pool.num_pages = num_pages;
+  pool.max_seqs = batch;
+  pool.max_pages_per_seq = pages_per_seq;
+  pool.num_kv_heads = config.num_kv_heads;
+  pool.head_dim = config.head_dim;
+  pool.k = backend.Allocate({num_pages, page_size, config.num_kv_heads, config.head_dim},
+                            backend.activation_dtype());
+  pool.v = backend.Allocate(pool.k.shape(), backend.activation_dtype());
+  backend.FillRandom(pool.k, 3, 1.0f);
+  backend.FillRandom(pool.v, 4, 1.0f);
+  // Pages scattered over the pool, as a long-running server's would be.
+  std::vector<int32_t> pages(num_pages);
+  std::iota(pages.begin(), pages.end(), 0);
+  std::shuffle(pages.begin(), pages.end(), rng);
+  pool.page_table = ints(pages, {layers, batch, pages_per_seq});
+  pool.kv_lens =
+      ints(std::vector<int32_t>(static_cast<size_t>(layers) * batch, length), {layers, batch});
+
+  ForwardWorkspace workspace;
+  model->EnsureWorkspace(workspace, batch, 1, batch, 1, 1);
+  Tensor logits = backend.Allocate({batch, config.vocab_size}, DType::kF32);
+  model->Forward(step, pool, workspace, logits);  // warm-up: plans GEMMs, sizes workspaces
+  backend.Synchronize();
+  int graph = -1;
+  if (options.use_graph && backend.SupportsGraphs()) {
+    backend.BeginCapture();
+    model->Forward(step, pool, workspace, logits);
+    graph = backend.EndCapture();
+  }
+  const auto run = [&] {
+    if (graph >= 0) {
+      backend.ReplayGraph(graph);
+    } else {
+      model->Forward(step, pool, workspace, logits);
+    }
+  };
+  run();
+  backend.Synchronize();
+  std::vector<double> times;
+  for (int iteration = 0; iteration < options.iterations; ++iteration) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    backend.Synchronize();
+    times.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count());
+  }
+  std::sort(times.begin(), times.end());
+
+  DecodeStepBenchResult result;
+  result.step_ms = times[times.size() / 2];
+  const double elem = static_cast<double>(DTypeSize(backend.activation_dtype()));
+  // Bytes a step must move: every weight except the embedding table once (B embedding rows),
+  // every held K/V entry once.
+  const double weights = (static_cast<double>(config.NumParameters()) -
+                          static_cast<double>(config.vocab_size) * config.hidden_size *
+                              (config.tie_word_embeddings ? 0 : 1)) *
+                         elem;
+  const double kv = static_cast<double>(batch) * layers * length * config.num_kv_heads *
+                    config.head_dim * 2 * elem;
+  result.bytes = weights + kv;
+  if (options.copy_bandwidth > 0) {
+    // The copy ceiling counts read + write; a decode step mostly reads, so the read bandwidth is
+    // taken as half the measured copy rate times two directions = the copy rate (PERF.md quotes
+    // the bound this way).
+    result.bound_ms = result.bytes / options.copy_bandwidth * 1e3;
+  }
+  result.tokens_per_second = batch / (result.step_ms * 1e-3);
+  result.achieved_bandwidth = result.bytes / (result.step_ms * 1e-3);
+  return result;
+}
+
+}  // namespace sieve

@@ -1,0 +1,33 @@
+// The decode-step benchmark: one decode step of a whole model (dummy weights) at batch B with
+// every sequence holding C context entries per layer, timed on the device and printed beside its
+// memory-bandwidth bound (weights + KV read once per step).
+#pragma once
+
+#include <string>
+
+#include "backend/backend.h"
+#include "model/model_config.h"
+
+namespace sieve {
+
+struct DecodeStepBenchOptions {
+  int batch = 64;
+  int context = 4096;
+  double kept_fraction = 1.0;  // entries each layer holds, as a fraction of the context
+  int iterations = 20;
+  bool use_graph = true;
+  double copy_bandwidth = 0;  // bytes/s, read + write (the measured ceiling)
+};
+
+struct DecodeStepBenchResult {
+  double step_ms = 0;
+  double bound_ms = 0;
+  double tokens_per_second = 0;
+  double bytes = 0;
+  double achieved_bandwidth = 0;
+};
+
+DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& config,
+                                         const DecodeStepBenchOptions& options);
+
+}  // namespace sieve
