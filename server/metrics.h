@@ -6,6 +6,7 @@
 // consistent-enough snapshot for scraping.
 #pragma once
 
+#include <cstdint>
 #include <atomic>
 #include <map>
 #include <memory>

@@ -2,6 +2,7 @@
 // engine and KV-cache settings. One definition, so both commands stay in step.
 #pragma once
 
+#include <cstdint>
 #include <CLI/CLI.hpp>
 
 #include <memory>

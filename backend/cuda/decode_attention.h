@@ -3,6 +3,7 @@
 // DecodeAttentionWithSplits(DecodeAttentionSplits(...), ...).
 #pragma once
 
+#include <cstdint>
 #include <cstddef>
 
 #include "backend/cuda/kernels.h"

@@ -3,6 +3,7 @@
 // maps flags onto these structs; tests call the functions directly.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 

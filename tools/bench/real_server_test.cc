@@ -177,8 +177,10 @@ TEST(RealServerTest, BenchServeAgainstSieveServe) {
   const CommandResult bench =
       RunCommand("bench serve --no-progress --base-url " + url.ToString() +
                  " --num-prompts 8 --input-len 32 --output-len 16 --max-concurrency 4 --ignore-eos "
-                 "--warmup 1 --label ci --metadata device=cpu --result-json " +
+                 "--warmup 1 --label ci --metadata device=cpu --request-timeout 60 "
+                 "--result-json " +
                  json_path);
+  // A request the server never answers fails after --request-timeout instead of hanging CI.
   ASSERT_EQ(bench.exit_code, 0) << bench.output << "\nserver log:\n" << server.Log();
   EXPECT_NE(bench.output.find("============ Serving Benchmark Result ============"),
             std::string::npos)
