@@ -125,26 +125,27 @@ TEST_F(GpuEngineTest, FixtureModelsGreedyMatchesCpu) {
   }
 }
 
+// Compression on both sides: prompts longer than the budget, so every policy selects and (for
+// StreamingLLM and H2O) evicts during decode. Same checkpoint on both backends.
 TEST_F(GpuEngineTest, SparsePoliciesGreedyMatchesCpu) {
   auto rng = testing::MakeRng();
-  ModelConfig config = EmbeddedModelConfig();  // head_dim 32 is not a GPU kernel size: use 64
-  config.hidden_size = 256;
-  config.num_heads = 4;
-  config.num_kv_heads = 2;
-  config.head_dim = 64;
-  config.intermediate_size = 512;
-  config.num_layers = 3;
-  config.max_position_embeddings = 2048;
-  std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < 4; ++i) {
-    std::vector<int32_t> prompt(100 + rng() % 400);
-    for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 256);
-    prompts.push_back(prompt);
-  }
-  for (const std::string policy :
-       {"full", "snapkv", "full:0,pyramidkv:1-2", "streamingllm", "h2o"}) {
-    ExpectSameUpToNearTies(Generate(*cpu_, "", &config, policy, prompts, 16),
-                           Generate(*gpu_, "", &config, policy, prompts, 16), policy);
+  for (const char* name : {"gpu_llama3_d64", "gpu_mistral_d128"}) {
+    const std::string dir = TestDataDir() + "/models_gpu/" + name;
+    if (!std::filesystem::exists(dir)) {
+      GTEST_SKIP() << dir << " is missing: scripts/gpu_check.sh generates it with transformers";
+    }
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 4; ++i) {
+      std::vector<int32_t> prompt(100 + rng() % 110);
+      for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 256);
+      prompts.push_back(prompt);
+    }
+    for (const std::string policy :
+         {"full", "snapkv", "full:0,pyramidkv:1", "streamingllm", "h2o"}) {
+      ExpectSameUpToNearTies(Generate(*cpu_, dir, nullptr, policy, prompts, 16),
+                             Generate(*gpu_, dir, nullptr, policy, prompts, 16),
+                             std::string(name) + " " + policy);
+    }
   }
 }
 

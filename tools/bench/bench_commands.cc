@@ -297,7 +297,12 @@ Status RunBenchSweep(const SweepConfig& config) {
   }
   SIEVE_ASSIGN_OR_RETURN(BenchSetup setup, Prepare(config.client, config.dataset));
   std::vector<SweepLevel> levels;
-  nlohmann::json levels_json = nlohmann::json::array();
+  nlohmann::json json = ResultHeader("sieve_bench_sweep", config.client, setup);
+  json["config"] = {{"dataset", DatasetJson(config.dataset, 0)},
+                    {"client", ClientJson(config.client, setup)},
+                    {"concurrency", config.concurrency},
+                    {"num_prompts_per_level", config.num_prompts_per_level}};
+  json["levels"] = nlohmann::json::array();
   SIEVE_ASSIGN_OR_RETURN(std::vector<BenchPrompt> warmup_prompts,
                          MakeWarmupPrompts(config.dataset, *setup.tokenizer, config.client.warmup));
   for (int concurrency : config.concurrency) {
@@ -323,23 +328,20 @@ Status RunBenchSweep(const SweepConfig& config) {
                  "failed\n",
                  concurrency, level.metrics.output_throughput, level.metrics.ttft_ms.median,
                  level.metrics.tpot_ms.median, level.metrics.failed);
-    levels_json.push_back({{"concurrency", concurrency},
-                           {"num_prompts", level.num_prompts},
-                           {"metrics", MetricsToJson(level.metrics)},
-                           {"errors", errors},
-                           {"requests", RecordsJson(result.records, config.client.save_texts)}});
+    json["levels"].push_back({{"concurrency", concurrency},
+                              {"num_prompts", level.num_prompts},
+                              {"metrics", MetricsToJson(level.metrics)},
+                              {"errors", errors},
+                              {"requests", RecordsJson(result.records, config.client.save_texts)}});
     levels.push_back(level);
+    // Saved after every level: a long sweep stopped half-way keeps the levels it finished.
+    if (!config.client.result_json.empty()) {
+      SIEVE_RETURN_IF_ERROR(WriteJsonFile(config.client.result_json, json));
+    }
   }
   std::printf("%s", FormatSweepTable(levels).c_str());
   std::fflush(stdout);
   if (!config.client.result_json.empty()) {
-    nlohmann::json json = ResultHeader("sieve_bench_sweep", config.client, setup);
-    json["config"] = {{"dataset", DatasetJson(config.dataset, 0)},
-                      {"client", ClientJson(config.client, setup)},
-                      {"concurrency", config.concurrency},
-                      {"num_prompts_per_level", config.num_prompts_per_level}};
-    json["levels"] = levels_json;
-    SIEVE_RETURN_IF_ERROR(WriteJsonFile(config.client.result_json, json));
     std::fprintf(stderr, "wrote %s\n", config.client.result_json.c_str());
   }
   if (!config.plot.empty()) {
