@@ -3,8 +3,8 @@
 # the transformers golden models, run every GPU test, run the benchmarks. Logs and JSON go to
 # $OUT (the device tool brings them back): at most 8 files, so logs are bundled in logs.tgz.
 #
-#   scripts/gpu_check.sh [stage ...]     stages: build golden test bench sdpa serve (default: all
-#                                        but serve)
+#   scripts/gpu_check.sh [stage ...]     stages: build golden test sanitize bench sdpa serve
+#                                        (default: build golden test bench sdpa)
 # Needs the carried .deb/ (PCRE2 headers, absent on the GPU machine) and, for `serve`, the Llama 3
 # tokenizer in .fixtures/tokenizers/llama3/tokenizer.model.
 set -uo pipefail
@@ -71,6 +71,13 @@ if has test; then
   # The first failures in full, for debugging without another run.
   grep -E "Failure|Expected|Which is|actual|check failed" -m 60 "$LOGS/gpu_tests.log" > "$LOGS/failures.txt"
   head -c 6000 "$LOGS/failures.txt"
+fi
+
+if has sanitize; then
+  # Small cases only: under the sanitizers kernels run 10-100x slower.
+  scripts/sanitize_gpu_tests.sh "$LOGS/sanitize" \
+    '*Dense*:*Sparsity*:*Sampling*:*mha_d64*:*gqa8x2_d64_chunked*:*b7_gqa8x2_d64*:*h2o_mixed*:*page24*' \
+    2>&1 | tee -a "$summary"
 fi
 
 if has bench; then

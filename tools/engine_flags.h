@@ -24,6 +24,7 @@ struct EngineFlags {
   bool no_chunked_prefill = false;
   std::string kv_decode_cap_by = "score";
   int threads = 0;
+  bool enforce_eager = false;
 };
 
 void AddEngineFlags(CLI::App& app, EngineFlags& flags);

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
       "sparsity (SnapKV, PyramidKV, StreamingLLM, H2O).",
       "sieve"};
   app.require_subcommand(1);
+  app.fallthrough();  // --log-level may also follow the subcommand
   std::string log_level;
   app.add_option("--log-level", log_level, "trace | debug | info | warn | error | off")
       ->envname("SIEVE_LOG_LEVEL");

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs the CUDA comparison tests under compute-sanitizer: memcheck (out-of-bounds and misaligned
+# accesses, leaks) and racecheck (shared-memory hazards). Needs a built build/gpu and a GPU
+# machine where compute-sanitizer can attach (Firecracker runtime; see the device notes).
+#   scripts/sanitize_gpu_tests.sh [LOG_DIR] [GTEST_FILTER]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+logs="${1:-/tmp/sanitize}"
+filter="${2:-*}"
+mkdir -p "$logs"
+binary=build/gpu/backend/cuda/cuda_test
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+status=0
+for tool in memcheck racecheck; do
+  extra=()
+  [ "$tool" = memcheck ] && extra=(--leak-check full)
+  "$sanitizer" --tool "$tool" "${extra[@]}" --error-exitcode 3 \
+    "$binary" --gtest_filter="$filter" > "$logs/$tool.log" 2>&1
+  rc=$?
+  summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY" "$logs/$tool.log" | tail -2 | tr '\n' ' ')
+  tests=$(grep -E "^\[  (PASSED|FAILED)" "$logs/$tool.log" | tr '\n' ' ')
+  echo "compute-sanitizer $tool: exit $rc; $summary; $tests"
+  [ $rc -ne 0 ] && status=1
+done
+exit $status

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The `sieve` command against bad input from outside: each case must fail with a non-zero exit
+# and a message that names the problem, never crash. Also the happy paths of generate, tokenize,
+# inspect. Usage: cli_test.sh SIEVE_BINARY SOURCE_DIR
+set -u
+sieve="$1"
+source_dir="$2"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+model="$source_dir/testdata/models/llama2_mha"
+
+# expect_fail NAME PATTERN COMMAND...: exit code 1 or 2 (not a signal), stderr matches PATTERN.
+expect_fail() {
+  local name="$1" pattern="$2"
+  shift 2
+  "$@" > "$work/out" 2> "$work/err" < "${STDIN:-/dev/null}"
+  local rc=$?
+  if [ $rc -eq 0 ] || [ $rc -ge 128 ]; then
+    echo "FAIL $name: exit code $rc (want a clean non-zero exit)"; cat "$work/err"; failures=$((failures + 1))
+  elif ! grep -qiE "$pattern" "$work/err"; then
+    echo "FAIL $name: stderr does not match '$pattern':"; cat "$work/err"; failures=$((failures + 1))
+  else
+    echo "ok   $name: $(grep -iE "$pattern" "$work/err" | head -1 | cut -c1-150)"
+  fi
+}
+expect_ok() {
+  local name="$1"
+  shift
+  if "$@" > "$work/out" 2> "$work/err" < "${STDIN:-/dev/null}"; then
+    echo "ok   $name"
+  else
+    echo "FAIL $name: exit $?"; cat "$work/err"; failures=$((failures + 1))
+  fi
+}
+copy_model() { rm -rf "$work/m"; cp -r "$model" "$work/m"; }
+gen() { "$sieve" generate --device cpu --kv-memory 64M --log-level warn "$@"; }
+
+expect_ok "generate on a fixture model" gen --model "$model" --prompt "Hello" -n 5 --temperature 0
+grep -q "tokens generated" "$work/err" || { echo "FAIL generate: no summary line"; failures=$((failures + 1)); }
+
+copy_model; head -c 1000 "$model/model.safetensors" > "$work/m/model.safetensors"
+expect_fail "truncated safetensors" "model.safetensors|truncated|past the end|bounds" gen --model "$work/m" --prompt hi
+
+copy_model; printf '\x08\x00\x00\x00\x00\x00\x00\x00{"a": 1' > "$work/m/model.safetensors"
+expect_fail "corrupt safetensors header" "model.safetensors|header|json" gen --model "$work/m" --prompt hi
+
+copy_model; printf '\xff\xff\xff\xff\xff\xff\x00\x00' > "$work/m/model.safetensors"
+expect_fail "absurd header length" "header" gen --model "$work/m" --prompt hi
+
+copy_model; sed -i 's/"hidden_size": 64/"hidden_size": 96/' "$work/m/config.json"
+expect_fail "config disagrees with tensors" "shape|expected" gen --model "$work/m" --prompt hi
+
+copy_model; sed -i 's/"num_hidden_layers": 2/"num_hidden_layers": 3/' "$work/m/config.json"
+expect_fail "missing tensors named" "model.layers.2" gen --model "$work/m" --prompt hi
+
+copy_model; sed -i 's/LlamaForCausalLM/GPT2LMHeadModel/' "$work/m/config.json"
+expect_fail "unsupported architecture" "unsupported architecture GPT2LMHeadModel" gen --model "$work/m" --prompt hi
+
+copy_model; rm "$work/m/tokenizer.json"
+expect_fail "missing tokenizer" "tokenizer" gen --model "$work/m" --prompt hi
+
+copy_model; echo '{"model": {"type": "WordPiece"}}' > "$work/m/tokenizer.json"
+expect_fail "unknown tokenizer type" "WordPiece" gen --model "$work/m" --prompt hi
+
+expect_fail "missing model directory" "does not exist" gen --model "$work/nope" --prompt hi
+
+expect_fail "invalid UTF-8 prompt" "UTF-8" gen --model "$model" --prompt "$(printf 'ab\xffcd')"
+
+long=$(head -c 3000 /dev/zero | tr '\0' 'x')
+expect_fail "prompt longer than the context" "longer than the context|context holds" \
+  gen --model "$model" --prompt "$long" --max-model-len 128
+
+expect_fail "bad flag value" "kv-pool|max, avg or none" gen --prompt hi --kv-pool median
+expect_fail "bad kv policy" "unknown policy|policy" gen --prompt hi --kv-policy "magic:0-3"
+
+printf 'This is a test sentence.' > "$work/text"
+STDIN="$work/text" expect_ok "tokenize" "$sieve" tokenize --tokenizer "$model" --no-bos
+grep -q '^\[' "$work/out" || { echo "FAIL tokenize: output is not a JSON array"; failures=$((failures + 1)); }
+expect_fail "tokenize missing tokenizer" "tokenizer" "$sieve" tokenize --tokenizer "$work/nope"
+
+expect_ok "inspect" "$sieve" inspect --model "$model"
+grep -q "KV bytes / token" "$work/out" || { echo "FAIL inspect: no KV bytes line"; failures=$((failures + 1)); }
+
+if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
+echo "all cli cases passed"
