@@ -1,6 +1,9 @@
 #include "server/http_session.h"
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <vector>
 
 #include <boost/asio/dispatch.hpp>
@@ -443,14 +446,16 @@ void HttpSession::OnReadable(uint64_t serial, beast::error_code error) {
   generation->watching = false;
   if (error == net::error::operation_aborted || generation->client_gone) return;
   if (!error) {
-    // Readable means data (a pipelined request: leave it for the next read) or end of stream.
+    // Readable means data (a pipelined request: leave it for the next read) or end of stream,
+    // or nothing at all: readiness can be stale (the request's own bytes, read speculatively
+    // before the watch began). So peek without blocking, and watch again when there is nothing.
     char byte = 0;
-    const size_t peeked =
-        stream_.socket().receive(net::buffer(&byte, 1), tcp::socket::message_peek, error);
-    if (error == net::error::would_block || error == net::error::try_again) {
+    const ssize_t peeked =
+        ::recv(stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (peeked > 0) return;
+    if (peeked < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
       return WatchDisconnect();
     }
-    if (!error && peeked > 0) return;
   }
   spdlog::debug("client left mid-request: aborting {} engine request(s)",
                 generation->tickets.size());

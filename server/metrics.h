@@ -6,8 +6,8 @@
 // consistent-enough snapshot for scraping.
 #pragma once
 
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>

@@ -4,6 +4,8 @@
 // a run with a stop string vs. one without) rather than with expected words.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -101,6 +103,14 @@ struct Response {
 
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
+// Connects to the server; reads time out (so a server bug fails a test instead of hanging it).
+void Connect(tcp::socket& socket, int port) {
+  socket.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port)));
+  timeval timeout{};
+  timeout.tv_sec = 60;
+  setsockopt(socket.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+}
+
 http::request<http::string_body> MakeRequest(http::verb verb, const std::string& target,
                                              const std::string& body, const Headers& headers) {
   http::request<http::string_body> request{verb, target, 11};
@@ -128,7 +138,7 @@ Response Send(int port, http::verb verb, const std::string& target, const std::s
   try {
     net::io_context io_context;
     tcp::socket socket(io_context);
-    socket.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port)));
+    Connect(socket, port);
     http::write(socket, MakeRequest(verb, target, body, headers));
     beast::flat_buffer buffer;
     return ReadResponse(socket, buffer);
@@ -555,8 +565,7 @@ TEST(ServerTest, BodiesOverTheLimitGet413) {
   try {
     net::io_context io_context;
     tcp::socket socket(io_context);
-    socket.connect(
-        tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<uint16_t>(server.port())));
+    Connect(socket, server.port());
     const std::string body = Completion(std::string(4000, 'b'), 4).dump();
     char size[32];
     std::snprintf(size, sizeof(size), "%zx", body.size());
@@ -574,8 +583,7 @@ TEST(ServerTest, BodiesOverTheLimitGet413) {
   const auto send_expecting = [&](const std::string& body, bool send_body) {
     net::io_context io_context;
     tcp::socket socket(io_context);
-    socket.connect(
-        tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<uint16_t>(server.port())));
+    Connect(socket, server.port());
     const std::string head =
         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         "Expect: 100-continue\r\nContent-Length: " +
@@ -631,8 +639,7 @@ TEST(ServerTest, FullQueueGets429) {
   long_request["stream"] = true;
   net::io_context io_context;
   tcp::socket long_socket(io_context);
-  long_socket.connect(
-      tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port)));
+  Connect(long_socket, port);
   http::write(long_socket,
               MakeRequest(http::verb::post, "/v1/completions", long_request.dump(), {}));
   std::string received;
@@ -666,7 +673,7 @@ TEST(ServerTest, ClientThatLeavesFreesItsPages) {
     request["stream"] = stream;
     net::io_context io_context;
     tcp::socket socket(io_context);
-    socket.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port)));
+    Connect(socket, port);
     http::write(socket, MakeRequest(http::verb::post, "/v1/completions", request.dump(), {}));
     if (stream) {
       std::string received;
@@ -746,7 +753,7 @@ TEST(ServerTest, ShutdownFinishesOrAbortsRequestsInFlight) {
   // A kept-alive connection, to see the 503 after shutdown began.
   net::io_context io_context;
   tcp::socket idle(io_context);
-  idle.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port)));
+  Connect(idle, port);
   beast::flat_buffer idle_buffer;
   http::write(idle, MakeRequest(http::verb::get, "/health", "", {}));
   ASSERT_EQ(ReadResponse(idle, idle_buffer).status, 200);
@@ -828,8 +835,7 @@ TEST(ServerTest, SigtermShutsDownSieveServeCleanly) {
     try {
       net::io_context io_context;
       tcp::socket socket(io_context);
-      socket.connect(
-          tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port)));
+      Connect(socket, port);
       http::write(socket, MakeRequest(http::verb::post, "/v1/completions", request.dump(), {}));
       beast::flat_buffer buffer;
       http::response_parser<http::string_body> parser;

@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Bundles what one scripts/gpu_check.sh run brought back into bench/results/NAME.json.
+
+    scripts/record_gpu_results.py FILES_DIR NAME --commit SHA --command "..."
+
+FILES_DIR holds the run's kernels.json, sdpa.json, summary.txt and serve_*.json (any may be
+missing). docs/benchmarks.md is rendered from these files by scripts/render_benchmarks.py; numbers
+are never typed by hand.
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("files_dir")
+    parser.add_argument("name")
+    parser.add_argument("--commit", required=True)
+    parser.add_argument("--command", required=True)
+    args = parser.parse_args()
+    record = {"name": args.name, "commit": args.commit, "command": args.command,
+              "recorded": datetime.date.today().isoformat()}
+    def load(file):
+        path = os.path.join(args.files_dir, file)
+        return json.load(open(path)) if os.path.exists(path) else None
+    record["kernels"] = load("kernels.json")
+    record["sdpa"] = load("sdpa.json")
+    serve = {}
+    for file in sorted(os.listdir(args.files_dir)):
+        match = re.match(r"serve_(\w+)\.json$", file)
+        if match:
+            serve[match.group(1)] = load(file)
+    if serve:
+        record["serve"] = serve
+    summary_path = os.path.join(args.files_dir, "summary.txt")
+    if os.path.exists(summary_path):
+        summary = open(summary_path).read()
+        record["summary"] = summary
+        gpu = re.search(r"^gpu: (.*)$", summary, re.M)
+        if gpu:
+            record["gpu"] = gpu.group(1)
+    out = os.path.join(os.path.dirname(__file__), "..", "bench", "results", args.name + ".json")
+    with open(out, "w") as f:
+        json.dump(record, f, indent=1)
+    print("wrote", os.path.normpath(out))
+
+
+if __name__ == "__main__":
+    main()
