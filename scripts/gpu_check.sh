@@ -97,14 +97,16 @@ if has serve; then
   for policy in full "full:0-2,pyramidkv:3-31"; do
     name=$( [ "$policy" = full ] && echo dense || echo sparse )
     ./build/gpu/sieve serve --model configs/llama-3-8b --load-format dummy --tokenizer "$tok" \
-      --port 8123 --max-model-len 4600 --kv-policy "$policy" --kv-budget 400 --kv-window 32 \
-      > "$LOGS/serve_$name.log" 2>&1 &
+      --port 8123 --max-model-len 4600 --max-num-batched-tokens 8192 --kv-policy "$policy" \
+      --kv-budget 400 --kv-window 32 > "$LOGS/serve_$name.log" 2>&1 &
     pid=$!
-    for i in $(seq 1 120); do curl -sf localhost:8123/health >/dev/null 2>&1 && break; sleep 1; done
-    ./build/gpu/sieve bench serve --base-url http://localhost:8123 --tokenizer "$tok" \
+    for i in $(seq 1 180); do (echo > /dev/tcp/127.0.0.1/8123) 2>/dev/null && break; sleep 1; done
+    ./build/gpu/sieve bench serve --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
       --input-len 4000 --output-len 500 --num-prompts 40 --max-concurrency 10 --ignore-eos \
-      --result-json "$OUT/serve_$name.json" > "$LOGS/bench_serve_$name.log" 2>&1 || note "bench serve $name FAILED"
-    kill -TERM $pid; wait $pid
-    note "serve $name:"; tail -25 "$LOGS/bench_serve_$name.log" >> "$summary"
+      --warmup 2 --no-progress --label "$name" --metadata policy="$policy" \
+      --result-json "$OUT/serve_$name.json" > "$LOGS/bench_serve_$name.log" 2>&1 \
+      || note "bench serve $name FAILED"
+    kill -TERM $pid; wait $pid; note "serve $name exited with $?"
+    note "serve $name:"; grep -E "throughput|TTFT|TPOT|ITL|Successful|Failed" "$LOGS/bench_serve_$name.log" >> "$summary"
   done
 fi
