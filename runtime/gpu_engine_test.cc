@@ -14,7 +14,11 @@
 namespace sieve {
 namespace {
 
-constexpr float kNearTie = 0.05f;  // logprob gap below which bf16 may pick the other token
+// Logprob gap below which bf16 may pick the other token. With compression, bf16 scores can also
+// swap near-tied positions in or out of the kept set, which moves logits further: a wider band,
+// and every such flip is printed.
+constexpr float kNearTie = 0.05f;
+constexpr float kNearTieSparse = 0.25f;
 
 struct Run {
   std::vector<std::vector<int32_t>> tokens;
@@ -75,7 +79,8 @@ Run Generate(Backend& backend, const std::string& model_dir, const ModelConfig* 
   return run;
 }
 
-void ExpectSameUpToNearTies(const Run& cpu, const Run& gpu, const std::string& what) {
+void ExpectSameUpToNearTies(const Run& cpu, const Run& gpu, const std::string& what,
+                            float near_tie = kNearTie) {
   int compared = 0, flips = 0;
   for (size_t seq = 0; seq < cpu.tokens.size(); ++seq) {
     for (size_t step = 0; step < cpu.tokens[seq].size(); ++step) {
@@ -83,7 +88,7 @@ void ExpectSameUpToNearTies(const Run& cpu, const Run& gpu, const std::string& w
         ++compared;
         continue;
       }
-      EXPECT_LT(cpu.gaps[seq][step], kNearTie)
+      EXPECT_LT(cpu.gaps[seq][step], near_tie)
           << what << ": sequence " << seq << " differs at step " << step
           << " where the CPU's top-2 gap is " << cpu.gaps[seq][step] << " (not a near-tie)";
       std::printf("%s: sequence %zu flips at step %zu on a near-tie (gap %.4f)\n", what.c_str(),
@@ -142,9 +147,12 @@ TEST_F(GpuEngineTest, SparsePoliciesGreedyMatchesCpu) {
     }
     for (const std::string policy :
          {"full", "snapkv", "full:0,pyramidkv:1", "streamingllm", "h2o"}) {
+      std::printf("%s %s\n", name, policy.c_str());
+      std::fflush(stdout);  // a crash in this policy must still say which one
       ExpectSameUpToNearTies(Generate(*cpu_, dir, nullptr, policy, prompts, 16),
                              Generate(*gpu_, dir, nullptr, policy, prompts, 16),
-                             std::string(name) + " " + policy);
+                             std::string(name) + " " + policy,
+                             policy == "full" ? kNearTie : kNearTieSparse);
     }
   }
 }

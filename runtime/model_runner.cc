@@ -224,8 +224,21 @@ void ModelRunner::PrepareStep(const StepPlan& plan, const Scheduler& scheduler,
   Backend& backend = model_.backend();
 
   // Page-table changes since the last step, then the lengths this step's attention sees.
-  const auto patches = kv_.TakePageTablePatches();
+  auto patches = kv_.TakePageTablePatches();
   if (!patches.empty()) {
+    // The device applies patches in parallel, so an entry written twice since the last step (a
+    // page freed, then its slot reused) must travel once, with its last value.
+    std::stable_sort(patches.begin(), patches.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    size_t kept = 0;
+    for (size_t index = 0; index < patches.size(); ++index) {
+      if (kept > 0 && patches[kept - 1].first == patches[index].first) {
+        patches[kept - 1] = patches[index];
+      } else {
+        patches[kept++] = patches[index];
+      }
+    }
+    patches.resize(kept);
     const int64_t count = static_cast<int64_t>(patches.size());
     if (!patches_.defined() || patches_.dim(0) < count) {
       patches_ = backend.Allocate({std::max<int64_t>(count, 4096), 2}, DType::kI32);
