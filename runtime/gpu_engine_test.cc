@@ -17,7 +17,9 @@ namespace {
 // Logprob gap below which bf16 may pick the other token. With compression, bf16 scores can also
 // swap near-tied positions in or out of the kept set, which moves logits further: a wider band,
 // and every such flip is printed.
-constexpr float kNearTie = 0.05f;
+// The dense band is twice the largest |logit error| the golden tests measured on the GPU (0.077,
+// gpu_mistral_d128): a gap below it can flip on rounding alone.
+constexpr float kNearTie = 0.15f;
 constexpr float kNearTieSparse = 0.25f;
 
 struct Run {

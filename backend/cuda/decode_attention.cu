@@ -348,12 +348,15 @@ __global__ void __launch_bounds__(kHeadDim) DecodeCombineKernel(const DecodePara
 
 // H2O: scores[entry][g] += mean over the group's heads of exp(scale q_h . k - lse_h), for every
 // entry of the split. A second pass over K, written for clarity: a warp per entry, lanes across
-// d, a warp reduction per head. Grid: x = (decode sequence, KV head), y = split. Dynamic shared
-// memory: the group's q rows in f32 and their lse.
+// d, a warp reduction per head. Grid: x = (decode sequence, KV head), y = split. Static shared
+// memory holds the group's q rows in f32 and their lse (the group is at most kMaxScoreGroup).
+constexpr int kMaxScoreGroup = 32;
+
 template <int kHeadDim>
 __global__ void DecodeScoresKernel(const DecodeParams params) {
   constexpr int kPerLane = kHeadDim / 32;
-  extern __shared__ float shared_q[];  // [group][d], then [group] lse
+  __shared__ float shared_q[kMaxScoreGroup * kHeadDim];  // [group][d]
+  __shared__ float lse_shared[kMaxScoreGroup];           // [group]
   const int kv_head = static_cast<int>(blockIdx.x) % params.num_kv_heads;
   const int decode_index = static_cast<int>(blockIdx.x) / params.num_kv_heads;
   const int seq = params.first_seq + decode_index;
@@ -365,7 +368,6 @@ __global__ void DecodeScoresKernel(const DecodeParams params) {
   if (begin >= end) return;
   const int tid = static_cast<int>(threadIdx.x);
   const int head0 = kv_head * params.group;
-  float* lse_shared = shared_q + params.group * kHeadDim;
   const bf16* q_group = params.q + static_cast<int64_t>(token) * params.q_stride +
                         static_cast<int64_t>(head0) * kHeadDim;
   for (int index = tid; index < params.group * kHeadDim; index += kThreads) {
@@ -470,15 +472,10 @@ void LaunchDecode(const DecodeParams& params, cudaStream_t stream) {
     SIEVE_CUDA_CHECK_LAUNCH();
   }
   if (params.scores != nullptr) {
-    const size_t smem =
-        (static_cast<size_t>(params.group) * kHeadDim + params.group) * sizeof(float);
-    if (smem > 48 * 1024) {
-      SIEVE_CUDA_CHECK(cudaFuncSetAttribute(DecodeScoresKernel<kHeadDim>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem)));
-    }
+    SIEVE_CHECK(params.group <= kMaxScoreGroup)
+        << "H2O scores support at most " << kMaxScoreGroup << " query heads per KV head";
     DecodeScoresKernel<kHeadDim><<<dim3(params.num_decode * params.num_kv_heads, params.num_splits),
-                                   kThreads, smem, stream>>>(params);
+                                   kThreads, 0, stream>>>(params);
     SIEVE_CUDA_CHECK_LAUNCH();
   }
 }
