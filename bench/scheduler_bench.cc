@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "runtime/model_runner.h"
@@ -16,6 +17,8 @@ int main() {
   constexpr int kLayers = 32;
   constexpr int kPrompt = 4000;
   constexpr double kTargetMs = 0.2;
+  const int kSteps =
+      std::getenv("SIEVE_BENCH_STEPS") ? std::atoi(std::getenv("SIEVE_BENCH_STEPS")) : 200;
   ModelConfig config;  // the shapes the runner sizes buffers for; a thin model keeps memory low
   config.architecture = "LlamaForCausalLM";
   config.vocab_size = 256;
@@ -37,7 +40,7 @@ int main() {
     kv_options.num_layers = kLayers;
     kv_options.max_seqs = kSeqs;
     kv_options.max_pages_per_seq = 8192 / 16 + 2;
-    kv_options.num_pages = kSeqs * kLayers * (kPrompt / 16 + 40);
+    kv_options.num_pages = kSeqs * kLayers * ((kPrompt + kSteps) / 16 + 4);
     KvCacheManager kv(kv_options);
     SchedulerOptions sched_options;
     sched_options.max_num_seqs = kSeqs;
@@ -76,9 +79,10 @@ int main() {
     }
     std::vector<SeqId> sample_ids;
     std::vector<double> schedule_ms, prepare_ms;
-    for (int step = 0; step < 200; ++step) {
+    StepPlan plan;  // reused, as the engine does
+    for (int step = 0; step < kSteps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
-      const StepPlan plan = scheduler.Plan();
+      scheduler.Plan(plan);
       scheduler.Commit(plan);
       const auto t1 = std::chrono::steady_clock::now();
       runner.PrepareStep(plan, scheduler, sample_ids);
@@ -95,13 +99,14 @@ int main() {
       }
     }
     std::sort(schedule_ms.begin(), schedule_ms.end());
+    const size_t median = schedule_ms.size() / 2, p90 = schedule_ms.size() * 9 / 10;
     std::sort(prepare_ms.begin(), prepare_ms.end());
-    const double total = schedule_ms[100] + prepare_ms[100];
+    const double total = schedule_ms[median] + prepare_ms[median];
     std::printf(
         "%-26s 256 decoding sequences x 32 layers: schedule %.3f ms + prepare step %.3f ms"
-        " = %.3f ms per step (median of 200; p90 %.3f)   target < %.1f ms: %s\n",
-        spec.c_str(), schedule_ms[100], prepare_ms[100], total, schedule_ms[180] + prepare_ms[180],
-        kTargetMs, total < kTargetMs ? "MET" : "MISSED");
+        " = %.3f ms per step (median of %d steps; p90 %.3f)   target < %.1f ms: %s\n",
+        spec.c_str(), schedule_ms[median], prepare_ms[median], total, kSteps,
+        schedule_ms[p90] + prepare_ms[p90], kTargetMs, total < kTargetMs ? "MET" : "MISSED");
   }
   return 0;
 }

@@ -15,6 +15,7 @@ KvCacheManager::KvCacheManager(const Options& options)
           -1),
       lengths_(static_cast<size_t>(options.num_layers) * options.max_seqs, 0) {
   by_slot_.resize(options.max_seqs);
+  patch_position_.assign(page_table_.size(), -1);
   if ((options.page_size & (options.page_size - 1)) == 0) {
     page_shift_ = 0;
     while ((1 << page_shift_) < options.page_size) ++page_shift_;
@@ -44,7 +45,15 @@ int64_t KvCacheManager::TableIndex(int layer, int slot, int page_index) const {
 void KvCacheManager::WriteTable(int layer, int slot, int page_index, int32_t page) {
   const int64_t index = TableIndex(layer, slot, page_index);
   page_table_[index] = page;
-  patches_.emplace_back(static_cast<int32_t>(index), page);
+  // One patch per entry: the device applies them in parallel, so an entry written twice since
+  // the last take (a page freed, its slot reused) must carry only its latest value.
+  int32_t& position = patch_position_[index];
+  if (position >= 0) {
+    patches_[position].second = page;
+  } else {
+    position = static_cast<int32_t>(patches_.size());
+    patches_.emplace_back(static_cast<int32_t>(index), page);
+  }
 }
 
 Result<int> KvCacheManager::AddSequence(SeqId id) {
@@ -193,6 +202,7 @@ int64_t KvCacheManager::EntriesHeldByLayer(int layer) const {
 }
 
 std::vector<std::pair<int32_t, int32_t>> KvCacheManager::TakePageTablePatches() {
+  for (const auto& [index, page] : patches_) patch_position_[index] = -1;
   std::vector<std::pair<int32_t, int32_t>> out;
   out.swap(patches_);
   return out;

@@ -89,7 +89,8 @@ class KvCacheManager {
   // ---- device mirror ----
   const std::vector<int32_t>& page_table() const { return page_table_; }  // [L][S][P]
   const std::vector<int32_t>& lengths() const { return lengths_; }        // [L][S]
-  // (index into page_table(), new value) for every write since the last call.
+  // (index into page_table(), new value) for every entry written since the last call, each entry
+  // once with its latest value (so the patches can be applied in any order).
   std::vector<std::pair<int32_t, int32_t>> TakePageTablePatches();
 
   // OK when every invariant above holds; used by the property tests.
@@ -117,6 +118,7 @@ class KvCacheManager {
   std::vector<int32_t> page_table_;  // [L][max_seqs][max_pages_per_seq]
   std::vector<int32_t> lengths_;     // [L][max_seqs]
   std::vector<std::pair<int32_t, int32_t>> patches_;
+  std::vector<int32_t> patch_position_;  // [L][S][P] index into patches_, -1 when not patched
   int padding_slot_ = -1;
   int padding_pages_ = 0;
 };

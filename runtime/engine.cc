@@ -294,7 +294,8 @@ std::vector<RequestOutput> Engine::Step() {
   std::vector<RequestOutput> outputs;
   outputs.swap(aborted_);
   if (!scheduler_->HasWork()) return outputs;
-  const StepPlan plan = scheduler_->Plan();
+  StepPlan& plan = plan_;
+  scheduler_->Plan(plan);
   scheduler_->Commit(plan);
   if (plan.empty()) return outputs;
   ++stats_.steps;
@@ -307,9 +308,9 @@ std::vector<RequestOutput> Engine::Step() {
     if (state.prefill_recorded) continue;  // a recompute after preemption is not a new prompt
     state.prefill_recorded = true;
     stats_.compressed_prompt_tokens += scheduled.context_len + scheduled.num_tokens;
-    for (size_t layer = 0; layer < scheduled.lengths_after.size(); ++layer) {
-      stats_.entries_kept_by_layer[layer] += scheduled.lengths_after[layer];
-    }
+    const std::span<const int> kept = plan.LengthsAfter(scheduled);
+    for (size_t layer = 0; layer < kept.size(); ++layer)
+      stats_.entries_kept_by_layer[layer] += kept[layer];
   }
   stats_.peak_pages_used = std::max(stats_.peak_pages_used, kv_->num_used_pages());
 

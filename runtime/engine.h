@@ -150,6 +150,7 @@ class Engine {
   int64_t arrivals_ = 0;
   std::mt19937_64 seed_source_;
   EngineStats stats_;
+  StepPlan plan_;  // reused every step: planning allocates nothing in steady state
   std::vector<SeqId> sample_ids_;
   std::vector<float> host_logits_;
 };

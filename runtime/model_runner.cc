@@ -94,13 +94,30 @@ void ModelRunner::PrepareStep(const StepPlan& plan, const Scheduler& scheduler,
   step.max_scores_per_layer = 0;
   step.max_indices_per_layer = 0;
 
-  std::vector<int32_t> token_ids, positions, query_start{0}, key_start{0}, context_lens, slots,
-      sample_rows;
-  std::vector<int32_t> write_start(static_cast<size_t>(layers) * num_seqs, -1);
+  // Per-step arrays are members so that steady-state steps allocate nothing.
+  std::vector<int32_t>& token_ids = scratch_.token_ids;
+  std::vector<int32_t>& positions = scratch_.positions;
+  std::vector<int32_t>& query_start = scratch_.query_start;
+  std::vector<int32_t>& key_start = scratch_.key_start;
+  std::vector<int32_t>& context_lens = scratch_.context_lens;
+  std::vector<int32_t>& slots = scratch_.slots;
+  std::vector<int32_t>& sample_rows = scratch_.sample_rows;
+  for (auto* v :
+       {&token_ids, &positions, &query_start, &key_start, &context_lens, &slots, &sample_rows}) {
+    v->clear();
+  }
+  query_start.push_back(0);
+  key_start.push_back(0);
+  std::vector<int32_t>& write_start = scratch_.write_start;
+  write_start.assign(static_cast<size_t>(layers) * num_seqs, -1);
   sample_ids.clear();
   lengths_ = kv_.lengths();
-  std::vector<std::vector<CompressionJob>> jobs_by_layer(layers);
-  std::vector<std::vector<EvictionJob>> evictions_by_layer(layers);
+  auto& jobs_by_layer = scratch_.jobs_by_layer;
+  auto& evictions_by_layer = scratch_.evictions_by_layer;
+  jobs_by_layer.resize(layers);
+  evictions_by_layer.resize(layers);
+  for (auto& jobs : jobs_by_layer) jobs.clear();
+  for (auto& jobs : evictions_by_layer) jobs.clear();
 
   for (int index = 0; index < num_real; ++index) {
     const ScheduledSequence& scheduled = *order[index];
@@ -151,7 +168,7 @@ void ModelRunner::PrepareStep(const StepPlan& plan, const Scheduler& scheduler,
         const int length = length_seen;  // committed length before this step
         write_start[static_cast<size_t>(layer) * num_seqs + index] = length;
         length_seen = length + 1;
-        if (!scheduled.evict[layer]) continue;
+        if (!plan.Evicts(scheduled)[layer]) continue;
         const DecodeLimit limit = seq.policy->DecodeLimitFor(layer);
         EvictionJob job{};
         job.layer = layer;
@@ -224,21 +241,8 @@ void ModelRunner::PrepareStep(const StepPlan& plan, const Scheduler& scheduler,
   Backend& backend = model_.backend();
 
   // Page-table changes since the last step, then the lengths this step's attention sees.
-  auto patches = kv_.TakePageTablePatches();
+  const auto patches = kv_.TakePageTablePatches();  // each entry once: any order applies
   if (!patches.empty()) {
-    // The device applies patches in parallel, so an entry written twice since the last step (a
-    // page freed, then its slot reused) must travel once, with its last value.
-    std::stable_sort(patches.begin(), patches.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
-    size_t kept = 0;
-    for (size_t index = 0; index < patches.size(); ++index) {
-      if (kept > 0 && patches[kept - 1].first == patches[index].first) {
-        patches[kept - 1] = patches[index];
-      } else {
-        patches[kept++] = patches[index];
-      }
-    }
-    patches.resize(kept);
     const int64_t count = static_cast<int64_t>(patches.size());
     if (!patches_.defined() || patches_.dim(0) < count) {
       patches_ = backend.Allocate({std::max<int64_t>(count, 4096), 2}, DType::kI32);
@@ -272,9 +276,7 @@ const Tensor& ModelRunner::Run(const StepPlan& plan, const Scheduler& scheduler,
                                std::vector<SeqId>& sample_ids) {
   Backend& backend = model_.backend();
   bool evicts = false;
-  for (const ScheduledSequence& decode : plan.decodes) {
-    for (const uint8_t evict : decode.evict) evicts = evicts || evict;
-  }
+  for (const ScheduledSequence& decode : plan.decodes) evicts = evicts || decode.evicts;
   const bool padded =
       options_.pad_decode_batches && plan.prefills.empty() && !plan.decodes.empty() && !evicts;
   const int bucket = padded ? BucketFor(static_cast<int>(plan.decodes.size())) : 0;

@@ -87,7 +87,13 @@ class ModelRunner {
   Tensor device_meta_;            // [capacity] i32 for eager steps
   Tensor patches_;                // [capacity][2] i32 staging for page-table patches
   std::vector<int32_t> lengths_;  // [L][max_seqs] lengths seen by this step's attention
-  Tensor logits_device_;          // [max rows][V] f32
+  struct Scratch {
+    std::vector<int32_t> token_ids, positions, query_start, key_start, context_lens, slots,
+        sample_rows, write_start;
+    std::vector<std::vector<CompressionJob>> jobs_by_layer;
+    std::vector<std::vector<EvictionJob>> evictions_by_layer;
+  } scratch_;
+  Tensor logits_device_;  // [max rows][V] f32
   Tensor logits_view_;
   std::map<int, DecodeGraph> graphs_;  // by bucket size
   int64_t graph_steps_ = 0;

@@ -86,7 +86,7 @@ int Scheduler::ChunkSize(const Sequence& seq, int token_budget) const {
   return std::max(chunk, 0);
 }
 
-ScheduledSequence Scheduler::PlanPrefill(const Sequence& seq, int chunk) const {
+ScheduledSequence Scheduler::PlanPrefill(const Sequence& seq, int chunk, StepPlan& plan) const {
   const int layers = kv_->num_layers();
   ScheduledSequence out;
   out.id = seq.id;
@@ -94,31 +94,32 @@ ScheduledSequence Scheduler::PlanPrefill(const Sequence& seq, int chunk) const {
   out.num_tokens = chunk;
   out.final_chunk = seq.num_computed + chunk == seq.prefill_target;
   out.sample = out.final_chunk;
-  out.capacities.resize(layers);
-  out.lengths_after.resize(layers);
+  out.layer_rows = plan.AddLayerRows();
+  int* capacities = plan.capacities.data() + out.layer_rows;
+  int* lengths_after = plan.lengths_after.data() + out.layer_rows;
   const int end = seq.num_computed + chunk;
   if (!out.final_chunk) {
-    std::fill(out.capacities.begin(), out.capacities.end(), end);
-    std::fill(out.lengths_after.begin(), out.lengths_after.end(), end);
+    std::fill(capacities, capacities + layers, end);
+    std::fill(lengths_after, lengths_after + layers, end);
     return out;
   }
   out.compress = seq.policy->PlanPrompt(seq.prefill_target);
   for (int layer = 0; layer < layers; ++layer) {
-    const LayerPlan& plan = out.compress[layer];
-    if (plan.compress) {
+    const LayerPlan& layer_plan = out.compress[layer];
+    if (layer_plan.compress) {
       // Earlier chunks' entries stay in the pages until gathered; the kept ones are then written
       // over the head of the same list.
-      out.capacities[layer] = std::max(seq.num_computed, plan.budget);
-      out.lengths_after[layer] = plan.budget;
+      capacities[layer] = std::max(seq.num_computed, layer_plan.budget);
+      lengths_after[layer] = layer_plan.budget;
     } else {
-      out.capacities[layer] = end;
-      out.lengths_after[layer] = end;
+      capacities[layer] = end;
+      lengths_after[layer] = end;
     }
   }
   return out;
 }
 
-ScheduledSequence Scheduler::PlanDecode(const Sequence& seq) const {
+ScheduledSequence Scheduler::PlanDecode(const Sequence& seq, StepPlan& plan) const {
   const int layers = kv_->num_layers();
   ScheduledSequence out;
   out.id = seq.id;
@@ -126,17 +127,19 @@ ScheduledSequence Scheduler::PlanDecode(const Sequence& seq) const {
   out.num_tokens = 1;
   out.is_decode = true;
   out.sample = true;
-  out.capacities.resize(layers);
-  out.lengths_after.resize(layers);
-  out.evict.assign(layers, false);
+  out.layer_rows = plan.AddLayerRows();
+  int* capacities = plan.capacities.data() + out.layer_rows;
+  int* lengths_after = plan.lengths_after.data() + out.layer_rows;
+  uint8_t* evict = plan.evict.data() + out.layer_rows;
   thread_local std::vector<int> lengths;
   kv_->Lengths(seq.id, lengths);
   for (int layer = 0; layer < layers; ++layer) {
     const int length = lengths[layer];
     const DecodeLimit& limit = seq.policy->DecodeLimitFor(layer);
-    out.capacities[layer] = length + 1;
-    out.evict[layer] = limit.max_entries > 0 && length + 1 > limit.max_entries;
-    out.lengths_after[layer] = out.evict[layer] ? length : length + 1;
+    capacities[layer] = length + 1;
+    evict[layer] = limit.max_entries > 0 && length + 1 > limit.max_entries;
+    lengths_after[layer] = evict[layer] ? length : length + 1;
+    out.evicts = out.evicts || evict[layer];
   }
   return out;
 }
@@ -152,8 +155,8 @@ int Scheduler::PagesAfterCompression(const Sequence& seq) const {
   return pages;
 }
 
-StepPlan Scheduler::Plan() const {
-  StepPlan plan;
+void Scheduler::Plan(StepPlan& plan) const {
+  plan.Clear(kv_->num_layers());
   int free_pages = kv_->num_free_pages();
   int token_budget = options_.max_num_batched_tokens;
   std::vector<SeqId> preempted;
@@ -174,12 +177,12 @@ StepPlan Scheduler::Plan() const {
     if (seq.in_prefill()) {
       const int chunk = ChunkSize(seq, token_budget);
       if (chunk == 0) continue;
-      scheduled = PlanPrefill(seq, chunk);
+      scheduled = PlanPrefill(seq, chunk, plan);
     } else {
       if (token_budget < 1) continue;
-      scheduled = PlanDecode(seq);
+      scheduled = PlanDecode(seq, plan);
     }
-    const int needed = kv_->PagesToGrow(id, scheduled.capacities);
+    const int needed = kv_->PagesToGrow(id, plan.Capacities(scheduled));
     bool self_preempted = false;
     while (needed > free_pages) {
       const SeqId victim = newest_running();
@@ -220,8 +223,8 @@ StepPlan Scheduler::Plan() const {
       const Sequence& seq = seqs_.at(id);
       const int chunk = ChunkSize(seq, token_budget);
       if (chunk == 0) break;
-      ScheduledSequence scheduled = PlanPrefill(seq, chunk);
-      const int needed = kv_->PagesToGrow(-1, scheduled.capacities);
+      ScheduledSequence scheduled = PlanPrefill(seq, chunk, plan);
+      const int needed = kv_->PagesToGrow(-1, plan.Capacities(scheduled));
       const int after = PagesAfterCompression(seq);
       if (needed > free_pages || pages_after + after > kv_->num_pages()) break;
       free_pages -= needed;
@@ -234,7 +237,6 @@ StepPlan Scheduler::Plan() const {
       plan.prefills.push_back(std::move(scheduled));
     }
   }
-  return plan;
 }
 
 void Scheduler::Commit(const StepPlan& plan) {
@@ -266,7 +268,7 @@ void Scheduler::Commit(const StepPlan& plan) {
   }
   for (const auto* list : {&plan.prefills, &plan.decodes}) {
     for (const ScheduledSequence& scheduled : *list) {
-      const bool grown = kv_->Grow(scheduled.id, scheduled.capacities);
+      const bool grown = kv_->Grow(scheduled.id, plan.Capacities(scheduled));
       SIEVE_CHECK(grown) << "planned KV growth failed for sequence " << scheduled.id;
     }
   }
@@ -277,7 +279,7 @@ void Scheduler::Complete(const StepPlan& plan) {
     for (const ScheduledSequence& scheduled : *list) {
       Sequence& seq = seqs_.at(scheduled.id);
       seq.num_computed += scheduled.num_tokens;
-      kv_->SetLengths(scheduled.id, scheduled.lengths_after);
+      kv_->SetLengths(scheduled.id, plan.LengthsAfter(scheduled));
     }
   }
 }

@@ -45,7 +45,13 @@ class Scheduler {
   // Removes a sequence wherever it is and frees its pages at once. False when unknown.
   bool Remove(SeqId id);
 
-  StepPlan Plan() const;
+  // Plans into `plan`, reusing its memory (an engine keeps one StepPlan for every step).
+  void Plan(StepPlan& plan) const;
+  StepPlan Plan() const {
+    StepPlan plan;
+    Plan(plan);
+    return plan;
+  }
   void Commit(const StepPlan& plan);
   // After the step's forward pass: progress and per-layer lengths of every scheduled sequence.
   void Complete(const StepPlan& plan);
@@ -61,8 +67,8 @@ class Scheduler {
  private:
   // Tokens of this sequence's prefill that fit in `token_budget` this step (0: none).
   int ChunkSize(const Sequence& seq, int token_budget) const;
-  ScheduledSequence PlanPrefill(const Sequence& seq, int chunk) const;
-  ScheduledSequence PlanDecode(const Sequence& seq) const;
+  ScheduledSequence PlanPrefill(const Sequence& seq, int chunk, StepPlan& plan) const;
+  ScheduledSequence PlanDecode(const Sequence& seq, StepPlan& plan) const;
   // Pages the sequence holds once its prompt is compressed (or now, when decoding).
   int PagesAfterCompression(const Sequence& seq) const;
 

@@ -1,8 +1,13 @@
 // StepPlan: what the scheduler decided for one engine step. Planning is const; exactly one
 // Scheduler::Commit applies it.
+//
+// Per-layer numbers of every scheduled sequence live in flat [sequence][L] arrays of the plan,
+// not in each ScheduledSequence, so that an engine reusing one StepPlan allocates nothing per
+// step (256 decoding sequences x 32 layers is the common case).
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kv/kv_cache_manager.h"
@@ -15,12 +20,11 @@ struct ScheduledSequence {
   int context_len = 0;  // tokens already in the cache
   int num_tokens = 0;   // tokens computed this step (chunk size; 1 for decode)
   bool is_decode = false;
-  bool final_chunk = false;        // prefill: this chunk ends the prompt, so its logits are sampled
-  bool sample = false;             // a token is sampled after this step
-  std::vector<int> capacities;     // [L] entries each layer must hold during the step
-  std::vector<int> lengths_after;  // [L] entries each layer holds after the step
+  bool final_chunk = false;  // prefill: this chunk ends the prompt, so its logits are sampled
+  bool sample = false;       // a token is sampled after this step
+  bool evicts = false;       // decode: some layer evicts one entry after attention
+  int layer_rows = 0;        // offset of this sequence's rows in the plan's per-layer arrays
   std::vector<LayerPlan> compress;  // [L] final prefill chunk only: each layer's plan
-  std::vector<uint8_t> evict;       // [L] decode: the layer evicts one entry after attention
 };
 
 struct StepPlan {
@@ -29,7 +33,41 @@ struct StepPlan {
   std::vector<SeqId> preempted;  // give back their pages and go back to waiting, in this order
   std::vector<SeqId> admitted;   // waiting -> running this step
   int num_tokens = 0;
+  int num_layers = 0;
+  std::vector<int> capacities;     // [rows][L] entries each layer must hold during the step
+  std::vector<int> lengths_after;  // [rows][L] entries each layer holds after the step
+  std::vector<uint8_t> evict;      // [rows][L] decode: the layer evicts one entry
+
   bool empty() const { return prefills.empty() && decodes.empty(); }
+  // Empties the plan, keeping its memory.
+  void Clear(int layers) {
+    prefills.clear();
+    decodes.clear();
+    preempted.clear();
+    admitted.clear();
+    num_tokens = 0;
+    num_layers = layers;
+    capacities.clear();
+    lengths_after.clear();
+    evict.clear();
+  }
+  // Rows for one more sequence; returns their offset.
+  int AddLayerRows() {
+    const int offset = static_cast<int>(capacities.size());
+    capacities.resize(offset + num_layers);
+    lengths_after.resize(offset + num_layers);
+    evict.resize(offset + num_layers, 0);
+    return offset;
+  }
+  std::span<const int> Capacities(const ScheduledSequence& s) const {
+    return {capacities.data() + s.layer_rows, static_cast<size_t>(num_layers)};
+  }
+  std::span<const int> LengthsAfter(const ScheduledSequence& s) const {
+    return {lengths_after.data() + s.layer_rows, static_cast<size_t>(num_layers)};
+  }
+  std::span<const uint8_t> Evicts(const ScheduledSequence& s) const {
+    return {evict.data() + s.layer_rows, static_cast<size_t>(num_layers)};
+  }
 };
 
 }  // namespace sieve

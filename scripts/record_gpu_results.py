@@ -32,7 +32,11 @@ def main():
     for file in sorted(os.listdir(args.files_dir)):
         match = re.match(r"serve_(\w+)\.json$", file)
         if match:
-            serve[match.group(1)] = load(file)
+            result = load(file)
+            # Per-token gaps are summarised in the metrics; the arrays would bloat the repo.
+            for request in (result or {}).get("requests", []):
+                request.pop("itl_ms", None)
+            serve[match.group(1)] = result
     if serve:
         record["serve"] = serve
     summary_path = os.path.join(args.files_dir, "summary.txt")

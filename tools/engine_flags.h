@@ -2,8 +2,8 @@
 // engine and KV-cache settings. One definition, so both commands stay in step.
 #pragma once
 
-#include <cstdint>
 #include <CLI/CLI.hpp>
+#include <cstdint>
 
 #include <memory>
 #include <string>

@@ -363,7 +363,8 @@ const CudaBackend::GemmPlan& CudaBackend::PlanGemm(int64_t m, int64_t n, int64_t
   cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
   int found_count = 0;
   SIEVE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.c, plan.c,
-                                                    preference, kCandidates, results, &found_count));
+                                                    preference, kCandidates, results,
+                                                    &found_count));
   cublasLtMatmulPreferenceDestroy(preference);
   SIEVE_CHECK(found_count > 0) << "cuBLASLt has no algorithm for " << m << "x" << n << "x" << k;
   plan.algo = results[0].algo;

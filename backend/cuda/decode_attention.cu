@@ -474,8 +474,9 @@ void LaunchDecode(const DecodeParams& params, cudaStream_t stream) {
   if (params.scores != nullptr) {
     SIEVE_CHECK(params.group <= kMaxScoreGroup)
         << "H2O scores support at most " << kMaxScoreGroup << " query heads per KV head";
-    DecodeScoresKernel<kHeadDim><<<dim3(params.num_decode * params.num_kv_heads, params.num_splits),
-                                   kThreads, 0, stream>>>(params);
+    DecodeScoresKernel<kHeadDim>
+        <<<dim3(params.num_decode * params.num_kv_heads, params.num_splits), kThreads, 0, stream>>>(
+            params);
     SIEVE_CUDA_CHECK_LAUNCH();
   }
 }

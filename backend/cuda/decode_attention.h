@@ -3,8 +3,8 @@
 // DecodeAttentionWithSplits(DecodeAttentionSplits(...), ...).
 #pragma once
 
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 
 #include "backend/cuda/kernels.h"
 

@@ -15,7 +15,8 @@ constexpr int kThreads = 256;
 
 __device__ __forceinline__ float BlockSum(float value) {
   __shared__ float warp_sums[32];
-  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffff, value, offset);
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value += __shfl_xor_sync(0xffffffff, value, offset);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (lane == 0) warp_sums[warp] = value;
@@ -25,7 +26,8 @@ __device__ __forceinline__ float BlockSum(float value) {
   if (warp == 0) {
     const int warps = (blockDim.x + 31) / 32;
     value = lane < warps ? warp_sums[lane] : 0.0f;
-    for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffff, value, offset);
+    for (int offset = 16; offset > 0; offset >>= 1)
+      value += __shfl_xor_sync(0xffffffff, value, offset);
     __syncwarp();
     if (lane == 0) warp_sums[0] = value;
   }
