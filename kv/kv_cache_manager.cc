@@ -112,6 +112,18 @@ void KvCacheManager::Lengths(SeqId id, std::vector<int>& out) const {
   }
 }
 
+int KvCacheManager::PagesToAppend(SeqId id, std::vector<int>& lengths) const {
+  const Sequence& seq = Get(id);
+  lengths.resize(options_.num_layers);
+  int needed = 0;
+  for (int layer = 0; layer < options_.num_layers; ++layer) {
+    const int length = lengths_[static_cast<int64_t>(layer) * options_.max_seqs + seq.slot];
+    lengths[layer] = length;
+    needed += PagesFor(length + 1) > static_cast<int>(seq.pages[layer].size()) ? 1 : 0;
+  }
+  return needed;
+}
+
 int KvCacheManager::Capacity(SeqId id, int layer) const {
   return static_cast<int>(Get(id).pages[layer].size()) * options_.page_size;
 }
@@ -153,6 +165,29 @@ bool KvCacheManager::Grow(SeqId id, std::span<const int> capacities) {
     seq.pages_held += wanted - before;
     for (int index = before; index < wanted; ++index)
       WriteTable(layer, seq.slot, index, pages[index]);
+  }
+  return true;
+}
+
+bool KvCacheManager::GrowForAppend(SeqId id) {
+  Sequence& seq = Get(id);
+  const int64_t max_seqs = options_.max_seqs;
+  int needed = 0;
+  for (int layer = 0; layer < options_.num_layers; ++layer) {
+    const int length = lengths_[layer * max_seqs + seq.slot];
+    needed += PagesFor(length + 1) > static_cast<int>(seq.pages[layer].size()) ? 1 : 0;
+  }
+  if (needed == 0) return true;
+  if (needed > pool_.num_free()) return false;
+  for (int layer = 0; layer < options_.num_layers; ++layer) {
+    std::vector<int32_t>& pages = seq.pages[layer];
+    const int length = lengths_[layer * max_seqs + seq.slot];
+    if (PagesFor(length + 1) <= static_cast<int>(pages.size())) continue;
+    if (static_cast<int>(pages.size()) + 1 > options_.max_pages_per_seq) return false;
+    const bool ok = pool_.Allocate(1, pages);
+    SIEVE_CHECK(ok) << "pool ran out after counting enough free pages";
+    ++seq.pages_held;
+    WriteTable(layer, seq.slot, static_cast<int>(pages.size()) - 1, pages.back());
   }
   return true;
 }

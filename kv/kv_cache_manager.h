@@ -63,6 +63,9 @@ class KvCacheManager {
   int Length(SeqId id, int layer) const;
   // Every layer's length at once ([L]): one lookup instead of L on the per-step paths.
   void Lengths(SeqId id, std::vector<int>& out) const;
+  // The decode fast path: every layer's length into `lengths` and the pages that appending one
+  // entry to every layer would take (a layer needs one when its pages are full).
+  int PagesToAppend(SeqId id, std::vector<int>& lengths) const;
   int Capacity(SeqId id, int layer) const;  // pages held * page_size
   const std::vector<int32_t>& Pages(SeqId id, int layer) const;
 
@@ -72,6 +75,9 @@ class KvCacheManager {
   // Makes each layer l hold at least capacities[l] entries. All or nothing: false (and no change)
   // when the pool has too few free pages or a list would pass max_pages_per_seq.
   [[nodiscard]] bool Grow(SeqId id, std::span<const int> capacities);
+  // The decode fast path of Grow: one more page for every layer whose pages are full, in one
+  // pass. False (and no change) when the pool has fewer free pages than that.
+  [[nodiscard]] bool GrowForAppend(SeqId id);
   // Sets the layer's length and frees the pages past it.
   void SetLength(SeqId id, int layer, int length);
   // SetLength for every layer ([L] lengths).

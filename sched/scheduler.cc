@@ -132,7 +132,7 @@ ScheduledSequence Scheduler::PlanDecode(const Sequence& seq, StepPlan& plan) con
   int* lengths_after = plan.lengths_after.data() + out.layer_rows;
   uint8_t* evict = plan.evict.data() + out.layer_rows;
   thread_local std::vector<int> lengths;
-  kv_->Lengths(seq.id, lengths);
+  out.new_pages = kv_->PagesToAppend(seq.id, lengths);
   for (int layer = 0; layer < layers; ++layer) {
     const int length = lengths[layer];
     const DecodeLimit& limit = seq.policy->DecodeLimitFor(layer);
@@ -182,7 +182,9 @@ void Scheduler::Plan(StepPlan& plan) const {
       if (token_budget < 1) continue;
       scheduled = PlanDecode(seq, plan);
     }
-    const int needed = kv_->PagesToGrow(id, plan.Capacities(scheduled));
+    const int needed = scheduled.is_decode ? scheduled.new_pages
+                                           : kv_->PagesToGrow(id, plan.Capacities(scheduled));
+    scheduled.new_pages = needed;
     bool self_preempted = false;
     while (needed > free_pages) {
       const SeqId victim = newest_running();
@@ -213,7 +215,7 @@ void Scheduler::Plan(StepPlan& plan) const {
   plan.preempted = preempted;
 
   // New sequences, FCFS, only when nothing had to be preempted (memory is tight otherwise).
-  if (preempted.empty()) {
+  if (preempted.empty() && !waiting_.empty()) {
     int running = static_cast<int>(running_.size());
     int free_slots = kv_->num_free_slots();
     int64_t pages_after = 0;  // what every running sequence holds once its prompt is compressed
@@ -268,7 +270,9 @@ void Scheduler::Commit(const StepPlan& plan) {
   }
   for (const auto* list : {&plan.prefills, &plan.decodes}) {
     for (const ScheduledSequence& scheduled : *list) {
-      const bool grown = kv_->Grow(scheduled.id, plan.Capacities(scheduled));
+      if (scheduled.is_decode && scheduled.new_pages == 0) continue;  // nothing to allocate
+      const bool grown = scheduled.is_decode ? kv_->GrowForAppend(scheduled.id)
+                                             : kv_->Grow(scheduled.id, plan.Capacities(scheduled));
       SIEVE_CHECK(grown) << "planned KV growth failed for sequence " << scheduled.id;
     }
   }

@@ -24,6 +24,7 @@ struct ScheduledSequence {
   bool sample = false;       // a token is sampled after this step
   bool evicts = false;       // decode: some layer evicts one entry after attention
   int layer_rows = 0;        // offset of this sequence's rows in the plan's per-layer arrays
+  int new_pages = 0;         // pages the step takes from the pool for this sequence
   std::vector<LayerPlan> compress;  // [L] final prefill chunk only: each layer's plan
 };
 

@@ -660,11 +660,14 @@ void ExpectTimingsMatchServer(const std::vector<RequestRecord>& records, int tok
     EXPECT_GE(record.ttft_s * 1000, first_ms - 1);
     EXPECT_LE(record.ttft_s * 1000, first_ms + kSlackMs);
     ASSERT_EQ(record.itl_s.size(), static_cast<size_t>(tokens - 1));
+    // One gap can be shorter than the server's delay when the chunk before it reached the client
+    // late (a loaded machine), so only their sum is bounded below.
     double itl_sum = 0;
     for (double gap : record.itl_s) {
-      EXPECT_GE(gap * 1000, gap_ms - 1);
+      EXPECT_GE(gap, 0.0);
       itl_sum += gap;
     }
+    EXPECT_GE(itl_sum * 1000, (tokens - 1) * gap_ms - kSlackMs);
     EXPECT_LE(itl_sum * 1000 / (tokens - 1), gap_ms + kSlackMs / 3);
     const double tpot_ms = (record.e2e_s - record.ttft_s) / (tokens - 1) * 1000;
     EXPECT_GE(tpot_ms, gap_ms - 1);

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs the CPU benchmarks (decode speed of the reference backend, scheduler overhead per step)
+# and records their output in bench/results/NAME.json for docs/benchmark_results.md.
+#   scripts/bench_cpu.sh [NAME]       (needs a release build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+name="${1:-$(date +%F)-cpu}"
+out=$( { ./build/release/bench/cpu_decode_bench; SIEVE_BENCH_STEPS=1000 ./build/release/bench/scheduler_bench; } 2>&1 )
+echo "$out"
+python3 - "$name" "$out" <<'PY'
+import datetime, json, os, platform, subprocess, sys
+name, text = sys.argv[1], sys.argv[2]
+commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+cpu = "?"
+for line in open("/proc/cpuinfo"):
+    if line.startswith("model name"):
+        cpu = line.split(":", 1)[1].strip()
+        break
+record = {"name": name, "commit": commit, "recorded": datetime.date.today().isoformat(),
+          "gpu": f"none (CPU: {cpu}, {os.cpu_count()} cores)",
+          "command": "scripts/bench_cpu.sh (build/release/bench/cpu_decode_bench; "
+                     "SIEVE_BENCH_STEPS=1000 build/release/bench/scheduler_bench)",
+          "cpu": text}
+json.dump(record, open(os.path.join("bench", "results", name + ".json"), "w"), indent=1)
+print("wrote bench/results/" + name + ".json")
+PY
+python3 scripts/render_benchmarks.py
