@@ -31,7 +31,9 @@ int main() {
   config.max_position_embeddings = 8192;
   auto backend = MakeCpuBackend();
   auto model = LlamaModel::Random(config, *backend, 1, 8192);
+  const char* only = std::getenv("SIEVE_BENCH_POLICY");
   for (const std::string spec : {"full", "full:0-2,pyramidkv:3-31"}) {
+    if (only && spec != only) continue;
     KvPolicyOptions policy_options;
     policy_options.budget = 400;
     auto policy = KvPolicy::Parse(spec, kLayers, policy_options);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "core/check.h"
 
@@ -15,7 +16,6 @@ KvCacheManager::KvCacheManager(const Options& options)
           -1),
       lengths_(static_cast<size_t>(options.num_layers) * options.max_seqs, 0) {
   by_slot_.resize(options.max_seqs);
-  patch_position_.assign(page_table_.size(), -1);
   if ((options.page_size & (options.page_size - 1)) == 0) {
     page_shift_ = 0;
     while ((1 << page_shift_) < options.page_size) ++page_shift_;
@@ -45,15 +45,10 @@ int64_t KvCacheManager::TableIndex(int layer, int slot, int page_index) const {
 void KvCacheManager::WriteTable(int layer, int slot, int page_index, int32_t page) {
   const int64_t index = TableIndex(layer, slot, page_index);
   page_table_[index] = page;
-  // One patch per entry: the device applies them in parallel, so an entry written twice since
-  // the last take (a page freed, its slot reused) must carry only its latest value.
-  int32_t& position = patch_position_[index];
-  if (position >= 0) {
-    patches_[position].second = page;
-  } else {
-    position = static_cast<int32_t>(patches_.size());
-    patches_.emplace_back(static_cast<int32_t>(index), page);
-  }
+  patches_.emplace_back(static_cast<int32_t>(index), page);
+  // Only an entry that was cleared can be written again before the next take (a page freed,
+  // then its slot reused); growth alone never writes an entry twice.
+  if (page < 0) patches_may_repeat_ = true;
 }
 
 Result<int> KvCacheManager::AddSequence(SeqId id) {
@@ -237,9 +232,23 @@ int64_t KvCacheManager::EntriesHeldByLayer(int layer) const {
 }
 
 std::vector<std::pair<int32_t, int32_t>> KvCacheManager::TakePageTablePatches() {
-  for (const auto& [index, page] : patches_) patch_position_[index] = -1;
   std::vector<std::pair<int32_t, int32_t>> out;
   out.swap(patches_);
+  if (patches_may_repeat_) {
+    // The device applies patches in parallel: each entry must appear once, with its last value.
+    std::stable_sort(out.begin(), out.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    size_t kept = 0;
+    for (const auto& patch : out) {
+      if (kept > 0 && out[kept - 1].first == patch.first) {
+        out[kept - 1] = patch;
+      } else {
+        out[kept++] = patch;
+      }
+    }
+    out.resize(kept);
+    patches_may_repeat_ = false;
+  }
   return out;
 }
 

@@ -124,7 +124,7 @@ class KvCacheManager {
   std::vector<int32_t> page_table_;  // [L][max_seqs][max_pages_per_seq]
   std::vector<int32_t> lengths_;     // [L][max_seqs]
   std::vector<std::pair<int32_t, int32_t>> patches_;
-  std::vector<int32_t> patch_position_;  // [L][S][P] index into patches_, -1 when not patched
+  bool patches_may_repeat_ = false;  // an entry was cleared since the last take
   int padding_slot_ = -1;
   int padding_pages_ = 0;
 };
