@@ -99,12 +99,9 @@ int KvCacheManager::Length(SeqId id, int layer) const {
   return lengths_[static_cast<int64_t>(layer) * options_.max_seqs + Get(id).slot];
 }
 
-void KvCacheManager::Lengths(SeqId id, std::vector<int>& out) const {
-  const int slot = Get(id).slot;
-  out.resize(options_.num_layers);
-  for (int layer = 0; layer < options_.num_layers; ++layer) {
-    out[layer] = lengths_[static_cast<int64_t>(layer) * options_.max_seqs + slot];
-  }
+bool KvCacheManager::AppendNeedsPage(const Sequence& seq, int layer) const {
+  const int length = lengths_[static_cast<int64_t>(layer) * options_.max_seqs + seq.slot];
+  return PagesFor(length + 1) > static_cast<int>(seq.pages[layer].size());
 }
 
 int KvCacheManager::PagesToAppend(SeqId id, std::vector<int>& lengths) const {
@@ -112,9 +109,8 @@ int KvCacheManager::PagesToAppend(SeqId id, std::vector<int>& lengths) const {
   lengths.resize(options_.num_layers);
   int needed = 0;
   for (int layer = 0; layer < options_.num_layers; ++layer) {
-    const int length = lengths_[static_cast<int64_t>(layer) * options_.max_seqs + seq.slot];
-    lengths[layer] = length;
-    needed += PagesFor(length + 1) > static_cast<int>(seq.pages[layer].size()) ? 1 : 0;
+    lengths[layer] = lengths_[static_cast<int64_t>(layer) * options_.max_seqs + seq.slot];
+    needed += AppendNeedsPage(seq, layer) ? 1 : 0;
   }
   return needed;
 }
@@ -166,18 +162,15 @@ bool KvCacheManager::Grow(SeqId id, std::span<const int> capacities) {
 
 bool KvCacheManager::GrowForAppend(SeqId id) {
   Sequence& seq = Get(id);
-  const int64_t max_seqs = options_.max_seqs;
   int needed = 0;
   for (int layer = 0; layer < options_.num_layers; ++layer) {
-    const int length = lengths_[layer * max_seqs + seq.slot];
-    needed += PagesFor(length + 1) > static_cast<int>(seq.pages[layer].size()) ? 1 : 0;
+    needed += AppendNeedsPage(seq, layer) ? 1 : 0;
   }
   if (needed == 0) return true;
   if (needed > pool_.num_free()) return false;
   for (int layer = 0; layer < options_.num_layers; ++layer) {
+    if (!AppendNeedsPage(seq, layer)) continue;
     std::vector<int32_t>& pages = seq.pages[layer];
-    const int length = lengths_[layer * max_seqs + seq.slot];
-    if (PagesFor(length + 1) <= static_cast<int>(pages.size())) continue;
     if (static_cast<int>(pages.size()) + 1 > options_.max_pages_per_seq) return false;
     const bool ok = pool_.Allocate(1, pages);
     SIEVE_CHECK(ok) << "pool ran out after counting enough free pages";

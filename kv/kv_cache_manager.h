@@ -61,8 +61,6 @@ class KvCacheManager {
 
   // ---- per (sequence, layer) ----
   int Length(SeqId id, int layer) const;
-  // Every layer's length at once ([L]): one lookup instead of L on the per-step paths.
-  void Lengths(SeqId id, std::vector<int>& out) const;
   // The decode fast path: every layer's length into `lengths` and the pages that appending one
   // entry to every layer would take (a layer needs one when its pages are full).
   int PagesToAppend(SeqId id, std::vector<int>& lengths) const;
@@ -114,6 +112,8 @@ class KvCacheManager {
   int64_t TableIndex(int layer, int slot, int page_index) const;
   void WriteTable(int layer, int slot, int page_index, int32_t page);
   void SetLengthOf(Sequence& seq, int layer, int length);
+  // Whether appending one entry to the layer needs one more page.
+  bool AppendNeedsPage(const Sequence& seq, int layer) const;
 
   Options options_;
   int page_shift_ = -1;  // log2(page_size) when a power of two: PagesFor runs per (seq, layer)

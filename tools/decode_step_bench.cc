@@ -118,9 +118,8 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
                     config.head_dim * 2 * elem;
   result.bytes = weights + kv;
   if (options.copy_bandwidth > 0) {
-    // The copy ceiling counts read + write; a decode step mostly reads, so the read bandwidth is
-    // taken as half the measured copy rate times two directions = the copy rate (PERF.md quotes
-    // the bound this way).
+    // Bytes over the measured copy rate (read + write bytes per second), as PERF.md's table
+    // computes its bound.
     result.bound_ms = result.bytes / options.copy_bandwidth * 1e3;
   }
   result.tokens_per_second = batch / (result.step_ms * 1e-3);
