@@ -14,7 +14,8 @@ KvCacheManager::KvCacheManager(const Options& options)
       page_table_(
           static_cast<size_t>(options.num_layers) * options.max_seqs * options.max_pages_per_seq,
           -1),
-      lengths_(static_cast<size_t>(options.num_layers) * options.max_seqs, 0) {
+      lengths_(static_cast<size_t>(options.num_layers) * options.max_seqs, 0),
+      pages_held_(static_cast<size_t>(options.max_seqs) * options.num_layers, 0) {
   by_slot_.resize(options.max_seqs);
   if ((options.page_size & (options.page_size - 1)) == 0) {
     page_shift_ = 0;
@@ -51,6 +52,34 @@ void KvCacheManager::WriteTable(int layer, int slot, int page_index, int32_t pag
   if (page < 0) patches_may_repeat_ = true;
 }
 
+void KvCacheManager::SetLengthsFrom(Sequence& seq, int first_layer, std::span<const int> lengths) {
+  const int page_size = options_.page_size;
+  const int* pages_held = PagesHeld(seq.slot);
+  int32_t* length_of = &lengths_[seq.slot];  // layer l at [l * max_seqs]
+  const int64_t stride = options_.max_seqs;
+  for (int layer = first_layer; layer < first_layer + static_cast<int>(lengths.size()); ++layer) {
+    const int length = lengths[layer - first_layer];
+    const int held = pages_held[layer];
+    SIEVE_CHECK(length >= 0 && length <= held * page_size)
+        << "length " << length << " past the capacity of layer " << layer;
+    length_of[layer * stride] = length;
+    // PagesFor(length) < held, without a division: this runs for every (sequence, layer) of
+    // every step, and pages are rarely freed (compression, eviction past a page, removal).
+    if (length <= (held - 1) * page_size) FreePagesPast(seq, layer, length);
+  }
+}
+
+void KvCacheManager::FreePagesPast(Sequence& seq, int layer, int length) {
+  int& held = PagesHeld(seq.slot)[layer];
+  const int keep = PagesFor(length);
+  if (keep >= held) return;
+  const int32_t* row = &page_table_[TableIndex(layer, seq.slot, 0)];
+  pool_.Release(std::span<const int32_t>(row + keep, row + held));
+  for (int index = keep; index < held; ++index) WriteTable(layer, seq.slot, index, -1);
+  seq.pages_held -= held - keep;
+  held = keep;
+}
+
 Result<int> KvCacheManager::AddSequence(SeqId id) {
   SIEVE_CHECK(!HasSequence(id)) << "sequence " << id << " added twice";
   if (free_slots_.empty()) {
@@ -62,8 +91,7 @@ Result<int> KvCacheManager::AddSequence(SeqId id) {
   Sequence& seq = by_slot_[slot];
   seq.id = id;
   seq.slot = slot;
-  seq.pages_held = 0;
-  seq.pages.assign(options_.num_layers, {});
+  seq.pages_held = 0;  // its lists are empty: a free slot holds no pages and its rows are -1
   slot_of_.emplace(id, slot);
   return slot;
 }
@@ -86,7 +114,10 @@ int KvCacheManager::ReservePaddingSlot() {
 
 void KvCacheManager::RemoveSequence(SeqId id) {
   Sequence& seq = Get(id);
-  for (int layer = 0; layer < options_.num_layers; ++layer) SetLengthOf(seq, layer, 0);
+  for (int layer = 0; layer < options_.num_layers; ++layer) {
+    lengths_[static_cast<int64_t>(layer) * options_.max_seqs + seq.slot] = 0;
+    FreePagesPast(seq, layer, 0);
+  }
   free_slots_.push_back(seq.slot);
   seq.slot = -1;
   seq.id = -1;
@@ -99,37 +130,43 @@ int KvCacheManager::Length(SeqId id, int layer) const {
   return lengths_[static_cast<int64_t>(layer) * options_.max_seqs + Get(id).slot];
 }
 
-bool KvCacheManager::AppendNeedsPage(const Sequence& seq, int layer) const {
-  const int length = lengths_[static_cast<int64_t>(layer) * options_.max_seqs + seq.slot];
-  return PagesFor(length + 1) > static_cast<int>(seq.pages[layer].size());
+bool KvCacheManager::AppendNeedsPage(int length, int pages_held) const {
+  // length + 1 > capacity, i.e. PagesFor(length + 1) > pages held, without a division.
+  return length >= pages_held * options_.page_size;
 }
 
-int KvCacheManager::PagesToAppend(SeqId id, std::vector<int>& lengths) const {
+int KvCacheManager::PagesToAppend(SeqId id, std::span<int> lengths) const {
+  const int layers = options_.num_layers;
+  SIEVE_CHECK(static_cast<int>(lengths.size()) == layers);
   const Sequence& seq = Get(id);
-  lengths.resize(options_.num_layers);
+  const int* pages_held = PagesHeld(seq.slot);
+  const int32_t* length_of = &lengths_[seq.slot];  // layer l at [l * max_seqs]
+  const int64_t stride = options_.max_seqs;
   int needed = 0;
-  for (int layer = 0; layer < options_.num_layers; ++layer) {
-    lengths[layer] = lengths_[static_cast<int64_t>(layer) * options_.max_seqs + seq.slot];
-    needed += AppendNeedsPage(seq, layer) ? 1 : 0;
+  for (int layer = 0; layer < layers; ++layer) {
+    const int length = length_of[layer * stride];
+    lengths[layer] = length;
+    needed += AppendNeedsPage(length, pages_held[layer]) ? 1 : 0;
   }
   return needed;
 }
 
 int KvCacheManager::Capacity(SeqId id, int layer) const {
-  return static_cast<int>(Get(id).pages[layer].size()) * options_.page_size;
+  return PagesHeld(Get(id).slot)[layer] * options_.page_size;
 }
 
-const std::vector<int32_t>& KvCacheManager::Pages(SeqId id, int layer) const {
-  return Get(id).pages[layer];
+std::span<const int32_t> KvCacheManager::Pages(SeqId id, int layer) const {
+  const int slot = Get(id).slot;
+  return {&page_table_[TableIndex(layer, slot, 0)], static_cast<size_t>(PagesHeld(slot)[layer])};
 }
 
 int KvCacheManager::PagesToGrow(SeqId id, std::span<const int> capacities) const {
   SIEVE_CHECK(static_cast<int>(capacities.size()) == options_.num_layers);
   const auto it = slot_of_.find(id);
-  const Sequence* seq = it == slot_of_.end() ? nullptr : &by_slot_[it->second];
+  const int* pages_held = it == slot_of_.end() ? nullptr : PagesHeld(it->second);
   int needed = 0;
   for (int layer = 0; layer < options_.num_layers; ++layer) {
-    const int held = seq == nullptr ? 0 : static_cast<int>(seq->pages[layer].size());
+    const int held = pages_held == nullptr ? 0 : pages_held[layer];
     needed += std::max(0, PagesFor(capacities[layer]) - held);
   }
   return needed;
@@ -138,79 +175,66 @@ int KvCacheManager::PagesToGrow(SeqId id, std::span<const int> capacities) const
 bool KvCacheManager::Grow(SeqId id, std::span<const int> capacities) {
   SIEVE_CHECK(static_cast<int>(capacities.size()) == options_.num_layers);
   Sequence& seq = Get(id);
+  int* pages_held = PagesHeld(seq.slot);
   int needed = 0;
   for (int layer = 0; layer < options_.num_layers; ++layer) {
     const int wanted = PagesFor(capacities[layer]);
     if (wanted > options_.max_pages_per_seq) return false;
-    needed += std::max(0, wanted - static_cast<int>(seq.pages[layer].size()));
+    needed += std::max(0, wanted - pages_held[layer]);
   }
-  if (needed > pool_.num_free()) return false;
   if (needed == 0) return true;
+  new_pages_.clear();
+  if (!pool_.Allocate(needed, new_pages_)) return false;
+  // Handed out in layer order: each layer gets the ids one Allocate per layer would give it.
+  const int32_t* next_page = new_pages_.data();
   for (int layer = 0; layer < options_.num_layers; ++layer) {
-    std::vector<int32_t>& pages = seq.pages[layer];
-    const int before = static_cast<int>(pages.size());
     const int wanted = PagesFor(capacities[layer]);
-    if (wanted <= before) continue;
-    const bool ok = pool_.Allocate(wanted - before, pages);
-    SIEVE_CHECK(ok) << "pool ran out after counting enough free pages";
-    seq.pages_held += wanted - before;
-    for (int index = before; index < wanted; ++index)
-      WriteTable(layer, seq.slot, index, pages[index]);
+    for (; pages_held[layer] < wanted; ++pages_held[layer]) {
+      WriteTable(layer, seq.slot, pages_held[layer], *next_page++);
+    }
   }
+  seq.pages_held += needed;
   return true;
 }
 
 bool KvCacheManager::GrowForAppend(SeqId id) {
   Sequence& seq = Get(id);
+  const int layers = options_.num_layers;
+  int* pages_held = PagesHeld(seq.slot);
+  const int32_t* length_of = &lengths_[seq.slot];  // layer l at [l * max_seqs]
+  const int64_t stride = options_.max_seqs;
+  // One pass over the layers finds those whose pages are full; the allocation and the table
+  // writes then touch only those (a few per sequence and step).
+  append_layers_.resize(layers);
   int needed = 0;
-  for (int layer = 0; layer < options_.num_layers; ++layer) {
-    needed += AppendNeedsPage(seq, layer) ? 1 : 0;
+  for (int layer = 0; layer < layers; ++layer) {
+    if (!AppendNeedsPage(length_of[layer * stride], pages_held[layer])) continue;
+    if (pages_held[layer] + 1 > options_.max_pages_per_seq) return false;
+    append_layers_[needed++] = layer;
   }
   if (needed == 0) return true;
-  if (needed > pool_.num_free()) return false;
-  for (int layer = 0; layer < options_.num_layers; ++layer) {
-    if (!AppendNeedsPage(seq, layer)) continue;
-    std::vector<int32_t>& pages = seq.pages[layer];
-    if (static_cast<int>(pages.size()) + 1 > options_.max_pages_per_seq) return false;
-    const bool ok = pool_.Allocate(1, pages);
-    SIEVE_CHECK(ok) << "pool ran out after counting enough free pages";
-    ++seq.pages_held;
-    WriteTable(layer, seq.slot, static_cast<int>(pages.size()) - 1, pages.back());
+  new_pages_.clear();
+  if (!pool_.Allocate(needed, new_pages_)) return false;
+  for (int index = 0; index < needed; ++index) {
+    const int layer = append_layers_[index];
+    WriteTable(layer, seq.slot, pages_held[layer]++, new_pages_[index]);
   }
+  seq.pages_held += needed;
   return true;
 }
 
 void KvCacheManager::SetLength(SeqId id, int layer, int length) {
-  SetLengthOf(Get(id), layer, length);
+  SetLengthsFrom(Get(id), layer, {&length, 1});
 }
 
 void KvCacheManager::SetLengths(SeqId id, std::span<const int> lengths) {
   SIEVE_CHECK(static_cast<int>(lengths.size()) == options_.num_layers);
-  Sequence& seq = Get(id);
-  for (int layer = 0; layer < options_.num_layers; ++layer) SetLengthOf(seq, layer, lengths[layer]);
-}
-
-void KvCacheManager::SetLengthOf(Sequence& seq, int layer, int length) {
-  std::vector<int32_t>& pages = seq.pages[layer];
-  SIEVE_CHECK(length >= 0 && length <= static_cast<int>(pages.size()) * options_.page_size)
-      << "length " << length << " past the capacity of layer " << layer;
-  lengths_[static_cast<int64_t>(layer) * options_.max_seqs + seq.slot] = length;
-  const int keep = PagesFor(length);
-  if (keep < static_cast<int>(pages.size())) {
-    pool_.Release(std::span<const int32_t>(pages).subspan(keep));
-    for (int index = keep; index < static_cast<int>(pages.size()); ++index) {
-      WriteTable(layer, seq.slot, index, -1);
-    }
-    seq.pages_held -= static_cast<int>(pages.size()) - keep;
-    pages.resize(keep);
-  }
+  SetLengthsFrom(Get(id), 0, lengths);
 }
 
 int KvCacheManager::PagesUsedByLayer(int layer) const {
   int total = 0;
-  for (const auto& [id, slot] : slot_of_) {
-    total += static_cast<int>(by_slot_[slot].pages[layer].size());
-  }
+  for (const auto& [id, slot] : slot_of_) total += PagesHeld(slot)[layer];
   return total;
 }
 
@@ -227,6 +251,8 @@ int64_t KvCacheManager::EntriesHeldByLayer(int layer) const {
 std::vector<std::pair<int32_t, int32_t>> KvCacheManager::TakePageTablePatches() {
   std::vector<std::pair<int32_t, int32_t>> out;
   out.swap(patches_);
+  // The next step logs about as many: one allocation now instead of regrowing entry by entry.
+  patches_.reserve(out.size());
   if (patches_may_repeat_) {
     // The device applies patches in parallel: each entry must appear once, with its last value.
     std::stable_sort(out.begin(), out.end(),
@@ -248,41 +274,47 @@ std::vector<std::pair<int32_t, int32_t>> KvCacheManager::TakePageTablePatches() 
 Status KvCacheManager::CheckInvariants() const {
   std::vector<int> owners(pool_.num_pages(), 0);
   std::vector<bool> slot_used(options_.max_seqs, false);
+  // A slot's lists: valid page ids in each row's first `held` entries, -1 past them.
+  const auto check_rows = [&](int slot, const std::string& who) -> Status {
+    for (int layer = 0; layer < options_.num_layers; ++layer) {
+      const int held = PagesHeld(slot)[layer];
+      if (held < 0 || held > options_.max_pages_per_seq) {
+        return InternalError(who + " layer " + std::to_string(layer) + ": bad page count");
+      }
+      const int length = lengths_[static_cast<int64_t>(layer) * options_.max_seqs + slot];
+      if (length > held * options_.page_size) {
+        return InternalError(who + " layer " + std::to_string(layer) + ": length past capacity");
+      }
+      for (int index = 0; index < options_.max_pages_per_seq; ++index) {
+        const int32_t page = page_table_[TableIndex(layer, slot, index)];
+        if (index >= held) {
+          if (page != -1) {
+            return InternalError(who + " layer " + std::to_string(layer) +
+                                 ": page-table row holds a page past its list");
+          }
+        } else if (page < 0 || page >= pool_.num_pages()) {
+          return InternalError("bad page id");
+        } else {
+          ++owners[page];
+        }
+      }
+    }
+    return Status::Ok();
+  };
   for (const auto& [id, slot] : slot_of_) {
     const Sequence& seq = by_slot_[slot];
-    int pages_held = 0;
-    for (const auto& pages : seq.pages) pages_held += static_cast<int>(pages.size());
-    if (pages_held != seq.pages_held) return InternalError("pages_held out of step");
     if (seq.slot != slot || seq.id != id || slot_used[seq.slot]) {
       return InternalError("sequence " + std::to_string(id) + " has a bad or shared slot");
     }
     slot_used[seq.slot] = true;
-    for (int layer = 0; layer < options_.num_layers; ++layer) {
-      const auto& pages = seq.pages[layer];
-      const int length = lengths_[static_cast<int64_t>(layer) * options_.max_seqs + seq.slot];
-      if (length > static_cast<int>(pages.size()) * options_.page_size) {
-        return InternalError("sequence " + std::to_string(id) + " layer " + std::to_string(layer) +
-                             ": length past capacity");
-      }
-      for (int index = 0; index < options_.max_pages_per_seq; ++index) {
-        const int32_t expected = index < static_cast<int>(pages.size()) ? pages[index] : -1;
-        if (page_table_[TableIndex(layer, seq.slot, index)] != expected) {
-          return InternalError("page-table mirror differs from the lists for sequence " +
-                               std::to_string(id) + " layer " + std::to_string(layer));
-        }
-      }
-      for (const int32_t page : pages) {
-        if (page < 0 || page >= pool_.num_pages()) return InternalError("bad page id");
-        ++owners[page];
-      }
-    }
+    int pages_held = 0;
+    for (int layer = 0; layer < options_.num_layers; ++layer) pages_held += PagesHeld(slot)[layer];
+    if (pages_held != seq.pages_held) return InternalError("pages_held out of step");
+    SIEVE_RETURN_IF_ERROR(check_rows(slot, "sequence " + std::to_string(id)));
   }
   if (padding_slot_ >= 0) {
-    const Sequence& padding = by_slot_[padding_slot_];
     slot_used[padding_slot_] = true;
-    for (const auto& pages : padding.pages) {
-      for (const int32_t page : pages) ++owners[page];
-    }
+    SIEVE_RETURN_IF_ERROR(check_rows(padding_slot_, "padding slot"));
   }
   int used = 0;
   for (int32_t page = 0; page < pool_.num_pages(); ++page) {
@@ -298,6 +330,7 @@ Status KvCacheManager::CheckInvariants() const {
   for (int slot = 0; slot < options_.max_seqs; ++slot) {
     if (slot_used[slot]) continue;
     for (int layer = 0; layer < options_.num_layers; ++layer) {
+      if (PagesHeld(slot)[layer] != 0) return InternalError("a free slot holds pages");
       for (int index = 0; index < options_.max_pages_per_seq; ++index) {
         if (page_table_[TableIndex(layer, slot, index)] != -1) {
           return InternalError("a free slot's page-table row holds pages");

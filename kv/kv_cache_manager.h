@@ -5,11 +5,13 @@
 // It also keeps the host mirror of the device page tables: [L][max_seqs][max_pages_per_seq]
 // page ids (row = the sequence's slot; -1 past its pages) and [L][max_seqs] lengths, plus the log
 // of page-table writes since the last TakePageTablePatches(), so the runner uploads only changes.
+// The mirror is the only copy of the page lists: a (sequence, layer)'s list is the first
+// `pages held` entries of its row, so growing one writes the table and nothing else.
 //
 // Ownership: the engine thread. Planning queries are const; Grow/SetLength/Remove commit.
 // Invariants (CheckInvariants): every used page belongs to exactly one (sequence, layer) list;
-// a list holds ceil(capacity / page_size) pages and length <= capacity; the mirror equals the
-// lists.
+// a list holds ceil(capacity / page_size) pages and length <= capacity; a row is -1 past its
+// list.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +43,8 @@ class KvCacheManager {
   int page_size() const { return options_.page_size; }
   int num_layers() const { return options_.num_layers; }
   int PagesFor(int entries) const {
-    return (entries + options_.page_size - 1) / options_.page_size;
+    const int rounded_up = entries + options_.page_size - 1;
+    return page_shift_ >= 0 ? rounded_up >> page_shift_ : rounded_up / options_.page_size;
   }
 
   // ---- sequences ----
@@ -61,11 +64,12 @@ class KvCacheManager {
 
   // ---- per (sequence, layer) ----
   int Length(SeqId id, int layer) const;
-  // The decode fast path: every layer's length into `lengths` and the pages that appending one
-  // entry to every layer would take (a layer needs one when its pages are full).
-  int PagesToAppend(SeqId id, std::vector<int>& lengths) const;
+  // The decode fast path: every layer's length into `lengths` ([L]) and the pages that appending
+  // one entry to every layer would take (a layer needs one when its pages are full).
+  int PagesToAppend(SeqId id, std::span<int> lengths) const;
   int Capacity(SeqId id, int layer) const;  // pages held * page_size
-  const std::vector<int32_t>& Pages(SeqId id, int layer) const;
+  // The layer's page list (a view of its page-table row, valid until the next commit).
+  std::span<const int32_t> Pages(SeqId id, int layer) const;
 
   // Pages that Grow(id, capacities) would take from the pool (0 for an unknown sequence: a new
   // one is counted by passing its target capacities to PagesFor).
@@ -73,8 +77,9 @@ class KvCacheManager {
   // Makes each layer l hold at least capacities[l] entries. All or nothing: false (and no change)
   // when the pool has too few free pages or a list would pass max_pages_per_seq.
   [[nodiscard]] bool Grow(SeqId id, std::span<const int> capacities);
-  // The decode fast path of Grow: one more page for every layer whose pages are full, in one
-  // pass. False (and no change) when the pool has fewer free pages than that.
+  // The decode fast path of Grow: one more page for every layer whose pages are full. False (and
+  // no change) when the pool has fewer free pages than that or such a list is at
+  // max_pages_per_seq.
   [[nodiscard]] bool GrowForAppend(SeqId id);
   // Sets the layer's length and frees the pages past it.
   void SetLength(SeqId id, int layer, int length);
@@ -104,29 +109,41 @@ class KvCacheManager {
   struct Sequence {
     SeqId id = -1;
     int slot = -1;
-    int pages_held = 0;                       // sum of pages[l].size()
-    std::vector<std::vector<int32_t>> pages;  // [L] page ids
+    int pages_held = 0;  // over all layers
   };
   const Sequence& Get(SeqId id) const;
   Sequence& Get(SeqId id);
   int64_t TableIndex(int layer, int slot, int page_index) const;
+  // Pages the slot's layers hold ([L], contiguous: the per-layer loops of a step read them).
+  int* PagesHeld(int slot) { return &pages_held_[static_cast<size_t>(slot) * options_.num_layers]; }
+  const int* PagesHeld(int slot) const {
+    return &pages_held_[static_cast<size_t>(slot) * options_.num_layers];
+  }
   void WriteTable(int layer, int slot, int page_index, int32_t page);
-  void SetLengthOf(Sequence& seq, int layer, int length);
-  // Whether appending one entry to the layer needs one more page.
-  bool AppendNeedsPage(const Sequence& seq, int layer) const;
+  // SetLength for layers [first_layer, first_layer + lengths.size()).
+  void SetLengthsFrom(Sequence& seq, int first_layer, std::span<const int> lengths);
+  // Frees the layer's pages past `length` entries (none when it needs them all).
+  void FreePagesPast(Sequence& seq, int layer, int length);
+  // Whether appending one entry to a layer of `length` entries in `pages_held` pages needs one
+  // more page. No division: it runs for every (sequence, layer) of every decode step.
+  bool AppendNeedsPage(int length, int pages_held) const;
 
   Options options_;
-  int page_shift_ = -1;  // log2(page_size) when a power of two: PagesFor runs per (seq, layer)
+  int page_shift_ = -1;  // log2(page_size) when a power of two: PagesFor without a division
   BlockPool pool_;
   std::vector<Sequence> by_slot_;  // [max_seqs]; slot -1 when free
   std::unordered_map<SeqId, int> slot_of_;
   std::vector<int> free_slots_;
   std::vector<int32_t> page_table_;  // [L][max_seqs][max_pages_per_seq]
   std::vector<int32_t> lengths_;     // [L][max_seqs]
+  std::vector<int> pages_held_;      // [max_seqs][L]: the length of each page list
   std::vector<std::pair<int32_t, int32_t>> patches_;
   bool patches_may_repeat_ = false;  // an entry was cleared since the last take
   int padding_slot_ = -1;
   int padding_pages_ = 0;
+  // Scratch of Grow and GrowForAppend (kept so that a decode step allocates no memory).
+  std::vector<int> append_layers_;  // layers that need a page
+  std::vector<int32_t> new_pages_;  // pages taken from the pool, handed out in layer order
 };
 
 }  // namespace sieve

@@ -93,5 +93,51 @@ TEST(KvCacheManagerTest, PatchesReplayToTheMirror) {
   }
 }
 
+// The decode fast path (PagesToAppend, GrowForAppend) against the general one (PagesToGrow,
+// Grow to length + 1) on a twin manager: same answers, same pages, same table writes, and all or
+// nothing when the pool runs short.
+TEST(KvCacheManagerTest, AppendFastPathMatchesGrow) {
+  auto rng = testing::MakeRng();
+  KvCacheManager fast(SmallOptions()), general(SmallOptions());
+  const int layers = SmallOptions().num_layers;
+  for (int step = 0; step < 3000; ++step) {
+    const SeqId id = static_cast<SeqId>(rng() % 4);
+    if (!fast.HasSequence(id)) {
+      ASSERT_TRUE(fast.AddSequence(id).ok());
+      ASSERT_TRUE(general.AddSequence(id).ok());
+    } else if (rng() % 64 == 0) {  // rare enough that lists fill up and the pool runs short
+      fast.RemoveSequence(id);
+      general.RemoveSequence(id);
+    } else if (rng() % 16 == 0) {  // some layers shrink (compression, eviction)
+      std::vector<int> lengths(layers);
+      for (int layer = 0; layer < layers; ++layer) {
+        lengths[layer] = static_cast<int>(rng() % (fast.Capacity(id, layer) + 1));
+      }
+      fast.SetLengths(id, lengths);
+      general.SetLengths(id, lengths);
+    } else {  // one decode step
+      std::vector<int> lengths(layers);
+      const int needed = fast.PagesToAppend(id, lengths);
+      std::vector<int> capacities(layers);
+      for (int layer = 0; layer < layers; ++layer) {
+        ASSERT_EQ(lengths[layer], general.Length(id, layer));
+        capacities[layer] = lengths[layer] + 1;
+      }
+      ASSERT_EQ(needed, general.PagesToGrow(id, capacities));
+      const bool grown = fast.GrowForAppend(id);
+      ASSERT_EQ(grown, general.Grow(id, capacities));
+      if (grown) {
+        fast.SetLengths(id, capacities);
+        general.SetLengths(id, capacities);
+      }
+    }
+    ASSERT_EQ(fast.page_table(), general.page_table());
+    ASSERT_EQ(fast.lengths(), general.lengths());
+    ASSERT_EQ(fast.num_free_pages(), general.num_free_pages());
+    ASSERT_EQ(fast.TakePageTablePatches(), general.TakePageTablePatches());
+    ASSERT_TRUE(fast.CheckInvariants().ok()) << fast.CheckInvariants().ToString();
+  }
+}
+
 }  // namespace
 }  // namespace sieve

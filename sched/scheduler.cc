@@ -119,7 +119,18 @@ ScheduledSequence Scheduler::PlanPrefill(const Sequence& seq, int chunk, StepPla
   return out;
 }
 
-ScheduledSequence Scheduler::PlanDecode(const Sequence& seq, StepPlan& plan) const {
+void Scheduler::DecodeCaps::Load(const KvPolicy& from, int layers) {
+  policy = &from;
+  max_entries.resize(layers);
+  any = false;
+  for (int layer = 0; layer < layers; ++layer) {
+    max_entries[layer] = from.DecodeLimitFor(layer).max_entries;
+    any = any || max_entries[layer] > 0;
+  }
+}
+
+ScheduledSequence Scheduler::PlanDecode(const Sequence& seq, const DecodeCaps& caps,
+                                        StepPlan& plan) const {
   const int layers = kv_->num_layers();
   ScheduledSequence out;
   out.id = seq.id;
@@ -131,13 +142,19 @@ ScheduledSequence Scheduler::PlanDecode(const Sequence& seq, StepPlan& plan) con
   int* capacities = plan.capacities.data() + out.layer_rows;
   int* lengths_after = plan.lengths_after.data() + out.layer_rows;
   uint8_t* evict = plan.evict.data() + out.layer_rows;
-  thread_local std::vector<int> lengths;
-  out.new_pages = kv_->PagesToAppend(seq.id, lengths);
+  // Each layer's length now, overwritten below with its length after the step.
+  out.new_pages = kv_->PagesToAppend(seq.id, {lengths_after, static_cast<size_t>(layers)});
+  if (!caps.any) {  // no layer evicts (AddLayerRows zeroed evict)
+    for (int layer = 0; layer < layers; ++layer) {
+      capacities[layer] = ++lengths_after[layer];
+    }
+    return out;
+  }
   for (int layer = 0; layer < layers; ++layer) {
-    const int length = lengths[layer];
-    const DecodeLimit& limit = seq.policy->DecodeLimitFor(layer);
+    const int length = lengths_after[layer];
+    const int max_entries = caps.max_entries[layer];
     capacities[layer] = length + 1;
-    evict[layer] = limit.max_entries > 0 && length + 1 > limit.max_entries;
+    evict[layer] = max_entries > 0 && length + 1 > max_entries;
     lengths_after[layer] = evict[layer] ? length : length + 1;
     out.evicts = out.evicts || evict[layer];
   }
@@ -170,6 +187,10 @@ void Scheduler::Plan(StepPlan& plan) const {
     return -1;
   };
 
+  // Reloaded when a sequence's policy is not the previous one's (most share the engine's). Reset
+  // first: a policy freed since the last step may share its address with a new one.
+  thread_local DecodeCaps caps;
+  caps.policy = nullptr;
   for (const SeqId id : running_) {
     if (is_preempted(id)) continue;
     const Sequence& seq = seqs_.at(id);
@@ -180,7 +201,8 @@ void Scheduler::Plan(StepPlan& plan) const {
       scheduled = PlanPrefill(seq, chunk, plan);
     } else {
       if (token_budget < 1) continue;
-      scheduled = PlanDecode(seq, plan);
+      if (seq.policy != caps.policy) caps.Load(*seq.policy, kv_->num_layers());
+      scheduled = PlanDecode(seq, caps, plan);
     }
     const int needed = scheduled.is_decode ? scheduled.new_pages
                                            : kv_->PagesToGrow(id, plan.Capacities(scheduled));

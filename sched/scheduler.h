@@ -14,8 +14,8 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "kv/kv_cache_manager.h"
@@ -68,13 +68,22 @@ class Scheduler {
   // Tokens of this sequence's prefill that fit in `token_budget` this step (0: none).
   int ChunkSize(const Sequence& seq, int token_budget) const;
   ScheduledSequence PlanPrefill(const Sequence& seq, int chunk, StepPlan& plan) const;
-  ScheduledSequence PlanDecode(const Sequence& seq, StepPlan& plan) const;
+  // Each layer's decode cap (DecodeLimit::max_entries, 0: none) under one policy, so that Plan()
+  // reads them once per policy rather than once per (sequence, layer).
+  struct DecodeCaps {
+    const KvPolicy* policy = nullptr;
+    bool any = false;              // some layer evicts during decode
+    std::vector<int> max_entries;  // [L]
+    void Load(const KvPolicy& from, int layers);
+  };
+  ScheduledSequence PlanDecode(const Sequence& seq, const DecodeCaps& caps, StepPlan& plan) const;
   // Pages the sequence holds once its prompt is compressed (or now, when decoding).
   int PagesAfterCompression(const Sequence& seq) const;
 
   SchedulerOptions options_;
   KvCacheManager* kv_;
-  std::map<SeqId, Sequence> seqs_;
+  // Looked up for every scheduled sequence of every step: hashed.
+  std::unordered_map<SeqId, Sequence> seqs_;
   std::vector<SeqId> running_;  // arrival order
   std::vector<SeqId> waiting_;  // arrival order
   int64_t num_preemptions_ = 0;
