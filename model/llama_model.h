@@ -73,6 +73,7 @@ class LlamaModel {
   Backend& backend() const { return backend_; }
   int max_positions() const { return max_positions_; }
   const LlamaWeights& weights() const { return weights_; }
+  const Tensor& rope_table() const { return rope_table_; }
 
   // Makes (or grows) the workspace so it holds a step of these sizes. Not on the hot path: the
   // runner sizes it once at start-up for the largest step it will plan.

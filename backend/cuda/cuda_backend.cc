@@ -1,31 +1,20 @@
 #include "backend/cuda/cuda_backend.h"
 
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <cstring>
-#include <map>
+#include <memory>
 #include <mutex>
-#include <tuple>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sampling_kernels.h"
 
 namespace sieve {
 
 namespace {
-
-#define SIEVE_CUBLAS_CHECK(call)                                                       \
-  do {                                                                                 \
-    const cublasStatus_t sieve_cublas_status_ = (call);                                \
-    if (sieve_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                               \
-      std::fprintf(stderr, "%s:%d: %s failed: status %d\n", __FILE__, __LINE__, #call, \
-                   static_cast<int>(sieve_cublas_status_));                            \
-      std::abort();                                                                    \
-    }                                                                                  \
-  } while (0)
 
 using cuda::bf16;
 
@@ -42,23 +31,15 @@ class CudaBackend final : public Backend {
     SIEVE_CUDA_CHECK(cudaSetDevice(device));
     SIEVE_CUDA_CHECK(cudaGetDeviceProperties(&props_, device));
     SIEVE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    SIEVE_CUBLAS_CHECK(cublasLtCreate(&lt_));
-    SIEVE_CUDA_CHECK(cudaMalloc(&gemm_workspace_, kGemmWorkspaceBytes));
+    gemm_ = std::make_unique<cuda::GemmRunner>(stream_);
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
     for (cudaGraphExec_t exec : graphs_) cudaGraphExecDestroy(exec);
-    for (auto& [key, plan] : gemm_plans_) {
-      cublasLtMatmulDescDestroy(plan.op);
-      cublasLtMatrixLayoutDestroy(plan.a);
-      cublasLtMatrixLayoutDestroy(plan.b);
-      cublasLtMatrixLayoutDestroy(plan.c);
-    }
-    cudaFree(gemm_workspace_);
+    gemm_.reset();
     cudaFree(attention_workspace_);
     cudaFree(select_workspace_);
     cudaFree(sample_buffer_);
-    cublasLtDestroy(lt_);
     cudaStreamDestroy(stream_);
   }
 
@@ -260,23 +241,6 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  static constexpr size_t kGemmWorkspaceBytes = 32u << 20;
-
-  struct GemmPlan {
-    cublasLtMatmulDesc_t op = nullptr;
-    cublasLtMatrixLayout_t a = nullptr;
-    cublasLtMatrixLayout_t b = nullptr;
-    cublasLtMatrixLayout_t c = nullptr;
-    cublasLtMatmulAlgo_t algo{};
-  };
-  using GemmKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>;
-
-  // The plan for one GEMM shape: cuBLASLt's heuristic candidates, each timed once on the call's
-  // own operands, the fastest kept (at small M the heuristic's first pick can leave 10-20% of
-  // the weight bandwidth unused).
-  const GemmPlan& PlanGemm(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
-                           DType out_dtype, const void* a, const void* b, void* c);
-
   void EnsureWorkspace(void*& buffer, size_t& capacity, size_t bytes) {
     if (bytes <= capacity) return;
     SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -324,9 +288,7 @@ class CudaBackend final : public Backend {
   int device_;
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
-  cublasLtHandle_t lt_ = nullptr;
-  void* gemm_workspace_ = nullptr;
-  std::map<GemmKey, GemmPlan> gemm_plans_;
+  std::unique_ptr<cuda::GemmRunner> gemm_;
   void* attention_workspace_ = nullptr;
   size_t attention_workspace_bytes_ = 0;
   void* select_workspace_ = nullptr;
@@ -336,72 +298,6 @@ class CudaBackend final : public Backend {
   size_t sample_buffer_bytes_ = 0;
 };
 
-const CudaBackend::GemmPlan& CudaBackend::PlanGemm(int64_t m, int64_t n, int64_t k, int64_t lda,
-                                                   int64_t ldb, int64_t ldc, DType out_dtype,
-                                                   const void* a, const void* b, void* c) {
-  const GemmKey key{m, n, k, lda, ldb, ldc, static_cast<int>(out_dtype)};
-  const auto found = gemm_plans_.find(key);
-  if (found != gemm_plans_.end()) return found->second;
-  GemmPlan plan;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t transpose = CUBLAS_OP_T;
-  const cublasOperation_t none = CUBLAS_OP_N;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                    &transpose, sizeof(transpose)));
-  SIEVE_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
-  const cudaDataType_t out_type = out_dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
-  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, k, m, lda));
-  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, k, n, ldb));
-  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, out_type, m, n, ldc));
-  cublasLtMatmulPreference_t preference;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-  const size_t workspace = kGemmWorkspaceBytes;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
-  constexpr int kCandidates = 8;
-  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
-  int found_count = 0;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.c, plan.c,
-                                                    preference, kCandidates, results,
-                                                    &found_count));
-  cublasLtMatmulPreferenceDestroy(preference);
-  SIEVE_CHECK(found_count > 0) << "cuBLASLt has no algorithm for " << m << "x" << n << "x" << k;
-  plan.algo = results[0].algo;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  SIEVE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
-  if (found_count > 1 && capture == cudaStreamCaptureStatusNone) {
-    cudaEvent_t start, stop;
-    SIEVE_CUDA_CHECK(cudaEventCreate(&start));
-    SIEVE_CUDA_CHECK(cudaEventCreate(&stop));
-    const float alpha = 1.0f;
-    const float beta = 0.0f;
-    float best_ms = 0;
-    for (int candidate = 0; candidate < found_count; ++candidate) {
-      const auto launch = [&] {
-        return cublasLtMatmul(lt_, plan.op, &alpha, a, plan.a, b, plan.b, &beta, c, plan.c, c,
-                              plan.c, &results[candidate].algo, gemm_workspace_,
-                              kGemmWorkspaceBytes, stream_);
-      };
-      if (launch() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; skip algos that refuse
-      constexpr int kRepeats = 5;
-      SIEVE_CUDA_CHECK(cudaEventRecord(start, stream_));
-      for (int repeat = 0; repeat < kRepeats; ++repeat) SIEVE_CUBLAS_CHECK(launch());
-      SIEVE_CUDA_CHECK(cudaEventRecord(stop, stream_));
-      SIEVE_CUDA_CHECK(cudaEventSynchronize(stop));
-      float ms = 0;
-      SIEVE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      if (best_ms == 0 || ms < best_ms) {
-        best_ms = ms;
-        plan.algo = results[candidate].algo;
-      }
-    }
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-  }
-  return gemm_plans_.emplace(key, plan).first->second;
-}
-
 void CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor& out) {
   // Row-major out[M][N] = x[M][K] w[N][K]^T is column-major out'(N x M) = w'(K x N)^T x'(K x M).
   const int64_t rows = x.dim(0);
@@ -410,14 +306,13 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor& out) {
   SIEVE_CHECK(w.dim(1) == inner && out.dim(0) == rows && out.dim(1) == cols)
       << "linear shapes " << x.ShapeString() << " x " << w.ShapeString() << " -> "
       << out.ShapeString();
-  if (rows == 0) return;
-  const GemmPlan& plan = PlanGemm(cols, rows, inner, w.stride(0), x.stride(0), out.stride(0),
-                                  out.dtype(), w.data(), x.data(), out.data());
-  const float alpha = 1.0f;
-  const float beta = 0.0f;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.op, &alpha, w.data(), plan.a, x.data(), plan.b, &beta,
-                                    out.data(), plan.c, out.data(), plan.c, &plan.algo,
-                                    gemm_workspace_, kGemmWorkspaceBytes, stream_));
+  CheckDevice(x, "linear input");
+  CheckDevice(w, "linear weight");
+  SIEVE_CHECK(x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16 && x.stride(1) == 1 &&
+              w.stride(1) == 1 && out.stride(1) == 1)
+      << "linear takes bf16 rows with unit column stride";
+  gemm_->Run(rows, cols, inner, Bf16(w), w.stride(0), Bf16(x), x.stride(0), out.data(),
+             out.stride(0), out.dtype() == DType::kF32);
 }
 
 }  // namespace

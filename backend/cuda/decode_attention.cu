@@ -25,6 +25,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/flash_warp.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 #include "core/check.h"
 
 namespace sieve::cuda {
@@ -40,6 +41,9 @@ constexpr int kHeadsPerCta = 16;  // query heads per CTA: the M of one mma tile
 constexpr int kMinSplitEntries = 128;
 constexpr int kMaxSplitEntries = 4096;
 constexpr int kCtasPerSm = 2;  // what the shared memory allows at d = 128 (100 KiB each)
+// A CTA's page ids are read once into shared memory (kMaxSplitEntries entries and a tile of
+// rounding at the default 16-entry pages fit); with more pages it reads them from the table.
+constexpr int kCachedPages = 288;
 
 template <int kHeadDim>
 constexpr int SmemQBytes() {
@@ -74,6 +78,7 @@ struct DecodeParams {
   const int32_t* kv_lens;      // [max_seqs] of this layer
   const int32_t* query_start;  // [S + 1]
   const int32_t* seq_slots;    // [S]
+  const int32_t* write_start;  // [S] of this layer: the first entry this step writes, or < 0
   bf16* out;                   // [T][out_stride]
   float* lse;                  // [B][H] final log-sum-exp, or null when nobody needs it
   float* partial_lse;          // [num_splits][B][H] (num_splits > 1)
@@ -105,6 +110,11 @@ __device__ __forceinline__ void SplitRange(int length, int split, int num_splits
   end = min(length, begin + per_split);
 }
 
+// The page (index into the sequence's page list) holding `entry`.
+__device__ __forceinline__ int PageOf(const DecodeParams& params, int entry) {
+  return params.page_shift >= 0 ? entry >> params.page_shift : entry / params.page_size;
+}
+
 // Index of `entry` of a (slot, layer) in the pool's [num_pages * page_size] entry space.
 __device__ __forceinline__ int64_t PoolEntry(const DecodeParams& params, const int32_t* pages,
                                              int entry) {
@@ -122,10 +132,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   constexpr int kKvBytes = SmemKvTileBytes<kHeadDim>();
   constexpr int kChunks = kHeadDim / 8;
   extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int32_t cached_pages[kCachedPages];
   const uint32_t smem_q = flash::SharedAddress(smem);
   const uint32_t smem_k = smem_q + kQBytes;
   const uint32_t smem_v = smem_k + kStages * kKvBytes;
 
+  // Before PdlWait (pdl.cuh): what no kernel of this step writes before us. Step metadata and
+  // the page table come from host uploads and earlier layers; K/V entries below the newest one
+  // were written by earlier steps. Only q and the newest entry come from the kernel before
+  // (RopeAndCacheWrite), so tiles without that entry start loading while it may still run.
   const int item = static_cast<int>(blockIdx.x);
   const int chunk = item % params.head_chunks;
   const int kv_head = (item / params.head_chunks) % params.num_kv_heads;
@@ -145,6 +160,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       (static_cast<int64_t>(split) * params.num_decode + decode_index) * params.num_heads + head0;
 
   if (begin >= end) {
+    PdlWait();
+    PdlLaunchDependents();
     // An empty piece adds nothing to the combine. A sequence with no entries at all (the engine
     // never makes one: a decode token's own entry is always there) gets zeros, as on the CPU.
     if (params.num_splits > 1) {
@@ -162,6 +179,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   }
 
   const int32_t* pages = params.page_table + static_cast<int64_t>(slot) * params.max_pages_per_seq;
+  const int first_page = PageOf(params, begin);
+  const int page_count = PageOf(params, end - 1) - first_page + 1;
+  const bool cached = page_count <= kCachedPages;
+  if (cached) {
+    for (int index = tid; index < page_count; index += kThreads) {
+      cached_pages[index] = pages[first_page + index];
+    }
+  }
+  __syncthreads();
   const int num_tiles = (end - begin + kTile - 1) / kTile;
   const int64_t entry_stride = static_cast<int64_t>(params.num_kv_heads) * kHeadDim;
   const bf16* k_head = params.k_pool + static_cast<int64_t>(kv_head) * kHeadDim;
@@ -178,24 +204,45 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       const int piece = index % kChunks;
       const int entry = first + row;
       const bool valid = entry < end;
-      const int64_t offset = valid ? PoolEntry(params, pages, entry) * entry_stride : 0;
+      int64_t offset = 0;
+      if (valid) {
+        const int page = PageOf(params, entry);
+        const int32_t id = cached ? cached_pages[page - first_page] : pages[page];
+        offset = (static_cast<int64_t>(id) * params.page_size + entry - page * params.page_size) *
+                 entry_stride;
+      }
       const uint32_t dst = flash::TileOffset<kHeadDim>(row, piece);
       flash::CpAsync16(smem_k + stage * kKvBytes + dst, k_head + offset + piece * 8, valid);
       flash::CpAsync16(smem_v + stage * kKvBytes + dst, v_head + offset + piece * 8, valid);
     }
   };
+  // A tile may load before PdlWait when it ends before the first entry this step writes.
+  int first_written = 0;
+  if (params.write_start != nullptr) {
+    first_written = params.write_start[seq] < 0 ? end : params.write_start[seq];
+  }
+  const auto early = [&](int tile) {
+    return min(end, begin + (tile + 1) * kTile) <= first_written;
+  };
+#pragma unroll
+  for (int tile = 0; tile < kStages - 1; ++tile) {
+    if (tile < num_tiles && early(tile)) load_kv(tile);
+  }
+  PdlWait();
+  PdlLaunchDependents();
 
   // The group's query heads are adjacent in q's row: rows of a [16][d] tile, zero past num_rows.
+  // Commit groups: the first holds q and tile 0 (and any early tile), then one per tile.
   flash::LoadTileAsync<kHeadDim, kHeadsPerCta, kThreads>(
       smem_q,
       params.q + static_cast<int64_t>(token) * params.q_stride +
           static_cast<int64_t>(head0) * kHeadDim,
       kHeadDim, num_rows);
-  load_kv(0);
+  if (!early(0)) load_kv(0);
   flash::CpAsyncCommit();
 #pragma unroll
   for (int tile = 1; tile < kStages - 1; ++tile) {
-    if (tile < num_tiles) load_kv(tile);
+    if (tile < num_tiles && !early(tile)) load_kv(tile);
     flash::CpAsyncCommit();
   }
 
@@ -317,6 +364,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 // one thread per output column.
 template <int kHeadDim>
 __global__ void __launch_bounds__(kHeadDim) DecodeCombineKernel(const DecodeParams params) {
+  PdlWait();
+  PdlLaunchDependents();
   const int decode_index = static_cast<int>(blockIdx.x);
   const int head = static_cast<int>(blockIdx.y);
   const int column = static_cast<int>(threadIdx.x);
@@ -354,6 +403,8 @@ constexpr int kMaxScoreGroup = 32;
 
 template <int kHeadDim>
 __global__ void DecodeScoresKernel(const DecodeParams params) {
+  PdlWait();
+  PdlLaunchDependents();
   constexpr int kPerLane = kHeadDim / 32;
   __shared__ float shared_q[kMaxScoreGroup * kHeadDim];  // [group][d]
   __shared__ float lse_shared[kMaxScoreGroup];           // [group]
@@ -450,8 +501,7 @@ void LaunchDecodeMain(const DecodeParams& params, int device, cudaStream_t strea
     configured_devices.fetch_or(bit, std::memory_order_release);
   }
   const dim3 grid(params.num_decode * params.num_kv_heads * params.head_chunks, params.num_splits);
-  DecodeAttentionKernel<kHeadDim, kStages><<<grid, kThreads, kSmem, stream>>>(params);
-  SIEVE_CUDA_CHECK_LAUNCH();
+  LaunchWithPdl(DecodeAttentionKernel<kHeadDim, kStages>, grid, kThreads, kSmem, stream, params);
 }
 
 template <int kHeadDim>
@@ -467,17 +517,15 @@ void LaunchDecode(const DecodeParams& params, cudaStream_t stream) {
     LaunchDecodeMain<kHeadDim, 2>(params, device, stream);
   }
   if (params.num_splits > 1) {
-    DecodeCombineKernel<kHeadDim>
-        <<<dim3(params.num_decode, params.num_heads), kHeadDim, 0, stream>>>(params);
-    SIEVE_CUDA_CHECK_LAUNCH();
+    LaunchWithPdl(DecodeCombineKernel<kHeadDim>, dim3(params.num_decode, params.num_heads),
+                  kHeadDim, 0, stream, params);
   }
   if (params.scores != nullptr) {
     SIEVE_CHECK(params.group <= kMaxScoreGroup)
         << "H2O scores support at most " << kMaxScoreGroup << " query heads per KV head";
-    DecodeScoresKernel<kHeadDim>
-        <<<dim3(params.num_decode * params.num_kv_heads, params.num_splits), kThreads, 0, stream>>>(
-            params);
-    SIEVE_CUDA_CHECK_LAUNCH();
+    LaunchWithPdl(DecodeScoresKernel<kHeadDim>,
+                  dim3(params.num_decode * params.num_kv_heads, params.num_splits), kThreads, 0,
+                  stream, params);
   }
 }
 
@@ -550,6 +598,9 @@ void DecodeAttentionWithSplits(int num_splits, const bf16* q, int64_t q_stride, 
   params.kv_lens = pool.kv_lens + static_cast<int64_t>(layer) * pool.max_seqs;
   params.query_start = step.query_start;
   params.seq_slots = step.seq_slots;
+  params.write_start = step.write_start != nullptr
+                           ? step.write_start + static_cast<int64_t>(layer) * step.num_seqs
+                           : nullptr;
   params.out = out;
   params.scores = pool.scores;
   params.q_stride = q_stride;

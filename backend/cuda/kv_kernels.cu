@@ -2,10 +2,12 @@
 // K/V into contiguous scratch.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace sieve::cuda {
 
@@ -35,15 +37,21 @@ __device__ __forceinline__ int64_t PoolEntry(const PoolView& pool, int layer, in
          entry % pool.page_size;
 }
 
-// One block per token.
+// Blocks (token, part): the token's rotations and copies are spread over gridDim.y blocks, so a
+// decode step of few tokens still fills the GPU.
 __global__ void RopeAndCacheWriteKernel(bf16* __restrict__ qkv, int64_t qkv_stride,
                                         const float* __restrict__ rope_table, int num_heads,
                                         StepView step, int layer, PoolView pool) {
+  PdlWait();
+  PdlLaunchDependents();
   const int token = blockIdx.x;
   const int head_dim = pool.head_dim;
   const int half = head_dim / 2;
   const int kv_heads = pool.num_kv_heads;
-  const int seq = SequenceOf(step.query_start, step.num_seqs, token);
+  // Decode tokens (one per sequence, after the prefill tokens) need no search.
+  const int seq = token >= step.num_prefill_tokens
+                      ? step.num_prefill_seqs + (token - step.num_prefill_tokens)
+                      : SequenceOf(step.query_start, step.num_prefill_seqs, token);
   const int write_start = step.write_start[static_cast<int64_t>(layer) * step.num_seqs + seq];
   const int position = step.positions[token];
   int64_t entry = -1;
@@ -53,8 +61,10 @@ __global__ void RopeAndCacheWriteKernel(bf16* __restrict__ qkv, int64_t qkv_stri
   }
   bf16* row = qkv + static_cast<int64_t>(token) * qkv_stride;
   const float* cos_sin = rope_table + static_cast<int64_t>(position) * head_dim;
+  const int first = static_cast<int>(blockIdx.y * blockDim.x + threadIdx.x);
+  const int stride = static_cast<int>(gridDim.y * blockDim.x);
   // Rotate q and k: work item = (head, pair index).
-  for (int item = threadIdx.x; item < (num_heads + kv_heads) * half; item += blockDim.x) {
+  for (int item = first; item < (num_heads + kv_heads) * half; item += stride) {
     const int head = item / half;
     const int index = item % half;
     bf16* x = row + head * head_dim;
@@ -74,10 +84,10 @@ __global__ void RopeAndCacheWriteKernel(bf16* __restrict__ qkv, int64_t qkv_stri
   }
   if (entry < 0) return;
   const bf16* v = row + (num_heads + kv_heads) * head_dim;
-  for (int index = threadIdx.x; index < kv_heads * head_dim; index += blockDim.x) {
+  for (int index = first; index < kv_heads * head_dim; index += stride) {
     pool.v[entry * kv_heads * head_dim + index] = v[index];
   }
-  for (int g = threadIdx.x; g < kv_heads; g += blockDim.x) {
+  for (int g = first; g < kv_heads; g += stride) {
     if (pool.positions) pool.positions[entry * kv_heads + g] = position;
     if (pool.scores) pool.scores[entry * kv_heads + g] = 0.0f;
   }
@@ -124,9 +134,11 @@ __global__ void GatherPrefillKvKernel(const bf16* __restrict__ qkv, int64_t qkv_
 void RopeAndCacheWrite(bf16* qkv, int64_t qkv_stride, const float* rope_table, int num_heads,
                        const StepView& step, int layer, const PoolView& pool, cudaStream_t stream) {
   if (step.num_tokens == 0) return;
-  RopeAndCacheWriteKernel<<<step.num_tokens, kThreads, 0, stream>>>(qkv, qkv_stride, rope_table,
-                                                                    num_heads, step, layer, pool);
-  SIEVE_CUDA_CHECK_LAUNCH();
+  // Enough blocks per token for ~2 items per thread at Llama shapes.
+  const int items = (num_heads + pool.num_kv_heads) * pool.head_dim / 2;
+  const int parts = std::max(1, std::min(8, items / (2 * kThreads)));
+  LaunchWithPdl(RopeAndCacheWriteKernel, dim3(step.num_tokens, parts), kThreads, 0, stream, qkv,
+                qkv_stride, rope_table, num_heads, step, layer, pool);
 }
 
 void GatherPrefillKv(const bf16* qkv, int64_t qkv_stride, int num_heads, const StepView& step,

@@ -1,0 +1,264 @@
+#include "backend/cuda/gemm.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/small_m_gemm.h"
+
+#define SIEVE_CUBLAS_CHECK(call)                                                       \
+  do {                                                                                 \
+    const cublasStatus_t sieve_cublas_status_ = (call);                                \
+    if (sieve_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                               \
+      std::fprintf(stderr, "%s:%d: %s failed: status %d\n", __FILE__, __LINE__, #call, \
+                   static_cast<int>(sieve_cublas_status_));                            \
+      std::abort();                                                                    \
+    }                                                                                  \
+  } while (0)
+
+namespace sieve::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = 32u << 20;
+// k-splits only pay where n / 128 slabs leave SMs idle, so split shapes are bounded: the f32
+// sums buffer holds 64 x 65536 values (16 MiB) and there is a counter per slab.
+constexpr int64_t kMaxSplitN = 65536;
+constexpr int kMaxSlabs = static_cast<int>(kMaxSplitN / kSmallMGemmTileN);
+constexpr int kSplitCandidates[] = {1, 2, 3, 4, 6, 8, 12, 16};
+constexpr int kDefaultCublasCandidates = 8;
+constexpr int kMaxCublasCandidates = 64;
+
+// How many of cuBLASLt's heuristic candidates a plan times: SIEVE_GEMM_CANDIDATES, default 8.
+int CublasCandidates() {
+  const char* value = std::getenv("SIEVE_GEMM_CANDIDATES");
+  const int count = value != nullptr ? std::atoi(value) : 0;
+  return count > 0 ? std::min(count, kMaxCublasCandidates) : kDefaultCublasCandidates;
+}
+constexpr int kTimedCalls = 3;
+
+}  // namespace
+
+GemmChoice GemmChoiceFromEnvironment() {
+  const char* value = std::getenv("SIEVE_GEMM");
+  if (value == nullptr || *value == '\0' || std::strcmp(value, "cublaslt") == 0) {
+    return GemmChoice::kCublasLt;
+  }
+  if (std::strcmp(value, "auto") == 0) return GemmChoice::kAuto;
+  if (std::strcmp(value, "small_m") == 0) return GemmChoice::kSmallM;
+  std::fprintf(stderr, "SIEVE_GEMM=%s: expected auto, cublaslt or small_m\n", value);
+  std::exit(2);
+}
+
+GemmRunner::GemmRunner(cudaStream_t stream)
+    : stream_(stream), choice_(GemmChoiceFromEnvironment()) {
+  SIEVE_CUBLAS_CHECK(cublasLtCreate(&lt_));
+  SIEVE_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+  SIEVE_CUDA_CHECK(cudaEventCreate(&start_));
+  SIEVE_CUDA_CHECK(cudaEventCreate(&stop_));
+  int device = 0;
+  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
+  int l2_bytes = 0;
+  SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  flush_bytes_ = 2 * static_cast<size_t>(l2_bytes);
+}
+
+GemmRunner::~GemmRunner() {
+  cudaStreamSynchronize(stream_);
+  for (auto& [key, plan] : plans_) {
+    if (plan.op != nullptr) cublasLtMatmulDescDestroy(plan.op);
+    if (plan.a != nullptr) cublasLtMatrixLayoutDestroy(plan.a);
+    if (plan.b != nullptr) cublasLtMatrixLayoutDestroy(plan.b);
+    if (plan.c != nullptr) cublasLtMatrixLayoutDestroy(plan.c);
+  }
+  cudaFree(workspace_);
+  cudaFree(split_sums_);
+  cudaFree(split_counters_);
+  cudaFree(flush_);
+  cudaEventDestroy(start_);
+  cudaEventDestroy(stop_);
+  cublasLtDestroy(lt_);
+}
+
+void GemmRunner::EnsureSplitBuffers() {
+  if (split_sums_ != nullptr) return;
+  const size_t sums = static_cast<size_t>(kSmallMGemmMaxRows) * kMaxSplitN * sizeof(float);
+  SIEVE_CUDA_CHECK(cudaMalloc(&split_sums_, sums));
+  SIEVE_CUDA_CHECK(cudaMalloc(&split_counters_, kMaxSlabs * sizeof(int)));
+  SIEVE_CUDA_CHECK(cudaMemsetAsync(split_sums_, 0, sums, stream_));
+  SIEVE_CUDA_CHECK(cudaMemsetAsync(split_counters_, 0, kMaxSlabs * sizeof(int), stream_));
+}
+
+template <typename Launch>
+float GemmRunner::TimeCold(Launch&& launch) {
+  if (!launch()) return -1.0f;  // warm-up (first-call costs) and the check that it runs at all
+  float best = -1.0f;
+  for (int call = 0; call < kTimedCalls; ++call) {
+    if (flush_ != nullptr) ReadThrough(flush_, flush_bytes_, stream_);
+    SIEVE_CUDA_CHECK(cudaEventRecord(start_, stream_));
+    launch();
+    SIEVE_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+    SIEVE_CUDA_CHECK(cudaEventSynchronize(stop_));
+    float ms = 0;
+    SIEVE_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    if (best < 0 || ms < best) best = ms;
+  }
+  return best;
+}
+
+GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w,
+                                      int64_t ldw, const __nv_bfloat16* x, int64_t ldx, void* out,
+                                      int64_t ldo, bool out_f32) {
+  const Key key{m, n, k, ldw, ldx, ldo, out_f32, static_cast<int>(choice_)};
+  const auto found = plans_.find(key);
+  if (found != plans_.end()) return found->second;
+  Plan plan;
+
+  // cuBLASLt, column-major: out'(n x m) = w'(k x n)^T x'(k x m).
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t transpose = CUBLAS_OP_T;
+  const cublasOperation_t none = CUBLAS_OP_N;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                    &transpose, sizeof(transpose)));
+  SIEVE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
+  const cudaDataType_t out_type = out_f32 ? CUDA_R_32F : CUDA_R_16BF;
+  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, k, n, ldw));
+  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, k, m, ldx));
+  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, out_type, n, m, ldo));
+  cublasLtMatmulPreference_t preference;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  const size_t workspace = kWorkspaceBytes;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+  std::vector<cublasLtMatmulHeuristicResult_t> results(CublasCandidates());
+  int cublas_count = 0;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.c, plan.c,
+                                                    preference, static_cast<int>(results.size()),
+                                                    results.data(), &cublas_count));
+  cublasLtMatmulPreferenceDestroy(preference);
+
+  SmallMGemmArgs args;
+  args.w = w;
+  args.ldw = ldw;
+  args.x = x;
+  args.ldx = ldx;
+  args.out = out;
+  args.ldo = ldo;
+  args.out_f32 = out_f32;
+  args.m = static_cast<int>(m);
+  args.n = static_cast<int>(n);
+  args.k = static_cast<int>(k);
+  const bool small_m_fits =
+      SmallMGemmSupports(args) && n < (int64_t{1} << 31) && k < (int64_t{1} << 31);
+  std::vector<int> splits;
+  if (choice_ != GemmChoice::kCublasLt && small_m_fits) {
+    for (const int split : kSplitCandidates) {
+      if (split == 1 || (split <= SmallMGemmMaxSplits(args.k) && n <= kMaxSplitN)) {
+        splits.push_back(split);
+      }
+    }
+  }
+  const bool use_cublas = choice_ != GemmChoice::kSmallM || splits.empty();
+  if (use_cublas && cublas_count == 0 && splits.empty()) {
+    std::fprintf(stderr, "no GEMM for %lldx%lldx%lld\n", static_cast<long long>(m),
+                 static_cast<long long>(n), static_cast<long long>(k));
+    std::abort();
+  }
+
+  // Defaults without timing: the small-m kernel unsplit where it is allowed, else cuBLASLt's
+  // first pick.
+  if (!splits.empty()) {
+    plan.small_m_splits = 1;
+    plan.name = "small-m, 1 split";
+  } else {
+    plan.algo = results[0].algo;
+    plan.name = "cuBLASLt, candidate 1 of " + std::to_string(cublas_count);
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  SIEVE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  const int candidates = (use_cublas ? cublas_count : 0) + static_cast<int>(splits.size());
+  if (capture == cudaStreamCaptureStatusNone && candidates > 1) {
+    if (flush_ == nullptr && cudaMalloc(&flush_, flush_bytes_) != cudaSuccess) {
+      cudaGetLastError();  // no room for the flush buffer: time with warm caches instead
+      flush_ = nullptr;
+    }
+    if (!splits.empty()) EnsureSplitBuffers();
+    args.split_sums = split_sums_;
+    args.split_counters = split_counters_;
+    float best = -1.0f;
+    const float alpha = 1.0f;
+    const float beta = 0.0f;
+    for (int candidate = 0; use_cublas && candidate < cublas_count; ++candidate) {
+      const float ms = TimeCold([&] {
+        return cublasLtMatmul(lt_, plan.op, &alpha, w, plan.a, x, plan.b, &beta, out, plan.c, out,
+                              plan.c, &results[candidate].algo, workspace_, kWorkspaceBytes,
+                              stream_) == CUBLAS_STATUS_SUCCESS;
+      });
+      if (ms >= 0 && (best < 0 || ms < best)) {
+        best = ms;
+        plan.small_m_splits = 0;
+        plan.algo = results[candidate].algo;
+        plan.name = "cuBLASLt, candidate " + std::to_string(candidate + 1) + " of " +
+                    std::to_string(cublas_count);
+      }
+    }
+    for (const int split : splits) {
+      args.splits = split;
+      const float ms = TimeCold([&] {
+        SmallMGemm(args, stream_);
+        return true;
+      });
+      if (best < 0 || ms < best) {
+        best = ms;
+        plan.small_m_splits = split;
+        plan.name = "small-m, " + std::to_string(split) + (split == 1 ? " split" : " splits");
+      }
+    }
+  }
+  if (plan.small_m_splits > 1) EnsureSplitBuffers();
+  return plans_.emplace(key, plan).first->second;
+}
+
+void GemmRunner::Run(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldw,
+                     const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32) {
+  if (m == 0 || n == 0) return;
+  const Plan& plan = PlanFor(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
+  last_plan_ = plan.name;
+  if (plan.small_m_splits > 0) {
+    SmallMGemmArgs args;
+    args.w = w;
+    args.ldw = ldw;
+    args.x = x;
+    args.ldx = ldx;
+    args.out = out;
+    args.ldo = ldo;
+    args.out_f32 = out_f32;
+    args.m = static_cast<int>(m);
+    args.n = static_cast<int>(n);
+    args.k = static_cast<int>(k);
+    args.splits = plan.small_m_splits;
+    args.split_sums = split_sums_;
+    args.split_counters = split_counters_;
+    if (SmallMGemmSupports(args)) {
+      SmallMGemm(args, stream_);
+      return;
+    }
+    // Same shape, but these operands are misaligned: only cuBLASLt takes them. It has no algo in
+    // this plan yet, so fall through to a plan of its own.
+    const GemmChoice saved = choice_;
+    choice_ = GemmChoice::kCublasLt;
+    Run(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
+    choice_ = saved;
+    return;
+  }
+  const float alpha = 1.0f;
+  const float beta = 0.0f;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.op, &alpha, w, plan.a, x, plan.b, &beta, out, plan.c,
+                                    out, plan.c, &plan.algo, workspace_, kWorkspaceBytes, stream_));
+}
+
+}  // namespace sieve::cuda

@@ -1,0 +1,84 @@
+// Every GEMM of the CUDA backend: out[m][n] = x[m][k] . w[n][k]^T, bf16 in, f32 accumulation,
+// bf16 or f32 out. The candidates of a shape: cuBLASLt's heuristic picks and, for m <= 64 when
+// SIEVE_GEMM allows it, the small-m kernel of small_m_gemm.h at several k-splits. The first call
+// of a shape outside graph capture times every candidate with cold caches (the L2 refilled with
+// other data before each timed call, as in a decode step whose weights never fit the L2) and
+// keeps the fastest; later calls, captured or not, reuse that plan.
+//
+// The default is cuBLASLt alone. Measured on the H200 (docs/benchmark_results.md), the small-m
+// kernel (mma.sync, no wgmma) loses to cuBLASLt's wgmma kernels at m = 64 (a whole decode step
+// 8.1 ms against 6.0), and at m = 1 it wins for some shapes but the one-call timing above
+// sometimes prefers it where back-to-back calls in a graph are slower (gate_up: 67% against 90%
+// of the copy rate). So "auto" and "small_m" are opt-in until the planner times in a graph.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+
+namespace sieve::cuda {
+
+// Which implementations a plan may choose from. The SIEVE_GEMM environment variable
+// ("cublaslt", the default; "auto"; "small_m") sets it; benchmarks set it to compare.
+enum class GemmChoice { kAuto, kCublasLt, kSmallM };
+
+// Parses SIEVE_GEMM; unset means kCublasLt. Exits with a message on an unknown value.
+GemmChoice GemmChoiceFromEnvironment();
+
+class GemmRunner {
+ public:
+  explicit GemmRunner(cudaStream_t stream);
+  ~GemmRunner();
+  GemmRunner(const GemmRunner&) = delete;
+  GemmRunner& operator=(const GemmRunner&) = delete;
+
+  // Row strides in elements. Plans the shape on its first call (see above).
+  void Run(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldw,
+           const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32);
+
+  // Applies to shapes planned from now on (plans are kept per choice).
+  void set_choice(GemmChoice choice) { choice_ = choice; }
+  // The plan the last Run used, e.g. "small-m, 4 splits" or "cuBLASLt, candidate 2 of 8".
+  const std::string& last_plan() const { return last_plan_; }
+
+ private:
+  struct Plan {
+    int small_m_splits = 0;  // > 0: the small-m kernel with this many k-splits; 0: cuBLASLt
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr;
+    cublasLtMatrixLayout_t b = nullptr;
+    cublasLtMatrixLayout_t c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    std::string name;
+  };
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int>;
+
+  Plan& PlanFor(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldw,
+                const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32);
+  // Milliseconds of one cold call of `launch` (best of a few), or a negative value when the
+  // launch refused.
+  template <typename Launch>
+  float TimeCold(Launch&& launch);
+  void EnsureSplitBuffers();
+
+  cudaStream_t stream_;
+  GemmChoice choice_;
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;
+  std::map<Key, Plan> plans_;
+  // Allocated once at a fixed size and never moved: captured graphs keep their addresses.
+  float* split_sums_ = nullptr;
+  int* split_counters_ = nullptr;
+  void* flush_ = nullptr;  // twice the L2, read before each timed call
+  size_t flush_bytes_ = 0;
+  cudaEvent_t start_ = nullptr;
+  cudaEvent_t stop_ = nullptr;
+  std::string last_plan_;
+};
+
+}  // namespace sieve::cuda

@@ -1,0 +1,143 @@
+#include "backend/cuda/gemm_bench.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
+
+namespace sieve::cuda {
+namespace {
+
+struct Timing {
+  double ms = 0;
+  std::string plan;
+};
+
+// Time of one call inside a CUDA graph of `iterations` back-to-back calls, each on the next of
+// `weights` (together larger than the L2, so every call streams its weight from memory as in a
+// decode step); the median of 5 replays. A graph, as decode steps run, so that host launch costs
+// are not counted.
+Timing TimeRunner(GemmChoice choice, cudaStream_t stream, int m, const GemmBenchShape& shape,
+                  const std::vector<bf16*>& weights, const bf16* x, void* out, bool out_f32,
+                  int iterations) {
+  GemmRunner runner(stream);
+  runner.set_choice(choice);
+  for (bf16* w : weights) {  // plans on the first call, then warms up
+    runner.Run(m, shape.n, shape.k, w, shape.k, x, shape.k, out, shape.n, out_f32);
+  }
+  SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  SIEVE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int iteration = 0; iteration < iterations; ++iteration) {
+    bf16* w = weights[iteration % weights.size()];
+    runner.Run(m, shape.n, shape.k, w, shape.k, x, shape.k, out, shape.n, out_f32);
+  }
+  SIEVE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  SIEVE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  SIEVE_CUDA_CHECK(cudaEventCreate(&start));
+  SIEVE_CUDA_CHECK(cudaEventCreate(&stop));
+  SIEVE_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // warm-up
+  std::vector<float> times;
+  for (int replay = 0; replay < 5; ++replay) {
+    SIEVE_CUDA_CHECK(cudaEventRecord(start, stream));
+    SIEVE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    SIEVE_CUDA_CHECK(cudaEventRecord(stop, stream));
+    SIEVE_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    SIEVE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms / static_cast<float>(iterations));
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  std::sort(times.begin(), times.end());
+  return {times[times.size() / 2], runner.last_plan()};
+}
+
+}  // namespace
+
+int RunGemmBenchmarks(const GemmBenchOptions& options) {
+  cudaStream_t stream;
+  SIEVE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  int device = 0;
+  int l2_bytes = 0;
+  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
+  SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  const double copy = options.copy_bandwidth;
+  const auto percent = [&](double gbs) { return copy > 0 ? 100.0 * gbs * 1e9 / copy : 0.0; };
+  std::printf(
+      "GEMMs at decode batch sizes: bf16 weights streamed cold (rotating copies > 3x the L2), "
+      "%d calls back to back in a CUDA graph, median of 5 replays; %% of the copy rate\n",
+      options.iterations);
+  std::printf(
+      "   m  gemm         n x k      |  cuBLASLt (the default, best of 8) |"
+      "     small-m kernel (best split)     | plan\n");
+  // The plans are made (timed) per runner before capture; cuBLASLt keeps its own launches.
+  for (const int m : options.rows) {
+    double cublas_total_ms = 0, small_m_total_ms = 0, total_bytes = 0;
+    for (const GemmBenchShape& shape : options.shapes) {
+      const size_t count = static_cast<size_t>(shape.n) * shape.k;
+      const double bytes = 2.0 * static_cast<double>(count);
+      const size_t copies = std::max<size_t>(2, static_cast<size_t>(3.0 * l2_bytes / bytes) + 1);
+      std::vector<bf16*> weights(copies);
+      for (size_t copy_index = 0; copy_index < copies; ++copy_index) {
+        SIEVE_CUDA_CHECK(cudaMalloc(&weights[copy_index], count * sizeof(bf16)));
+        FillRandomBf16(weights[copy_index], static_cast<int64_t>(count), 11 + copy_index, 0.02f,
+                       stream);
+      }
+      bf16* x = nullptr;
+      SIEVE_CUDA_CHECK(cudaMalloc(&x, static_cast<size_t>(m) * shape.k * sizeof(bf16)));
+      FillRandomBf16(x, static_cast<int64_t>(m) * shape.k, 5, 1.0f, stream);
+      const bool out_f32 = shape.name == "lm_head";  // logits are f32
+      void* out = nullptr;
+      SIEVE_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(m) * shape.n * 4));
+      const Timing cublas = TimeRunner(GemmChoice::kCublasLt, stream, m, shape, weights, x, out,
+                                       out_f32, options.iterations);
+      const Timing small_m = TimeRunner(GemmChoice::kSmallM, stream, m, shape, weights, x, out,
+                                        out_f32, options.iterations);
+      for (bf16* w : weights) cudaFree(w);
+      cudaFree(x);
+      cudaFree(out);
+      GemmBenchResult result;
+      result.name = shape.name;
+      result.m = m;
+      result.n = shape.n;
+      result.k = shape.k;
+      result.cublas_ms = cublas.ms;
+      result.cublas_gbs = bytes / (cublas.ms * 1e-3) / 1e9;
+      result.small_m_ms = small_m.ms;
+      result.small_m_gbs = bytes / (small_m.ms * 1e-3) / 1e9;
+      result.small_m_plan = small_m.plan;
+      std::printf(
+          "%4d  %-8s %6d x %-6d | %8.3f ms %6.0f GB/s (%3.0f%%) | %8.3f ms %6.0f GB/s "
+          "(%3.0f%%) | %s\n",
+          m, shape.name.c_str(), shape.n, shape.k, cublas.ms, result.cublas_gbs,
+          percent(result.cublas_gbs), small_m.ms, result.small_m_gbs, percent(result.small_m_gbs),
+          small_m.plan.c_str());
+      cublas_total_ms += cublas.ms;
+      small_m_total_ms += small_m.ms;
+      total_bytes += bytes;
+      if (options.results != nullptr) options.results->push_back(result);
+    }
+    const double cublas_gbs = total_bytes / (cublas_total_ms * 1e-3) / 1e9;
+    const double small_m_gbs = total_bytes / (small_m_total_ms * 1e-3) / 1e9;
+    std::printf(
+        "%4d  %-8s %15s | %8.3f ms %6.0f GB/s (%3.0f%%) | %8.3f ms %6.0f GB/s (%3.0f%%) |"
+        " small-m %.2fx cuBLASLt's speed\n",
+        m, "all", "", cublas_total_ms, cublas_gbs, percent(cublas_gbs), small_m_total_ms,
+        small_m_gbs, percent(small_m_gbs), cublas_total_ms / small_m_total_ms);
+  }
+  cudaStreamDestroy(stream);
+  return 0;
+}
+
+}  // namespace sieve::cuda

@@ -1,0 +1,37 @@
+// Timing of the GEMMs of one decoder layer and the lm_head at decode batch sizes, for
+// `sieve bench kernels`: cuBLASLt (the backend's default: the fastest of its heuristic's
+// candidates) against the small-m kernel (small_m_gemm.h, at its fastest k-split), each as GB/s
+// of weights streamed, beside the measured copy rate. PERF.md's anchor: cuBLAS reaches ~72% of
+// copy at M = 1..128 when timed one call at a time.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace sieve::cuda {
+
+struct GemmBenchShape {
+  std::string name;  // "qkv", "o", "gate_up", "down", "lm_head"
+  int n = 0;         // output features (rows of the weight)
+  int k = 0;         // input features
+};
+
+struct GemmBenchResult {
+  std::string name;
+  int m = 0, n = 0, k = 0;
+  double cublas_ms = 0, cublas_gbs = 0;    // cuBLASLt alone
+  double small_m_ms = 0, small_m_gbs = 0;  // the small-m kernel
+  std::string small_m_plan;                // its split
+};
+
+struct GemmBenchOptions {
+  std::vector<GemmBenchShape> shapes;
+  std::vector<int> rows = {1, 16, 64};
+  double copy_bandwidth = 0;  // bytes/s, read + write (the ceiling the fractions use)
+  int iterations = 30;        // median of these
+  std::vector<GemmBenchResult>* results = nullptr;
+};
+
+int RunGemmBenchmarks(const GemmBenchOptions& options);
+
+}  // namespace sieve::cuda

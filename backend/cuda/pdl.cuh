@@ -1,0 +1,76 @@
+// Programmatic dependent launch (PDL, sm_90+). A decode step is ~300 short kernels in a row; with
+// plain stream order each waits for its predecessor to drain and then pays its own launch and
+// ramp-up. A kernel launched here with LaunchWithPdl may start while its predecessor still runs:
+// it does what depends on nothing (a GEMM prefetches its weights) and then calls PdlWait(), which
+// returns once the predecessor grid has finished and its writes are visible. Every kernel
+// launched this way calls PdlWait() on every path before it reads or writes anything another
+// kernel touches, and before it exits: that keeps the ordering transitive along the stream. They
+// also call PdlLaunchDependents() early, which lets the next kernel be scheduled.
+// On devices before sm_90, or with SIEVE_PDL=0, launches are plain and both calls are no-ops.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace sieve::cuda {
+
+__device__ __forceinline__ void PdlWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void PdlLaunchDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Whether launches use PDL: SIEVE_PDL ("0" turns it off) until SetPdlEnabled says otherwise.
+inline std::atomic<int>& PdlSetting() {
+  static std::atomic<int> setting{[] {
+    const char* value = std::getenv("SIEVE_PDL");
+    return value != nullptr && std::strcmp(value, "0") == 0 ? 0 : 1;
+  }()};
+  return setting;
+}
+inline void SetPdlEnabled(bool enabled) { PdlSetting().store(enabled ? 1 : 0); }
+
+// PDL is on and the current device is sm_90 or newer.
+inline bool PdlActive() {
+  if (PdlSetting().load() == 0) return false;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> major[kMaxDevices] = {};
+  int device = 0;
+  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= kMaxDevices) return false;
+  int known = major[device].load();
+  if (known == 0) {
+    SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&known, cudaDevAttrComputeCapabilityMajor, device));
+    major[device].store(known);
+  }
+  return known >= 9;
+}
+
+template <typename... Params, typename... Args>
+void LaunchWithPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                   cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = PdlActive() ? 1 : 0;
+  SIEVE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace sieve::cuda

@@ -1,0 +1,258 @@
+// The small-m GEMM of small_m_gemm.h. The roles are swapped against the usual GEMM: w's rows are
+// the mma's M side (A fragments, 16 rows each) and x's rows are its N side (B fragments, 8
+// tokens each), so the big operand fills the tensor-core tiles and the small one is padded only
+// to 16 tokens. Per stage a CTA of 4 warps loads a 128 x 64 slab of w and an m x 64 slab of x
+// into XOR-swizzled shared memory (the layout of flash_warp.cuh); each warp multiplies its 32 w
+// rows with every token.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/flash_warp.cuh"
+#include "backend/cuda/pdl.cuh"
+#include "backend/cuda/small_m_gemm.h"
+
+namespace sieve::cuda {
+namespace {
+
+using namespace flash;  // NOLINT: the warp helpers (cp.async, ldmatrix, mma)
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTileN = kSmallMGemmTileN;
+constexpr int kTileK = kSmallMGemmTileK;
+constexpr int kStages = 4;
+constexpr int kWarpRows = kTileN / kWarps;  // 32: two m16 fragments per warp
+constexpr int kChunks = kTileK / 8;         // 16-byte chunks per tile row
+static_assert(kWarpRows == 32, "each warp owns two 16-row A fragments");
+
+template <int kTileM>
+__host__ __device__ constexpr int StageBytes() {
+  return (kTileN + kTileM) * kTileK * 2;
+}
+
+__device__ __forceinline__ void Store(float* out, float value) { *out = value; }
+__device__ __forceinline__ void Store(__nv_bfloat16* out, float value) {
+  *out = __float2bfloat16_rn(value);
+}
+
+template <int kTileM, typename OutT>
+__global__ void __launch_bounds__(kThreads) SmallMGemmKernel(SmallMGemmArgs args, int per_split) {
+  extern __shared__ __align__(128) unsigned char shared[];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int slab = static_cast<int>(blockIdx.x);
+  const int n0 = slab * kTileN;
+  const int k_blocks = (args.k + kTileK - 1) / kTileK;
+  const int kb_begin = static_cast<int>(blockIdx.y) * per_split;
+  const int count = min(k_blocks, kb_begin + per_split) - kb_begin;
+  const uint32_t base = SharedAddress(shared);
+
+  // Stage `slot` <- k block kb_begin + kb: w rows past n, x rows past m and k past the end are
+  // zero-filled without being read.
+  const auto load_w = [&](int kb, int slot) {
+    const uint32_t w_tile = base + slot * StageBytes<kTileM>();
+    const int k0 = (kb_begin + kb) * kTileK;
+#pragma unroll
+    for (int step = 0; step < kTileN * kChunks / kThreads; ++step) {
+      const int index = tid + step * kThreads;
+      const int row = index / kChunks;
+      const int chunk = index % kChunks;
+      const int col = k0 + chunk * 8;
+      const bool valid = n0 + row < args.n && col < args.k;
+      const __nv_bfloat16* src = valid ? args.w + (n0 + row) * args.ldw + col : args.w;
+      CpAsync16(w_tile + TileOffset<kTileK>(row, chunk), src, valid);
+    }
+  };
+  const auto load_x = [&](int kb, int slot) {
+    const uint32_t x_tile = base + slot * StageBytes<kTileM>() + kTileN * kTileK * 2;
+    const int k0 = (kb_begin + kb) * kTileK;
+#pragma unroll
+    for (int step = 0; step < kTileM * kChunks / kThreads; ++step) {
+      const int index = tid + step * kThreads;
+      const int row = index / kChunks;
+      const int chunk = index % kChunks;
+      const int col = k0 + chunk * 8;
+      const bool valid = row < args.m && col < args.k;
+      const __nv_bfloat16* src = valid ? args.x + row * args.ldx + col : args.x;
+      CpAsync16(x_tile + TileOffset<kTileK>(row, chunk), src, valid);
+    }
+  };
+
+  // The weights depend on no earlier kernel: their first stages are requested, and the next
+  // prefetch_blocks stages pulled towards the L2, before waiting for the kernel that writes x
+  // (pdl.cuh). In a decode step that overlaps the weight stream with the small kernels before.
+  PdlLaunchDependents();
+#pragma unroll
+  for (int stage = 0; stage < kStages - 1; ++stage) {
+    if (stage < count) load_w(stage, stage);
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int prefetch_end = min(count, args.prefetch_blocks);
+  if (prefetch_end > kStages - 1 && n0 + tid < args.n) {
+    static_assert(kThreads == kTileN, "one thread per w row of the slab");
+    const int k_begin = (kb_begin + kStages - 1) * kTileK;
+    const int k_end = min(args.k, (kb_begin + prefetch_end) * kTileK);
+    const __nv_bfloat16* row = args.w + (n0 + tid) * args.ldw + k_begin;
+    const uint32_t bytes = static_cast<uint32_t>(k_end - k_begin) * 2;  // k % 8 == 0: whole 16 B
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(bytes) : "memory");
+  }
+#endif
+  PdlWait();
+  // Commit groups: the first holds stage 0's x and the early w stages, then one per stage.
+#pragma unroll
+  for (int stage = 0; stage < kStages - 1; ++stage) {
+    if (stage < count) load_x(stage, stage);
+    CpAsyncCommit();
+  }
+  float acc[2][kTileM / 8][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < kTileM / 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
+    }
+  }
+
+  for (int kb = 0; kb < count; ++kb) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();  // stage kb is visible to all; every warp is done with stage kb - 1's slot
+    if (kb + kStages - 1 < count) {
+      load_w(kb + kStages - 1, (kb + kStages - 1) % kStages);
+      load_x(kb + kStages - 1, (kb + kStages - 1) % kStages);
+    }
+    CpAsyncCommit();
+    const uint32_t w_tile = base + (kb % kStages) * StageBytes<kTileM>();
+    const uint32_t x_tile = w_tile + kTileN * kTileK * 2;
+#pragma unroll
+    for (int ks = 0; ks < kTileK / 16; ++ks) {
+      uint32_t a[2][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        LdMatrixX4(w_tile + TileOffset<kTileK>(warp * kWarpRows + i * 16 + (lane & 15),
+                                               ks * 2 + (lane >> 4)),
+                   a[i]);
+      }
+#pragma unroll
+      for (int p = 0; p < kTileM / 16; ++p) {
+        // Matrices: tokens 0-7 at k 0-7 and 8-15 (b0, b1 of the first n8 tile), then tokens
+        // 8-15 likewise (the second tile).
+        uint32_t b[4];
+        LdMatrixX4(x_tile + TileOffset<kTileK>(p * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                               ks * 2 + ((lane >> 3) & 1)),
+                   b);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          Mma(acc[i][2 * p], a[i], b[0], b[1]);
+          Mma(acc[i][2 * p + 1], a[i], b[2], b[3]);
+        }
+      }
+    }
+  }
+  CpAsyncWait<0>();
+
+  // C fragment element c of (i, j): w row warp*32 + i*16 + g + 8*(c/2), token j*8 + 2t + c%2.
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  OutT* out = static_cast<OutT*>(args.out);
+  const bool split = gridDim.y > 1;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < kTileM / 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int row = n0 + warp * kWarpRows + i * 16 + g + 8 * (c / 2);
+        const int token = j * 8 + 2 * t + (c % 2);
+        if (row >= args.n || token >= args.m) continue;
+        if (split) {
+          atomicAdd(args.split_sums + static_cast<int64_t>(token) * args.n + row, acc[i][j][c]);
+        } else {
+          Store(out + token * args.ldo + row, acc[i][j][c]);
+        }
+      }
+    }
+  }
+  if (!split) return;
+
+  // The last CTA of this slab to finish owns the sums: it writes them out and clears them.
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(args.split_counters + slab, 1) == static_cast<int>(gridDim.y) - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int rows = min(kTileN, args.n - n0);
+  for (int index = tid; index < args.m * kTileN; index += kThreads) {
+    const int token = index / kTileN;
+    const int col = index % kTileN;
+    if (col >= rows) continue;
+    float* sum = args.split_sums + static_cast<int64_t>(token) * args.n + n0 + col;
+    Store(out + token * args.ldo + n0 + col, __ldcg(sum));
+    *sum = 0.0f;
+  }
+  if (tid == 0) args.split_counters[slab] = 0;
+}
+
+template <int kTileM, typename OutT>
+void Launch(const SmallMGemmArgs& args, cudaStream_t stream) {
+  constexpr int kSmemBytes = kStages * StageBytes<kTileM>();
+  // Set on every call (it is cheap and not a stream operation): the attribute belongs to the
+  // current device, and a process may drive several.
+  SIEVE_CUDA_CHECK(cudaFuncSetAttribute(SmallMGemmKernel<kTileM, OutT>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  const int k_blocks = (args.k + kTileK - 1) / kTileK;
+  const int splits = std::clamp(args.splits, 1, k_blocks);
+  const int per_split = (k_blocks + splits - 1) / splits;
+  const int used_splits = (k_blocks + per_split - 1) / per_split;  // none left empty
+  if (used_splits > 1 && (args.split_sums == nullptr || args.split_counters == nullptr)) {
+    std::fprintf(stderr, "SmallMGemm: %d splits need the split buffers\n", used_splits);
+    std::abort();
+  }
+  const dim3 grid(SmallMGemmSlabs(args.n), used_splits);
+  SmallMGemmArgs launch_args = args;
+  // Pull at most ~40 MB of weights towards the 50-60 MB L2 ahead of the pipeline.
+  constexpr double kPrefetchBytes = 40.0 * (1 << 20);
+  const double ctas = static_cast<double>(grid.x) * grid.y;
+  launch_args.prefetch_blocks = static_cast<int>(kPrefetchBytes / (ctas * kTileN * kTileK * 2.0));
+  LaunchWithPdl(SmallMGemmKernel<kTileM, OutT>, grid, kThreads, kSmemBytes, stream, launch_args,
+                per_split);
+}
+
+template <typename OutT>
+void LaunchForRows(const SmallMGemmArgs& args, cudaStream_t stream) {
+  if (args.m <= 16) {
+    Launch<16, OutT>(args, stream);
+  } else if (args.m <= 32) {
+    Launch<32, OutT>(args, stream);
+  } else {
+    Launch<64, OutT>(args, stream);
+  }
+}
+
+bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
+}  // namespace
+
+bool SmallMGemmSupports(const SmallMGemmArgs& args) {
+  return args.m >= 1 && args.m <= kSmallMGemmMaxRows && args.n >= 1 && args.k >= 8 &&
+         args.k % 8 == 0 && args.ldw % 8 == 0 && args.ldx % 8 == 0 && Aligned16(args.w) &&
+         Aligned16(args.x);
+}
+
+void SmallMGemm(const SmallMGemmArgs& args, cudaStream_t stream) {
+  if (args.out_f32) {
+    LaunchForRows<float>(args, stream);
+  } else {
+    LaunchForRows<__nv_bfloat16>(args, stream);
+  }
+}
+
+}  // namespace sieve::cuda
