@@ -4,7 +4,7 @@
 # $OUT (the device tool brings them back): at most 8 files, so logs are bundled in logs.tgz.
 #
 #   scripts/gpu_check.sh [stage ...]     stages: build [tests_only] golden test sanitize
-#                                        sanitize_engine bench sdpa serve
+#                                        sanitize_engine bench profile sdpa serve
 #                                        (default: build golden test bench sdpa)
 # Needs the carried .deb/ (PCRE2 headers, absent on the GPU machine) and, for `serve`, the Llama 3
 # tokenizer in .fixtures/tokenizers/llama3/tokenizer.model.
@@ -72,7 +72,7 @@ if has test; then
   # Passing tests print their measurements only when run directly.
   ./build/gpu/model/model_test --gtest_filter='*Gpu*' > "$LOGS/gpu_golden.log" 2>&1
   ./build/gpu/runtime/gpu_engine_test > "$LOGS/gpu_engine.log" 2>&1
-  grep -hE "on GPU|near-tie|greedy tokens equal|SKIPPED|FAILED" "$LOGS/gpu_golden.log" "$LOGS/gpu_engine.log" | head -40 >> "$summary"
+  grep -hE "on GPU|near-tie|WIDE|greedy tokens equal|SKIPPED|FAILED" "$LOGS/gpu_golden.log" "$LOGS/gpu_engine.log" | head -40 >> "$summary"
   # The first failures in full, for debugging without another run.
   grep -E "Failure|Expected|Which is|actual|check failed" -m 60 "$LOGS/gpu_tests.log" > "$LOGS/failures.txt"
   head -c 6000 "$LOGS/failures.txt"
@@ -81,7 +81,7 @@ fi
 if has sanitize; then
   # Small cases only: under the sanitizers kernels run 10-100x slower.
   scripts/sanitize_gpu_tests.sh "$LOGS/sanitize" \
-    '*Dense*:*Sparsity*:*Sampling*:*mha_d64*:*gqa8x2_d64_chunked*:*b7_gqa8x2_d64*:*h2o_mixed*:*page24*' \
+    '*Dense*:*Gemm*:*Sparsity*:*Sampling*:*mha_d64*:*gqa8x2_d64_chunked*:*b7_gqa8x2_d64*:*h2o_mixed*:*page24*' \
     2>&1 | tee -a "$summary"
 fi
 
@@ -97,7 +97,17 @@ fi
 if has bench; then
   ./build/gpu/sieve bench kernels --result-json "$OUT/kernels.json" > "$LOGS/bench_kernels.log" 2>&1 \
     || note "bench kernels FAILED (rc $?)"
-  cat "$LOGS/bench_kernels.log" | tail -60 >> "$summary"
+  tail -90 "$LOGS/bench_kernels.log" >> "$summary"
+fi
+
+if has profile; then
+  # Where one sparse decode step (batch 64 x 4k, 1/10 kept) spends its time: every kernel of the
+  # step alone under Nsight Compute, caches flushed before each (ncu's default), by kernel name.
+  timeout 300 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
+    --csv --log-file "$LOGS/ncu_step.csv" ./build/gpu/sieve bench kernels --skip-attention \
+    --skip-sparsity --skip-gemm --no-graph --profile-step > "$LOGS/ncu_bench.log" 2>&1
+  note "profile: exit $?"
+  python3 scripts/ncu_summary.py "$LOGS/ncu_step.csv" 2>&1 | head -30 | tee -a "$summary"
 fi
 
 if has sdpa; then

@@ -64,6 +64,47 @@ def render(record):
                        f"{fmt(step['tokens_per_second'])} | <= 1.3x: "
                        f"{'met' if step['ratio'] <= 1.3 else 'missed'} |")
         out.append("")
+        variants = [(key, step) for key, step in kernels.items()
+                    if key.startswith("decode_step_") and key not in
+                    ("decode_step_dense", "decode_step_sparse")]
+        if variants:
+            out += ["Variants in the same run (each on a backend of its own):", "",
+                    "| variant | step | ratio to the bound |", "| --- | --- | --- |"]
+            for key, step in variants:
+                name = key.replace("decode_step_", "").replace("sparse", "1/10 kept")
+                out.append(f"| {name.replace('_', ' ')} | {step['step_ms']:.2f} ms | "
+                           f"{step['ratio']:.2f}x |")
+            out.append("")
+        dense_parts = (kernels.get("decode_step_dense") or {}).get("parts")
+        sparse_parts = (kernels.get("decode_step_sparse") or {}).get("parts")
+        if dense_parts and sparse_parts:
+            copy = kernels["copy_bandwidth_gbs"] * 1e9
+            out += ["Where a step's time goes: each kind of op, for all layers, captured alone in a "
+                    "graph (the parts need not add up to the step: neighbours change them).", "",
+                    "| op | dense | 1/10 kept | bytes / copy rate (1/10 kept) | 1/10 kept vs that |",
+                    "| --- | --- | --- | --- | --- |"]
+            for dense_part, part in zip(dense_parts, sparse_parts):
+                bound_ms = part["bytes"] / copy * 1e3
+                out.append(f"| {part['name']} | {dense_part['ms']:.3f} ms | {part['ms']:.3f} ms | "
+                           f"{bound_ms:.3f} ms | {part['ms'] / bound_ms:.2f}x |")
+            out.append(f"| sum of the parts | {sum(p['ms'] for p in dense_parts):.3f} ms | "
+                       f"{sum(p['ms'] for p in sparse_parts):.3f} ms | | |")
+            out.append("")
+        gemm = kernels.get("gemm")
+        if gemm:
+            copy = kernels["copy_bandwidth_gbs"]
+            out += ["### GEMMs at decode batch sizes", "",
+                    "Weights streamed cold (rotating copies larger than the L2), calls back to back "
+                    "in a CUDA graph; GB/s of weights and the fraction of the copy rate.", "",
+                    "| m | GEMM | n x k | cuBLASLt (the default) | small-m kernel | its split |",
+                    "| --- | --- | --- | --- | --- | --- |"]
+            for r in gemm:
+                out.append(f"| {r['m']} | {r['name']} | {r['n']} x {r['k']} | "
+                           f"{r['cublas_ms'] * 1e3:.1f} us, {fmt(r['cublas_gbs'])} GB/s "
+                           f"({r['cublas_gbs'] / copy:.0%}) | {r['small_m_ms'] * 1e3:.1f} us, "
+                           f"{fmt(r['small_m_gbs'])} GB/s ({r['small_m_gbs'] / copy:.0%}) | "
+                           f"{r['small_m_plan']} |")
+            out.append("")
     summary = record.get("summary", "")
     block = re.search(r"(KV-sparsity pass.*?)(?:\n\n|\Z)", summary, re.S)
     if block:

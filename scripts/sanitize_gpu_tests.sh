@@ -12,13 +12,13 @@ binary=build/gpu/backend/cuda/cuda_test
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 status=0
 # racecheck tracks every shared-memory access: it gets the smallest cases and a time limit.
-race_filter="${3:-*mha_d64*:*b7_gqa8x2_d64*:*WindowScoresMatchCpu*:*SelectKeptEqualsCpuOnIdenticalScores*}"
+race_filter="${3:-*mha_d64*:*b7_gqa8x2_d64*:*WindowScoresMatchCpu*:*SelectKeptEqualsCpuOnIdenticalScores*:*RmsNorm*:*SmallMKernelMatches*}"
 for tool in memcheck racecheck; do
   extra=()
   run_filter="$filter"
   [ "$tool" = memcheck ] && extra=(--leak-check full)
   [ "$tool" = racecheck ] && run_filter="$race_filter"
-  timeout 240 "$sanitizer" --tool "$tool" "${extra[@]}" --error-exitcode 3 \
+  timeout 200 "$sanitizer" --tool "$tool" "${extra[@]}" --error-exitcode 3 \
     "$binary" --gtest_filter="$run_filter" > "$logs/$tool.log" 2>&1
   rc=$?
   summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY" "$logs/$tool.log" | tail -2 | tr '\n' ' ')

@@ -2,13 +2,115 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "model/llama_model.h"
 
+#ifdef SIEVE_HAVE_CUDA
+#include <cuda_profiler_api.h>
+#endif
+
 namespace sieve {
+
+namespace {
+
+double MedianReplayMs(Backend& backend, int graph, int iterations) {
+  backend.ReplayGraph(graph);
+  backend.Synchronize();
+  std::vector<double> times;
+  for (int iteration = 0; iteration < iterations; ++iteration) {
+    const auto start = std::chrono::steady_clock::now();
+    backend.ReplayGraph(graph);
+    backend.Synchronize();
+    times.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// Each kind of op of the decode step, for every layer, captured alone in a graph of its own:
+// where the step's time goes. Ops of one kind run back to back here, so the parts need not add up
+// to the step exactly; the difference is what their neighbours change.
+std::vector<DecodeStepPart> TimeParts(Backend& backend, const LlamaModel& model,
+                                      const StepMeta& step, KvPool& pool,
+                                      ForwardWorkspace& workspace, Tensor& logits,
+                                      const DecodeStepBenchOptions& options, int length) {
+  const ModelConfig& config = model.config();
+  const LlamaWeights& weights = model.weights();
+  const int batch = options.batch;
+  const int layers = config.num_layers;
+  const int heads = config.num_heads;
+  const float eps = config.rms_norm_eps;
+  const double elem = static_cast<double>(DTypeSize(backend.activation_dtype()));
+  Tensor hidden = workspace.hidden.Rows(0, batch);
+  Tensor normed = workspace.normed.Rows(0, batch);
+  Tensor qkv = workspace.qkv.Rows(0, batch);
+  Tensor attn = workspace.attn.Rows(0, batch);
+  Tensor proj = workspace.proj.Rows(0, batch);
+  Tensor gate_up = workspace.gate_up.Rows(0, batch);
+  Tensor act = workspace.act.Rows(0, batch);
+  Tensor q = qkv.Columns(0, static_cast<int64_t>(heads) * config.head_dim);
+  Tensor last = workspace.last.Rows(0, batch);
+  const auto bytes_of = [&](const Tensor& weight) {
+    return static_cast<double>(weight.numel()) * elem;
+  };
+  const double kv_bytes =
+      static_cast<double>(batch) * length * config.num_kv_heads * config.head_dim * 2 * elem;
+  struct Part {
+    const char* name;
+    double bytes;
+    std::function<void(int)> op;  // one layer's op
+    int repeats;                  // layers, or 1
+  };
+  const double activations = static_cast<double>(batch) * config.hidden_size * elem;
+  const std::vector<Part> parts = {
+      {"qkv GEMM", bytes_of(weights.layers[0].qkv),
+       [&](int l) { backend.Linear(normed, weights.layers[l].qkv, qkv); }, layers},
+      {"RoPE + KV write", static_cast<double>(qkv.numel()) * elem,
+       [&](int l) { backend.RopeAndCacheWrite(qkv, model.rope_table(), heads, step, l, pool); },
+       layers},
+      {"decode attention", kv_bytes,
+       [&](int l) { backend.DecodeAttention(q, heads, step, l, pool, attn); }, layers},
+      {"o GEMM", bytes_of(weights.layers[0].o),
+       [&](int l) { backend.Linear(attn, weights.layers[l].o, proj); }, layers},
+      {"add + RMSNorm (2 per layer)", 2 * 4 * activations,
+       [&](int l) {
+         backend.AddRmsNorm(hidden, proj, weights.layers[l].mlp_norm, eps, normed);
+         backend.AddRmsNorm(hidden, proj, weights.layers[l].attn_norm, eps, normed);
+       },
+       layers},
+      {"gate_up GEMM", bytes_of(weights.layers[0].gate_up),
+       [&](int l) { backend.Linear(normed, weights.layers[l].gate_up, gate_up); }, layers},
+      {"SiLU x mul", 1.5 * static_cast<double>(gate_up.numel()) * elem,
+       [&](int) { backend.SiluMul(gate_up, act); }, layers},
+      {"down GEMM", bytes_of(weights.layers[0].down),
+       [&](int l) { backend.Linear(act, weights.layers[l].down, proj); }, layers},
+      {"gather + lm_head", bytes_of(weights.lm_head),
+       [&](int) {
+         backend.GatherRows(normed, step.sample_rows, last);
+         backend.Linear(last, weights.lm_head, logits);
+       },
+       1},
+  };
+  std::vector<DecodeStepPart> results;
+  for (const Part& part : parts) {
+    for (int l = 0; l < part.repeats; ++l) part.op(l);  // eager first: plans GEMMs
+    backend.Synchronize();
+    backend.BeginCapture();
+    for (int l = 0; l < part.repeats; ++l) part.op(l);
+    const int graph = backend.EndCapture();
+    results.push_back(
+        {part.name, MedianReplayMs(backend, graph, options.iterations), part.bytes * part.repeats});
+  }
+  return results;
+}
+
+}  // namespace
 
 DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& config,
                                          const DecodeStepBenchOptions& options) {
@@ -104,10 +206,21 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
             .count());
   }
   std::sort(times.begin(), times.end());
+#ifdef SIEVE_HAVE_CUDA
+  if (options.profile_one_step && backend.device() == Device::kCuda) {
+    cudaProfilerStart();
+    run();
+    backend.Synchronize();
+    cudaProfilerStop();
+  }
+#endif
 
   DecodeStepBenchResult result;
   result.step_ms = times[times.size() / 2];
   const double elem = static_cast<double>(DTypeSize(backend.activation_dtype()));
+  if (options.breakdown && backend.SupportsGraphs()) {
+    result.parts = TimeParts(backend, *model, step, pool, workspace, logits, options, entries + 1);
+  }
   // Bytes a step must move: every weight except the embedding table once (B embedding rows),
   // every held K/V entry once.
   const double weights = (static_cast<double>(config.NumParameters()) -

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "model/model_config.h"
@@ -16,10 +17,21 @@ struct DecodeStepBenchOptions {
   double kept_fraction = 1.0;  // entries each layer holds, as a fraction of the context
   int iterations = 20;
   bool use_graph = true;
-  double copy_bandwidth = 0;  // bytes/s, read + write (the measured ceiling)
+  bool profile_one_step = false;  // one extra step between cudaProfilerStart and Stop (CUDA only)
+  bool breakdown = false;         // also time each kind of op alone (graph backends only)
+  double copy_bandwidth = 0;      // bytes/s, read + write (the measured ceiling)
+};
+
+// One kind of op of the step (e.g. every layer's o GEMM) captured alone in a graph: its time per
+// step and the bytes it must move.
+struct DecodeStepPart {
+  std::string name;
+  double ms = 0;
+  double bytes = 0;
 };
 
 struct DecodeStepBenchResult {
+  std::vector<DecodeStepPart> parts;  // with options.breakdown
   double step_ms = 0;
   double bound_ms = 0;
   double tokens_per_second = 0;
