@@ -106,6 +106,10 @@ def render(record):
                            f"{r['small_m_plan']} |")
             out.append("")
     summary = record.get("summary", "")
+    checks = [line for line in summary.splitlines()
+              if re.match(r"(gpu tests|compute-sanitizer|engine memcheck|rep \d)", line)]
+    if checks:
+        out += ["### Checks", "", "```", *checks, "```", ""]
     block = re.search(r"(KV-sparsity pass.*?)(?:\n\n|\Z)", summary, re.S)
     if block:
         out += ["### Score + select + compact (one layer, against the prefill it follows)", "",
