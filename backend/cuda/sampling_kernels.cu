@@ -27,6 +27,8 @@ constexpr int kSampleThreads = 512;
 constexpr int kSampleWarps = kSampleThreads / 32;
 // The draw first finds which of kDrawRanges contiguous id ranges holds it, then walks that range.
 constexpr int kDrawRanges = 256;
+// Logits loaded before any is used, in every pass over a row (select::ForEachStrided).
+constexpr int kUnroll = 4;
 constexpr float kWeightScale = 1099511627776.0f;  // 2^40: weights are round(p / p_best * 2^40)
 
 struct SampleSmem {
@@ -115,9 +117,9 @@ __global__ __launch_bounds__(kSampleThreads, 2) void SampleTokensKernel(
 
   // 1. max, argmax and sum of exp(x - max) of the raw logits.
   SoftmaxState state{-INFINITY, 0.0f, INT32_MAX};
-  for (int id = tid; id < vocab; id += kSampleThreads) {
-    const float value = x[id];
-    if (value == -INFINITY) continue;  // masked token: no mass, and never the argmax
+  const auto load_logit = [x](int id) { return x[id]; };
+  select::ForEachStrided<kSampleThreads, kUnroll>(tid, vocab, load_logit, [&](int id, float value) {
+    if (value == -INFINITY) return;  // masked token: no mass, and never the argmax
     if (state.argmax == INT32_MAX || value > state.max) {
       state.sum = (state.argmax == INT32_MAX ? 0.0f : state.sum * expf(state.max - value)) + 1.0f;
       state.max = value;
@@ -125,7 +127,7 @@ __global__ __launch_bounds__(kSampleThreads, 2) void SampleTokensKernel(
     } else {
       state.sum += expf(value - state.max);
     }
-  }
+  });
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) state = Combine(state, ShuffleXor(state, offset));
   if (lane == 0) {
@@ -151,8 +153,12 @@ __global__ __launch_bounds__(kSampleThreads, 2) void SampleTokensKernel(
       return select::CompositeKey(select::OrderedBits(x[id]), static_cast<uint32_t>(id));
     };
     // Weight: p / p_best = exp((x - best) / T) in 40-bit fixed point.
-    const auto weight_of = [x, best, inverse_temperature](int id) -> unsigned long long {
-      return __float2ull_rn(ProbabilityRatio(x[id], best, inverse_temperature) * kWeightScale);
+    const auto weight_from = [best, inverse_temperature](float value) -> unsigned long long {
+      return __float2ull_rn(ProbabilityRatio(value, best, inverse_temperature) * kWeightScale);
+    };
+    const auto weight_of = [x, weight_from](int id) { return weight_from(x[id]); };
+    const auto key_from = [](int id, float value) {
+      return select::CompositeKey(select::OrderedBits(value), static_cast<uint32_t>(id));
     };
     const auto unit_weight = [](int) { return 1ull; };
 
@@ -163,9 +169,11 @@ __global__ __launch_bounds__(kSampleThreads, 2) void SampleTokensKernel(
     }
     if (knobs.top_p < 1.0f) {
       unsigned long long kept_weight = 0;
-      for (int id = tid; id < vocab; id += kSampleThreads) {
-        if (key_of(id) >= cut) kept_weight += weight_of(id);
-      }
+      select::ForEachStrided<kSampleThreads, kUnroll>(tid, vocab, load_logit,
+                                                      [&](int id, float value) {
+                                                        if (key_from(id, value) >= cut)
+                                                          kept_weight += weight_from(value);
+                                                      });
       kept_weight = BlockSumU64(kept_weight, smem.warp_u64);
       const double wanted =
           ceil(static_cast<double>(knobs.top_p) * static_cast<double>(kept_weight));
@@ -176,11 +184,12 @@ __global__ __launch_bounds__(kSampleThreads, 2) void SampleTokensKernel(
     }
     if (knobs.min_p > 0.0f) {
       unsigned long long lowest = ~0ull;
-      for (int id = tid; id < vocab; id += kSampleThreads) {
-        const unsigned long long key = key_of(id);
-        const float ratio = ProbabilityRatio(x[id], best, inverse_temperature);
-        if (key >= cut && ratio >= knobs.min_p) lowest = min(lowest, key);
-      }
+      select::ForEachStrided<kSampleThreads, kUnroll>(
+          tid, vocab, load_logit, [&](int id, float value) {
+            const unsigned long long key = key_from(id, value);
+            const float ratio = ProbabilityRatio(value, best, inverse_temperature);
+            if (key >= cut && ratio >= knobs.min_p) lowest = min(lowest, key);
+          });
       lowest = BlockMinU64(lowest, smem.warp_u64);
       if (lowest != ~0ull && lowest > cut) cut = lowest;
     }
@@ -190,9 +199,9 @@ __global__ __launch_bounds__(kSampleThreads, 2) void SampleTokensKernel(
     for (int range = warp; range < kDrawRanges; range += kSampleWarps) {
       const int begin = min(vocab, range * span), end = min(vocab, begin + span);
       unsigned long long range_weight = 0;
-      for (int id = begin + lane; id < end; id += 32) {
-        if (key_of(id) >= cut) range_weight += weight_of(id);
-      }
+      select::ForEachStrided<32, kUnroll>(begin + lane, end, load_logit, [&](int id, float value) {
+        if (key_from(id, value) >= cut) range_weight += weight_from(value);
+      });
 #pragma unroll
       for (int offset = 16; offset > 0; offset >>= 1) {
         range_weight += __shfl_xor_sync(0xffffffffu, range_weight, offset);
