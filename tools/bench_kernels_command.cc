@@ -161,7 +161,7 @@ int Run(const KernelsFlags& flags) {
     std::printf("== decode step, %s shape, batch %d x %d context (dummy weights, %s)\n",
                 dir.c_str(), flags.batch, flags.context,
                 flags.no_graph ? "no graph" : "CUDA graph");
-    // The defaults (GEMM plans of gemm.h, programmatic dependent launch) first, then variants
+    // The defaults (cuBLASLt GEMMs, programmatic dependent launch) first, then variants
     // for comparison, each on a backend of its own: the GEMM choice is read when a backend
     // starts.
     struct Variant {
@@ -169,19 +169,13 @@ int Run(const KernelsFlags& flags) {
       const char* key;
       const char* gemm;
       bool pdl;
-      const char* candidates;  // SIEVE_GEMM_CANDIDATES; null: the default
     };
-    const Variant variants[] = {{"", "", "cublaslt", true, nullptr},
-                                {", auto GEMM plans", "_auto", "auto", true, nullptr},
-                                {", small-m GEMMs", "_small_m", "small_m", true, nullptr},
-                                {", no PDL", "_no_pdl", "cublaslt", false, nullptr}};
+    const Variant variants[] = {{"", "", "cublaslt", true},
+                                {", auto GEMM plans", "_auto", "auto", true},
+                                {", small-m GEMMs", "_small_m", "small_m", true},
+                                {", no PDL", "_no_pdl", "cublaslt", false}};
     for (const Variant& variant : variants) {
       setenv("SIEVE_GEMM", variant.gemm, 1);
-      if (variant.candidates != nullptr) {
-        setenv("SIEVE_GEMM_CANDIDATES", variant.candidates, 1);
-      } else {
-        unsetenv("SIEVE_GEMM_CANDIDATES");
-      }
       cuda::SetPdlEnabled(variant.pdl);
       auto step_backend = MakeCudaBackend(0);
       if (!step_backend.ok()) {
@@ -227,7 +221,6 @@ int Run(const KernelsFlags& flags) {
     }
     cuda::SetPdlEnabled(true);
     unsetenv("SIEVE_GEMM");
-    unsetenv("SIEVE_GEMM_CANDIDATES");
   }
   if (!flags.result_json.empty()) {
     std::ofstream out(flags.result_json);

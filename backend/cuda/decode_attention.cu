@@ -115,13 +115,18 @@ __device__ __forceinline__ int PageOf(const DecodeParams& params, int entry) {
   return params.page_shift >= 0 ? entry >> params.page_shift : entry / params.page_size;
 }
 
-// Index of `entry` of a (slot, layer) in the pool's [num_pages * page_size] entry space.
+// Index of `entry`, held by the sequence's page `page` whose id is `page_id`, in the pool's
+// [num_pages * page_size] entry space.
+__device__ __forceinline__ int64_t EntryInPool(const DecodeParams& params, int32_t page_id,
+                                               int page, int entry) {
+  return static_cast<int64_t>(page_id) * params.page_size + entry - page * params.page_size;
+}
+
+// Index of `entry` of a (slot, layer) in the pool's entry space.
 __device__ __forceinline__ int64_t PoolEntry(const DecodeParams& params, const int32_t* pages,
                                              int entry) {
-  const int page_index =
-      params.page_shift >= 0 ? entry >> params.page_shift : entry / params.page_size;
-  const int offset = entry - page_index * params.page_size;
-  return static_cast<int64_t>(pages[page_index]) * params.page_size + offset;
+  const int page = PageOf(params, entry);
+  return EntryInPool(params, pages[page], page, entry);
 }
 
 // Grid: x = (decode sequence, KV head, head chunk), chunk fastest; y = split.
@@ -208,8 +213,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       if (valid) {
         const int page = PageOf(params, entry);
         const int32_t id = cached ? cached_pages[page - first_page] : pages[page];
-        offset = (static_cast<int64_t>(id) * params.page_size + entry - page * params.page_size) *
-                 entry_stride;
+        offset = EntryInPool(params, id, page, entry) * entry_stride;
       }
       const uint32_t dst = flash::TileOffset<kHeadDim>(row, piece);
       flash::CpAsync16(smem_k + stage * kKvBytes + dst, k_head + offset + piece * 8, valid);

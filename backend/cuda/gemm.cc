@@ -40,6 +40,23 @@ int CublasCandidates() {
 }
 constexpr int kTimedCalls = 3;
 
+SmallMGemmArgs SmallMArgs(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldw,
+                          const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo,
+                          bool out_f32) {
+  SmallMGemmArgs args;
+  args.w = w;
+  args.ldw = ldw;
+  args.x = x;
+  args.ldx = ldx;
+  args.out = out;
+  args.ldo = ldo;
+  args.out_f32 = out_f32;
+  args.m = static_cast<int>(m);
+  args.n = static_cast<int>(n);
+  args.k = static_cast<int>(k);
+  return args;
+}
+
 }  // namespace
 
 GemmChoice GemmChoiceFromEnvironment() {
@@ -141,17 +158,7 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
                                                     results.data(), &cublas_count));
   cublasLtMatmulPreferenceDestroy(preference);
 
-  SmallMGemmArgs args;
-  args.w = w;
-  args.ldw = ldw;
-  args.x = x;
-  args.ldx = ldx;
-  args.out = out;
-  args.ldo = ldo;
-  args.out_f32 = out_f32;
-  args.m = static_cast<int>(m);
-  args.n = static_cast<int>(n);
-  args.k = static_cast<int>(k);
+  SmallMGemmArgs args = SmallMArgs(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
   const bool small_m_fits =
       SmallMGemmSupports(args) && n < (int64_t{1} << 31) && k < (int64_t{1} << 31);
   std::vector<int> splits;
@@ -170,12 +177,14 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
   }
 
   // Defaults without timing: the small-m kernel unsplit where it is allowed, else cuBLASLt's
-  // first pick.
+  // first pick. The plan keeps a cuBLASLt algo whenever there is one: it also serves calls whose
+  // operands the small-m kernel refuses (misaligned pointers of a planned shape).
+  plan.has_cublas = cublas_count > 0;
+  if (plan.has_cublas) plan.algo = results[0].algo;
   if (!splits.empty()) {
     plan.small_m_splits = 1;
     plan.name = "small-m, 1 split";
   } else {
-    plan.algo = results[0].algo;
     plan.name = "cuBLASLt, candidate 1 of " + std::to_string(cublas_count);
   }
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -190,6 +199,7 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
     args.split_sums = split_sums_;
     args.split_counters = split_counters_;
     float best = -1.0f;
+    float best_cublas = -1.0f;
     const float alpha = 1.0f;
     const float beta = 0.0f;
     for (int candidate = 0; use_cublas && candidate < cublas_count; ++candidate) {
@@ -198,10 +208,12 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
                               plan.c, &results[candidate].algo, workspace_, kWorkspaceBytes,
                               stream_) == CUBLAS_STATUS_SUCCESS;
       });
-      if (ms >= 0 && (best < 0 || ms < best)) {
+      if (ms < 0 || (best_cublas >= 0 && ms >= best_cublas)) continue;
+      best_cublas = ms;
+      plan.algo = results[candidate].algo;
+      if (best < 0 || ms < best) {
         best = ms;
         plan.small_m_splits = 0;
-        plan.algo = results[candidate].algo;
         plan.name = "cuBLASLt, candidate " + std::to_string(candidate + 1) + " of " +
                     std::to_string(cublas_count);
       }
@@ -227,19 +239,9 @@ void GemmRunner::Run(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, in
                      const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32) {
   if (m == 0 || n == 0) return;
   const Plan& plan = PlanFor(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
-  last_plan_ = plan.name;
+  last_plan_ = &plan;
   if (plan.small_m_splits > 0) {
-    SmallMGemmArgs args;
-    args.w = w;
-    args.ldw = ldw;
-    args.x = x;
-    args.ldx = ldx;
-    args.out = out;
-    args.ldo = ldo;
-    args.out_f32 = out_f32;
-    args.m = static_cast<int>(m);
-    args.n = static_cast<int>(n);
-    args.k = static_cast<int>(k);
+    SmallMGemmArgs args = SmallMArgs(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
     args.splits = plan.small_m_splits;
     args.split_sums = split_sums_;
     args.split_counters = split_counters_;
@@ -247,13 +249,11 @@ void GemmRunner::Run(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, in
       SmallMGemm(args, stream_);
       return;
     }
-    // Same shape, but these operands are misaligned: only cuBLASLt takes them. It has no algo in
-    // this plan yet, so fall through to a plan of its own.
-    const GemmChoice saved = choice_;
-    choice_ = GemmChoice::kCublasLt;
-    Run(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
-    choice_ = saved;
-    return;
+    if (!plan.has_cublas) {
+      std::fprintf(stderr, "GEMM %lldx%lldx%lld: misaligned operands and no cuBLASLt algo\n",
+                   static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
+      std::abort();
+    }
   }
   const float alpha = 1.0f;
   const float beta = 0.0f;

@@ -43,12 +43,14 @@ class GemmRunner {
 
   // Applies to shapes planned from now on (plans are kept per choice).
   void set_choice(GemmChoice choice) { choice_ = choice; }
-  // The plan the last Run used, e.g. "small-m, 4 splits" or "cuBLASLt, candidate 2 of 8".
-  const std::string& last_plan() const { return last_plan_; }
+  // The plan the last Run used (call after one), e.g. "small-m, 4 splits" or "cuBLASLt, candidate 2
+  // of 8".
+  const std::string& last_plan() const { return last_plan_->name; }
 
  private:
   struct Plan {
-    int small_m_splits = 0;  // > 0: the small-m kernel with this many k-splits; 0: cuBLASLt
+    int small_m_splits = 0;   // > 0: the small-m kernel with this many k-splits; 0: cuBLASLt
+    bool has_cublas = false;  // `algo` holds cuBLASLt's best (the fallback of a small-m plan)
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr;
     cublasLtMatrixLayout_t b = nullptr;
@@ -78,7 +80,7 @@ class GemmRunner {
   size_t flush_bytes_ = 0;
   cudaEvent_t start_ = nullptr;
   cudaEvent_t stop_ = nullptr;
-  std::string last_plan_;
+  const Plan* last_plan_ = nullptr;  // map nodes do not move
 };
 
 }  // namespace sieve::cuda

@@ -41,7 +41,8 @@ __device__ __forceinline__ void Store(__nv_bfloat16* out, float value) {
 }
 
 template <int kTileM, typename OutT>
-__global__ void __launch_bounds__(kThreads) SmallMGemmKernel(SmallMGemmArgs args, int per_split) {
+__global__ void __launch_bounds__(kThreads)
+    SmallMGemmKernel(SmallMGemmArgs args, int per_split, int prefetch_blocks) {
   extern __shared__ __align__(128) unsigned char shared[];
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / 32;
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) SmallMGemmKernel(SmallMGemmArgs args
     if (stage < count) load_w(stage, stage);
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const int prefetch_end = min(count, args.prefetch_blocks);
+  const int prefetch_end = min(count, prefetch_blocks);
   if (prefetch_end > kStages - 1 && n0 + tid < args.n) {
     static_assert(kThreads == kTileN, "one thread per w row of the slab");
     const int k_begin = (kb_begin + kStages - 1) * kTileK;
@@ -217,13 +218,12 @@ void Launch(const SmallMGemmArgs& args, cudaStream_t stream) {
     std::abort();
   }
   const dim3 grid(SmallMGemmSlabs(args.n), used_splits);
-  SmallMGemmArgs launch_args = args;
   // Pull at most ~40 MB of weights towards the 50-60 MB L2 ahead of the pipeline.
   constexpr double kPrefetchBytes = 40.0 * (1 << 20);
   const double ctas = static_cast<double>(grid.x) * grid.y;
-  launch_args.prefetch_blocks = static_cast<int>(kPrefetchBytes / (ctas * kTileN * kTileK * 2.0));
-  LaunchWithPdl(SmallMGemmKernel<kTileM, OutT>, grid, kThreads, kSmemBytes, stream, launch_args,
-                per_split);
+  const int prefetch_blocks = static_cast<int>(kPrefetchBytes / (ctas * kTileN * kTileK * 2.0));
+  LaunchWithPdl(SmallMGemmKernel<kTileM, OutT>, grid, kThreads, kSmemBytes, stream, args, per_split,
+                prefetch_blocks);
 }
 
 template <typename OutT>

@@ -34,7 +34,6 @@ struct SmallMGemmArgs {
   // first call; every call leaves them zero again (graph replays rely on it).
   float* split_sums = nullptr;
   int* split_counters = nullptr;
-  int prefetch_blocks = 0;  // set by SmallMGemm: k blocks per CTA to prefetch into the L2
 };
 
 // Whether the kernel takes these operands: m in [1, 64], k a multiple of 8, rows 16-byte aligned.
