@@ -98,8 +98,12 @@ TEST_F(CudaGemmTest, SmallMKernelMatchesHostProductAtEverySplit) {
     const Problem problem(m, n, k, rng_);
     DeviceBuffer<__nv_bfloat16> x(testing::ToBf16(problem.x));
     DeviceBuffer<__nv_bfloat16> w(testing::ToBf16(problem.w));
-    for (const bool out_f32 : {true, false}) {
-      for (const int splits : {1, 3, 8}) {
+    std::vector<SmallMSplitReduce> reduces = {SmallMSplitReduce::kAtomics};
+    if (SmallMGemmHasClusters()) reduces.push_back(SmallMSplitReduce::kCluster);
+    for (int variant = 0; variant < 2 * static_cast<int>(reduces.size()); ++variant) {
+      const bool out_f32 = variant % 2 == 0;
+      const SmallMSplitReduce reduce = reduces[variant / 2];
+      for (const int splits : {1, 3, 5, 8}) {
         const size_t out_count = static_cast<size_t>(m) * problem.ldo;
         DeviceBuffer<float> out_f(out_f32 ? out_count : 1);
         DeviceBuffer<__nv_bfloat16> out_b(out_f32 ? 1 : out_count);
@@ -115,6 +119,7 @@ TEST_F(CudaGemmTest, SmallMKernelMatchesHostProductAtEverySplit) {
         args.n = n;
         args.k = k;
         args.splits = splits;
+        args.reduce = reduce;
         args.split_sums = sums.get();
         args.split_counters = counters.get();
         ASSERT_TRUE(SmallMGemmSupports(args));
@@ -122,9 +127,11 @@ TEST_F(CudaGemmTest, SmallMKernelMatchesHostProductAtEverySplit) {
         for (int call = 0; call < 2; ++call) {
           SmallMGemm(args, stream_);
           SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-          const std::string what = std::to_string(m) + "x" + std::to_string(n) + "x" +
-                                   std::to_string(k) + " splits " + std::to_string(splits) +
-                                   (out_f32 ? " f32" : " bf16") + " call " + std::to_string(call);
+          const std::string what =
+              std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " splits " +
+              std::to_string(splits) + (out_f32 ? " f32" : " bf16") +
+              (reduce == SmallMSplitReduce::kCluster ? " cluster" : " atomics") + " call " +
+              std::to_string(call);
           if (out_f32) {
             EXPECT_LE(problem.Error(out_f.ToHost()), kF32Tolerance) << what;
           } else {

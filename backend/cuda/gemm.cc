@@ -28,7 +28,12 @@ constexpr size_t kWorkspaceBytes = 32u << 20;
 // sums buffer holds 64 x 65536 values (16 MiB) and there is a counter per slab.
 constexpr int64_t kMaxSplitN = 65536;
 constexpr int kMaxSlabs = static_cast<int>(kMaxSplitN / kSmallMGemmTileN);
-constexpr int kSplitCandidates[] = {1, 2, 3, 4, 6, 8, 12, 16};
+// Splits timed per plan: with clusters (sm_90) every count up to the cluster limit, since the
+// count that fills the SMs best is shape-specific (48 qkv slabs x 5 = 240 CTAs, 32 o slabs x 8 =
+// 256, against 264 CTA slots on an H200); with atomics a wider, sparser range.
+constexpr int kClusterSplitCandidates[] = {1, 2, 3, 4, 5, 6, 7, 8};
+constexpr int kAtomicSplitCandidates[] = {1, 2, 3, 4, 6, 8, 12, 16};
+static_assert(kSmallMGemmMaxClusterSplits == 8);
 constexpr int kDefaultCublasCandidates = 8;
 constexpr int kMaxCublasCandidates = 64;
 
@@ -162,11 +167,17 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
   const bool small_m_fits =
       SmallMGemmSupports(args) && n < (int64_t{1} << 31) && k < (int64_t{1} << 31);
   std::vector<int> splits;
+  const bool clusters = SmallMGemmHasClusters();
   if (choice_ != GemmChoice::kCublasLt && small_m_fits) {
-    for (const int split : kSplitCandidates) {
-      if (split == 1 || (split <= SmallMGemmMaxSplits(args.k) && n <= kMaxSplitN)) {
+    const auto add = [&](int split) {
+      if (split == 1 || (split <= SmallMGemmMaxSplits(args.k) && (clusters || n <= kMaxSplitN))) {
         splits.push_back(split);
       }
+    };
+    if (clusters) {
+      for (const int split : kClusterSplitCandidates) add(split);
+    } else {
+      for (const int split : kAtomicSplitCandidates) add(split);
     }
   }
   const bool use_cublas = choice_ != GemmChoice::kSmallM || splits.empty();
@@ -195,7 +206,7 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
       cudaGetLastError();  // no room for the flush buffer: time with warm caches instead
       flush_ = nullptr;
     }
-    if (!splits.empty()) EnsureSplitBuffers();
+    if (!splits.empty() && !clusters) EnsureSplitBuffers();
     args.split_sums = split_sums_;
     args.split_counters = split_counters_;
     float best = -1.0f;
@@ -231,7 +242,7 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
       }
     }
   }
-  if (plan.small_m_splits > 1) EnsureSplitBuffers();
+  if (plan.small_m_splits > 1 && !clusters) EnsureSplitBuffers();
   return plans_.emplace(key, plan).first->second;
 }
 

@@ -4,6 +4,7 @@
 // to 16 tokens. Per stage a CTA of 4 warps loads a 128 x 64 slab of w and an m x 64 slab of x
 // into XOR-swizzled shared memory (the layout of flash_warp.cuh); each warp multiplies its 32 w
 // rows with every token.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -34,13 +35,23 @@ template <int kTileM>
 __host__ __device__ constexpr int StageBytes() {
   return (kTileN + kTileM) * kTileK * 2;
 }
+// The cluster reduction's f32 partial sums, [token][w row] with rows padded by 4 floats: the
+// fragment stores hit 32 different banks and every row stays 16-byte aligned for float4 reads.
+constexpr int kPartialStride = kTileN + 4;
+template <int kTileM>
+constexpr bool PartialsFit() {
+  return kTileM * kPartialStride * 4 <= kStages * StageBytes<kTileM>();
+}
+static_assert(PartialsFit<16>() && PartialsFit<32>() && PartialsFit<64>());
 
 __device__ __forceinline__ void Store(float* out, float value) { *out = value; }
 __device__ __forceinline__ void Store(__nv_bfloat16* out, float value) {
   *out = __float2bfloat16_rn(value);
 }
 
-template <int kTileM, typename OutT>
+// kCluster: the gridDim.y splits of a slab are one thread-block cluster (sm_90+) and add their
+// sums through distributed shared memory; otherwise splits add up by atomics in split_sums.
+template <int kTileM, typename OutT, bool kCluster>
 __global__ void __launch_bounds__(kThreads)
     SmallMGemmKernel(SmallMGemmArgs args, int per_split, int prefetch_blocks) {
   extern __shared__ __align__(128) unsigned char shared[];
@@ -163,67 +174,167 @@ __global__ void __launch_bounds__(kThreads)
   const int t = lane & 3;
   OutT* out = static_cast<OutT*>(args.out);
   const bool split = gridDim.y > 1;
+  if constexpr (kCluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Each split parks its sums in its own shared memory (the pipeline stages are drained); after
+    // a cluster barrier, split r adds up its share of the slab's [m][128] outputs over every
+    // split's shared memory and writes them; a second barrier keeps each CTA's shared memory alive
+    // until its peers are done reading it.
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    float* partial = reinterpret_cast<float*>(shared);
+    __syncthreads();  // every warp is done with the last stage
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < 2; ++i) {
 #pragma unroll
-    for (int j = 0; j < kTileM / 8; ++j) {
+      for (int j = 0; j < kTileM / 8; ++j) {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int row = n0 + warp * kWarpRows + i * 16 + g + 8 * (c / 2);
-        const int token = j * 8 + 2 * t + (c % 2);
-        if (row >= args.n || token >= args.m) continue;
-        if (split) {
-          atomicAdd(args.split_sums + static_cast<int64_t>(token) * args.n + row, acc[i][j][c]);
-        } else {
-          Store(out + token * args.ldo + row, acc[i][j][c]);
+        for (int c = 0; c < 4; ++c) {
+          const int row = warp * kWarpRows + i * 16 + g + 8 * (c / 2);
+          const int token = j * 8 + 2 * t + (c % 2);
+          partial[token * kPartialStride + row] = acc[i][j][c];
         }
       }
     }
-  }
-  if (!split) return;
+    cluster.sync();
+    const int splits = static_cast<int>(cluster.num_blocks());  // = gridDim.y
+    const int rank = static_cast<int>(cluster.block_rank());
+    const int quads = args.m * (kTileN / 4);  // float4 groups of the slab's outputs
+    const int per_rank = (quads + splits - 1) / splits;
+    const int quad_end = min(quads, (rank + 1) * per_rank);
+    for (int quad = rank * per_rank + tid; quad < quad_end; quad += kThreads) {
+      const int token = quad / (kTileN / 4);
+      const int col = (quad % (kTileN / 4)) * 4;
+      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int peer = 0; peer < splits; ++peer) {
+        const float4 part = *reinterpret_cast<const float4*>(
+            cluster.map_shared_rank(partial + token * kPartialStride + col, peer));
+        sum.x += part.x;
+        sum.y += part.y;
+        sum.z += part.z;
+        sum.w += part.w;
+      }
+      const float values[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (n0 + col + e < args.n) Store(out + token * args.ldo + n0 + col + e, values[e]);
+      }
+    }
+    cluster.sync();
+#endif
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int j = 0; j < kTileM / 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int row = n0 + warp * kWarpRows + i * 16 + g + 8 * (c / 2);
+          const int token = j * 8 + 2 * t + (c % 2);
+          if (row >= args.n || token >= args.m) continue;
+          if (split) {
+            atomicAdd(args.split_sums + static_cast<int64_t>(token) * args.n + row, acc[i][j][c]);
+          } else {
+            Store(out + token * args.ldo + row, acc[i][j][c]);
+          }
+        }
+      }
+    }
+    if (!split) return;
 
-  // The last CTA of this slab to finish owns the sums: it writes them out and clears them.
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) last = atomicAdd(args.split_counters + slab, 1) == static_cast<int>(gridDim.y) - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int rows = min(kTileN, args.n - n0);
-  for (int index = tid; index < args.m * kTileN; index += kThreads) {
-    const int token = index / kTileN;
-    const int col = index % kTileN;
-    if (col >= rows) continue;
-    float* sum = args.split_sums + static_cast<int64_t>(token) * args.n + n0 + col;
-    Store(out + token * args.ldo + n0 + col, __ldcg(sum));
-    *sum = 0.0f;
+    // The last CTA of this slab to finish owns the sums: it writes them out and clears them.
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0)
+      last = atomicAdd(args.split_counters + slab, 1) == static_cast<int>(gridDim.y) - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int rows = min(kTileN, args.n - n0);
+    for (int index = tid; index < args.m * kTileN; index += kThreads) {
+      const int token = index / kTileN;
+      const int col = index % kTileN;
+      if (col >= rows) continue;
+      float* sum = args.split_sums + static_cast<int64_t>(token) * args.n + n0 + col;
+      Store(out + token * args.ldo + n0 + col, __ldcg(sum));
+      *sum = 0.0f;
+    }
+    if (tid == 0) args.split_counters[slab] = 0;
   }
-  if (tid == 0) args.split_counters[slab] = 0;
+}
+
+// PDL (pdl.cuh) and, for kCluster, one cluster of `splits` CTAs per slab.
+template <typename Kernel>
+void LaunchKernel(Kernel kernel, dim3 grid, int smem_bytes, int cluster_y, cudaStream_t stream,
+                  const SmallMGemmArgs& args, int per_split, int prefetch_blocks) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+  config.stream = stream;
+  cudaLaunchAttribute attributes[2];
+  int count = 0;
+  if (PdlActive()) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  if (cluster_y > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = 1;
+    attributes[count].val.clusterDim.y = static_cast<unsigned>(cluster_y);
+    attributes[count].val.clusterDim.z = 1;
+    ++count;
+  }
+  config.attrs = attributes;
+  config.numAttrs = count;
+  SIEVE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args, per_split, prefetch_blocks));
 }
 
 template <int kTileM, typename OutT>
 void Launch(const SmallMGemmArgs& args, cudaStream_t stream) {
   constexpr int kSmemBytes = kStages * StageBytes<kTileM>();
-  // Set on every call (it is cheap and not a stream operation): the attribute belongs to the
-  // current device, and a process may drive several.
-  SIEVE_CUDA_CHECK(cudaFuncSetAttribute(SmallMGemmKernel<kTileM, OutT>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   const int k_blocks = (args.k + kTileK - 1) / kTileK;
   const int splits = std::clamp(args.splits, 1, k_blocks);
   const int per_split = (k_blocks + splits - 1) / splits;
   const int used_splits = (k_blocks + per_split - 1) / per_split;  // none left empty
-  if (used_splits > 1 && (args.split_sums == nullptr || args.split_counters == nullptr)) {
+  bool cluster = false;
+  if (used_splits > 1) {
+    switch (args.reduce) {
+      case SmallMSplitReduce::kAuto:
+        cluster = used_splits <= kSmallMGemmMaxClusterSplits && SmallMGemmHasClusters();
+        break;
+      case SmallMSplitReduce::kCluster:
+        if (used_splits > kSmallMGemmMaxClusterSplits || !SmallMGemmHasClusters()) {
+          std::fprintf(stderr, "SmallMGemm: a cluster of %d splits is not available here\n",
+                       used_splits);
+          std::abort();
+        }
+        cluster = true;
+        break;
+      case SmallMSplitReduce::kAtomics:
+        break;
+    }
+  }
+  if (used_splits > 1 && !cluster &&
+      (args.split_sums == nullptr || args.split_counters == nullptr)) {
     std::fprintf(stderr, "SmallMGemm: %d splits need the split buffers\n", used_splits);
     std::abort();
   }
+  const auto kernel =
+      cluster ? SmallMGemmKernel<kTileM, OutT, true> : SmallMGemmKernel<kTileM, OutT, false>;
+  // Set on every call (it is cheap and not a stream operation): the attribute belongs to the
+  // current device, and a process may drive several.
+  SIEVE_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   const dim3 grid(SmallMGemmSlabs(args.n), used_splits);
   // Pull at most ~40 MB of weights towards the 50-60 MB L2 ahead of the pipeline.
   constexpr double kPrefetchBytes = 40.0 * (1 << 20);
   const double ctas = static_cast<double>(grid.x) * grid.y;
   const int prefetch_blocks = static_cast<int>(kPrefetchBytes / (ctas * kTileN * kTileK * 2.0));
-  LaunchWithPdl(SmallMGemmKernel<kTileM, OutT>, grid, kThreads, kSmemBytes, stream, args, per_split,
-                prefetch_blocks);
+  LaunchKernel(kernel, grid, kSmemBytes, cluster ? used_splits : 1, stream, args, per_split,
+               prefetch_blocks);
 }
 
 template <typename OutT>
@@ -245,6 +356,14 @@ bool SmallMGemmSupports(const SmallMGemmArgs& args) {
   return args.m >= 1 && args.m <= kSmallMGemmMaxRows && args.n >= 1 && args.k >= 8 &&
          args.k % 8 == 0 && args.ldw % 8 == 0 && args.ldx % 8 == 0 && Aligned16(args.w) &&
          Aligned16(args.x);
+}
+
+bool SmallMGemmHasClusters() {
+  int device = 0;
+  int major = 0;
+  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
+  SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major >= 9;
 }
 
 void SmallMGemm(const SmallMGemmArgs& args, cudaStream_t stream) {

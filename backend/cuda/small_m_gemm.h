@@ -3,8 +3,10 @@
 // weights; cuBLAS reaches ~72% of the copy rate there (PERF.md), and this kernel exists to close
 // that gap: each CTA streams a 128-row slab of w through a 4-stage cp.async pipeline and
 // multiplies it with all m rows of x on the tensor cores (mma.sync, sm_80+). When n / 128 slabs
-// are too few to fill the GPU, k is split across CTAs and the partial sums meet in an f32 buffer,
-// which the last CTA of each slab converts, writes out, and clears for the next call.
+// are too few to fill the GPU, k is split across CTAs. On sm_90 the splits of a slab form a
+// thread-block cluster and add their partial sums through distributed shared memory; elsewhere
+// (or with more than 8 splits) they meet in an f32 buffer by atomics, which the last CTA of each
+// slab converts, writes out, and clears for the next call.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,8 +17,16 @@
 namespace sieve::cuda {
 
 constexpr int kSmallMGemmMaxRows = 64;
-constexpr int kSmallMGemmTileN = 128;  // rows of w per CTA
-constexpr int kSmallMGemmTileK = 64;   // k per pipeline stage
+constexpr int kSmallMGemmTileN = 128;           // rows of w per CTA
+constexpr int kSmallMGemmTileK = 64;            // k per pipeline stage
+constexpr int kSmallMGemmMaxClusterSplits = 8;  // the portable thread-block cluster size
+
+// How the k-splits of a slab add up their partial sums.
+enum class SmallMSplitReduce {
+  kAuto,     // kCluster where the device has clusters (sm_90+) and splits <= 8, else kAtomics
+  kAtomics,  // f32 atomics into split_sums; the last CTA of the slab writes the result
+  kCluster,  // one cluster per slab, sums through distributed shared memory (sm_90+)
+};
 
 struct SmallMGemmArgs {
   const __nv_bfloat16* w = nullptr;  // [n][k], row stride ldw
@@ -30,8 +40,9 @@ struct SmallMGemmArgs {
   int n = 0;
   int k = 0;
   int splits = 1;  // CTAs along k per slab (clamped so that none is empty)
-  // Needed when splits > 1: an f32 [m][n] buffer and one counter per slab, both zero before the
-  // first call; every call leaves them zero again (graph replays rely on it).
+  SmallMSplitReduce reduce = SmallMSplitReduce::kAuto;
+  // Needed when splits > 1 add up by atomics: an f32 [m][n] buffer and one counter per slab, both
+  // zero before the first call; every call leaves them zero again (graph replays rely on it).
   float* split_sums = nullptr;
   int* split_counters = nullptr;
 };
@@ -47,6 +58,9 @@ inline int SmallMGemmMaxSplits(int k) {
   const int blocks = (k + kSmallMGemmTileK - 1) / kSmallMGemmTileK;
   return blocks / 2 > 1 ? blocks / 2 : 1;
 }
+
+// Whether the current device can add splits up in a cluster (sm_90+).
+bool SmallMGemmHasClusters();
 
 void SmallMGemm(const SmallMGemmArgs& args, cudaStream_t stream);
 
