@@ -18,6 +18,13 @@
 
 namespace sieve {
 
+// Which tokens of a step RopeAndCacheWrite rotates and writes.
+enum class RopeTokens {
+  kAll,      // [0, num_tokens)
+  kPrefill,  // [0, num_prefill_tokens): the prefill sequences' chunks
+  kDecode,   // [num_prefill_tokens, num_tokens): one token per decode sequence
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -56,12 +63,14 @@ class Backend {
   virtual void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;
 
   // ---- attention ----
-  // Rotates q and k of every token in place (rope_table [max_pos][d/2][2] f32 holds cos, sin at
-  // each true position), then writes k and v of every token whose sequence has
-  // write_start[layer][s] >= 0 into the pool at entry write_start + (t - query_start[s]).
+  // Rotates q and k of the `tokens` in place (rope_table [max_pos][d/2][2] f32 holds cos, sin at
+  // each true position), then writes k and v of each of them whose sequence has
+  // write_start[layer][s] >= 0 into the pool at entry write_start + (t - query_start[s]) (and the
+  // side pools: its position, score 0). Other tokens are left alone.
   // qkv [T][(H + 2G) d] act: q heads, then k heads, then v heads.
   virtual void RopeAndCacheWrite(Tensor& qkv, const Tensor& rope_table, int num_heads,
-                                 const StepMeta& step, int layer, KvPool& pool) = 0;
+                                 const StepMeta& step, int layer, KvPool& pool,
+                                 RopeTokens tokens) = 0;
   // Builds each prefill sequence's whole K/V in scratch rows key_start[s] .. : the entries cached
   // before this step (context_lens[s] of them, gathered from the layer's pages) followed by the
   // chunk's rotated k and v from qkv.      k_out, v_out [num_prefill_keys][G][d] act
@@ -80,6 +89,16 @@ class Backend {
   // (mean over the KV head's query group) to it (H2O's accumulated attention).
   virtual void DecodeAttention(const Tensor& q, int num_heads, const StepMeta& step, int layer,
                                KvPool& pool, Tensor& out) = 0;
+  // The decode half of a layer's attention: exactly RopeAndCacheWrite(..., RopeTokens::kDecode)
+  // then DecodeAttention(q columns of qkv, ...), as one op so that a backend can fuse the two (the
+  // CUDA backend does, without H2O scores). Afterwards the decode rows of qkv's q and k columns
+  // are unspecified: rotated or not.     qkv [T][(H + 2G) d] act, out [T][H d] act (rows [T_p, T)).
+  virtual void RopeDecodeAttention(Tensor& qkv, const Tensor& rope_table, int num_heads,
+                                   const StepMeta& step, int layer, KvPool& pool, Tensor& out) {
+    RopeAndCacheWrite(qkv, rope_table, num_heads, step, layer, pool, RopeTokens::kDecode);
+    const Tensor q = qkv.Columns(0, static_cast<int64_t>(num_heads) * pool.head_dim);
+    DecodeAttention(q, num_heads, step, layer, pool, out);
+  }
 
   // ---- KV sparsity (SPARSITY.md) ----
   // For each compression job of `layer` in kTopScores mode, with R = score_rows:

@@ -209,7 +209,11 @@ void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& w
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     const LlamaLayerWeights& w = weights_.layers[layer];
     backend_.Linear(normed, w.qkv, qkv);
-    backend_.RopeAndCacheWrite(qkv, rope_table_, heads, step, layer, pool);
+    // Decode tokens are rotated and written by RopeDecodeAttention below; nothing in between
+    // reads them (the prefill ops touch prefill sequences only).
+    if (prefill_tokens > 0) {
+      backend_.RopeAndCacheWrite(qkv, rope_table_, heads, step, layer, pool, RopeTokens::kPrefill);
+    }
     if (step.num_prefill_seqs > 0) {
       Tensor q_prefill = q.Rows(0, prefill_tokens);
       Tensor attn_prefill = attn.Rows(0, prefill_tokens);
@@ -223,7 +227,7 @@ void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& w
       }
     }
     if (step.num_seqs > step.num_prefill_seqs) {
-      backend_.DecodeAttention(q, heads, step, layer, pool, attn);
+      backend_.RopeDecodeAttention(qkv, rope_table_, heads, step, layer, pool, attn);
       if (step.eviction_begin[layer + 1] > step.eviction_begin[layer]) {
         backend_.EvictEntries(step, layer, pool);
       }

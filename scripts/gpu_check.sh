@@ -81,7 +81,7 @@ fi
 if has sanitize; then
   # Small cases only: under the sanitizers kernels run 10-100x slower.
   scripts/sanitize_gpu_tests.sh "$LOGS/sanitize" \
-    '*Dense*:*Gemm*:*Sparsity*:*Sampling*:*mha_d64*:*gqa8x2_d64_chunked*:*b7_gqa8x2_d64*:*h2o_mixed*:*page24*' \
+    '*Dense*:*Gemm*:*Sparsity*:*Sampling*:*mha_d64*:*gqa8x2_d64_chunked*:*b7_gqa8x2_d64*:*h2o_mixed*:*page24*:*mixed_b5_gqa8x2_d64*' \
     2>&1 | tee -a "$summary"
 fi
 

@@ -54,7 +54,6 @@ std::vector<DecodeStepPart> TimeParts(Backend& backend, const LlamaModel& model,
   Tensor proj = workspace.proj.Rows(0, batch);
   Tensor gate_up = workspace.gate_up.Rows(0, batch);
   Tensor act = workspace.act.Rows(0, batch);
-  Tensor q = qkv.Columns(0, static_cast<int64_t>(heads) * config.head_dim);
   Tensor last = workspace.last.Rows(0, batch);
   const auto bytes_of = [&](const Tensor& weight) {
     return static_cast<double>(weight.numel()) * elem;
@@ -71,11 +70,11 @@ std::vector<DecodeStepPart> TimeParts(Backend& backend, const LlamaModel& model,
   const std::vector<Part> parts = {
       {"qkv GEMM", bytes_of(weights.layers[0].qkv),
        [&](int l) { backend.Linear(normed, weights.layers[l].qkv, qkv); }, layers},
-      {"RoPE + KV write", static_cast<double>(qkv.numel()) * elem,
-       [&](int l) { backend.RopeAndCacheWrite(qkv, model.rope_table(), heads, step, l, pool); },
+      {"RoPE + decode attention", kv_bytes + static_cast<double>(qkv.numel()) * elem,
+       [&](int l) {
+         backend.RopeDecodeAttention(qkv, model.rope_table(), heads, step, l, pool, attn);
+       },
        layers},
-      {"decode attention", kv_bytes,
-       [&](int l) { backend.DecodeAttention(q, heads, step, l, pool, attn); }, layers},
       {"o GEMM", bytes_of(weights.layers[0].o),
        [&](int l) { backend.Linear(attn, weights.layers[l].o, proj); }, layers},
       {"add + RMSNorm (2 per layer)", 2 * 4 * activations,

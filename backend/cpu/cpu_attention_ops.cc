@@ -46,13 +46,16 @@ void RotateHalf(float* x, const float* cos_sin, int head_dim) {
 }  // namespace
 
 void CpuBackend::RopeAndCacheWrite(Tensor& qkv, const Tensor& rope_table, int num_heads,
-                                   const StepMeta& step, int layer, KvPool& pool) {
+                                   const StepMeta& step, int layer, KvPool& pool,
+                                   RopeTokens tokens) {
   const int head_dim = pool.head_dim;
   const int kv_heads = pool.num_kv_heads;
   const int64_t max_position = rope_table.dim(0);
   const int32_t* positions = I32(step.positions);
-  pool_.ParallelFor(step.num_tokens, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t token = begin; token < end; ++token) {
+  const int first_token = tokens == RopeTokens::kDecode ? step.num_prefill_tokens : 0;
+  const int end_token = tokens == RopeTokens::kPrefill ? step.num_prefill_tokens : step.num_tokens;
+  pool_.ParallelFor(end_token - first_token, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t token = first_token + begin; token < first_token + end; ++token) {
       const int32_t position = positions[token];
       SIEVE_CHECK(position >= 0 && position < max_position) << "position " << position;
       const float* cos_sin = rope_table.data_as<float>() + position * rope_table.stride(0);
@@ -65,7 +68,10 @@ void CpuBackend::RopeAndCacheWrite(Tensor& qkv, const Tensor& rope_table, int nu
   const int32_t* query_start = I32(step.query_start);
   const int32_t* write_start = I32(step.write_start) + static_cast<int64_t>(layer) * step.num_seqs;
   const int32_t* slots = I32(step.seq_slots);
-  for (int seq = 0; seq < step.num_seqs; ++seq) {
+  // Prefill sequences own tokens [0, T_p), decode sequences the rest.
+  const int first_seq = tokens == RopeTokens::kDecode ? step.num_prefill_seqs : 0;
+  const int end_seq = tokens == RopeTokens::kPrefill ? step.num_prefill_seqs : step.num_seqs;
+  for (int seq = first_seq; seq < end_seq; ++seq) {
     if (write_start[seq] < 0) continue;
     for (int32_t token = query_start[seq]; token < query_start[seq + 1]; ++token) {
       const int entry_index = write_start[seq] + (token - query_start[seq]);

@@ -34,7 +34,7 @@ class CpuBackend final : public Backend {
   void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) override;
 
   void RopeAndCacheWrite(Tensor& qkv, const Tensor& rope_table, int num_heads, const StepMeta& step,
-                         int layer, KvPool& pool) override;
+                         int layer, KvPool& pool, RopeTokens tokens) override;
   void GatherPrefillKv(const Tensor& qkv, int num_heads, const StepMeta& step, int layer,
                        const KvPool& pool, Tensor& k_out, Tensor& v_out) override;
   void PrefillAttention(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,

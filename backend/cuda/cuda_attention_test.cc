@@ -1,4 +1,5 @@
-// Prefill and decode attention kernels against the CPU backend (the reference).
+// Prefill and decode attention kernels (decode in both CTA shapes, and with RoPE fused in)
+// against the CPU backend (the reference).
 //
 // Every case draws fresh random inputs (replay with SIEVE_TEST_SEED), rounds them to bf16 so both
 // sides compute from identical values, poisons the outputs with NaN, and checks that every output
@@ -300,6 +301,30 @@ void PrintTo(const DecodeCase& test_case, std::ostream* os) { *os << test_case.n
 
 class DecodeAttentionTest : public ::testing::TestWithParam<DecodeCase> {};
 
+// "wide", "narrow", or "auto (narrow)": what DecodeAttention picks at these sizes.
+std::string CtaName(DecodeCta cta, int batch, int num_heads, int num_kv_heads, int splits) {
+  const auto name = [](DecodeCta shape) { return shape == DecodeCta::kNarrow ? "narrow" : "wide"; };
+  if (cta != DecodeCta::kAuto) return name(cta);
+  return std::string("auto (") + name(ChooseDecodeCta(batch, num_heads, num_kv_heads, splits)) +
+         ")";
+}
+
+// The decode rows [prefill_tokens, tokens) of a GPU output [tokens][out_stride] against the
+// reference [tokens][q_width]; the prefill rows belong to another op and must stay NaN.
+void ExpectDecodeRowsMatch(const std::vector<float>& out, int64_t out_stride, const float* ref,
+                           int tokens, int prefill_tokens, int64_t q_width, int head_dim,
+                           const std::string& what) {
+  int64_t prefill_written = 0;
+  for (int64_t index = 0; index < prefill_tokens * out_stride; ++index) {
+    if (!std::isnan(out[index])) ++prefill_written;
+  }
+  EXPECT_EQ(prefill_written, 0) << what << ": wrote into prefill rows";
+  ExpectOutputMatches(
+      CompareOutput(out.data() + prefill_tokens * out_stride, out_stride,
+                    ref + prefill_tokens * q_width, tokens - prefill_tokens, q_width, head_dim),
+      what);
+}
+
 TEST_P(DecodeAttentionTest, MatchesCpu) {
   SIEVE_REQUIRE_GPU();
   const DecodeCase& test_case = GetParam();
@@ -427,72 +452,71 @@ TEST_P(DecodeAttentionTest, MatchesCpu) {
                            : DecodeAttentionSplits(batch, num_heads, kv_heads, head_dim, max_kv_len,
                                                    DecodeAttentionWorkspaceBytes(
                                                        batch, num_heads, head_dim, max_kv_len));
-    const std::string what = test_case.name + (forced_splits > 0 ? " forced" : " chosen") +
-                             " splits=" + std::to_string(splits);
     const size_t workspace_bytes =
         forced_splits > 0
             ? DecodeAttentionWorkspaceBytesForSplits(batch, num_heads, head_dim, forced_splits)
             : DecodeAttentionWorkspaceBytes(batch, num_heads, head_dim, max_kv_len);
     DeviceBuffer<uint8_t> workspace(workspace_bytes);
-    std::vector<bf16> first_run;
-    for (int run = 0; run < 2; ++run) {
-      DeviceBuffer<bf16> out_dev(NanBf16(static_cast<size_t>(tokens) * out_stride));
-      std::unique_ptr<DeviceBuffer<float>> scores_dev;
-      if (test_case.h2o) scores_dev = std::make_unique<DeviceBuffer<float>>(scores_initial);
-      PoolView pool_view{};
-      pool_view.k = k_dev.get();
-      pool_view.v = v_dev.get();
-      pool_view.page_table = page_table_dev.get();
-      pool_view.kv_lens = kv_lens_dev.get();
-      pool_view.scores = scores_dev ? scores_dev->get() : nullptr;
-      pool_view.page_size = page_size;
-      pool_view.max_seqs = max_seqs;
-      pool_view.max_pages_per_seq = max_pages_per_seq;
-      pool_view.num_kv_heads = kv_heads;
-      pool_view.head_dim = head_dim;
-      if (forced_splits > 0) {
-        DecodeAttentionWithSplits(forced_splits, qkv_dev.get(), qkv_width, num_heads, view, layer,
-                                  pool_view, out_dev.get(), out_stride, workspace.get(),
-                                  workspace_bytes, nullptr);
-      } else {
-        DecodeAttention(qkv_dev.get(), qkv_width, num_heads, view, layer, pool_view, out_dev.get(),
-                        out_stride, workspace.get(), workspace_bytes, nullptr);
-      }
-      SIEVE_CUDA_CHECK(cudaGetLastError());
-      SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
-      const std::vector<bf16> out_bits = out_dev.ToHost();
-      if (run == 1) {
-        EXPECT_TRUE(BitwiseEqual(out_bits, first_run)) << what << ": two runs differ";
-        break;
-      }
-      first_run = out_bits;
-      const std::vector<float> out = ToFloat(out_bits);
-      // Prefill rows belong to another op: they must stay NaN.
-      int64_t prefill_written = 0;
-      for (int64_t index = 0; index < prefill_tokens * out_stride; ++index) {
-        if (!std::isnan(out[index])) ++prefill_written;
-      }
-      EXPECT_EQ(prefill_written, 0) << what << ": wrote into prefill rows";
-      ExpectOutputMatches(CompareOutput(out.data() + prefill_tokens * out_stride, out_stride,
-                                        out_ref.data_as<float>() + prefill_tokens * q_width,
-                                        tokens - prefill_tokens, q_width, head_dim),
-                          what);
-      if (test_case.h2o) {
-        // Compare what each side added to the accumulated scores.
-        const std::vector<float> scores = scores_dev->ToHost();
-        const float* scores_ref = pool.scores.data_as<float>();
-        double worst = 0.0;
-        int64_t nan_count = 0;
-        for (size_t index = 0; index < scores.size(); ++index) {
-          if (std::isnan(scores[index])) {
-            ++nan_count;
-            continue;
-          }
-          worst = std::max(worst, std::abs(static_cast<double>(scores[index]) - scores_ref[index]));
+    // Each split count in both CTA shapes; with the chosen count also DecodeAttention itself
+    // (kAuto: its own split count and shape).
+    for (const DecodeCta cta : {DecodeCta::kAuto, DecodeCta::kWide, DecodeCta::kNarrow}) {
+      if (cta == DecodeCta::kAuto && forced_splits > 0) continue;
+      const std::string what = test_case.name + (forced_splits > 0 ? " forced" : " chosen") +
+                               " splits=" + std::to_string(splits) + " " +
+                               CtaName(cta, batch, num_heads, kv_heads, splits);
+      std::vector<bf16> first_run;
+      for (int run = 0; run < 2; ++run) {
+        DeviceBuffer<bf16> out_dev(NanBf16(static_cast<size_t>(tokens) * out_stride));
+        std::unique_ptr<DeviceBuffer<float>> scores_dev;
+        if (test_case.h2o) scores_dev = std::make_unique<DeviceBuffer<float>>(scores_initial);
+        PoolView pool_view{};
+        pool_view.k = k_dev.get();
+        pool_view.v = v_dev.get();
+        pool_view.page_table = page_table_dev.get();
+        pool_view.kv_lens = kv_lens_dev.get();
+        pool_view.scores = scores_dev ? scores_dev->get() : nullptr;
+        pool_view.page_size = page_size;
+        pool_view.max_seqs = max_seqs;
+        pool_view.max_pages_per_seq = max_pages_per_seq;
+        pool_view.num_kv_heads = kv_heads;
+        pool_view.head_dim = head_dim;
+        if (cta != DecodeCta::kAuto) {
+          DecodeAttentionWithSplits(splits, cta, qkv_dev.get(), qkv_width, nullptr, num_heads, view,
+                                    layer, pool_view, out_dev.get(), out_stride, workspace.get(),
+                                    workspace_bytes, nullptr);
+        } else {
+          DecodeAttention(qkv_dev.get(), qkv_width, num_heads, view, layer, pool_view,
+                          out_dev.get(), out_stride, workspace.get(), workspace_bytes, nullptr);
         }
-        EXPECT_EQ(nan_count, 0) << what << ": NaN scores";
-        EXPECT_LE(worst, kScoresTolerance) << what << ": H2O scores";
-        std::printf("%s: H2O scores max abs error %.3g\n", what.c_str(), worst);
+        SIEVE_CUDA_CHECK(cudaGetLastError());
+        SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<bf16> out_bits = out_dev.ToHost();
+        if (run == 1) {
+          EXPECT_TRUE(BitwiseEqual(out_bits, first_run)) << what << ": two runs differ";
+          break;
+        }
+        first_run = out_bits;
+        const std::vector<float> out = ToFloat(out_bits);
+        ExpectDecodeRowsMatch(out, out_stride, out_ref.data_as<float>(), tokens, prefill_tokens,
+                              q_width, head_dim, what);
+        if (test_case.h2o) {
+          // Compare what each side added to the accumulated scores.
+          const std::vector<float> scores = scores_dev->ToHost();
+          const float* scores_ref = pool.scores.data_as<float>();
+          double worst = 0.0;
+          int64_t nan_count = 0;
+          for (size_t index = 0; index < scores.size(); ++index) {
+            if (std::isnan(scores[index])) {
+              ++nan_count;
+              continue;
+            }
+            worst =
+                std::max(worst, std::abs(static_cast<double>(scores[index]) - scores_ref[index]));
+          }
+          EXPECT_EQ(nan_count, 0) << what << ": NaN scores";
+          EXPECT_LE(worst, kScoresTolerance) << what << ": H2O scores";
+          std::printf("%s: H2O scores max abs error %.3g\n", what.c_str(), worst);
+        }
       }
     }
   }
@@ -516,8 +540,301 @@ INSTANTIATE_TEST_SUITE_P(
         DecodeCase{"h2o_b7_gqa32x8_d128", 32, 8, 128, 7, 3000, {}, true, {0, 1, 4}},
         DecodeCase{"h2o_mixed_b5_gqa8x2_d64", 8, 2, 64, 5, 1500, {4}, true, {0, 1, 3}},
         // A page size that is not a power of two (the division path).
-        DecodeCase{"page24_b3_gqa8x2_d128", 8, 2, 128, 3, 1000, {}, true, {0, 2}, 24}),
+        DecodeCase{"page24_b3_gqa8x2_d128", 8, 2, 128, 3, 1000, {}, true, {0, 2}, 24},
+        // The sparse decode step's shape: 512 CTAs, more than one wide wave, so auto is narrow
+        // (on a GPU of fewer than 256 SMs).
+        DecodeCase{"b64_gqa32x8_d128_short", 32, 8, 128, 64, 500, {}, false, {0, 1, 3}}),
     [](const ::testing::TestParamInfo<DecodeCase>& info) { return info.param.name; });
+
+// ------------------------------------------------------------------------------------------
+// Decode attention with RoPE fused in (RopeDecodeAttention)
+//
+// Fresh random q, k, v rows (not rotated) and pools. Against the CPU's RopeAndCacheWrite(kDecode)
+// then DecodeAttention: the output (tolerances as above), V entries and positions exact, K
+// entries within one bf16 rounding of the CPU's f32 rotation (2^-7 relative), every other entry
+// untouched. Against the GPU's own two kernels (RopeAndCacheWrite over the decode tokens, then
+// DecodeAttention) with the same split count and CTA shape: output and pool bitwise equal.
+// Decode sequences 2, 3 and 4 write no entry, an entry in the middle of their range, and one
+// past their length (written, never read).
+
+struct RopeDecodeCase {
+  std::string name;
+  int num_heads;
+  int num_kv_heads;
+  int head_dim;
+  int batch;
+  int max_context;
+  std::vector<int> prefill_chunks;  // prefill sequences ahead of the decode ones in the step
+  std::vector<int> splits;          // split counts to run; 0 = RopeDecodeAttention's own choice
+  int page_size = 16;
+};
+
+void PrintTo(const RopeDecodeCase& test_case, std::ostream* os) { *os << test_case.name; }
+
+class RopeDecodeAttentionTest : public ::testing::TestWithParam<RopeDecodeCase> {};
+
+TEST_P(RopeDecodeAttentionTest, MatchesCpuAndTwoKernelPath) {
+  SIEVE_REQUIRE_GPU();
+  const RopeDecodeCase& test_case = GetParam();
+  std::mt19937_64 rng = sieve::testing::MakeRng();
+  const int num_heads = test_case.num_heads;
+  const int kv_heads = test_case.num_kv_heads;
+  const int head_dim = test_case.head_dim;
+  const int page_size = test_case.page_size;
+  const int batch = test_case.batch;
+  const int num_prefill = static_cast<int>(test_case.prefill_chunks.size());
+  const int num_seqs = num_prefill + batch;
+  const int num_layers = 2;
+  const int layer = 1;  // layer 0 has other lengths, pages and write positions
+  const int max_seqs = num_seqs + 2;
+
+  std::vector<int32_t> slot_order(max_seqs);
+  std::iota(slot_order.begin(), slot_order.end(), 0);
+  std::shuffle(slot_order.begin(), slot_order.end(), rng);
+  const std::vector<int32_t> slots(slot_order.begin(), slot_order.begin() + num_seqs);
+
+  // Lengths include the decode token's own entry; write_start [L][S].
+  std::uniform_int_distribution<int> context_dist(1, test_case.max_context);
+  std::uniform_int_distribution<int> short_dist(1, 40);
+  std::vector<int32_t> kv_lens(static_cast<size_t>(num_layers) * max_seqs);
+  for (auto& length : kv_lens) length = short_dist(rng);
+  std::vector<int32_t> write_start(static_cast<size_t>(num_layers) * num_seqs, 0);
+  int max_kv_len = 0;
+  for (int index = 0; index < batch; ++index) {
+    const int seq = num_prefill + index;
+    int length = context_dist(rng);
+    if (index == 0) length = test_case.max_context;
+    if (index == 1) length = 1;
+    kv_lens[static_cast<size_t>(layer) * max_seqs + slots[seq]] = length;
+    max_kv_len = std::max(max_kv_len, length);
+    int written = length - 1;
+    if (index == 2) written = -1;
+    if (index == 3) written = length / 2;
+    if (index == 4) written = length;
+    write_start[static_cast<size_t>(layer) * num_seqs + seq] = written;
+  }
+  // Pages for one entry more than each row holds (the past-the-end write).
+  const int max_pages_per_seq = (test_case.max_context + 1 + page_size - 1) / page_size;
+  int total_pages = 0;
+  for (const int length : kv_lens) total_pages += length / page_size + 1;
+  const int num_pages = total_pages + 5;
+  std::vector<int32_t> page_ids(num_pages);
+  std::iota(page_ids.begin(), page_ids.end(), 0);
+  std::shuffle(page_ids.begin(), page_ids.end(), rng);
+  std::vector<int32_t> page_table(static_cast<size_t>(num_layers) * max_seqs * max_pages_per_seq,
+                                  -1);
+  int next_page = 0;
+  for (int row = 0; row < num_layers * max_seqs; ++row) {
+    for (int page = 0; page < kv_lens[row] / page_size + 1; ++page) {
+      page_table[static_cast<size_t>(row) * max_pages_per_seq + page] = page_ids[next_page++];
+    }
+  }
+
+  std::vector<int32_t> query_start(num_seqs + 1, 0);
+  for (int seq = 0; seq < num_seqs; ++seq) {
+    query_start[seq + 1] =
+        query_start[seq] + (seq < num_prefill ? test_case.prefill_chunks[seq] : 1);
+  }
+  const int tokens = query_start[num_seqs];
+  const int prefill_tokens = query_start[num_prefill];
+  // True positions run past the entries held (a sparse layer keeps fewer).
+  std::uniform_int_distribution<int> extra_dist(0, 2000);
+  std::vector<int32_t> positions(tokens);
+  for (int token = 0; token < tokens; ++token) {
+    const int seq = static_cast<int>(
+        std::upper_bound(query_start.begin(), query_start.end(), token) - query_start.begin() - 1);
+    positions[token] =
+        seq < num_prefill
+            ? token - query_start[seq]
+            : kv_lens[static_cast<size_t>(layer) * max_seqs + slots[seq]] - 1 + extra_dist(rng);
+  }
+  const int max_positions = test_case.max_context + 2001;
+  std::vector<float> rope(static_cast<size_t>(max_positions) * head_dim);
+  for (int position = 0; position < max_positions; ++position) {
+    for (int pair = 0; pair < head_dim / 2; ++pair) {
+      const double angle = position * std::pow(500000.0, -2.0 * pair / head_dim);
+      rope[(static_cast<size_t>(position) * head_dim / 2 + pair) * 2] =
+          static_cast<float>(std::cos(angle));
+      rope[(static_cast<size_t>(position) * head_dim / 2 + pair) * 2 + 1] =
+          static_cast<float>(std::sin(angle));
+    }
+  }
+
+  const int64_t qkv_width = static_cast<int64_t>(num_heads + 2 * kv_heads) * head_dim;
+  const int64_t q_width = static_cast<int64_t>(num_heads) * head_dim;
+  const std::vector<float> qkv = RandomBf16Values(static_cast<size_t>(tokens) * qkv_width, rng);
+  const size_t pool_count = static_cast<size_t>(num_pages) * page_size * kv_heads * head_dim;
+  const std::vector<float> k_pool = RandomBf16Values(pool_count, rng);
+  const std::vector<float> v_pool = RandomBf16Values(pool_count, rng);
+  const std::vector<int32_t> pool_positions(static_cast<size_t>(num_pages) * page_size * kv_heads,
+                                            -7);
+
+  // CPU reference.
+  StepMeta step;
+  step.num_tokens = tokens;
+  step.num_prefill_tokens = prefill_tokens;
+  step.num_seqs = num_seqs;
+  step.num_prefill_seqs = num_prefill;
+  step.num_layers = num_layers;
+  step.max_kv_len = max_kv_len;
+  step.positions = HostI32({tokens}, positions);
+  step.query_start = HostI32({num_seqs + 1}, query_start);
+  step.seq_slots = HostI32({num_seqs}, slots);
+  step.context_lens = HostI32({num_seqs}, std::vector<int32_t>(num_seqs, 0));
+  step.write_start = HostI32({num_layers, num_seqs}, write_start);
+  KvPool pool;
+  pool.page_size = page_size;
+  pool.num_pages = num_pages;
+  pool.max_seqs = max_seqs;
+  pool.max_pages_per_seq = max_pages_per_seq;
+  pool.num_kv_heads = kv_heads;
+  pool.head_dim = head_dim;
+  pool.k = HostF32({num_pages, page_size, kv_heads, head_dim}, k_pool);
+  pool.v = HostF32({num_pages, page_size, kv_heads, head_dim}, v_pool);
+  pool.page_table = HostI32({num_layers, max_seqs, max_pages_per_seq}, page_table);
+  pool.kv_lens = HostI32({num_layers, max_seqs}, kv_lens);
+  pool.positions = HostI32({static_cast<int64_t>(num_pages) * page_size, kv_heads}, pool_positions);
+  Tensor qkv_host = HostF32({tokens, qkv_width}, qkv);
+  Tensor out_ref = Tensor::Empty({tokens, q_width}, DType::kF32);
+  auto cpu = MakeCpuBackend();
+  cpu->RopeAndCacheWrite(qkv_host, HostF32({max_positions, head_dim / 2, 2}, rope), num_heads, step,
+                         layer, pool, RopeTokens::kDecode);
+  cpu->DecodeAttention(qkv_host.Columns(0, q_width), num_heads, step, layer, pool, out_ref);
+
+  const std::vector<bf16> qkv_bits = ToBf16(qkv);
+  const std::vector<bf16> k_bits = ToBf16(k_pool);
+  const std::vector<bf16> v_bits = ToBf16(v_pool);
+  const DeviceBuffer<float> rope_dev(rope);
+  const DeviceBuffer<int32_t> page_table_dev(page_table);
+  const DeviceBuffer<int32_t> kv_lens_dev(kv_lens);
+  const DeviceBuffer<int32_t> query_start_dev(query_start);
+  const DeviceBuffer<int32_t> slots_dev(slots);
+  const DeviceBuffer<int32_t> positions_dev(positions);
+  const DeviceBuffer<int32_t> write_start_dev(write_start);
+  StepView view{};
+  view.positions = positions_dev.get();
+  view.query_start = query_start_dev.get();
+  view.seq_slots = slots_dev.get();
+  view.write_start = write_start_dev.get();
+  view.num_tokens = tokens;
+  view.num_prefill_tokens = prefill_tokens;
+  view.num_seqs = num_seqs;
+  view.num_prefill_seqs = num_prefill;
+  view.max_kv_len = max_kv_len;
+  const int64_t out_stride = q_width + 8;  // padding columns must stay NaN
+
+  struct RunResult {
+    std::vector<bf16> out, k, v;
+    std::vector<int32_t> positions;
+  };
+  // One run on fresh copies of everything it writes. splits 0 with kAuto: the public entry points.
+  const auto run = [&](bool fused, int splits, DecodeCta cta, size_t workspace_bytes) {
+    DeviceBuffer<bf16> qkv_dev(qkv_bits);
+    DeviceBuffer<bf16> k_dev(k_bits);
+    DeviceBuffer<bf16> v_dev(v_bits);
+    DeviceBuffer<int32_t> pool_positions_dev(pool_positions);
+    DeviceBuffer<bf16> out_dev(NanBf16(static_cast<size_t>(tokens) * out_stride));
+    DeviceBuffer<uint8_t> workspace(workspace_bytes);
+    PoolView pool_view{};
+    pool_view.k = k_dev.get();
+    pool_view.v = v_dev.get();
+    pool_view.page_table = page_table_dev.get();
+    pool_view.kv_lens = kv_lens_dev.get();
+    pool_view.positions = pool_positions_dev.get();
+    pool_view.page_size = page_size;
+    pool_view.max_seqs = max_seqs;
+    pool_view.max_pages_per_seq = max_pages_per_seq;
+    pool_view.num_kv_heads = kv_heads;
+    pool_view.head_dim = head_dim;
+    if (!fused) {
+      RopeAndCacheWrite(qkv_dev.get(), qkv_width, rope_dev.get(), num_heads, view, layer, pool_view,
+                        prefill_tokens, tokens, nullptr);
+    }
+    const float* table = fused ? rope_dev.get() : nullptr;
+    if (splits > 0) {
+      DecodeAttentionWithSplits(splits, cta, qkv_dev.get(), qkv_width, table, num_heads, view,
+                                layer, pool_view, out_dev.get(), out_stride, workspace.get(),
+                                workspace_bytes, nullptr);
+    } else if (fused) {
+      RopeDecodeAttention(qkv_dev.get(), qkv_width, table, num_heads, view, layer, pool_view,
+                          out_dev.get(), out_stride, workspace.get(), workspace_bytes, nullptr);
+    } else {
+      DecodeAttention(qkv_dev.get(), qkv_width, num_heads, view, layer, pool_view, out_dev.get(),
+                      out_stride, workspace.get(), workspace_bytes, nullptr);
+    }
+    SIEVE_CUDA_CHECK(cudaGetLastError());
+    SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
+    return RunResult{out_dev.ToHost(), k_dev.ToHost(), v_dev.ToHost(), pool_positions_dev.ToHost()};
+  };
+
+  const float* k_ref = pool.k.data_as<float>();
+  const float* v_ref = pool.v.data_as<float>();
+  const int32_t* positions_ref = pool.positions.data_as<int32_t>();
+  for (const int forced_splits : test_case.splits) {
+    const size_t workspace_bytes =
+        forced_splits > 0
+            ? DecodeAttentionWorkspaceBytesForSplits(batch, num_heads, head_dim, forced_splits)
+            : DecodeAttentionWorkspaceBytes(batch, num_heads, head_dim, max_kv_len);
+    const int splits = forced_splits > 0
+                           ? forced_splits
+                           : DecodeAttentionSplits(batch, num_heads, kv_heads, head_dim, max_kv_len,
+                                                   workspace_bytes);
+    for (const DecodeCta cta : {DecodeCta::kAuto, DecodeCta::kWide, DecodeCta::kNarrow}) {
+      if (cta == DecodeCta::kAuto && forced_splits > 0) continue;
+      const std::string what = test_case.name + (forced_splits > 0 ? " forced" : " chosen") +
+                               " splits=" + std::to_string(splits) + " " +
+                               CtaName(cta, batch, num_heads, kv_heads, splits);
+      const int run_splits = cta == DecodeCta::kAuto ? 0 : splits;
+      const RunResult fused = run(true, run_splits, cta, workspace_bytes);
+      const RunResult two_kernels = run(false, run_splits, cta, workspace_bytes);
+
+      ExpectDecodeRowsMatch(ToFloat(fused.out), out_stride, out_ref.data_as<float>(), tokens,
+                            prefill_tokens, q_width, head_dim, what + " fused");
+      EXPECT_TRUE(BitwiseEqual(fused.out, two_kernels.out))
+          << what << ": fused and two-kernel outputs differ";
+      EXPECT_TRUE(BitwiseEqual(fused.k, two_kernels.k)) << what << ": K pools differ";
+      EXPECT_TRUE(BitwiseEqual(fused.v, two_kernels.v)) << what << ": V pools differ";
+      EXPECT_EQ(fused.positions, two_kernels.positions) << what << ": positions differ";
+
+      const std::vector<float> k = ToFloat(fused.k);
+      const std::vector<float> v = ToFloat(fused.v);
+      int64_t k_off = 0;
+      int64_t k_rotated = 0;  // entries the step wrote (differ from the initial pool)
+      int64_t v_off = 0;
+      for (size_t index = 0; index < pool_count; ++index) {
+        const double error = std::abs(static_cast<double>(k[index]) - k_ref[index]);
+        if (!(error <= std::abs(k_ref[index]) * 0x1p-7 + 1e-6)) ++k_off;
+        if (k_ref[index] != k_pool[index]) ++k_rotated;
+        if (v[index] != v_ref[index]) ++v_off;
+      }
+      int64_t positions_off = 0;
+      for (size_t index = 0; index < pool_positions.size(); ++index) {
+        if (fused.positions[index] != positions_ref[index]) ++positions_off;
+      }
+      EXPECT_EQ(k_off, 0) << what << ": K entries off by more than a bf16 rounding";
+      EXPECT_GT(k_rotated, 0) << what << ": the reference wrote no K entry";
+      EXPECT_EQ(v_off, 0) << what << ": V entries differ";
+      EXPECT_EQ(positions_off, 0) << what << ": positions differ";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, RopeDecodeAttentionTest,
+    ::testing::Values(
+        RopeDecodeCase{"b7_gqa32x8_d128", 32, 8, 128, 7, 3000, {}, {0, 1, 4}},
+        RopeDecodeCase{"b6_gqa8x2_d64", 8, 2, 64, 6, 1500, {}, {0, 1, 3}},
+        // Prefill rows ahead of the decode rows: neither their output rows nor their entries move.
+        RopeDecodeCase{"mixed_b9_gqa32x8_d128", 32, 8, 128, 9, 2000, {5, 3}, {0, 1, 2}},
+        RopeDecodeCase{"mixed_b5_gqa8x2_d64", 8, 2, 64, 5, 700, {4}, {0, 3}},
+        // Groups above 16 heads: several head-chunk CTAs each write the same entry.
+        RopeDecodeCase{"b5_mqa32_d64", 32, 1, 64, 5, 1000, {}, {0, 1, 3}},
+        RopeDecodeCase{"b5_gqa48x2_d128", 48, 2, 128, 5, 1000, {}, {0, 1, 2}},
+        RopeDecodeCase{"b5_group3_d128", 12, 4, 128, 5, 600, {}, {0, 1}},
+        RopeDecodeCase{"page24_b5_gqa8x2_d128", 8, 2, 128, 5, 1000, {}, {0, 2}, 24},
+        // The sparse decode step's shape (auto: narrow on an H100/H200).
+        RopeDecodeCase{"b64_gqa32x8_d128_short", 32, 8, 128, 64, 500, {}, {0, 1, 3}}),
+    [](const ::testing::TestParamInfo<RopeDecodeCase>& info) { return info.param.name; });
 
 // Not a check: the benchmark (attention_bench.h) run from this binary, so that one GPU session can
 // test and time without the `sieve` tool. Run with

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -32,6 +33,8 @@ class CudaBackend final : public Backend {
     SIEVE_CUDA_CHECK(cudaGetDeviceProperties(&props_, device));
     SIEVE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     gemm_ = std::make_unique<cuda::GemmRunner>(stream_);
+    const char* fused = std::getenv("SIEVE_FUSED_ROPE");
+    fused_rope_ = fused == nullptr || std::strcmp(fused, "0") != 0;
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
@@ -135,9 +138,12 @@ class CudaBackend final : public Backend {
   }
 
   void RopeAndCacheWrite(Tensor& qkv, const Tensor& rope_table, int num_heads, const StepMeta& step,
-                         int layer, KvPool& pool) override {
+                         int layer, KvPool& pool, RopeTokens tokens) override {
+    const int first_token = tokens == RopeTokens::kDecode ? step.num_prefill_tokens : 0;
+    const int end_token =
+        tokens == RopeTokens::kPrefill ? step.num_prefill_tokens : step.num_tokens;
     cuda::RopeAndCacheWrite(Bf16(qkv), qkv.stride(0), rope_table.data_as<float>(), num_heads,
-                            View(step), layer, View(pool), stream_);
+                            View(step), layer, View(pool), first_token, end_token, stream_);
   }
   void GatherPrefillKv(const Tensor& qkv, int num_heads, const StepMeta& step, int layer,
                        const KvPool& pool, Tensor& k_out, Tensor& v_out) override {
@@ -157,6 +163,21 @@ class CudaBackend final : public Backend {
     EnsureWorkspace(attention_workspace_, attention_workspace_bytes_, bytes);
     cuda::DecodeAttention(Bf16(q), q.stride(0), num_heads, View(step), layer, View(pool), Bf16(out),
                           out.stride(0), attention_workspace_, attention_workspace_bytes_, stream_);
+  }
+  // One kernel (RoPE of the decode tokens inside decode attention) unless H2O needs rotated q in
+  // memory for its score pass, or SIEVE_FUSED_ROPE=0.
+  void RopeDecodeAttention(Tensor& qkv, const Tensor& rope_table, int num_heads,
+                           const StepMeta& step, int layer, KvPool& pool, Tensor& out) override {
+    if (!fused_rope_ || pool.scores.defined()) {
+      Backend::RopeDecodeAttention(qkv, rope_table, num_heads, step, layer, pool, out);
+      return;
+    }
+    const size_t bytes = cuda::DecodeAttentionWorkspaceBytes(
+        step.num_seqs - step.num_prefill_seqs, num_heads, pool.head_dim, step.max_kv_len);
+    EnsureWorkspace(attention_workspace_, attention_workspace_bytes_, bytes);
+    cuda::RopeDecodeAttention(Bf16(qkv), qkv.stride(0), rope_table.data_as<float>(), num_heads,
+                              View(step), layer, View(pool), Bf16(out), out.stride(0),
+                              attention_workspace_, attention_workspace_bytes_, stream_);
   }
 
   void WindowScores(const Tensor& q, const Tensor& k, const Tensor& lse, int num_heads,
@@ -296,6 +317,7 @@ class CudaBackend final : public Backend {
   std::vector<cudaGraphExec_t> graphs_;
   void* sample_buffer_ = nullptr;
   size_t sample_buffer_bytes_ = 0;
+  bool fused_rope_ = true;  // SIEVE_FUSED_ROPE ("0": RoPE and decode attention as two kernels)
 };
 
 void CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor& out) {

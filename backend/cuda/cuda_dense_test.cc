@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <random>
+#include <string>
 #include <tuple>
 
 #include "backend/cuda/cuda_backend.h"
@@ -180,119 +182,219 @@ TEST_F(CudaDenseTest, FillRandomIsSeededAndNormal) {
   EXPECT_NEAR(std::sqrt(sum_squares / va.size()), 0.5, 0.01);
 }
 
-// RoPE + cache write and the prefill K/V gather, on a mixed step: two prefill sequences (one
-// continuing a chunked prompt from its pages) and two decode tokens, random page tables.
-TEST_F(CudaDenseTest, RopeCacheWriteAndGatherMatchCpu) {
-  const int heads = 8, kv_heads = 2, head_dim = 128, layers = 2, page_size = 16;
-  const int max_seqs = 4, max_pages = 8, num_pages = 64;
-  const int width = (heads + 2 * kv_heads) * head_dim;
-  const std::vector<int> chunk = {37, 20, 1, 1};
-  const std::vector<int> context = {0, 45, 70, 16};
-  const int tokens = std::accumulate(chunk.begin(), chunk.end(), 0);
-  const int layer = 1;
-  // Random distinct pages per (layer, slot).
-  std::vector<int32_t> pages(num_pages);
-  std::iota(pages.begin(), pages.end(), 0);
-  std::shuffle(pages.begin(), pages.end(), rng_);
-  std::vector<int32_t> table(static_cast<size_t>(layers) * max_seqs * max_pages, -1);
-  int next = 0;
-  for (int l = 0; l < layers; ++l) {
-    for (int slot = 0; slot < max_seqs; ++slot) {
-      for (int p = 0; p < 7; ++p)
-        table[(l * max_seqs + slot) * max_pages + p] = pages[next++ % num_pages];
+// RoPE + cache write, the prefill K/V gather and RopeDecodeAttention, on a mixed step: two
+// prefill sequences (one continuing a chunked prompt from its pages) and two decode tokens,
+// random page tables.
+class CudaDenseRopeTest : public CudaDenseTest {
+ protected:
+  static constexpr int kHeads = 8, kKvHeads = 2, kHeadDim = 128, kLayers = 2, kPageSize = 16;
+  static constexpr int kMaxSeqs = 4, kMaxPages = 8, kNumPages = 64, kLayer = 1;
+  static constexpr int kWidth = (kHeads + 2 * kKvHeads) * kHeadDim;
+
+  void SetUp() override {
+    CudaDenseTest::SetUp();
+    if (IsSkipped()) return;
+    // Random distinct pages per (layer, slot).
+    std::vector<int32_t> pages(kNumPages);
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng_);
+    table_.assign(static_cast<size_t>(kLayers) * kMaxSeqs * kMaxPages, -1);
+    int next = 0;
+    for (int l = 0; l < kLayers; ++l) {
+      for (int slot = 0; slot < kMaxSeqs; ++slot) {
+        for (int p = 0; p < 7; ++p)
+          table_[(l * kMaxSeqs + slot) * kMaxPages + p] = pages[next++ % kNumPages];
+      }
     }
-  }
-  std::vector<int32_t> positions, query_start = {0}, key_start = {0}, slots = {2, 0, 3, 1};
-  for (int seq = 0; seq < 4; ++seq) {
-    for (int i = 0; i < chunk[seq]; ++i) positions.push_back(context[seq] + i);
-    query_start.push_back(query_start.back() + chunk[seq]);
-    if (seq < 2) key_start.push_back(key_start.back() + context[seq] + chunk[seq]);
-  }
-  std::vector<int32_t> write_start = {-1, 45, 70, 16,
-                                      0,  45, 70, 16};  // [L][S]: seq 0 layer 0 writes
-  write_start[layer * 4 + 0] = 0;
-  const auto qkv = Random(static_cast<size_t>(tokens) * width);
-  const auto k_pool = Random(static_cast<size_t>(num_pages) * page_size * kv_heads * head_dim);
-  const auto v_pool = Random(k_pool.size());
-  std::vector<float> rope(static_cast<size_t>(256) * head_dim);
-  for (int p = 0; p < 256; ++p) {
-    for (int i = 0; i < head_dim / 2; ++i) {
-      const double angle = p * std::pow(10000.0, -2.0 * i / head_dim);
-      rope[(p * head_dim / 2 + i) * 2] = static_cast<float>(std::cos(angle));
-      rope[(p * head_dim / 2 + i) * 2 + 1] = static_cast<float>(std::sin(angle));
+    for (int seq = 0; seq < 4; ++seq) {
+      for (int i = 0; i < chunk_[seq]; ++i) positions_.push_back(context_[seq] + i);
+      query_start_.push_back(query_start_.back() + chunk_[seq]);
+      if (seq < 2) key_start_.push_back(key_start_.back() + context_[seq] + chunk_[seq]);
     }
+    tokens_ = query_start_.back();
+    prefill_tokens_ = chunk_[0] + chunk_[1];
+    // The decode sequences hold their context and this step's entry in kLayer.
+    kv_lens_.assign(kLayers * kMaxSeqs, 0);
+    for (int seq = 2; seq < 4; ++seq) kv_lens_[kLayer * kMaxSeqs + slots_[seq]] = context_[seq] + 1;
+    qkv_ = Random(static_cast<size_t>(tokens_) * kWidth);
+    k_pool_ = Random(static_cast<size_t>(kNumPages) * kPageSize * kKvHeads * kHeadDim);
+    v_pool_ = Random(k_pool_.size());
+    scores_.resize(static_cast<size_t>(kNumPages) * kPageSize * kKvHeads);
+    std::uniform_real_distribution<float> uniform(0.1f, 1.0f);
+    for (float& score : scores_) score = uniform(rng_);
+    rope_.resize(static_cast<size_t>(256) * kHeadDim);
+    for (int p = 0; p < 256; ++p) {
+      for (int i = 0; i < kHeadDim / 2; ++i) {
+        const double angle = p * std::pow(10000.0, -2.0 * i / kHeadDim);
+        rope_[(p * kHeadDim / 2 + i) * 2] = static_cast<float>(std::cos(angle));
+        rope_[(p * kHeadDim / 2 + i) * 2 + 1] = static_cast<float>(std::sin(angle));
+      }
+    }
+    cpu_rope_ = Cpu(rope_, {256, kHeadDim / 2, 2});
+    gpu_rope_ = gpu_->Allocate({256, kHeadDim / 2, 2}, DType::kF32);
+    gpu_->CopyFromHost(rope_.data(), rope_.size() * 4, gpu_rope_);
   }
-  const auto build = [&](bool on_gpu, StepMeta& step, KvPool& pool) {
+
+  // Fresh copies of the step, pool and qkv on one side; `scores` adds the H2O side pool.
+  void Build(bool on_gpu, bool scores, StepMeta& step, KvPool& pool, Tensor& qkv) {
     const auto ints = [&](const std::vector<int32_t>& v, std::vector<int64_t> shape) {
       return on_gpu ? GpuInts(v, std::move(shape)) : CpuInts(v, std::move(shape));
     };
     const auto floats = [&](const std::vector<float>& v, std::vector<int64_t> shape) {
       return on_gpu ? Gpu(v, std::move(shape)) : Cpu(v, std::move(shape));
     };
-    step.num_tokens = tokens;
-    step.num_prefill_tokens = chunk[0] + chunk[1];
+    step.num_tokens = tokens_;
+    step.num_prefill_tokens = prefill_tokens_;
     step.num_seqs = 4;
     step.num_prefill_seqs = 2;
-    step.num_layers = layers;
+    step.num_layers = kLayers;
     step.max_query_len = 37;
     step.max_kv_len = 71;
-    step.num_prefill_keys = key_start.back();
-    step.positions = ints(positions, {tokens});
-    step.token_ids = ints(positions, {tokens});
-    step.query_start = ints(query_start, {5});
-    step.key_start = ints(key_start, {3});
-    step.context_lens = ints(std::vector<int32_t>(context.begin(), context.end()), {4});
-    step.seq_slots = ints(slots, {4});
-    step.write_start = ints(write_start, {layers * 4});
+    step.num_prefill_keys = key_start_.back();
+    step.positions = ints(positions_, {tokens_});
+    step.token_ids = ints(positions_, {tokens_});
+    step.query_start = ints(query_start_, {5});
+    step.key_start = ints(key_start_, {3});
+    step.context_lens = ints(std::vector<int32_t>(context_.begin(), context_.end()), {4});
+    step.seq_slots = ints(slots_, {4});
+    step.write_start = ints(write_start_, {kLayers * 4});
     step.compression_jobs = ints({0}, {1});
     step.eviction_jobs = ints({0}, {1});
-    pool.page_size = page_size;
-    pool.num_pages = num_pages;
-    pool.max_seqs = max_seqs;
-    pool.max_pages_per_seq = max_pages;
-    pool.num_kv_heads = kv_heads;
-    pool.head_dim = head_dim;
-    pool.k = floats(k_pool, {num_pages, page_size, kv_heads, head_dim});
-    pool.v = floats(v_pool, {num_pages, page_size, kv_heads, head_dim});
-    pool.page_table = ints(table, {layers, max_seqs, max_pages});
-    pool.kv_lens = ints(std::vector<int32_t>(layers * max_seqs, 0), {layers, max_seqs});
-    pool.positions = ints(std::vector<int32_t>(num_pages * page_size * kv_heads, -7),
-                          {num_pages * page_size, kv_heads});
-  };
-  StepMeta cpu_step, gpu_step;
-  KvPool cpu_pool, gpu_pool;
-  build(false, cpu_step, cpu_pool);
-  build(true, gpu_step, gpu_pool);
-  Tensor cpu_qkv = Cpu(qkv, {tokens, width});
-  Tensor gpu_qkv = Gpu(qkv, {tokens, width});
-  Tensor cpu_rope = Cpu(rope, {256, head_dim / 2, 2});
-  Tensor gpu_rope = gpu_->Allocate({256, head_dim / 2, 2}, DType::kF32);
-  gpu_->CopyFromHost(rope.data(), rope.size() * 4, gpu_rope);
-  cpu_->RopeAndCacheWrite(cpu_qkv, cpu_rope, heads, cpu_step, layer, cpu_pool);
-  gpu_->RopeAndCacheWrite(gpu_qkv, gpu_rope, heads, gpu_step, layer, gpu_pool);
-  // The GPU rounds the rotated values to bf16 before writing; compare against the CPU's f32.
-  EXPECT_LE(RelL2(Download(gpu_qkv), Values(cpu_qkv)), 5e-3);
-  EXPECT_LE(RelL2(Download(gpu_pool.k), Values(cpu_pool.k)), 5e-3);
-  EXPECT_EQ(Download(gpu_pool.v), Values(cpu_pool.v));  // V is copied, never rounded twice
-  std::vector<int32_t> gpu_positions(cpu_pool.positions.numel());
-  gpu_->CopyToHost(gpu_pool.positions, gpu_positions.data());
-  EXPECT_TRUE(std::equal(gpu_positions.begin(), gpu_positions.end(),
-                         cpu_pool.positions.data_as<int32_t>()));
+    pool.page_size = kPageSize;
+    pool.num_pages = kNumPages;
+    pool.max_seqs = kMaxSeqs;
+    pool.max_pages_per_seq = kMaxPages;
+    pool.num_kv_heads = kKvHeads;
+    pool.head_dim = kHeadDim;
+    pool.k = floats(k_pool_, {kNumPages, kPageSize, kKvHeads, kHeadDim});
+    pool.v = floats(v_pool_, {kNumPages, kPageSize, kKvHeads, kHeadDim});
+    pool.page_table = ints(table_, {kLayers, kMaxSeqs, kMaxPages});
+    pool.kv_lens = ints(kv_lens_, {kLayers, kMaxSeqs});
+    pool.positions = ints(std::vector<int32_t>(kNumPages * kPageSize * kKvHeads, -7),
+                          {kNumPages * kPageSize, kKvHeads});
+    if (scores) {
+      if (on_gpu) {
+        pool.scores = gpu_->Allocate({kNumPages * kPageSize, kKvHeads}, DType::kF32);
+        gpu_->CopyFromHost(scores_.data(), scores_.size() * 4, pool.scores);
+      } else {
+        pool.scores = Cpu(scores_, {kNumPages * kPageSize, kKvHeads});
+      }
+    }
+    qkv = on_gpu ? Gpu(qkv_, {tokens_, kWidth}) : Cpu(qkv_, {tokens_, kWidth});
+  }
 
-  const int keys = key_start.back();
-  Tensor cpu_k = Tensor::Empty({keys, kv_heads, head_dim}, DType::kF32);
-  Tensor cpu_v = Tensor::Empty({keys, kv_heads, head_dim}, DType::kF32);
-  Tensor gpu_k = gpu_->Allocate({keys, kv_heads, head_dim}, DType::kBF16);
-  Tensor gpu_v = gpu_->Allocate({keys, kv_heads, head_dim}, DType::kBF16);
-  // Gather from the rounded state on both sides: reset the CPU inputs to the GPU's bf16 values.
-  const auto qkv_after = Download(gpu_qkv);
-  std::copy(qkv_after.begin(), qkv_after.end(), cpu_qkv.data_as<float>());
-  const auto k_after = Download(gpu_pool.k);
-  std::copy(k_after.begin(), k_after.end(), cpu_pool.k.data_as<float>());
-  cpu_->GatherPrefillKv(cpu_qkv, heads, cpu_step, layer, cpu_pool, cpu_k, cpu_v);
-  gpu_->GatherPrefillKv(gpu_qkv, heads, gpu_step, layer, gpu_pool, gpu_k, gpu_v);
-  EXPECT_EQ(Download(gpu_k), Values(cpu_k));
-  EXPECT_EQ(Download(gpu_v), Values(cpu_v));
+  // The GPU pool against the CPU's: K within bf16 rounding (the GPU rounds rotated values before
+  // writing), V copied exactly, positions and scores.
+  void ExpectPoolMatches(const KvPool& gpu_pool, const KvPool& cpu_pool, const std::string& what) {
+    EXPECT_LE(RelL2(Download(gpu_pool.k), Values(cpu_pool.k)), 5e-3) << what;
+    EXPECT_EQ(Download(gpu_pool.v), Values(cpu_pool.v)) << what;  // V is copied, never rounded
+    std::vector<int32_t> gpu_positions(cpu_pool.positions.numel());
+    gpu_->CopyToHost(gpu_pool.positions, gpu_positions.data());
+    EXPECT_TRUE(std::equal(gpu_positions.begin(), gpu_positions.end(),
+                           cpu_pool.positions.data_as<int32_t>()))
+        << what;
+    if (cpu_pool.scores.defined()) {
+      EXPECT_LE(
+          sieve::testing::MaxAbsError(Download(gpu_pool.scores).data(),
+                                      cpu_pool.scores.data_as<float>(), cpu_pool.scores.numel()),
+          1e-4)
+          << what;
+    }
+  }
+
+  const std::vector<int> chunk_ = {37, 20, 1, 1};
+  const std::vector<int> context_ = {0, 45, 70, 16};
+  const std::vector<int32_t> slots_ = {2, 0, 3, 1};
+  // [L][S]: in layer 0 only sequence 0 is not written; in kLayer every sequence is.
+  const std::vector<int32_t> write_start_ = {-1, 45, 70, 16, 0, 45, 70, 16};
+  std::vector<int32_t> table_, positions_, query_start_ = {0}, key_start_ = {0}, kv_lens_;
+  std::vector<float> qkv_, k_pool_, v_pool_, scores_, rope_;
+  int tokens_ = 0;
+  int prefill_tokens_ = 0;
+  Tensor cpu_rope_, gpu_rope_;
+};
+
+// Each token range against the CPU; tokens outside the range keep their q, k, v bit for bit.
+TEST_F(CudaDenseRopeTest, RopeCacheWriteRangesMatchCpu) {
+  for (const RopeTokens tokens : {RopeTokens::kAll, RopeTokens::kPrefill, RopeTokens::kDecode}) {
+    const std::string what = tokens == RopeTokens::kAll       ? "all"
+                             : tokens == RopeTokens::kPrefill ? "prefill"
+                                                              : "decode";
+    StepMeta cpu_step, gpu_step;
+    KvPool cpu_pool, gpu_pool;
+    Tensor cpu_qkv, gpu_qkv;
+    Build(false, false, cpu_step, cpu_pool, cpu_qkv);
+    Build(true, false, gpu_step, gpu_pool, gpu_qkv);
+    cpu_->RopeAndCacheWrite(cpu_qkv, cpu_rope_, kHeads, cpu_step, kLayer, cpu_pool, tokens);
+    gpu_->RopeAndCacheWrite(gpu_qkv, gpu_rope_, kHeads, gpu_step, kLayer, gpu_pool, tokens);
+    // The GPU rounds the rotated values to bf16 before writing; compare against the CPU's f32.
+    const std::vector<float> qkv_after = Download(gpu_qkv);
+    EXPECT_LE(RelL2(qkv_after, Values(cpu_qkv)), 5e-3) << what;
+    ExpectPoolMatches(gpu_pool, cpu_pool, what);
+    const size_t split_at = static_cast<size_t>(prefill_tokens_) * kWidth;
+    if (tokens == RopeTokens::kPrefill) {
+      EXPECT_TRUE(
+          std::equal(qkv_after.begin() + split_at, qkv_after.end(), qkv_.begin() + split_at))
+          << "decode rows moved";
+    }
+    if (tokens == RopeTokens::kDecode) {
+      EXPECT_TRUE(std::equal(qkv_after.begin(), qkv_after.begin() + split_at, qkv_.begin()))
+          << "prefill rows moved";
+    }
+    if (tokens != RopeTokens::kAll) continue;
+
+    const int keys = key_start_.back();
+    Tensor cpu_k = Tensor::Empty({keys, kKvHeads, kHeadDim}, DType::kF32);
+    Tensor cpu_v = Tensor::Empty({keys, kKvHeads, kHeadDim}, DType::kF32);
+    Tensor gpu_k = gpu_->Allocate({keys, kKvHeads, kHeadDim}, DType::kBF16);
+    Tensor gpu_v = gpu_->Allocate({keys, kKvHeads, kHeadDim}, DType::kBF16);
+    // Gather from the rounded state on both sides: reset the CPU inputs to the GPU's bf16 values.
+    std::copy(qkv_after.begin(), qkv_after.end(), cpu_qkv.data_as<float>());
+    const auto k_after = Download(gpu_pool.k);
+    std::copy(k_after.begin(), k_after.end(), cpu_pool.k.data_as<float>());
+    cpu_->GatherPrefillKv(cpu_qkv, kHeads, cpu_step, kLayer, cpu_pool, cpu_k, cpu_v);
+    gpu_->GatherPrefillKv(gpu_qkv, kHeads, gpu_step, kLayer, gpu_pool, gpu_k, gpu_v);
+    EXPECT_EQ(Download(gpu_k), Values(cpu_k));
+    EXPECT_EQ(Download(gpu_v), Values(cpu_v));
+  }
+}
+
+// The model's order: the prefill range, then RopeDecodeAttention (fused on the GPU without H2O
+// scores, two kernels with them) against the CPU's (RopeAndCacheWrite(kDecode), DecodeAttention).
+TEST_F(CudaDenseRopeTest, RopeDecodeAttentionMatchesCpu) {
+  const int64_t q_width = static_cast<int64_t>(kHeads) * kHeadDim;
+  for (const bool scores : {false, true}) {
+    const std::string what = scores ? "two kernels (H2O scores)" : "fused";
+    StepMeta cpu_step, gpu_step;
+    KvPool cpu_pool, gpu_pool;
+    Tensor cpu_qkv, gpu_qkv;
+    Build(false, scores, cpu_step, cpu_pool, cpu_qkv);
+    Build(true, scores, gpu_step, gpu_pool, gpu_qkv);
+    const std::vector<float> nan_rows(static_cast<size_t>(tokens_) * q_width, NAN);
+    Tensor cpu_out = Cpu(nan_rows, {tokens_, q_width});
+    Tensor gpu_out = Gpu(nan_rows, {tokens_, q_width});
+    for (Backend* backend : {cpu_.get(), gpu_.get()}) {
+      const bool on_gpu = backend == gpu_.get();
+      Tensor& qkv = on_gpu ? gpu_qkv : cpu_qkv;
+      const Tensor& rope = on_gpu ? gpu_rope_ : cpu_rope_;
+      StepMeta& step = on_gpu ? gpu_step : cpu_step;
+      KvPool& pool = on_gpu ? gpu_pool : cpu_pool;
+      backend->RopeAndCacheWrite(qkv, rope, kHeads, step, kLayer, pool, RopeTokens::kPrefill);
+      backend->RopeDecodeAttention(qkv, rope, kHeads, step, kLayer, pool,
+                                   on_gpu ? gpu_out : cpu_out);
+    }
+    const std::vector<float> out = Download(gpu_out);
+    const std::vector<float> ref = Values(cpu_out);
+    const size_t split_at = static_cast<size_t>(prefill_tokens_) * q_width;
+    EXPECT_TRUE(std::all_of(out.begin(), out.begin() + split_at,
+                            [](float value) { return std::isnan(value); }))
+        << what << ": wrote into prefill rows";
+    EXPECT_LE(RelL2(std::vector<float>(out.begin() + split_at, out.end()),
+                    std::vector<float>(ref.begin() + split_at, ref.end())),
+              kBf16Tolerance)
+        << what;
+    ExpectPoolMatches(gpu_pool, cpu_pool, what);
+  }
 }
 
 }  // namespace

@@ -5,13 +5,14 @@
 // unused rows of that tile cost tensor-core time only, which this memory-bound kernel has spare.
 //
 // Work split: CTA = (decode sequence, KV head, head chunk, split). A split is a contiguous range
-// of the sequence's entries; its 4 warps take 16 entries each of every 64-entry tile, tiles
-// stream through a 3-stage cp.async pipeline (2 where shared memory is smaller), and the warps
-// merge their softmax states in shared memory at the end. With more than one split
+// of the sequence's entries; the CTA's warps (4 "wide", 2 "narrow") take 16 entries each of every
+// tile, tiles stream through a 3-stage cp.async pipeline (2 where shared memory is smaller), and
+// the warps merge their softmax states in shared memory at the end. With more than one split
 // (flash-decoding), each split writes a normalised partial output and its log-sum-exp, and a
 // combine kernel merges them. The optional H2O pass recomputes q.k of every entry against the final
-// lse and adds the group-mean probability to the scores side pool. README_attention.md has the
-// numbers.
+// lse and adds the group-mean probability to the scores side pool. Fused RoPE
+// (RopeDecodeAttention): the CTA rotates its q rows in shared memory and writes the step's new
+// entry of its KV head itself before reading it. README_attention.md has the numbers.
 #include "backend/cuda/decode_attention.h"
 
 #include <cuda_bf16.h>
@@ -21,64 +22,93 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/flash_warp.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/rope.cuh"
 #include "core/check.h"
 
 namespace sieve::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kTile = 16 * kWarps;  // entries per pipeline stage, 16 per warp
+constexpr int kWideWarps = 4;
+constexpr int kNarrowWarps = 2;
 // Pipeline depth: 3 stages (two tiles in flight while one is computed on) where a block may have
-// 100 KiB of shared memory (A100, H100/H200), else 2 (Ada and Ampere consumer parts: 99 KiB).
+// the shared memory (wide at d = 128 needs 100 KiB: A100, H100/H200), else 2 (Ada and Ampere
+// consumer parts: 99 KiB).
 constexpr int kMaxStages = 3;
+// Shared memory a block may opt into on every sm_80+ part (sm_86/89 have the least).
+constexpr int kSmemEveryDevice = 99 * 1024;
 constexpr int kHeadsPerCta = 16;  // query heads per CTA: the M of one mma tile
 constexpr int kMinSplitEntries = 128;
 constexpr int kMaxSplitEntries = 4096;
-constexpr int kCtasPerSm = 2;  // what the shared memory allows at d = 128 (100 KiB each)
+// What DecodeAttentionSplits fills: 2 wide CTAs per SM, what the shared memory allows at d = 128.
+constexpr int kWideCtasPerSm = 2;
 // A CTA's page ids are read once into shared memory (kMaxSplitEntries entries and a tile of
 // rounding at the default 16-entry pages fit); with more pages it reads them from the table.
 constexpr int kCachedPages = 288;
+
+// The CTA shape of kWarps warps (DecodeCta: 4 wide, 2 narrow).
+template <int kWarps>
+struct CtaShape {
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kTile = 16 * kWarps;  // entries per pipeline stage, 16 per warp
+  // Resident CTAs per SM the kernel is compiled for: wide 2 (100 KiB each at d = 128), narrow 4
+  // (52 KiB each).
+  static constexpr int kMinCtasPerSm = 8 / kWarps;
+};
 
 template <int kHeadDim>
 constexpr int SmemQBytes() {
   return kHeadsPerCta * kHeadDim * 2;
 }
-template <int kHeadDim>
+template <int kHeadDim, int kWarps>
 constexpr int SmemKvTileBytes() {
-  return kTile * kHeadDim * 2;
+  return CtaShape<kWarps>::kTile * kHeadDim * 2;
 }
-// d = 128: 4 KiB Q + 3 stages x (16 + 16) KiB K/V = 100 KiB (2 CTAs per SM on H100/H200);
-// d = 64: 50 KiB.
-template <int kHeadDim, int kStages>
+// d = 128: wide 4 KiB Q + 3 stages x (16 + 16) KiB K/V = 100 KiB (2 CTAs per SM on H100/H200),
+// narrow 4 KiB + 3 x (8 + 8) KiB = 52 KiB (4 per SM); d = 64: half the K/V.
+template <int kHeadDim, int kStages, int kWarps>
 constexpr int SmemBytes() {
-  return SmemQBytes<kHeadDim>() + 2 * kStages * SmemKvTileBytes<kHeadDim>();
+  return SmemQBytes<kHeadDim>() + 2 * kStages * SmemKvTileBytes<kHeadDim, kWarps>();
 }
+static_assert(SmemBytes<128, kMaxStages, kWideWarps>() == 100 * 1024);
+static_assert(SmemBytes<128, kMaxStages, kNarrowWarps>() == 52 * 1024);
+// 4 narrow CTAs per SM on H100/H200 (228 KiB per SM, 1 KiB of it reserved per CTA), with the
+// static page-id cache.
+static_assert(4 * (SmemBytes<128, kMaxStages, kNarrowWarps>() + kCachedPages * 4 + 1024) <=
+              228 * 1024);
 // After the key loop the K/V stages hold the warps' merge buffers: (m, l) of each warp's 16 rows,
 // then each warp's rescaled 16 x d output, rows padded by 8 floats against bank conflicts.
 template <int kHeadDim>
 constexpr int MergeRowStride() {
   return kHeadDim + 8;
 }
-static_assert(kWarps * 16 * 2 * 4 + kWarps * 16 * MergeRowStride<64>() * 4 <=
-              2 * 2 * SmemKvTileBytes<64>());
-static_assert(kWarps * 16 * 2 * 4 + kWarps * 16 * MergeRowStride<128>() * 4 <=
-              2 * 2 * SmemKvTileBytes<128>());
+template <int kHeadDim, int kWarps>
+constexpr bool MergeFits() {  // in the K/V stages of the smallest (2-stage) pipeline
+  return kWarps * 16 * 2 * 4 + kWarps * 16 * MergeRowStride<kHeadDim>() * 4 <=
+         2 * 2 * SmemKvTileBytes<kHeadDim, kWarps>();
+}
+static_assert(MergeFits<64, kWideWarps>() && MergeFits<128, kWideWarps>());
+static_assert(MergeFits<64, kNarrowWarps>() && MergeFits<128, kNarrowWarps>());
 
 struct DecodeParams {
-  const bf16* q;               // [T][q_stride]
-  const bf16* k_pool;          // [num_pages][page_size][G][d]
-  const bf16* v_pool;          // [num_pages][page_size][G][d]
+  const bf16* q;               // [T][q_stride]; fused RoPE: qkv rows, q and k not rotated
+  bf16* k_pool;                // [num_pages][page_size][G][d] (written only by fused RoPE)
+  bf16* v_pool;                // [num_pages][page_size][G][d] (written only by fused RoPE)
   const int32_t* page_table;   // [max_seqs][max_pages_per_seq] of this layer
   const int32_t* kv_lens;      // [max_seqs] of this layer
   const int32_t* query_start;  // [S + 1]
   const int32_t* seq_slots;    // [S]
   const int32_t* write_start;  // [S] of this layer: the first entry this step writes, or < 0
+  const float* rope_table;     // [max_pos][d/2][2] cos, sin: fused RoPE; null: q is rotated
+  const int32_t* positions;    // [T] true positions (fused RoPE)
+  int32_t* pool_positions;     // [num_pages * page_size][G] or null (written by fused RoPE)
   bf16* out;                   // [T][out_stride]
   float* lse;                  // [B][H] final log-sum-exp, or null when nobody needs it
   float* partial_lse;          // [num_splits][B][H] (num_splits > 1)
@@ -101,8 +131,9 @@ struct DecodeParams {
 };
 
 // Entries [begin, end) of split `split` of a sequence holding `length` entries: equal pieces
-// rounded up to whole tiles, so each sequence is cut by its own length (a CUDA graph replayed
-// with longer contexts still covers every entry).
+// rounded up to whole tiles of kTile entries, so each sequence is cut by its own length (a CUDA
+// graph replayed with longer contexts still covers every entry).
+template <int kTile>
 __device__ __forceinline__ void SplitRange(int length, int split, int num_splits, int& begin,
                                            int& end) {
   const int per_split = ((length + num_splits - 1) / num_splits + kTile - 1) / kTile * kTile;
@@ -129,23 +160,61 @@ __device__ __forceinline__ int64_t PoolEntry(const DecodeParams& params, const i
   return EntryInPool(params, pages[page], page, entry);
 }
 
-// Grid: x = (decode sequence, KV head, head chunk), chunk fastest; y = split.
-template <int kHeadDim, int kStages>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm)
-    DecodeAttentionKernel(const DecodeParams params) {
-  constexpr int kQBytes = SmemQBytes<kHeadDim>();
-  constexpr int kKvBytes = SmemKvTileBytes<kHeadDim>();
+// Fused RoPE: writes the decode token's k (rotated) and v of KV head `kv_head` into pool entry
+// `pool_entry`, and its position into the side pool; as RopeAndCacheWrite does for that head, bit
+// for bit. `cos_sin` holds the angles of 16-byte chunk (thread % (d / 16)) of a half row. Threads
+// [0, d/16) rotate k, the next d/8 copy v, the next one writes the position.
+template <int kHeadDim, int kThreads>
+__device__ __forceinline__ void WriteNewEntry(const DecodeParams& params, int64_t pool_entry,
+                                              int token, int kv_head, int position,
+                                              const float (&cos_sin)[16]) {
+  constexpr int kHalfChunks = kHeadDim / 16;
   constexpr int kChunks = kHeadDim / 8;
+  static_assert(kHalfChunks + kChunks < kThreads, "a thread for each piece of the entry");
+  const int tid = static_cast<int>(threadIdx.x);
+  const bf16* row = params.q + static_cast<int64_t>(token) * params.q_stride;
+  const int64_t dst = (pool_entry * params.num_kv_heads + kv_head) * kHeadDim;
+  if (tid < kHalfChunks) {
+    const bf16* k = row + static_cast<int64_t>(params.num_heads + kv_head) * kHeadDim;
+    uint4 low = *reinterpret_cast<const uint4*>(k + tid * 8);
+    uint4 high = *reinterpret_cast<const uint4*>(k + (tid + kHalfChunks) * 8);
+    rope::RotateChunks(low, high, cos_sin);
+    *reinterpret_cast<uint4*>(params.k_pool + dst + tid * 8) = low;
+    *reinterpret_cast<uint4*>(params.k_pool + dst + (tid + kHalfChunks) * 8) = high;
+  } else if (tid < kHalfChunks + kChunks) {
+    const int chunk = tid - kHalfChunks;
+    const bf16* v =
+        row + static_cast<int64_t>(params.num_heads + params.num_kv_heads + kv_head) * kHeadDim;
+    *reinterpret_cast<uint4*>(params.v_pool + dst + chunk * 8) =
+        *reinterpret_cast<const uint4*>(v + chunk * 8);
+  } else if (tid == kHalfChunks + kChunks && params.pool_positions != nullptr) {
+    params.pool_positions[pool_entry * params.num_kv_heads + kv_head] = position;
+  }
+}
+
+// Grid: x = (decode sequence, KV head, head chunk), chunk fastest; y = split.
+template <int kHeadDim, int kStages, int kWarps>
+__global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::kMinCtasPerSm)
+    DecodeAttentionKernel(const DecodeParams params) {
+  constexpr int kThreads = CtaShape<kWarps>::kThreads;
+  constexpr int kTile = CtaShape<kWarps>::kTile;
+  constexpr int kQBytes = SmemQBytes<kHeadDim>();
+  constexpr int kKvBytes = SmemKvTileBytes<kHeadDim, kWarps>();
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kHalfChunks = kHeadDim / 16;  // 16-byte chunks in half a row: RoPE pairs
+  static_assert((kTile * kChunks) % kThreads == 0, "K/V copies divide evenly among threads");
+  static_assert(kThreads % kHalfChunks == 0, "a thread rotates the same chunk of every row");
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int32_t cached_pages[kCachedPages];
   const uint32_t smem_q = flash::SharedAddress(smem);
   const uint32_t smem_k = smem_q + kQBytes;
   const uint32_t smem_v = smem_k + kStages * kKvBytes;
 
-  // Before PdlWait (pdl.cuh): what no kernel of this step writes before us. Step metadata and
-  // the page table come from host uploads and earlier layers; K/V entries below the newest one
-  // were written by earlier steps. Only q and the newest entry come from the kernel before
-  // (RopeAndCacheWrite), so tiles without that entry start loading while it may still run.
+  // Before PdlWait (pdl.cuh): what no kernel of this step writes before us. Step metadata, the
+  // RoPE table and the page table come from host uploads and earlier layers; K/V entries below the
+  // newest one were written by earlier steps. Only q and the newest entry come from the kernel
+  // before (RopeAndCacheWrite; with fused RoPE, q, k and v come from the QKV GEMM and this kernel
+  // writes the entry), so tiles without that entry start loading while it may still run.
   const int item = static_cast<int>(blockIdx.x);
   const int chunk = item % params.head_chunks;
   const int kv_head = (item / params.head_chunks) % params.num_kv_heads;
@@ -160,13 +229,35 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   const int tid = static_cast<int>(threadIdx.x);
   int begin = 0;
   int end = 0;
-  SplitRange(length, split, params.num_splits, begin, end);
+  SplitRange<kTile>(length, split, params.num_splits, begin, end);
   const int64_t part_row =  // row of (split, sequence, head0) in the partial arrays
       (static_cast<int64_t>(split) * params.num_decode + decode_index) * params.num_heads + head0;
+  const int32_t* pages = params.page_table + static_cast<int64_t>(slot) * params.max_pages_per_seq;
+  const int written = params.write_start != nullptr ? params.write_start[seq] : -1;
+
+  // Fused RoPE: the angles of this thread's chunk of a half row, and the pool entry this CTA
+  // writes: the step's new entry when this split holds it (every head chunk of the KV head writes
+  // the same bytes; each reads only what it wrote itself), or when no split does (an entry past
+  // the length is written, never read, as RopeAndCacheWrite would) split 0.
+  const bool fused = params.rope_table != nullptr;
+  float cos_sin[16];
+  int position = 0;
+  int64_t new_entry = -1;
+  if (fused) {
+    position = params.positions[token];
+    rope::LoadChunkAngles(params.rope_table, position, kHeadDim, tid % kHalfChunks, cos_sin);
+    if (written >= 0 &&
+        ((begin <= written && written < end) || (written >= length && split == 0))) {
+      new_entry = PoolEntry(params, pages, written);
+    }
+  }
 
   if (begin >= end) {
     PdlWait();
     PdlLaunchDependents();
+    if (new_entry >= 0) {
+      WriteNewEntry<kHeadDim, kThreads>(params, new_entry, token, kv_head, position, cos_sin);
+    }
     // An empty piece adds nothing to the combine. A sequence with no entries at all (the engine
     // never makes one: a decode token's own entry is always there) gets zeros, as on the CPU.
     if (params.num_splits > 1) {
@@ -183,7 +274,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     return;
   }
 
-  const int32_t* pages = params.page_table + static_cast<int64_t>(slot) * params.max_pages_per_seq;
   const int first_page = PageOf(params, begin);
   const int page_count = PageOf(params, end - 1) - first_page + 1;
   const bool cached = page_count <= kCachedPages;
@@ -222,9 +312,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   };
   // A tile may load before PdlWait when it ends before the first entry this step writes.
   int first_written = 0;
-  if (params.write_start != nullptr) {
-    first_written = params.write_start[seq] < 0 ? end : params.write_start[seq];
-  }
+  if (params.write_start != nullptr) first_written = written < 0 ? end : written;
   const auto early = [&](int tile) {
     return min(end, begin + (tile + 1) * kTile) <= first_written;
   };
@@ -234,6 +322,14 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   }
   PdlWait();
   PdlLaunchDependents();
+  if (new_entry >= 0) {
+    // Fused RoPE: the entry goes to memory before any copy below may read it. The copies are
+    // other threads' cp.async (generic proxy, through L2): the fence and the barrier order the
+    // stores before them.
+    WriteNewEntry<kHeadDim, kThreads>(params, new_entry, token, kv_head, position, cos_sin);
+    __threadfence_block();
+    __syncthreads();
+  }
 
   // The group's query heads are adjacent in q's row: rows of a [16][d] tile, zero past num_rows.
   // Commit groups: the first holds q and tile 0 (and any early tile), then one per tile.
@@ -256,6 +352,23 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   state.Reset();
   flash::CpAsyncWait<kStages - 2>();
   __syncthreads();
+  if (fused) {
+    // Rotate the raw q rows in place: thread tid owns chunk tid % (d/16) of each half row (the
+    // chunk its angles are for) of rows tid / (d/16), + kThreads / (d/16), ...
+    for (int index = tid; index < num_rows * kHalfChunks; index += kThreads) {
+      const int row = index / kHalfChunks;
+      const int piece = index % kHalfChunks;
+      uint4* low = reinterpret_cast<uint4*>(smem + flash::TileOffset<kHeadDim>(row, piece));
+      uint4* high =
+          reinterpret_cast<uint4*>(smem + flash::TileOffset<kHeadDim>(row, piece + kHalfChunks));
+      uint4 low_value = *low;
+      uint4 high_value = *high;
+      rope::RotateChunks(low_value, high_value, cos_sin);
+      *low = low_value;
+      *high = high_value;
+    }
+    __syncthreads();
+  }
   state.LoadQ(smem_q, 0);
 
   for (int tile = 0; tile < num_tiles; ++tile) {
@@ -278,7 +391,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     }
   }
 
-  // Merge the 4 warps' states: out = sum_w acc_w * 2^((m_w - m) c) / sum_w l_w 2^((m_w - m) c).
+  // Merge the warps' states: out = sum_w acc_w * 2^((m_w - m) c) / sum_w l_w 2^((m_w - m) c).
   flash::CpAsyncWait<0>();
   __syncthreads();  // all warps are done with the K/V stages: they become the merge buffers
   state.FinishSums();
@@ -402,8 +515,11 @@ __global__ void __launch_bounds__(kHeadDim) DecodeCombineKernel(const DecodePara
 // H2O: scores[entry][g] += mean over the group's heads of exp(scale q_h . k - lse_h), for every
 // entry of the split. A second pass over K, written for clarity: a warp per entry, lanes across
 // d, a warp reduction per head. Grid: x = (decode sequence, KV head), y = split. Static shared
-// memory holds the group's q rows in f32 and their lse (the group is at most kMaxScoreGroup).
+// memory holds the group's q rows in f32 and their lse (the group is at most kMaxScoreGroup). Its
+// pieces need not be the attention kernel's: any cut covers every entry once.
 constexpr int kMaxScoreGroup = 32;
+constexpr int kScoreWarps = 4;
+constexpr int kScoreThreads = kScoreWarps * 32;
 
 template <int kHeadDim>
 __global__ void DecodeScoresKernel(const DecodeParams params) {
@@ -419,16 +535,17 @@ __global__ void DecodeScoresKernel(const DecodeParams params) {
   const int slot = params.seq_slots[seq];
   int begin = 0;
   int end = 0;
-  SplitRange(params.kv_lens[slot], static_cast<int>(blockIdx.y), params.num_splits, begin, end);
+  SplitRange<CtaShape<kScoreWarps>::kTile>(params.kv_lens[slot], static_cast<int>(blockIdx.y),
+                                           params.num_splits, begin, end);
   if (begin >= end) return;
   const int tid = static_cast<int>(threadIdx.x);
   const int head0 = kv_head * params.group;
   const bf16* q_group = params.q + static_cast<int64_t>(token) * params.q_stride +
                         static_cast<int64_t>(head0) * kHeadDim;
-  for (int index = tid; index < params.group * kHeadDim; index += kThreads) {
+  for (int index = tid; index < params.group * kHeadDim; index += kScoreThreads) {
     shared_q[index] = __bfloat162float(q_group[index]);
   }
-  for (int index = tid; index < params.group; index += kThreads) {
+  for (int index = tid; index < params.group; index += kScoreThreads) {
     lse_shared[index] =
         params.lse[static_cast<int64_t>(decode_index) * params.num_heads + head0 + index];
   }
@@ -437,7 +554,7 @@ __global__ void DecodeScoresKernel(const DecodeParams params) {
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int32_t* pages = params.page_table + static_cast<int64_t>(slot) * params.max_pages_per_seq;
-  for (int entry = begin + warp; entry < end; entry += kWarps) {
+  for (int entry = begin + warp; entry < end; entry += kScoreWarps) {
     const int64_t pool_entry = PoolEntry(params, pages, entry);
     const bf16* k_row =
         params.k_pool + (pool_entry * params.num_kv_heads + kv_head) * kHeadDim + lane * kPerLane;
@@ -493,32 +610,50 @@ WorkspaceLayout Layout(int num_decode_seqs, int num_heads, int head_dim, int64_t
   return layout;
 }
 
-template <int kHeadDim, int kStages>
+template <int kHeadDim, int kStages, int kWarps>
 void LaunchDecodeMain(const DecodeParams& params, int device, cudaStream_t stream) {
-  constexpr int kSmem = SmemBytes<kHeadDim, kStages>();
-  // Above 48 KiB of dynamic shared memory needs an opt-in, once per device.
+  constexpr int kSmem = SmemBytes<kHeadDim, kStages, kWarps>();
+  const auto kernel = DecodeAttentionKernel<kHeadDim, kStages, kWarps>;
+  // Above 48 KiB of dynamic shared memory needs an opt-in, once per device. The carveout asks for
+  // all of the SM's shared memory (the copies bypass L1): 4 narrow CTAs need 217 KiB of it.
   static std::atomic<uint64_t> configured_devices{0};
   const uint64_t bit = uint64_t{1} << (device & 63);
   if ((configured_devices.load(std::memory_order_acquire) & bit) == 0) {
-    SIEVE_CUDA_CHECK(cudaFuncSetAttribute(DecodeAttentionKernel<kHeadDim, kStages>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    SIEVE_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    SIEVE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
     configured_devices.fetch_or(bit, std::memory_order_release);
   }
   const dim3 grid(params.num_decode * params.num_kv_heads * params.head_chunks, params.num_splits);
-  LaunchWithPdl(DecodeAttentionKernel<kHeadDim, kStages>, grid, kThreads, kSmem, stream, params);
+  LaunchWithPdl(kernel, grid, CtaShape<kWarps>::kThreads, kSmem, stream, params);
+}
+
+// The main kernel with the deepest pipeline the device's shared memory allows.
+template <int kHeadDim, int kWarps>
+void LaunchDecodeMainKernel(const DecodeParams& params, cudaStream_t stream) {
+  int device = 0;
+  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
+  if constexpr (SmemBytes<kHeadDim, kMaxStages, kWarps>() <= kSmemEveryDevice) {
+    LaunchDecodeMain<kHeadDim, kMaxStages, kWarps>(params, device, stream);
+  } else {
+    int smem_optin = 0;
+    SIEVE_CUDA_CHECK(
+        cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (smem_optin >= SmemBytes<kHeadDim, kMaxStages, kWarps>()) {
+      LaunchDecodeMain<kHeadDim, kMaxStages, kWarps>(params, device, stream);
+    } else {
+      LaunchDecodeMain<kHeadDim, 2, kWarps>(params, device, stream);
+    }
+  }
 }
 
 template <int kHeadDim>
-void LaunchDecode(const DecodeParams& params, cudaStream_t stream) {
-  int device = 0;
-  int smem_optin = 0;
-  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
-  SIEVE_CUDA_CHECK(
-      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (smem_optin >= SmemBytes<kHeadDim, kMaxStages>()) {
-    LaunchDecodeMain<kHeadDim, kMaxStages>(params, device, stream);
+void LaunchDecode(const DecodeParams& params, DecodeCta cta, cudaStream_t stream) {
+  if (cta == DecodeCta::kNarrow) {
+    LaunchDecodeMainKernel<kHeadDim, kNarrowWarps>(params, stream);
   } else {
-    LaunchDecodeMain<kHeadDim, 2>(params, device, stream);
+    LaunchDecodeMainKernel<kHeadDim, kWideWarps>(params, stream);
   }
   if (params.num_splits > 1) {
     LaunchWithPdl(DecodeCombineKernel<kHeadDim>, dim3(params.num_decode, params.num_heads),
@@ -528,8 +663,8 @@ void LaunchDecode(const DecodeParams& params, cudaStream_t stream) {
     SIEVE_CHECK(params.group <= kMaxScoreGroup)
         << "H2O scores support at most " << kMaxScoreGroup << " query heads per KV head";
     LaunchWithPdl(DecodeScoresKernel<kHeadDim>,
-                  dim3(params.num_decode * params.num_kv_heads, params.num_splits), kThreads, 0,
-                  stream, params);
+                  dim3(params.num_decode * params.num_kv_heads, params.num_splits), kScoreThreads,
+                  0, stream, params);
   }
 }
 
@@ -543,7 +678,7 @@ int DecodeAttentionSplits(int num_decode_seqs, int num_heads, int num_kv_heads, 
   const int group = num_heads / num_kv_heads;
   const int64_t ctas_per_split =
       static_cast<int64_t>(num_decode_seqs) * num_kv_heads * CeilDiv(group, kHeadsPerCta);
-  const int64_t target_ctas = static_cast<int64_t>(kCtasPerSm) * SmCount();
+  const int64_t target_ctas = static_cast<int64_t>(kWideCtasPerSm) * SmCount();
   const int64_t cap = std::min<int64_t>(CeilDiv(max_kv_len, kMinSplitEntries), 65535);
   int64_t splits =
       std::max(CeilDiv(target_ctas, ctas_per_split), CeilDiv(max_kv_len, kMaxSplitEntries));
@@ -569,7 +704,7 @@ size_t DecodeAttentionWorkspaceBytes(int num_decode_seqs, int num_heads, int hea
   // 128), so splits * B stays under this bound, which also grows with B and L: a workspace sized
   // for the largest batch and context serves every smaller step.
   const int64_t batch = num_decode_seqs;
-  const int64_t target_ctas = static_cast<int64_t>(kCtasPerSm) * SmCount();
+  const int64_t target_ctas = static_cast<int64_t>(kWideCtasPerSm) * SmCount();
   const int64_t length = std::max(max_kv_len, 1);
   const int64_t slots =
       std::min(batch * CeilDiv(length, kMinSplitEntries),
@@ -577,10 +712,25 @@ size_t DecodeAttentionWorkspaceBytes(int num_decode_seqs, int num_heads, int hea
   return Layout(num_decode_seqs, num_heads, head_dim, slots).bytes;
 }
 
-void DecodeAttentionWithSplits(int num_splits, const bf16* q, int64_t q_stride, int num_heads,
-                               const StepView& step, int layer, const PoolView& pool, bf16* out,
-                               int64_t out_stride, void* workspace, size_t workspace_bytes,
-                               cudaStream_t stream) {
+DecodeCta ChooseDecodeCta(int num_decode_seqs, int num_heads, int num_kv_heads, int num_splits) {
+  const char* setting = std::getenv("SIEVE_DECODE_ATTENTION");
+  if (setting != nullptr && *setting != '\0' && std::strcmp(setting, "auto") != 0) {
+    if (std::strcmp(setting, "wide") == 0) return DecodeCta::kWide;
+    if (std::strcmp(setting, "narrow") == 0) return DecodeCta::kNarrow;
+    std::fprintf(stderr, "SIEVE_DECODE_ATTENTION=%s: expected auto, wide or narrow\n", setting);
+    std::exit(2);
+  }
+  if (num_splits != 1 || num_kv_heads <= 0) return DecodeCta::kWide;
+  const int64_t ctas = static_cast<int64_t>(num_decode_seqs) * num_kv_heads *
+                       CeilDiv(num_heads / num_kv_heads, kHeadsPerCta);
+  return ctas > static_cast<int64_t>(kWideCtasPerSm) * SmCount() ? DecodeCta::kNarrow
+                                                                 : DecodeCta::kWide;
+}
+
+void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int64_t q_stride,
+                               const float* rope_table, int num_heads, const StepView& step,
+                               int layer, const PoolView& pool, bf16* out, int64_t out_stride,
+                               void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   const int num_decode = step.num_seqs - step.num_prefill_seqs;
   if (num_decode <= 0) return;
   const int head_dim = pool.head_dim;
@@ -592,6 +742,16 @@ void DecodeAttentionWithSplits(int num_splits, const bf16* q, int64_t q_stride, 
   SIEVE_CHECK(Aligned16(q) && Aligned16(pool.k) && Aligned16(pool.v) && q_stride % 8 == 0 &&
               out_stride % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0)
       << "q, the pool and their strides must be 16-byte aligned, out 8-byte aligned";
+  if (rope_table != nullptr) {
+    SIEVE_CHECK(step.write_start != nullptr && step.positions != nullptr)
+        << "fused RoPE needs the step's write_start and positions";
+    SIEVE_CHECK(pool.scores == nullptr)
+        << "fused RoPE leaves q unrotated in memory, which H2O's score pass reads";
+    SIEVE_CHECK(Aligned16(rope_table)) << "the RoPE table must be 16-byte aligned";
+  }
+  if (cta == DecodeCta::kAuto) {
+    cta = ChooseDecodeCta(num_decode, num_heads, pool.num_kv_heads, num_splits);
+  }
 
   DecodeParams params;
   params.q = q;
@@ -605,6 +765,9 @@ void DecodeAttentionWithSplits(int num_splits, const bf16* q, int64_t q_stride, 
   params.write_start = step.write_start != nullptr
                            ? step.write_start + static_cast<int64_t>(layer) * step.num_seqs
                            : nullptr;
+  params.rope_table = rope_table;
+  params.positions = step.positions;
+  params.pool_positions = pool.positions;
   params.out = out;
   params.scores = pool.scores;
   params.q_stride = q_stride;
@@ -642,9 +805,9 @@ void DecodeAttentionWithSplits(int num_splits, const bf16* q, int64_t q_stride, 
       num_splits > 1 ? reinterpret_cast<float*>(base + layout.partial_out_offset) : nullptr;
 
   if (head_dim == 64) {
-    LaunchDecode<64>(params, stream);
+    LaunchDecode<64>(params, cta, stream);
   } else {
-    LaunchDecode<128>(params, stream);
+    LaunchDecode<128>(params, cta, stream);
   }
 }
 
@@ -655,8 +818,21 @@ void DecodeAttention(const bf16* q, int64_t q_stride, int num_heads, const StepV
   if (num_decode <= 0) return;
   const int splits = DecodeAttentionSplits(num_decode, num_heads, pool.num_kv_heads, pool.head_dim,
                                            step.max_kv_len, workspace_bytes);
-  DecodeAttentionWithSplits(splits, q, q_stride, num_heads, step, layer, pool, out, out_stride,
-                            workspace, workspace_bytes, stream);
+  DecodeAttentionWithSplits(splits, DecodeCta::kAuto, q, q_stride, nullptr, num_heads, step, layer,
+                            pool, out, out_stride, workspace, workspace_bytes, stream);
+}
+
+void RopeDecodeAttention(const bf16* qkv, int64_t qkv_stride, const float* rope_table,
+                         int num_heads, const StepView& step, int layer, const PoolView& pool,
+                         bf16* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                         cudaStream_t stream) {
+  const int num_decode = step.num_seqs - step.num_prefill_seqs;
+  if (num_decode <= 0) return;
+  SIEVE_CHECK(rope_table != nullptr);
+  const int splits = DecodeAttentionSplits(num_decode, num_heads, pool.num_kv_heads, pool.head_dim,
+                                           step.max_kv_len, workspace_bytes);
+  DecodeAttentionWithSplits(splits, DecodeCta::kAuto, qkv, qkv_stride, rope_table, num_heads, step,
+                            layer, pool, out, out_stride, workspace, workspace_bytes, stream);
 }
 
 }  // namespace sieve::cuda

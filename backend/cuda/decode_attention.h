@@ -1,6 +1,7 @@
-// The split-K plan of the paged decode attention (decode_attention.cu), exposed so that the tests
-// and the benchmark can run each path on purpose. DecodeAttention (kernels.h) is
-// DecodeAttentionWithSplits(DecodeAttentionSplits(...), ...).
+// The split-K plan and CTA configuration of the paged decode attention (decode_attention.cu),
+// exposed so that the tests and the benchmark can run each path on purpose. DecodeAttention
+// (kernels.h) is DecodeAttentionWithSplits(DecodeAttentionSplits(...), DecodeCta::kAuto, q, ...,
+// nullptr, ...); RopeDecodeAttention the same with the RoPE table.
 #pragma once
 
 #include <cstddef>
@@ -22,11 +23,23 @@ int DecodeAttentionSplits(int num_decode_seqs, int num_heads, int num_kv_heads, 
 size_t DecodeAttentionWorkspaceBytesForSplits(int num_decode_seqs, int num_heads, int head_dim,
                                               int num_splits);
 
-// DecodeAttention with a forced split count (>= 1); the workspace must hold
-// DecodeAttentionWorkspaceBytesForSplits(..., num_splits) bytes.
-void DecodeAttentionWithSplits(int num_splits, const bf16* q, int64_t q_stride, int num_heads,
-                               const StepView& step, int layer, const PoolView& pool, bf16* out,
-                               int64_t out_stride, void* workspace, size_t workspace_bytes,
-                               cudaStream_t stream);
+// The shape of a decode attention CTA. Wide: 4 warps, 64-entry tiles, 100 KiB of shared memory
+// at d = 128, 2 CTAs per SM. Narrow: 2 warps, 32-entry tiles, 52 KiB, 4 CTAs per SM: a batch of
+// up to 4 x SMs (sequence, KV head) CTAs runs in one wave where wide would need two.
+enum class DecodeCta { kAuto, kWide, kNarrow };
+
+// What kAuto resolves to, read on every call: SIEVE_DECODE_ATTENTION=wide or narrow forces it;
+// unset, empty or "auto": narrow when there is a single split and the CTAs of that split are more
+// than one wide wave (2 x SMs), else wide. Never returns kAuto.
+DecodeCta ChooseDecodeCta(int num_decode_seqs, int num_heads, int num_kv_heads, int num_splits);
+
+// DecodeAttention with a forced split count (>= 1) and CTA configuration (kAuto:
+// ChooseDecodeCta); the workspace must hold DecodeAttentionWorkspaceBytesForSplits(...,
+// num_splits) bytes. With `rope_table` set this is RopeDecodeAttention (kernels.h): q points at
+// qkv rows [T][(H + 2G) d] with q and k not rotated.
+void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int64_t q_stride,
+                               const float* rope_table, int num_heads, const StepView& step,
+                               int layer, const PoolView& pool, bf16* out, int64_t out_stride,
+                               void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace sieve::cuda

@@ -76,11 +76,13 @@ void ReadThrough(const void* buffer, size_t bytes, cudaStream_t stream);
 void ConvertF32ToBf16(const float* in, int64_t count, bf16* out, cudaStream_t stream);
 
 // ---------------- KV writes and gathers (kv_kernels.cu) ----------------
-// RoPE (rotate-half, table [max_pos][d/2][2] cos/sin) on q and k of every token of qkv
-// [T][(H + 2G) d], then k/v of tokens whose sequence has write_start[layer][s] >= 0 into the
-// pool (and the side pools: position, score 0).
+// RoPE (rotate-half, table [max_pos][d/2][2] cos/sin) on q and k of tokens [first_token,
+// end_token) of qkv [T][(H + 2G) d], then k/v of those whose sequence has write_start[layer][s]
+// >= 0 into the pool (and the side pools: position, score 0). Backend::RopeAndCacheWrite's
+// RopeTokens are the ranges [0, T), [0, T_p) and [T_p, T).
 void RopeAndCacheWrite(bf16* qkv, int64_t qkv_stride, const float* rope_table, int num_heads,
-                       const StepView& step, int layer, const PoolView& pool, cudaStream_t stream);
+                       const StepView& step, int layer, const PoolView& pool, int first_token,
+                       int end_token, cudaStream_t stream);
 // Prefill K/V scratch [num_prefill_keys][G][d]: each prefill sequence's cached entries (from the
 // layer's pages) followed by its chunk's rotated k/v (from qkv).
 void GatherPrefillKv(const bf16* qkv, int64_t qkv_stride, int num_heads, const StepView& step,
@@ -105,6 +107,16 @@ size_t DecodeAttentionWorkspaceBytes(int num_decode_seqs, int num_heads, int hea
 void DecodeAttention(const bf16* q, int64_t q_stride, int num_heads, const StepView& step,
                      int layer, const PoolView& pool, bf16* out, int64_t out_stride,
                      void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// RopeAndCacheWrite over the decode tokens [T_p, T), then DecodeAttention of their q, in one
+// kernel: each CTA rotates its heads' q in shared memory and, when its piece of the sequence holds
+// the token's entry (write_start[layer][s]), rotates the token's k of its KV head and writes k, v
+// and the position side pool there before reading it. qkv's rows stay as they are (q and k
+// unrotated). The step must have write_start; pool.scores must be null (H2O's score pass reads
+// rotated q from memory: it takes the two-kernel path). 16-byte aligned rope_table rows.
+void RopeDecodeAttention(const bf16* qkv, int64_t qkv_stride, const float* rope_table,
+                         int num_heads, const StepView& step, int layer, const PoolView& pool,
+                         bf16* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                         cudaStream_t stream);
 
 // ---------------- sparsity (sparsity_kernels.cu) ----------------
 // Compression jobs of one layer: rows [job_begin, job_end) of step.compression_jobs, whose host

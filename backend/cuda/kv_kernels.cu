@@ -8,6 +8,8 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/rope.cuh"
+#include "core/check.h"
 
 namespace sieve::cuda {
 
@@ -37,14 +39,14 @@ __device__ __forceinline__ int64_t PoolEntry(const PoolView& pool, int layer, in
          entry % pool.page_size;
 }
 
-// Blocks (token, part): the token's rotations and copies are spread over gridDim.y blocks, so a
-// decode step of few tokens still fills the GPU.
+// Blocks (token - first_token, part): the token's rotations and copies are spread over gridDim.y
+// blocks, so a decode step of few tokens still fills the GPU.
 __global__ void RopeAndCacheWriteKernel(bf16* __restrict__ qkv, int64_t qkv_stride,
                                         const float* __restrict__ rope_table, int num_heads,
-                                        StepView step, int layer, PoolView pool) {
+                                        StepView step, int layer, PoolView pool, int first_token) {
   PdlWait();
   PdlLaunchDependents();
-  const int token = blockIdx.x;
+  const int token = first_token + static_cast<int>(blockIdx.x);
   const int head_dim = pool.head_dim;
   const int half = head_dim / 2;
   const int kv_heads = pool.num_kv_heads;
@@ -68,12 +70,10 @@ __global__ void RopeAndCacheWriteKernel(bf16* __restrict__ qkv, int64_t qkv_stri
     const int head = item / half;
     const int index = item % half;
     bf16* x = row + head * head_dim;
-    const float c = cos_sin[2 * index];
-    const float s = cos_sin[2 * index + 1];
-    const float a = __bfloat162float(x[index]);
-    const float b = __bfloat162float(x[index + half]);
-    const bf16 ra = __float2bfloat16(a * c - b * s);
-    const bf16 rb = __float2bfloat16(b * c + a * s);
+    bf16 ra;
+    bf16 rb;
+    rope::RotatePair(__bfloat162float(x[index]), __bfloat162float(x[index + half]),
+                     cos_sin[2 * index], cos_sin[2 * index + 1], ra, rb);
     x[index] = ra;
     x[index + half] = rb;
     if (head >= num_heads && entry >= 0) {
@@ -132,13 +132,16 @@ __global__ void GatherPrefillKvKernel(const bf16* __restrict__ qkv, int64_t qkv_
 }  // namespace
 
 void RopeAndCacheWrite(bf16* qkv, int64_t qkv_stride, const float* rope_table, int num_heads,
-                       const StepView& step, int layer, const PoolView& pool, cudaStream_t stream) {
-  if (step.num_tokens == 0) return;
+                       const StepView& step, int layer, const PoolView& pool, int first_token,
+                       int end_token, cudaStream_t stream) {
+  SIEVE_CHECK(0 <= first_token && first_token <= end_token && end_token <= step.num_tokens)
+      << "tokens [" << first_token << ", " << end_token << ") of " << step.num_tokens;
+  if (end_token == first_token) return;
   // Enough blocks per token for ~2 items per thread at Llama shapes.
   const int items = (num_heads + pool.num_kv_heads) * pool.head_dim / 2;
   const int parts = std::max(1, std::min(8, items / (2 * kThreads)));
-  LaunchWithPdl(RopeAndCacheWriteKernel, dim3(step.num_tokens, parts), kThreads, 0, stream, qkv,
-                qkv_stride, rope_table, num_heads, step, layer, pool);
+  LaunchWithPdl(RopeAndCacheWriteKernel, dim3(end_token - first_token, parts), kThreads, 0, stream,
+                qkv, qkv_stride, rope_table, num_heads, step, layer, pool, first_token);
 }
 
 void GatherPrefillKv(const bf16* qkv, int64_t qkv_stride, int num_heads, const StepView& step,
