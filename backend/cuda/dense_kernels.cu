@@ -108,10 +108,18 @@ __global__ void __launch_bounds__(kThreads)
                         const bf16* __restrict__ x, int64_t x_stride,
                         const bf16* __restrict__ weight, float eps, int width,
                         bf16* __restrict__ out, int64_t out_stride) {
-  PdlWait();
-  PdlLaunchDependents();
   const int row = blockIdx.x;
   const int vectors = width / 8;
+  // The norm's weight depends on no kernel: its loads leave before PdlWait, off the critical path.
+  const auto* w = reinterpret_cast<const uint4*>(weight);
+  uint4 scale_bits[kVectors];
+#pragma unroll
+  for (int v = 0; v < kVectors; ++v) {
+    const int index = static_cast<int>(threadIdx.x) + v * kThreads;
+    if (index < vectors) scale_bits[v] = w[index];
+  }
+  PdlWait();
+  PdlLaunchDependents();
   const auto* in = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(row) * x_stride);
   auto* res = residual
                   ? reinterpret_cast<uint4*>(residual + static_cast<int64_t>(row) * residual_stride)
@@ -136,14 +144,13 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < 8; ++i) sum_squares += values[v][i] * values[v][i];
   }
   const float inv_rms = rsqrtf(BlockSum(sum_squares) / static_cast<float>(width) + eps);
-  const auto* w = reinterpret_cast<const uint4*>(weight);
   auto* dst = reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * out_stride);
 #pragma unroll
   for (int v = 0; v < kVectors; ++v) {
     const int index = static_cast<int>(threadIdx.x) + v * kThreads;
     if (index >= vectors) continue;
     float scale[8];
-    Unpack8(w[index], scale);
+    Unpack8(scale_bits[v], scale);
 #pragma unroll
     for (int i = 0; i < 8; ++i) values[v][i] = values[v][i] * inv_rms * scale[i];
     dst[index] = Pack8(values[v]);
