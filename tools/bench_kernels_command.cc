@@ -161,21 +161,39 @@ int Run(const KernelsFlags& flags) {
     std::printf("== decode step, %s shape, batch %d x %d context (dummy weights, %s)\n",
                 dir.c_str(), flags.batch, flags.context,
                 flags.no_graph ? "no graph" : "CUDA graph");
-    // The defaults (cuBLASLt GEMMs, programmatic dependent launch) first, then variants
-    // for comparison, each on a backend of its own: the GEMM choice is read when a backend
-    // starts.
+    // The defaults first, then variants for comparison, each on a backend of its own: the
+    // choices are read from the environment when a backend starts (GEMMs, fused RoPE) or per
+    // call (decode attention CTA shape).
     struct Variant {
       const char* label;
       const char* key;
-      const char* gemm;
-      bool pdl;
+      const char* gemm;                 // SIEVE_GEMM
+      bool pdl;                         // SetPdlEnabled
+      const char* attention;            // SIEVE_DECODE_ATTENTION
+      const char* fused_rope;           // SIEVE_FUSED_ROPE
+      const char* reduction = nullptr;  // SIEVE_GEMM_REDUCTION
     };
-    const Variant variants[] = {{"", "", "cublaslt", true},
-                                {", auto GEMM plans", "_auto", "auto", true},
-                                {", small-m GEMMs", "_small_m", "small_m", true},
-                                {", no PDL", "_no_pdl", "cublaslt", false}};
+    const Variant variants[] = {
+        {"", "", nullptr, true, nullptr, nullptr},
+        {", auto GEMM plans", "_auto", "auto", true, nullptr, nullptr},
+        {", small-m GEMMs", "_small_m", "small_m", true, nullptr, nullptr},
+        {", no PDL", "_no_pdl", nullptr, false, nullptr, nullptr},
+        {", wide attention CTAs", "_wide", nullptr, true, "wide", nullptr},
+        {", RoPE not fused", "_unfused_rope", nullptr, true, nullptr, "0"},
+        {", no split-k GEMMs", "_no_split_k", nullptr, true, nullptr, nullptr, "none"},
+    };
+    const auto set = [](const char* name, const char* value) {
+      if (value != nullptr) {
+        setenv(name, value, 1);
+      } else {
+        unsetenv(name);
+      }
+    };
     for (const Variant& variant : variants) {
-      setenv("SIEVE_GEMM", variant.gemm, 1);
+      set("SIEVE_GEMM", variant.gemm);
+      set("SIEVE_DECODE_ATTENTION", variant.attention);
+      set("SIEVE_FUSED_ROPE", variant.fused_rope);
+      set("SIEVE_GEMM_REDUCTION", variant.reduction);
       cuda::SetPdlEnabled(variant.pdl);
       auto step_backend = MakeCudaBackend(0);
       if (!step_backend.ok()) {
@@ -220,7 +238,10 @@ int Run(const KernelsFlags& flags) {
       }
     }
     cuda::SetPdlEnabled(true);
-    unsetenv("SIEVE_GEMM");
+    for (const char* name :
+         {"SIEVE_GEMM", "SIEVE_DECODE_ATTENTION", "SIEVE_FUSED_ROPE", "SIEVE_GEMM_REDUCTION"}) {
+      unsetenv(name);
+    }
   }
   if (!flags.result_json.empty()) {
     std::ofstream out(flags.result_json);

@@ -62,6 +62,48 @@ SmallMGemmArgs SmallMArgs(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* 
   return args;
 }
 
+uint32_t ReductionMaskFromEnvironment() {
+  const char* value = std::getenv("SIEVE_GEMM_REDUCTION");
+  if (value == nullptr || *value == '\0' || std::strcmp(value, "any") == 0) {
+    return CUBLASLT_REDUCTION_SCHEME_MASK;
+  }
+  if (std::strcmp(value, "inplace") == 0) return CUBLASLT_REDUCTION_SCHEME_INPLACE;
+  if (std::strcmp(value, "none") == 0) return CUBLASLT_REDUCTION_SCHEME_NONE;
+  std::fprintf(stderr, "SIEVE_GEMM_REDUCTION=%s: expected any, inplace or none\n", value);
+  std::exit(2);
+}
+
+// One uint32 attribute of an algo's configuration, or -1.
+int AlgoConfig(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attribute) {
+  uint32_t value = 0;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attribute, &value, sizeof(value), &written) !=
+      CUBLAS_STATUS_SUCCESS) {
+    return -1;
+  }
+  return static_cast<int>(value);
+}
+
+// " (algo 21, tile 18, stages 12, split-k 3 in place)": what cuBLASLt's config holds, for logs.
+std::string Describe(const cublasLtMatmulAlgo_t& algo) {
+  const auto get = [&](cublasLtMatmulAlgoConfigAttributes_t what) {
+    return AlgoConfig(algo, what);
+  };
+  const int splits = get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+  const int scheme = get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME);
+  std::string text = " (algo " + std::to_string(get(CUBLASLT_ALGO_CONFIG_ID)) + ", tile " +
+                     std::to_string(get(CUBLASLT_ALGO_CONFIG_TILE_ID)) + ", stages " +
+                     std::to_string(get(CUBLASLT_ALGO_CONFIG_STAGES_ID)) + ", split-k " +
+                     std::to_string(splits);
+  if (splits > 1) {
+    text += scheme == CUBLASLT_REDUCTION_SCHEME_INPLACE        ? " in place"
+            : scheme == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE ? " via f32 workspace"
+            : scheme == CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE  ? " via output-type workspace"
+                                                               : "";
+  }
+  return text + ")";
+}
+
 }  // namespace
 
 GemmChoice GemmChoiceFromEnvironment() {
@@ -76,7 +118,11 @@ GemmChoice GemmChoiceFromEnvironment() {
 }
 
 GemmRunner::GemmRunner(cudaStream_t stream)
-    : stream_(stream), choice_(GemmChoiceFromEnvironment()) {
+    : stream_(stream),
+      choice_(GemmChoiceFromEnvironment()),
+      reduction_mask_(ReductionMaskFromEnvironment()) {
+  const char* verbose = std::getenv("SIEVE_GEMM_VERBOSE");
+  verbose_ = verbose != nullptr && std::strcmp(verbose, "0") != 0 && *verbose != '\0';
   SIEVE_CUBLAS_CHECK(cublasLtCreate(&lt_));
   SIEVE_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
   SIEVE_CUDA_CHECK(cudaEventCreate(&start_));
@@ -156,6 +202,9 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
   const size_t workspace = kWorkspaceBytes;
   SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+  SIEVE_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                           &reduction_mask_, sizeof(reduction_mask_)));
   std::vector<cublasLtMatmulHeuristicResult_t> results(CublasCandidates());
   int cublas_count = 0;
   SIEVE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.c, plan.c,
@@ -243,6 +292,12 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
     }
   }
   if (plan.small_m_splits > 1 && !clusters) EnsureSplitBuffers();
+  if (plan.small_m_splits == 0) plan.name += Describe(plan.algo);
+  if (verbose_) {
+    std::fprintf(stderr, "GEMM plan %lld x %lld x %lld%s: %s\n", static_cast<long long>(m),
+                 static_cast<long long>(n), static_cast<long long>(k), out_f32 ? " (f32 out)" : "",
+                 plan.name.c_str());
+  }
   return plans_.emplace(key, plan).first->second;
 }
 

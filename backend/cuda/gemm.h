@@ -70,6 +70,11 @@ class GemmRunner {
 
   cudaStream_t stream_;
   GemmChoice choice_;
+  // SIEVE_GEMM_REDUCTION: which cuBLASLt split-k reductions a plan may use ("any", the default;
+  // "inplace": in the output, one kernel; "none": no split-k). The other two schemes add a
+  // reduction kernel after the GEMM.
+  uint32_t reduction_mask_;
+  bool verbose_;  // SIEVE_GEMM_VERBOSE=1: print each plan as it is made
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   std::map<Key, Plan> plans_;
