@@ -1,4 +1,5 @@
-// Attention ops of the CPU backend: RoPE + cache write, K/V gather, prefill and decode attention.
+// Attention ops of the CPU backend: RoPE (+ the folded RMSNorm's row scaling) + cache write, K/V
+// gather, prefill and decode attention.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -46,20 +47,29 @@ void RotateHalf(float* x, const float* cos_sin, int head_dim) {
 }  // namespace
 
 void CpuBackend::RopeAndCacheWrite(Tensor& qkv, const Tensor& rope_table, int num_heads,
-                                   const StepMeta& step, int layer, KvPool& pool,
-                                   RopeTokens tokens) {
+                                   const StepMeta& step, int layer, KvPool& pool, RopeTokens tokens,
+                                   RowRms norm) {
   const int head_dim = pool.head_dim;
   const int kv_heads = pool.num_kv_heads;
   const int64_t max_position = rope_table.dim(0);
   const int32_t* positions = I32(step.positions);
   const int first_token = tokens == RopeTokens::kDecode ? step.num_prefill_tokens : 0;
   const int end_token = tokens == RopeTokens::kPrefill ? step.num_prefill_tokens : step.num_tokens;
+  const int64_t row_width = static_cast<int64_t>(num_heads + 2 * kv_heads) * head_dim;
+  SIEVE_CHECK(qkv.rank() == 2 && qkv.dim(1) == row_width && qkv.stride(1) == 1)
+      << "qkv " << qkv.ShapeString() << " for " << num_heads << " + 2 x " << kv_heads << " heads";
+  CheckRowRms(norm, qkv.dim(0), "rope_and_cache_write");
   pool_.ParallelFor(end_token - first_token, 8, [&](int64_t begin, int64_t end) {
     for (int64_t token = first_token + begin; token < first_token + end; ++token) {
       const int32_t position = positions[token];
       SIEVE_CHECK(position >= 0 && position < max_position) << "position " << position;
       const float* cos_sin = rope_table.data_as<float>() + position * rope_table.stride(0);
       float* row = qkv.data_as<float>() + token * qkv.stride(0);
+      // The folded RMSNorm: q, k and v scaled by the token's s in place, before rotating.
+      if (norm.rows != nullptr) {
+        const float s = RowRmsScale(norm, token);
+        for (int64_t index = 0; index < row_width; ++index) row[index] *= s;
+      }
       for (int head = 0; head < num_heads + kv_heads; ++head) {
         RotateHalf(row + head * head_dim, cos_sin, head_dim);
       }

@@ -30,11 +30,13 @@ class CpuBackend final : public Backend {
   void AddRmsNorm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
                   Tensor& out) override;
   void Linear(const Tensor& x, const Tensor& w, Tensor& out) override;
-  void SiluMul(const Tensor& gate_up, Tensor& out) override;
+  void LinearAdd(const Tensor& x, const Tensor& w, Tensor& out) override;
+  void ScaleColumns(Tensor& w, const Tensor& scale) override;
+  void SiluMul(const Tensor& gate_up, Tensor& out, RowRms norm) override;
   void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) override;
 
   void RopeAndCacheWrite(Tensor& qkv, const Tensor& rope_table, int num_heads, const StepMeta& step,
-                         int layer, KvPool& pool, RopeTokens tokens) override;
+                         int layer, KvPool& pool, RopeTokens tokens, RowRms norm) override;
   void GatherPrefillKv(const Tensor& qkv, int num_heads, const StepMeta& step, int layer,
                        const KvPool& pool, Tensor& k_out, Tensor& v_out) override;
   void PrefillAttention(const Tensor& q, const Tensor& k, const Tensor& v, int num_heads,
@@ -52,8 +54,17 @@ class CpuBackend final : public Backend {
   void ScatterInt32(const Tensor& patches, int count, Tensor& dst) override;
 
  private:
+  // out = x @ w^T, or out += x @ w^T with `accumulate` (f32 sum of out and the product).
+  void Gemm(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate);
+
   ThreadPool& pool_;
 };
+
+// RowRms on the CPU. CheckRowRms: norm.rows, when set, is a 2-D f32 host tensor of `rows` rows.
+// RowRmsScale: s of row `row`, cpu::InvRms of norm.rows's row (exactly the inverse RMS RmsNorm
+// uses); 1 when norm.rows is null.
+void CheckRowRms(const RowRms& norm, int64_t rows, const char* what);
+float RowRmsScale(const RowRms& norm, int64_t row);
 
 // Pools one KV head's prefix scores and returns the `keep` best positions, ascending; ties go to
 // the lower position. Exposed for the sparsity reference tests. `scores` has `count` values.

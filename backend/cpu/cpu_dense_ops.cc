@@ -1,4 +1,5 @@
-// Dense ops of the CPU backend: embedding, norms, GEMM, SiLU-and-multiply, row gather.
+// Dense ops of the CPU backend: embedding, norms, GEMM (plain and accumulating), weight column
+// scaling, SiLU-and-multiply, row gather.
 #include <cmath>
 #include <cstring>
 
@@ -17,15 +18,24 @@ void CheckF32Rows(const Tensor& tensor, const char* what) {
 }
 
 void RmsNormRow(const float* x, const float* weight, float eps, int64_t width, float* out) {
-  double sum_squares = 0.0;
-  for (int64_t index = 0; index < width; ++index)
-    sum_squares += static_cast<double>(x[index]) * x[index];
-  const float inv_rms =
-      1.0f / std::sqrt(static_cast<float>(sum_squares / static_cast<double>(width)) + eps);
+  const float inv_rms = cpu::InvRms(x, width, eps);
   for (int64_t index = 0; index < width; ++index) out[index] = x[index] * inv_rms * weight[index];
 }
 
 }  // namespace
+
+void CheckRowRms(const RowRms& norm, int64_t rows, const char* what) {
+  if (norm.rows == nullptr) return;
+  CheckF32Rows(*norm.rows, "RowRms rows");
+  SIEVE_CHECK(norm.rows->dim(0) == rows)
+      << what << ": RowRms rows " << norm.rows->ShapeString() << " for " << rows << " rows";
+}
+
+float RowRmsScale(const RowRms& norm, int64_t row) {
+  if (norm.rows == nullptr) return 1.0f;
+  const Tensor& rows = *norm.rows;
+  return cpu::InvRms(rows.data_as<float>() + row * rows.stride(0), rows.dim(1), norm.eps);
+}
 
 void CpuBackend::Embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
   CheckF32Rows(table, "embedding table");
@@ -70,6 +80,14 @@ void CpuBackend::AddRmsNorm(Tensor& residual, const Tensor& x, const Tensor& wei
 }
 
 void CpuBackend::Linear(const Tensor& x, const Tensor& w, Tensor& out) {
+  Gemm(x, w, out, /*accumulate=*/false);
+}
+
+void CpuBackend::LinearAdd(const Tensor& x, const Tensor& w, Tensor& out) {
+  Gemm(x, w, out, /*accumulate=*/true);
+}
+
+void CpuBackend::Gemm(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) {
   CheckF32Rows(x, "linear input");
   CheckF32Rows(w, "linear weight");
   CheckF32Rows(out, "linear output");
@@ -95,26 +113,53 @@ void CpuBackend::Linear(const Tensor& x, const Tensor& w, Tensor& out) {
         const float* in = x.data_as<float>() + row * x.stride(0);
         float* dst = out.data_as<float>() + row * out.stride(0);
         for (int64_t col = col_begin; col < col_end; ++col) {
-          dst[col] = cpu::Dot(in, w.data_as<float>() + col * w.stride(0), inner);
+          const float product = cpu::Dot(in, w.data_as<float>() + col * w.stride(0), inner);
+          dst[col] = accumulate ? dst[col] + product : product;
         }
       }
     }
   });
 }
 
-void CpuBackend::SiluMul(const Tensor& gate_up, Tensor& out) {
+void CpuBackend::ScaleColumns(Tensor& w, const Tensor& scale) {
+  CheckF32Rows(w, "scale_columns weight");
+  const int64_t cols = w.dim(1);
+  SIEVE_CHECK(scale.device() == Device::kCpu && scale.dtype() == DType::kF32 && scale.rank() == 1 &&
+              scale.dim(0) == cols)
+      << "scale_columns: scale " << scale.ShapeString() << " for weight " << w.ShapeString();
+  const float* factors = scale.data_as<float>();
+  pool_.ParallelFor(w.dim(0), 16, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      float* dst = w.data_as<float>() + row * w.stride(0);
+      for (int64_t col = 0; col < cols; ++col) dst[col] *= factors[col];
+    }
+  });
+}
+
+void CpuBackend::SiluMul(const Tensor& gate_up, Tensor& out, RowRms norm) {
   CheckF32Rows(gate_up, "silu_mul input");
   CheckF32Rows(out, "silu_mul output");
   const int64_t width = out.dim(1);
-  SIEVE_CHECK(gate_up.dim(1) == 2 * width);
+  SIEVE_CHECK(gate_up.dim(1) == 2 * width && gate_up.dim(0) == out.dim(0))
+      << "silu_mul shapes " << gate_up.ShapeString() << " -> " << out.ShapeString();
+  CheckRowRms(norm, gate_up.dim(0), "silu_mul");
   pool_.ParallelFor(out.dim(0), 4, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const float* gate = gate_up.data_as<float>() + row * gate_up.stride(0);
       const float* up = gate + width;
       float* dst = out.data_as<float>() + row * out.stride(0);
+      if (norm.rows == nullptr) {
+        for (int64_t index = 0; index < width; ++index) {
+          const float g = gate[index];
+          dst[index] = g / (1.0f + std::exp(-g)) * up[index];
+        }
+        continue;
+      }
+      // s * gate and s * up in f32, not rounded in between (the act dtype is f32 here anyway).
+      const float s = RowRmsScale(norm, row);
       for (int64_t index = 0; index < width; ++index) {
-        const float g = gate[index];
-        dst[index] = g / (1.0f + std::exp(-g)) * up[index];
+        const float g = s * gate[index];
+        dst[index] = g / (1.0f + std::exp(-g)) * (s * up[index]);
       }
     }
   });

@@ -2,6 +2,7 @@
 // and later (independent partial sums instead of one serial accumulator).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 namespace sieve::cpu {
@@ -17,6 +18,17 @@ inline float Dot(const float* a, const float* b, int64_t count) {
   for (int lane = 0; lane < kLanes; ++lane) sum += partial[lane];
   for (; index < count; ++index) sum += a[index] * b[index];
   return sum;
+}
+
+// 1 / sqrt(mean(x^2) + eps), the inverse RMS of one row as RmsNorm and the RowRms scaling of
+// the folded-norm ops (SiluMul, RopeAndCacheWrite) both compute it: the sum of squares in double,
+// the mean rounded to f32, then eps added, the square root taken and the reciprocal formed in f32.
+inline float InvRms(const float* x, int64_t width, float eps) {
+  double sum_squares = 0.0;
+  for (int64_t index = 0; index < width; ++index) {
+    sum_squares += static_cast<double>(x[index]) * x[index];
+  }
+  return 1.0f / std::sqrt(static_cast<float>(sum_squares / static_cast<double>(width)) + eps);
 }
 
 // y += alpha * x

@@ -1,7 +1,9 @@
 // RopeAndCacheWrite's token ranges on the CPU reference, and RopeDecodeAttention's default: on a
 // mixed step (prefill chunks, then decode tokens; one sequence that writes nothing), the prefill
 // range followed by the decode range is bitwise the whole step, each range touches only its own
-// tokens' rows and pool entries, and RopeDecodeAttention is the decode range then DecodeAttention.
+// tokens' rows and pool entries, and RopeDecodeAttention is the decode range then DecodeAttention;
+// each without and with a folded RMSNorm (RowRms). With one, each token's q, k and v are RoPE of
+// the row scaled by 1 / rms of the token's norm row, against a double-precision reference.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -29,6 +32,8 @@ constexpr int kMaxPages = 8;
 constexpr int kNumPages = kLayers * kMaxSeqs * kMaxPages + 5;
 constexpr int kWidth = (kHeads + 2 * kKvHeads) * kHeadDim;
 constexpr int kMaxPositions = 64;
+constexpr int kNormWidth = 48;  // D of the residual rows RowRms reads
+constexpr float kEps = 1e-5f;
 
 Tensor Floats(const std::vector<float>& values, std::vector<int64_t> shape) {
   Tensor tensor = Tensor::Empty(std::move(shape), DType::kF32);
@@ -54,6 +59,7 @@ struct MixedStep {
   std::vector<int32_t> write_start = {0, 6, 9, 3,  12,   // layer 0
                                       0, 6, 9, -1, 12};  // layer 1
   std::vector<float> qkv, k_pool, v_pool, scores, rope;
+  std::vector<float> norm_rows;  // [tokens][kNormWidth], rows of very different RMS
   std::vector<int32_t> positions, query_start = {0}, table, kv_lens;
   int tokens = 0;
   int prefill_tokens = 0;
@@ -72,6 +78,14 @@ struct MixedStep {
     for (int seq = 2; seq < 5; ++seq) kv_lens[kLayer * kMaxSeqs + slots[seq]] = context[seq] + 1;
     qkv.resize(static_cast<size_t>(tokens) * kWidth);
     sieve::testing::FillRandom(qkv.data(), qkv.size(), rng);
+    norm_rows.resize(static_cast<size_t>(tokens) * kNormWidth);
+    sieve::testing::FillRandom(norm_rows.data(), norm_rows.size(), rng);
+    std::uniform_real_distribution<double> log_scale(-3.0, 3.0);
+    for (int token = 0; token < tokens; ++token) {
+      const float factor = static_cast<float>(std::exp(log_scale(rng)));
+      for (int index = 0; index < kNormWidth; ++index)
+        norm_rows[token * kNormWidth + index] *= factor;
+    }
     k_pool.resize(static_cast<size_t>(kNumPages) * kPageSize * kKvHeads * kHeadDim);
     sieve::testing::FillRandom(k_pool.data(), k_pool.size(), rng);
     v_pool.resize(k_pool.size());
@@ -141,7 +155,14 @@ void ExpectPoolsEqual(const KvPool& actual, const KvPool& expected) {
   EXPECT_EQ(Values<int32_t>(actual.positions), Values<int32_t>(expected.positions));
 }
 
-TEST(CpuRopeTest, PrefillThenDecodeRangeIsTheWholeStep) {
+// Runs each test without (false) and with (true) a folded RMSNorm.
+class CpuRopeTest : public ::testing::TestWithParam<bool> {
+ protected:
+  // RowRms over `rows` when the parameter asks for one.
+  RowRms Norm(const Tensor& rows) const { return GetParam() ? RowRms{&rows, kEps} : RowRms{}; }
+};
+
+TEST_P(CpuRopeTest, PrefillThenDecodeRangeIsTheWholeStep) {
   std::mt19937_64 rng = sieve::testing::MakeRng();
   const MixedStep mixed(rng);
   auto cpu = MakeCpuBackend();
@@ -152,17 +173,22 @@ TEST(CpuRopeTest, PrefillThenDecodeRangeIsTheWholeStep) {
   mixed.Build(step, split_pool, split_qkv);
   mixed.Build(step, prefill_pool, prefill_qkv);
   const Tensor rope = Floats(mixed.rope, {kMaxPositions, kHeadDim / 2, 2});
+  const Tensor rows = Floats(mixed.norm_rows, {mixed.tokens, kNormWidth});
+  const RowRms norm = Norm(rows);
 
-  cpu->RopeAndCacheWrite(all_qkv, rope, kHeads, step, kLayer, all_pool, RopeTokens::kAll);
-  cpu->RopeAndCacheWrite(split_qkv, rope, kHeads, step, kLayer, split_pool, RopeTokens::kPrefill);
-  cpu->RopeAndCacheWrite(split_qkv, rope, kHeads, step, kLayer, split_pool, RopeTokens::kDecode);
+  cpu->RopeAndCacheWrite(all_qkv, rope, kHeads, step, kLayer, all_pool, RopeTokens::kAll, norm);
+  cpu->RopeAndCacheWrite(split_qkv, rope, kHeads, step, kLayer, split_pool, RopeTokens::kPrefill,
+                         norm);
+  cpu->RopeAndCacheWrite(split_qkv, rope, kHeads, step, kLayer, split_pool, RopeTokens::kDecode,
+                         norm);
   EXPECT_EQ(Values<float>(split_qkv), Values<float>(all_qkv));
   ExpectPoolsEqual(split_pool, all_pool);
 
-  // The prefill range alone: prefill rows as in the whole step, decode rows untouched; pool
-  // entries of the decode sequences untouched, the prefill sequences' written.
+  // The prefill range alone: prefill rows as in the whole step, decode rows untouched (not
+  // scaled either); pool entries of the decode sequences untouched, the prefill sequences'
+  // written.
   cpu->RopeAndCacheWrite(prefill_qkv, rope, kHeads, step, kLayer, prefill_pool,
-                         RopeTokens::kPrefill);
+                         RopeTokens::kPrefill, norm);
   const std::vector<float> rotated = Values<float>(prefill_qkv);
   const std::vector<float> whole = Values<float>(all_qkv);
   const size_t split_at = static_cast<size_t>(mixed.prefill_tokens) * kWidth;
@@ -192,7 +218,7 @@ TEST(CpuRopeTest, PrefillThenDecodeRangeIsTheWholeStep) {
   }
 }
 
-TEST(CpuRopeTest, RopeDecodeAttentionIsDecodeRopeThenDecodeAttention) {
+TEST_P(CpuRopeTest, RopeDecodeAttentionIsDecodeRopeThenDecodeAttention) {
   std::mt19937_64 rng = sieve::testing::MakeRng();
   const MixedStep mixed(rng);
   auto cpu = MakeCpuBackend();
@@ -202,12 +228,14 @@ TEST(CpuRopeTest, RopeDecodeAttentionIsDecodeRopeThenDecodeAttention) {
   mixed.Build(step, fused_pool, fused_qkv);
   mixed.Build(step, pool, qkv);
   const Tensor rope = Floats(mixed.rope, {kMaxPositions, kHeadDim / 2, 2});
+  const Tensor rows = Floats(mixed.norm_rows, {mixed.tokens, kNormWidth});
+  const RowRms norm = Norm(rows);
   Tensor fused_out = Floats(std::vector<float>(mixed.tokens * kHeads * kHeadDim, NAN),
                             {mixed.tokens, kHeads * kHeadDim});
   Tensor out = Floats(Values<float>(fused_out), {mixed.tokens, kHeads * kHeadDim});
 
-  cpu->RopeDecodeAttention(fused_qkv, rope, kHeads, step, kLayer, fused_pool, fused_out);
-  cpu->RopeAndCacheWrite(qkv, rope, kHeads, step, kLayer, pool, RopeTokens::kDecode);
+  cpu->RopeDecodeAttention(fused_qkv, rope, kHeads, step, kLayer, fused_pool, fused_out, norm);
+  cpu->RopeAndCacheWrite(qkv, rope, kHeads, step, kLayer, pool, RopeTokens::kDecode, norm);
   cpu->DecodeAttention(qkv.Columns(0, kHeads * kHeadDim), kHeads, step, kLayer, pool, out);
   const std::vector<float> fused_values = Values<float>(fused_out);
   EXPECT_EQ(std::memcmp(fused_values.data(), out.data(), fused_values.size() * sizeof(float)), 0);
@@ -219,6 +247,92 @@ TEST(CpuRopeTest, RopeDecodeAttentionIsDecodeRopeThenDecodeAttention) {
                            [](float value) { return std::isnan(value); }));
   ExpectPoolsEqual(fused_pool, pool);
 }
+
+// Each token of the range: q, k and v are its qkv row times s = 1 / sqrt(mean(norm row^2) + eps),
+// q and k then rotated; computed here in double from the same f32 cos/sin table. The rows are
+// written back into qkv and k, v into the pool; tokens outside the range keep their rows.
+TEST_P(CpuRopeTest, MatchesDoubleReference) {
+  std::mt19937_64 rng = sieve::testing::MakeRng();
+  const MixedStep mixed(rng);
+  auto cpu = MakeCpuBackend();
+  const Tensor rope = Floats(mixed.rope, {kMaxPositions, kHeadDim / 2, 2});
+  const Tensor rows = Floats(mixed.norm_rows, {mixed.tokens, kNormWidth});
+  const RowRms norm = Norm(rows);
+  for (const RopeTokens tokens : {RopeTokens::kPrefill, RopeTokens::kDecode, RopeTokens::kAll}) {
+    StepMeta step;
+    KvPool pool;
+    Tensor qkv;
+    mixed.Build(step, pool, qkv);
+    cpu->RopeAndCacheWrite(qkv, rope, kHeads, step, kLayer, pool, tokens, norm);
+    const int first = tokens == RopeTokens::kDecode ? mixed.prefill_tokens : 0;
+    const int end = tokens == RopeTokens::kPrefill ? mixed.prefill_tokens : mixed.tokens;
+    const std::vector<float> actual = Values<float>(qkv);
+    double worst = 0;
+    for (int token = 0; token < mixed.tokens; ++token) {
+      const float* in = mixed.qkv.data() + static_cast<size_t>(token) * kWidth;
+      const float* got = actual.data() + static_cast<size_t>(token) * kWidth;
+      if (token < first || token >= end) {
+        EXPECT_TRUE(std::equal(got, got + kWidth, in)) << "token " << token << " was touched";
+        continue;
+      }
+      double s = 1.0;
+      if (GetParam()) {
+        double sum_squares = 0;
+        for (int index = 0; index < kNormWidth; ++index) {
+          const double value = mixed.norm_rows[token * kNormWidth + index];
+          sum_squares += value * value;
+        }
+        s = 1.0 / std::sqrt(sum_squares / kNormWidth + kEps);
+      }
+      const float* cos_sin = mixed.rope.data() + mixed.positions[token] * kHeadDim;
+      for (int head = 0; head < kHeads + 2 * kKvHeads; ++head) {
+        const bool rotated = head < kHeads + kKvHeads;  // v is scaled only
+        for (int index = 0; index < kHeadDim; ++index) {
+          const int pair = index % (kHeadDim / 2);
+          const double c = rotated ? cos_sin[2 * pair] : 1.0;
+          const double sn = rotated ? cos_sin[2 * pair + 1] : 0.0;
+          const double a = s * in[head * kHeadDim + pair];
+          const double b = s * in[head * kHeadDim + pair + kHeadDim / 2];
+          const double expected = index < kHeadDim / 2 ? a * c - b * sn : b * c + a * sn;
+          const double error = std::abs(got[head * kHeadDim + index] - expected);
+          worst = std::max(worst, error / std::max(1.0, std::abs(expected)));
+        }
+      }
+    }
+    EXPECT_LE(worst, 1e-5) << "tokens " << static_cast<int>(tokens);
+    // The pool holds exactly the rows' k and v (written from the scaled, rotated rows).
+    const std::vector<float> k_pool = Values<float>(pool.k);
+    const std::vector<float> v_pool = Values<float>(pool.v);
+    for (int seq = 0; seq < 5; ++seq) {
+      const bool prefill = seq < 2;
+      if ((tokens == RopeTokens::kPrefill && !prefill) ||
+          (tokens == RopeTokens::kDecode && prefill)) {
+        continue;
+      }
+      const int start = mixed.write_start[kLayer * 5 + seq];
+      if (start < 0) continue;
+      for (int index = 0; index < mixed.chunk[seq]; ++index) {
+        const int token = mixed.query_start[seq] + index;
+        const int entry_index = start + index;
+        const int page = mixed.table[(kLayer * kMaxSeqs + mixed.slots[seq]) * kMaxPages +
+                                     entry_index / kPageSize];
+        const int64_t entry = static_cast<int64_t>(page) * kPageSize + entry_index % kPageSize;
+        const float* row = actual.data() + static_cast<size_t>(token) * kWidth;
+        EXPECT_TRUE(std::equal(row + kHeads * kHeadDim, row + (kHeads + kKvHeads) * kHeadDim,
+                               k_pool.begin() + entry * kKvHeads * kHeadDim))
+            << "k of token " << token;
+        EXPECT_TRUE(std::equal(row + (kHeads + kKvHeads) * kHeadDim, row + kWidth,
+                               v_pool.begin() + entry * kKvHeads * kHeadDim))
+            << "v of token " << token;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Norm, CpuRopeTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? std::string("FoldedRmsNorm") : std::string("NoNorm");
+                         });
 
 }  // namespace
 }  // namespace sieve
