@@ -1,5 +1,6 @@
 #include "model/llama_model.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -56,10 +57,27 @@ std::string LayerName(int layer, const char* suffix) {
   return "model.layers." + std::to_string(layer) + "." + suffix;
 }
 
+// Folded norms unless SIEVE_FOLD_NORMS is "0".
+bool FoldNormsFromEnv() {
+  const char* value = std::getenv("SIEVE_FOLD_NORMS");
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
 }  // namespace
 
 LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, int max_positions)
-    : config_(config), backend_(backend), max_positions_(max_positions) {}
+    : config_(config),
+      backend_(backend),
+      max_positions_(max_positions),
+      folded_norms_(FoldNormsFromEnv()) {}
+
+void LlamaModel::FoldNorms() {
+  if (!folded_norms_) return;
+  for (LlamaLayerWeights& w : weights_.layers) {
+    backend_.ScaleColumns(w.qkv, w.attn_norm);
+    backend_.ScaleColumns(w.gate_up, w.mlp_norm);
+  }
+}
 
 void LlamaModel::UploadRopeTable() {
   const std::vector<float> table = BuildRopeTable(config_, max_positions_);
@@ -103,6 +121,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Load(const ModelConfig& config,
     SIEVE_ASSIGN_OR_RETURN(
         w.down, UploadFused(backend, checkpoint, {LayerName(layer, "mlp.down_proj.weight")}));
   }
+  model->FoldNorms();
   model->UploadRopeTable();
   return model;
 }
@@ -139,6 +158,7 @@ std::unique_ptr<LlamaModel> LlamaModel::Random(const ModelConfig& config, Backen
     w.gate_up = matrix(2 * static_cast<int64_t>(config.intermediate_size), d);
     w.down = matrix(d, config.intermediate_size);
   }
+  model->FoldNorms();
   model->UploadRopeTable();
   return model;
 }
@@ -205,14 +225,21 @@ void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& w
   Tensor v_scratch = ws.v_scratch.Rows(0, step.num_prefill_keys);
 
   backend_.Embedding(weights_.embed, step.token_ids, hidden);
-  backend_.RmsNorm(hidden, weights_.layers[0].attn_norm, eps, normed);
+  // Folded norms: the GEMMs after the norms read the residual stream `hidden` itself and the ops
+  // after them scale each row by its inverse RMS; `hidden` does not change between a layer's qkv
+  // GEMM and its attention ops, nor between its gate_up GEMM and SiluMul. Unfolded: `normed`
+  // holds RmsNorm(hidden) and no op scales.
+  const RowRms norm = folded_norms_ ? RowRms{&hidden, eps} : RowRms{};
+  const Tensor& gemm_input = folded_norms_ ? hidden : normed;
+  if (!folded_norms_) backend_.RmsNorm(hidden, weights_.layers[0].attn_norm, eps, normed);
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     const LlamaLayerWeights& w = weights_.layers[layer];
-    backend_.Linear(normed, w.qkv, qkv);
+    backend_.Linear(gemm_input, w.qkv, qkv);
     // Decode tokens are rotated and written by RopeDecodeAttention below; nothing in between
     // reads them (the prefill ops touch prefill sequences only).
     if (prefill_tokens > 0) {
-      backend_.RopeAndCacheWrite(qkv, rope_table_, heads, step, layer, pool, RopeTokens::kPrefill);
+      backend_.RopeAndCacheWrite(qkv, rope_table_, heads, step, layer, pool, RopeTokens::kPrefill,
+                                 norm);
     }
     if (step.num_prefill_seqs > 0) {
       Tensor q_prefill = q.Rows(0, prefill_tokens);
@@ -227,20 +254,28 @@ void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& w
       }
     }
     if (step.num_seqs > step.num_prefill_seqs) {
-      backend_.RopeDecodeAttention(qkv, rope_table_, heads, step, layer, pool, attn);
+      backend_.RopeDecodeAttention(qkv, rope_table_, heads, step, layer, pool, attn, norm);
       if (step.eviction_begin[layer + 1] > step.eviction_begin[layer]) {
         backend_.EvictEntries(step, layer, pool);
       }
     }
+    if (folded_norms_) {
+      backend_.LinearAdd(attn, w.o, hidden);
+      backend_.Linear(hidden, w.gate_up, gate_up);
+      backend_.SiluMul(gate_up, act, norm);
+      backend_.LinearAdd(act, w.down, hidden);
+      continue;
+    }
     backend_.Linear(attn, w.o, proj);
     backend_.AddRmsNorm(hidden, proj, w.mlp_norm, eps, normed);
     backend_.Linear(normed, w.gate_up, gate_up);
-    backend_.SiluMul(gate_up, act);
+    backend_.SiluMul(gate_up, act, RowRms{});
     backend_.Linear(act, w.down, proj);
     const Tensor& next_norm =
         layer + 1 < config_.num_layers ? weights_.layers[layer + 1].attn_norm : weights_.final_norm;
     backend_.AddRmsNorm(hidden, proj, next_norm, eps, normed);
   }
+  if (folded_norms_) backend_.RmsNorm(hidden, weights_.final_norm, eps, normed);
   Tensor last = ws.last.Rows(0, step.num_sample_rows);
   backend_.GatherRows(normed, step.sample_rows, last);
   backend_.Linear(last, weights_.lm_head, logits);

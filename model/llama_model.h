@@ -2,6 +2,13 @@
 // Backend. Weights are uploaded once at load, with q/k/v fused into one [(H + 2G) hd, D] matrix
 // and gate/up into one [2F, D] matrix so each block runs two input GEMMs instead of five.
 //
+// Folded norms (README.md "Folded norms"; on unless SIEVE_FOLD_NORMS=0 when the model is loaded
+// or made): each layer's RMSNorm weights are multiplied into the columns of the GEMM after them
+// (qkv, gate_up) at load, the GEMMs read the raw residual stream, and the ops after them
+// (RoPE + cache write, decode attention, SiLU-and-multiply) scale each row by its inverse RMS
+// (RowRms); the residual adds happen inside the o and down GEMMs (LinearAdd). A layer runs no
+// RMSNorm kernel: 6 ops per layer in a decode step instead of 8.
+//
 // One Forward() call runs one scheduler step: a mix of prefill chunks and decode tokens
 // described by StepMeta. Inside each layer's prefill attention the layer's KV-sparsity jobs run
 // (window scores, selection, write of the kept entries), so a layer's full-length K/V exists
@@ -21,10 +28,10 @@ namespace sieve {
 
 struct LlamaLayerWeights {
   Tensor attn_norm;  // [D]
-  Tensor qkv;        // [(H + 2G) hd][D]
+  Tensor qkv;        // [(H + 2G) hd][D]; with folded norms its columns carry attn_norm
   Tensor o;          // [D][H hd]
   Tensor mlp_norm;   // [D]
-  Tensor gate_up;    // [2F][D]
+  Tensor gate_up;    // [2F][D]; with folded norms its columns carry mlp_norm
   Tensor down;       // [D][F]
 };
 
@@ -43,10 +50,10 @@ struct ForwardWorkspace {
   int64_t max_scores = 0;
   int64_t max_kept = 0;
   Tensor hidden;     // [max_tokens][D] residual stream
-  Tensor normed;     // [max_tokens][D]
+  Tensor normed;     // [max_tokens][D] (folded norms: only the final norm's output)
   Tensor qkv;        // [max_tokens][(H + 2G) hd]
   Tensor attn;       // [max_tokens][H hd]
-  Tensor proj;       // [max_tokens][D]
+  Tensor proj;       // [max_tokens][D] (unused with folded norms)
   Tensor gate_up;    // [max_tokens][2F]
   Tensor act;        // [max_tokens][F]
   Tensor lse;        // [max_tokens][H] f32
@@ -74,6 +81,8 @@ class LlamaModel {
   int max_positions() const { return max_positions_; }
   const LlamaWeights& weights() const { return weights_; }
   const Tensor& rope_table() const { return rope_table_; }
+  // Whether the RMSNorms are folded into the GEMMs after them (see the top of this file).
+  bool folded_norms() const { return folded_norms_; }
 
   // Makes (or grows) the workspace so it holds a step of these sizes. Not on the hot path: the
   // runner sizes it once at start-up for the largest step it will plan.
@@ -87,10 +96,13 @@ class LlamaModel {
  private:
   LlamaModel(const ModelConfig& config, Backend& backend, int max_positions);
   void UploadRopeTable();
+  // With folded_norms_: qkv *= diag(attn_norm), gate_up *= diag(mlp_norm) for every layer.
+  void FoldNorms();
 
   ModelConfig config_;
   Backend& backend_;
   int max_positions_;
+  bool folded_norms_;  // SIEVE_FOLD_NORMS != "0" when constructed
   LlamaWeights weights_;
   Tensor rope_table_;  // [max_positions][hd / 2][2] f32
 };

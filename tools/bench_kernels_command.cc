@@ -162,16 +162,17 @@ int Run(const KernelsFlags& flags) {
                 dir.c_str(), flags.batch, flags.context,
                 flags.no_graph ? "no graph" : "CUDA graph");
     // The defaults first, then variants for comparison, each on a backend of its own: the
-    // choices are read from the environment when a backend starts (GEMMs, fused RoPE) or per
-    // call (decode attention CTA shape).
+    // choices are read from the environment when a backend starts (GEMMs, fused RoPE), when the
+    // model is made (folded norms) or per call (decode attention CTA shape).
     struct Variant {
       const char* label;
       const char* key;
-      const char* gemm;                 // SIEVE_GEMM
-      bool pdl;                         // SetPdlEnabled
-      const char* attention;            // SIEVE_DECODE_ATTENTION
-      const char* fused_rope;           // SIEVE_FUSED_ROPE
-      const char* reduction = nullptr;  // SIEVE_GEMM_REDUCTION
+      const char* gemm;                  // SIEVE_GEMM
+      bool pdl;                          // SetPdlEnabled
+      const char* attention;             // SIEVE_DECODE_ATTENTION
+      const char* fused_rope;            // SIEVE_FUSED_ROPE
+      const char* reduction = nullptr;   // SIEVE_GEMM_REDUCTION
+      const char* fold_norms = nullptr;  // SIEVE_FOLD_NORMS
     };
     const Variant variants[] = {
         {"", "", nullptr, true, nullptr, nullptr},
@@ -181,6 +182,7 @@ int Run(const KernelsFlags& flags) {
         {", wide attention CTAs", "_wide", nullptr, true, "wide", nullptr},
         {", RoPE not fused", "_unfused_rope", nullptr, true, nullptr, "0"},
         {", no split-k GEMMs", "_no_split_k", nullptr, true, nullptr, nullptr, "none"},
+        {", norms not folded", "_unfolded_norms", nullptr, true, nullptr, nullptr, nullptr, "0"},
     };
     const auto set = [](const char* name, const char* value) {
       if (value != nullptr) {
@@ -194,6 +196,7 @@ int Run(const KernelsFlags& flags) {
       set("SIEVE_DECODE_ATTENTION", variant.attention);
       set("SIEVE_FUSED_ROPE", variant.fused_rope);
       set("SIEVE_GEMM_REDUCTION", variant.reduction);
+      set("SIEVE_FOLD_NORMS", variant.fold_norms);
       cuda::SetPdlEnabled(variant.pdl);
       auto step_backend = MakeCudaBackend(0);
       if (!step_backend.ok()) {
@@ -238,8 +241,8 @@ int Run(const KernelsFlags& flags) {
       }
     }
     cuda::SetPdlEnabled(true);
-    for (const char* name :
-         {"SIEVE_GEMM", "SIEVE_DECODE_ATTENTION", "SIEVE_FUSED_ROPE", "SIEVE_GEMM_REDUCTION"}) {
+    for (const char* name : {"SIEVE_GEMM", "SIEVE_DECODE_ATTENTION", "SIEVE_FUSED_ROPE",
+                             "SIEVE_GEMM_REDUCTION", "SIEVE_FOLD_NORMS"}) {
       unsetenv(name);
     }
   }
