@@ -25,6 +25,15 @@ enum class RopeTokens {
   kDecode,   // [num_prefill_tokens, num_tokens): one token per decode sequence
 };
 
+// An RMSNorm folded into the GEMM before an op (model/README.md, "folded norms"): the op scales
+// row t of its input by s_t = 1 / sqrt(mean(rows[t]^2) + eps) before using it. rows [T][D] act
+// is the residual stream the GEMM read; null rows: no scaling. rms(x) * (x W'^T) with W' = W
+// diag(g) equals RmsNorm(x, g) W^T, so the model needs no RMSNorm kernel between layers.
+struct RowRms {
+  const Tensor* rows = nullptr;
+  float eps = 0.0f;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -57,20 +66,28 @@ class Backend {
   // out = x @ w^T                   x [M][K] act (row stride allowed), w [N][K] act, out [M][N]
   // act or f32 (f32 is how logits are produced).
   virtual void Linear(const Tensor& x, const Tensor& w, Tensor& out) = 0;
-  // out = silu(gate_up[:, :F]) * gate_up[:, F:]     gate_up [T][2F] act, out [T][F] act
-  virtual void SiluMul(const Tensor& gate_up, Tensor& out) = 0;
+  // out += x @ w^T (the residual add fused into the GEMM)    x [M][K] act, w [N][K] act,
+  // out [M][N] act: the f32 sum of out and the product, rounded once.
+  virtual void LinearAdd(const Tensor& x, const Tensor& w, Tensor& out) = 0;
+  // w[n][k] *= scale[k], rounded to act (folds an RMSNorm weight into the next GEMM's weight at
+  // load).    w [N][K] act, scale [K] act
+  virtual void ScaleColumns(Tensor& w, const Tensor& scale) = 0;
+  // out = silu(s gate_up[:, :F]) * (s gate_up[:, F:]), s from `norm` per row (1 when
+  // norm.rows is null)     gate_up [T][2F] act, out [T][F] act
+  virtual void SiluMul(const Tensor& gate_up, Tensor& out, RowRms norm) = 0;
   // out[r] = x[rows[r]]             x [T][D] act, rows [R] i32, out [R][D] act
   virtual void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;
 
   // ---- attention ----
-  // Rotates q and k of the `tokens` in place (rope_table [max_pos][d/2][2] f32 holds cos, sin at
-  // each true position), then writes k and v of each of them whose sequence has
+  // Scales q, k and v of the `tokens` by their row's s (RowRms; in f32, before rotating), rotates
+  // q and k (rope_table [max_pos][d/2][2] f32 holds cos, sin at each true position), writes the
+  // results back into qkv (rounded to act), then writes k and v of each token whose sequence has
   // write_start[layer][s] >= 0 into the pool at entry write_start + (t - query_start[s]) (and the
   // side pools: its position, score 0). Other tokens are left alone.
   // qkv [T][(H + 2G) d] act: q heads, then k heads, then v heads.
   virtual void RopeAndCacheWrite(Tensor& qkv, const Tensor& rope_table, int num_heads,
-                                 const StepMeta& step, int layer, KvPool& pool,
-                                 RopeTokens tokens) = 0;
+                                 const StepMeta& step, int layer, KvPool& pool, RopeTokens tokens,
+                                 RowRms norm) = 0;
   // Builds each prefill sequence's whole K/V in scratch rows key_start[s] .. : the entries cached
   // before this step (context_lens[s] of them, gathered from the layer's pages) followed by the
   // chunk's rotated k and v from qkv.      k_out, v_out [num_prefill_keys][G][d] act
@@ -89,13 +106,15 @@ class Backend {
   // (mean over the KV head's query group) to it (H2O's accumulated attention).
   virtual void DecodeAttention(const Tensor& q, int num_heads, const StepMeta& step, int layer,
                                KvPool& pool, Tensor& out) = 0;
-  // The decode half of a layer's attention: exactly RopeAndCacheWrite(..., RopeTokens::kDecode)
-  // then DecodeAttention(q columns of qkv, ...), as one op so that a backend can fuse the two (the
-  // CUDA backend does, without H2O scores). Afterwards the decode rows of qkv's q and k columns
-  // are unspecified: rotated or not.     qkv [T][(H + 2G) d] act, out [T][H d] act (rows [T_p, T)).
+  // The decode half of a layer's attention: exactly RopeAndCacheWrite(..., RopeTokens::kDecode,
+  // norm) then DecodeAttention(q columns of qkv, ...), as one op so that a backend can fuse the two
+  // (the CUDA backend does, without H2O scores). Afterwards the decode rows of qkv are
+  // unspecified: scaled and rotated or not.     qkv [T][(H + 2G) d] act, out [T][H d] act (rows
+  // [T_p, T)).
   virtual void RopeDecodeAttention(Tensor& qkv, const Tensor& rope_table, int num_heads,
-                                   const StepMeta& step, int layer, KvPool& pool, Tensor& out) {
-    RopeAndCacheWrite(qkv, rope_table, num_heads, step, layer, pool, RopeTokens::kDecode);
+                                   const StepMeta& step, int layer, KvPool& pool, Tensor& out,
+                                   RowRms norm) {
+    RopeAndCacheWrite(qkv, rope_table, num_heads, step, layer, pool, RopeTokens::kDecode, norm);
     const Tensor q = qkv.Columns(0, static_cast<int64_t>(num_heads) * pool.head_dim);
     DecodeAttention(q, num_heads, step, layer, pool, out);
   }

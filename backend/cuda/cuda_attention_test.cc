@@ -483,7 +483,7 @@ TEST_P(DecodeAttentionTest, MatchesCpu) {
         if (cta != DecodeCta::kAuto) {
           DecodeAttentionWithSplits(splits, cta, qkv_dev.get(), qkv_width, nullptr, num_heads, view,
                                     layer, pool_view, out_dev.get(), out_stride, workspace.get(),
-                                    workspace_bytes, nullptr);
+                                    workspace_bytes, RowRmsView{}, nullptr);
         } else {
           DecodeAttention(qkv_dev.get(), qkv_width, num_heads, view, layer, pool_view,
                           out_dev.get(), out_stride, workspace.get(), workspace_bytes, nullptr);
@@ -567,6 +567,7 @@ struct RopeDecodeCase {
   std::vector<int> prefill_chunks;  // prefill sequences ahead of the decode ones in the step
   std::vector<int> splits;          // split counts to run; 0 = RopeDecodeAttention's own choice
   int page_size = 16;
+  bool folded = false;  // q, k, v scaled by a folded RMSNorm's s of random residual rows
 };
 
 void PrintTo(const RopeDecodeCase& test_case, std::ostream* os) { *os << test_case.name; }
@@ -696,9 +697,17 @@ TEST_P(RopeDecodeAttentionTest, MatchesCpuAndTwoKernelPath) {
   pool.positions = HostI32({static_cast<int64_t>(num_pages) * page_size, kv_heads}, pool_positions);
   Tensor qkv_host = HostF32({tokens, qkv_width}, qkv);
   Tensor out_ref = Tensor::Empty({tokens, q_width}, DType::kF32);
+  // A folded RMSNorm: residual rows [T][512] whose s scales each token's q, k and v.
+  constexpr int kHidden = 512;
+  constexpr float kEps = 1e-5f;
+  const std::vector<float> residual =
+      test_case.folded ? RandomBf16Values(static_cast<size_t>(tokens) * kHidden, rng)
+                       : std::vector<float>{};
+  Tensor residual_host = test_case.folded ? HostF32({tokens, kHidden}, residual) : Tensor();
   auto cpu = MakeCpuBackend();
   cpu->RopeAndCacheWrite(qkv_host, HostF32({max_positions, head_dim / 2, 2}, rope), num_heads, step,
-                         layer, pool, RopeTokens::kDecode);
+                         layer, pool, RopeTokens::kDecode,
+                         test_case.folded ? RowRms{&residual_host, kEps} : RowRms{});
   cpu->DecodeAttention(qkv_host.Columns(0, q_width), num_heads, step, layer, pool, out_ref);
 
   const std::vector<bf16> qkv_bits = ToBf16(qkv);
@@ -722,6 +731,15 @@ TEST_P(RopeDecodeAttentionTest, MatchesCpuAndTwoKernelPath) {
   view.num_prefill_seqs = num_prefill;
   view.max_kv_len = max_kv_len;
   const int64_t out_stride = q_width + 8;  // padding columns must stay NaN
+  const DeviceBuffer<bf16> residual_dev(
+      ToBf16(test_case.folded ? residual : std::vector<float>(8, 0.0f)));
+  RowRmsView norm{};
+  if (test_case.folded) {
+    norm.rows = residual_dev.get();
+    norm.stride = kHidden;
+    norm.width = kHidden;
+    norm.eps = kEps;
+  }
 
   struct RunResult {
     std::vector<bf16> out, k, v;
@@ -748,16 +766,17 @@ TEST_P(RopeDecodeAttentionTest, MatchesCpuAndTwoKernelPath) {
     pool_view.head_dim = head_dim;
     if (!fused) {
       RopeAndCacheWrite(qkv_dev.get(), qkv_width, rope_dev.get(), num_heads, view, layer, pool_view,
-                        prefill_tokens, tokens, nullptr);
+                        prefill_tokens, tokens, norm, nullptr);
     }
     const float* table = fused ? rope_dev.get() : nullptr;
     if (splits > 0) {
       DecodeAttentionWithSplits(splits, cta, qkv_dev.get(), qkv_width, table, num_heads, view,
                                 layer, pool_view, out_dev.get(), out_stride, workspace.get(),
-                                workspace_bytes, nullptr);
+                                workspace_bytes, fused ? norm : RowRmsView{}, nullptr);
     } else if (fused) {
       RopeDecodeAttention(qkv_dev.get(), qkv_width, table, num_heads, view, layer, pool_view,
-                          out_dev.get(), out_stride, workspace.get(), workspace_bytes, nullptr);
+                          out_dev.get(), out_stride, workspace.get(), workspace_bytes, norm,
+                          nullptr);
     } else {
       DecodeAttention(qkv_dev.get(), qkv_width, num_heads, view, layer, pool_view, out_dev.get(),
                       out_stride, workspace.get(), workspace_bytes, nullptr);
@@ -833,7 +852,12 @@ INSTANTIATE_TEST_SUITE_P(
         RopeDecodeCase{"b5_group3_d128", 12, 4, 128, 5, 600, {}, {0, 1}},
         RopeDecodeCase{"page24_b5_gqa8x2_d128", 8, 2, 128, 5, 1000, {}, {0, 2}, 24},
         // The sparse decode step's shape (auto: narrow on an H100/H200).
-        RopeDecodeCase{"b64_gqa32x8_d128_short", 32, 8, 128, 64, 500, {}, {0, 1, 3}}),
+        RopeDecodeCase{"b64_gqa32x8_d128_short", 32, 8, 128, 64, 500, {}, {0, 1, 3}},
+        // A folded RMSNorm (model/README.md): q, k and v scaled by the residual row's s.
+        RopeDecodeCase{"folded_b7_gqa32x8_d128", 32, 8, 128, 7, 3000, {}, {0, 1, 4}, 16, true},
+        RopeDecodeCase{"folded_mixed_b5_gqa8x2_d64", 8, 2, 64, 5, 700, {4}, {0, 3}, 16, true},
+        RopeDecodeCase{"folded_b5_gqa48x2_d128", 48, 2, 128, 5, 1000, {}, {0, 1, 2}, 16, true},
+        RopeDecodeCase{"folded_b64_gqa32x8_d128_short", 32, 8, 128, 64, 500, {}, {0, 3}, 16, true}),
     [](const ::testing::TestParamInfo<RopeDecodeCase>& info) { return info.param.name; });
 
 // Not a check: the benchmark (attention_bench.h) run from this binary, so that one GPU session can

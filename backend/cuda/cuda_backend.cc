@@ -127,10 +127,23 @@ class CudaBackend final : public Backend {
                      static_cast<int>(x.dim(0)), static_cast<int>(x.dim(1)), Bf16(out),
                      out.stride(0), stream_);
   }
-  void Linear(const Tensor& x, const Tensor& w, Tensor& out) override;
-  void SiluMul(const Tensor& gate_up, Tensor& out) override {
+  void Linear(const Tensor& x, const Tensor& w, Tensor& out) override {
+    RunLinear(x, w, out, /*accumulate=*/false);
+  }
+  void LinearAdd(const Tensor& x, const Tensor& w, Tensor& out) override {
+    SIEVE_CHECK(out.dtype() == DType::kBF16) << "LinearAdd accumulates into activations";
+    RunLinear(x, w, out, /*accumulate=*/true);
+  }
+  void ScaleColumns(Tensor& w, const Tensor& scale) override {
+    CheckDevice(w, "scaled weight");
+    SIEVE_CHECK(w.rank() == 2 && scale.numel() == w.dim(1) && w.stride(1) == 1)
+        << "ScaleColumns " << w.ShapeString() << " by " << scale.ShapeString();
+    cuda::ScaleColumns(Bf16(w), w.stride(0), static_cast<int>(w.dim(0)), static_cast<int>(w.dim(1)),
+                       Bf16(scale), stream_);
+  }
+  void SiluMul(const Tensor& gate_up, Tensor& out, RowRms norm) override {
     cuda::SiluMul(Bf16(gate_up), gate_up.stride(0), static_cast<int>(out.dim(0)),
-                  static_cast<int>(out.dim(1)), Bf16(out), out.stride(0), stream_);
+                  static_cast<int>(out.dim(1)), Bf16(out), out.stride(0), View(norm), stream_);
   }
   void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) override {
     cuda::GatherRows(Bf16(x), x.stride(0), rows.data_as<int32_t>(), static_cast<int>(rows.numel()),
@@ -138,12 +151,13 @@ class CudaBackend final : public Backend {
   }
 
   void RopeAndCacheWrite(Tensor& qkv, const Tensor& rope_table, int num_heads, const StepMeta& step,
-                         int layer, KvPool& pool, RopeTokens tokens) override {
+                         int layer, KvPool& pool, RopeTokens tokens, RowRms norm) override {
     const int first_token = tokens == RopeTokens::kDecode ? step.num_prefill_tokens : 0;
     const int end_token =
         tokens == RopeTokens::kPrefill ? step.num_prefill_tokens : step.num_tokens;
     cuda::RopeAndCacheWrite(Bf16(qkv), qkv.stride(0), rope_table.data_as<float>(), num_heads,
-                            View(step), layer, View(pool), first_token, end_token, stream_);
+                            View(step), layer, View(pool), first_token, end_token, View(norm),
+                            stream_);
   }
   void GatherPrefillKv(const Tensor& qkv, int num_heads, const StepMeta& step, int layer,
                        const KvPool& pool, Tensor& k_out, Tensor& v_out) override {
@@ -167,9 +181,10 @@ class CudaBackend final : public Backend {
   // One kernel (RoPE of the decode tokens inside decode attention) unless H2O needs rotated q in
   // memory for its score pass, or SIEVE_FUSED_ROPE=0.
   void RopeDecodeAttention(Tensor& qkv, const Tensor& rope_table, int num_heads,
-                           const StepMeta& step, int layer, KvPool& pool, Tensor& out) override {
+                           const StepMeta& step, int layer, KvPool& pool, Tensor& out,
+                           RowRms norm) override {
     if (!fused_rope_ || pool.scores.defined()) {
-      Backend::RopeDecodeAttention(qkv, rope_table, num_heads, step, layer, pool, out);
+      Backend::RopeDecodeAttention(qkv, rope_table, num_heads, step, layer, pool, out, norm);
       return;
     }
     const size_t bytes = cuda::DecodeAttentionWorkspaceBytes(
@@ -177,7 +192,8 @@ class CudaBackend final : public Backend {
     EnsureWorkspace(attention_workspace_, attention_workspace_bytes_, bytes);
     cuda::RopeDecodeAttention(Bf16(qkv), qkv.stride(0), rope_table.data_as<float>(), num_heads,
                               View(step), layer, View(pool), Bf16(out), out.stride(0),
-                              attention_workspace_, attention_workspace_bytes_, stream_);
+                              attention_workspace_, attention_workspace_bytes_, View(norm),
+                              stream_);
   }
 
   void WindowScores(const Tensor& q, const Tensor& k, const Tensor& lse, int num_heads,
@@ -262,6 +278,8 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Linear and LinearAdd: out (+)= x w^T through the GEMM runner.
+  void RunLinear(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate);
   void EnsureWorkspace(void*& buffer, size_t& capacity, size_t bytes) {
     if (bytes <= capacity) return;
     SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -270,6 +288,24 @@ class CudaBackend final : public Backend {
     SIEVE_CUDA_CHECK(cudaMalloc(&buffer, capacity));
   }
 
+  // A folded RMSNorm's rows: bf16, 16-byte aligned, width and stride multiples of 8 (the
+  // kernels read them 16 bytes at a time).
+  static cuda::RowRmsView View(const RowRms& norm) {
+    cuda::RowRmsView view;
+    if (norm.rows == nullptr) return view;
+    const Tensor& rows = *norm.rows;
+    CheckDevice(rows, "RMSNorm rows");
+    SIEVE_CHECK(rows.dtype() == DType::kBF16 && rows.rank() == 2 && rows.stride(1) == 1 &&
+                rows.dim(1) % 8 == 0 && rows.stride(0) % 8 == 0 &&
+                reinterpret_cast<uintptr_t>(rows.data()) % 16 == 0)
+        << "folded RMSNorm rows must be aligned bf16 rows, width a multiple of 8: "
+        << rows.ShapeString();
+    view.rows = Bf16(rows);
+    view.stride = rows.stride(0);
+    view.width = static_cast<int>(rows.dim(1));
+    view.eps = norm.eps;
+    return view;
+  }
   static cuda::StepView View(const StepMeta& step) {
     cuda::StepView view{};
     view.token_ids = step.token_ids.data_as<int32_t>();
@@ -320,7 +356,7 @@ class CudaBackend final : public Backend {
   bool fused_rope_ = true;  // SIEVE_FUSED_ROPE ("0": RoPE and decode attention as two kernels)
 };
 
-void CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor& out) {
+void CudaBackend::RunLinear(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) {
   // Row-major out[M][N] = x[M][K] w[N][K]^T is column-major out'(N x M) = w'(K x N)^T x'(K x M).
   const int64_t rows = x.dim(0);
   const int64_t inner = x.dim(1);
@@ -334,7 +370,7 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor& out) {
               w.stride(1) == 1 && out.stride(1) == 1)
       << "linear takes bf16 rows with unit column stride";
   gemm_->Run(rows, cols, inner, Bf16(w), w.stride(0), Bf16(x), x.stride(0), out.data(),
-             out.stride(0), out.dtype() == DType::kF32);
+             out.stride(0), out.dtype() == DType::kF32, accumulate);
 }
 
 }  // namespace

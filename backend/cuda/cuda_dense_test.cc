@@ -143,9 +143,9 @@ TEST_F(CudaDenseTest, SiluMulAndScatter) {
   const int rows = 33, width = 1000;
   const auto gate_up = Random(static_cast<size_t>(rows) * 2 * width, 2.0f);
   Tensor cpu_out = Tensor::Empty({rows, width}, DType::kF32);
-  cpu_->SiluMul(Cpu(gate_up, {rows, 2 * width}), cpu_out);
+  cpu_->SiluMul(Cpu(gate_up, {rows, 2 * width}), cpu_out, RowRms{});
   Tensor gpu_out = gpu_->Allocate({rows, width}, DType::kBF16);
-  gpu_->SiluMul(Gpu(gate_up, {rows, 2 * width}), gpu_out);
+  gpu_->SiluMul(Gpu(gate_up, {rows, 2 * width}), gpu_out, RowRms{});
   EXPECT_LE(RelL2(Download(gpu_out), Values(cpu_out)), kBf16Tolerance);
 
   std::vector<int32_t> patches;
@@ -164,6 +164,61 @@ TEST_F(CudaDenseTest, SiluMulAndScatter) {
   std::vector<int32_t> got(500);
   gpu_->CopyToHost(dst, got.data());
   EXPECT_EQ(got, expected);
+}
+
+// A folded RMSNorm's scale in SiLU: silu(s g) (s u) with s from a residual row, both kernels
+// (vector widths and the scalar fallback), against the CPU.
+TEST_F(CudaDenseTest, SiluMulScalesByRowRms) {
+  const int rows = 19, hidden = 4096;
+  const float eps = 1e-5f;
+  const auto residual = Random(static_cast<size_t>(rows) * hidden, 3.0f);
+  Tensor cpu_residual = Cpu(residual, {rows, hidden});
+  Tensor gpu_residual = Gpu(residual, {rows, hidden});
+  for (const int width : {1024, 1000, 999}) {
+    const auto gate_up = Random(static_cast<size_t>(rows) * 2 * width, 2.0f);
+    Tensor cpu_out = Tensor::Empty({rows, width}, DType::kF32);
+    cpu_->SiluMul(Cpu(gate_up, {rows, 2 * width}), cpu_out, RowRms{&cpu_residual, eps});
+    Tensor gpu_out = gpu_->Allocate({rows, width}, DType::kBF16);
+    gpu_->SiluMul(Gpu(gate_up, {rows, 2 * width}), gpu_out, RowRms{&gpu_residual, eps});
+    const std::vector<float> got = Download(gpu_out);
+    EXPECT_LE(RelL2(got, Values(cpu_out)), kBf16Tolerance) << width;
+    // The scale matters here: the unscaled product is far from it.
+    Tensor plain = Tensor::Empty({rows, width}, DType::kF32);
+    cpu_->SiluMul(Cpu(gate_up, {rows, 2 * width}), plain, RowRms{});
+    EXPECT_GT(RelL2(got, Values(plain)), 0.1) << width;
+  }
+}
+
+// out += x w^T: the residual add fused into the GEMM, planned without touching `out` (its first
+// call plans; both calls must add exactly once).
+TEST_F(CudaDenseTest, LinearAddAccumulatesOnce) {
+  for (const auto& [rows, inner, cols] :
+       std::vector<std::tuple<int, int, int>>{{64, 4096, 4096}, {5, 512, 1000}, {300, 256, 384}}) {
+    const auto x = Random(static_cast<size_t>(rows) * inner);
+    const auto w = Random(static_cast<size_t>(cols) * inner, 0.05f);
+    const auto start = Random(static_cast<size_t>(rows) * cols, 4.0f);
+    Tensor cpu_out = Cpu(start, {rows, cols});
+    Tensor gpu_out = Gpu(start, {rows, cols});
+    for (int call = 0; call < 2; ++call) {
+      cpu_->LinearAdd(Cpu(x, {rows, inner}), Cpu(w, {cols, inner}), cpu_out);
+      gpu_->LinearAdd(Gpu(x, {rows, inner}), Gpu(w, {cols, inner}), gpu_out);
+      EXPECT_LE(RelL2(Download(gpu_out), Values(cpu_out)), kBf16Tolerance)
+          << rows << "x" << inner << "x" << cols << " call " << call;
+    }
+  }
+}
+
+TEST_F(CudaDenseTest, ScaleColumnsMatchesCpu) {
+  const int rows = 300, cols = 520;
+  const auto w = Random(static_cast<size_t>(rows) * cols);
+  const auto scale = Random(cols, 0.5f);
+  Tensor cpu_w = Cpu(w, {rows, cols});
+  Tensor gpu_w = Gpu(w, {rows, cols});
+  cpu_->ScaleColumns(cpu_w, Cpu(scale, {cols}));
+  gpu_->ScaleColumns(gpu_w, Gpu(scale, {cols}));
+  // One bf16 rounding of an exact product of two bf16 values.
+  EXPECT_LE(RelL2(Download(gpu_w), Values(cpu_w)), 4e-3);
+  EXPECT_GT(RelL2(Download(gpu_w), w), 0.1);
 }
 
 TEST_F(CudaDenseTest, FillRandomIsSeededAndNormal) {
@@ -190,6 +245,14 @@ class CudaDenseRopeTest : public CudaDenseTest {
   static constexpr int kHeads = 8, kKvHeads = 2, kHeadDim = 128, kLayers = 2, kPageSize = 16;
   static constexpr int kMaxSeqs = 4, kMaxPages = 8, kNumPages = 64, kLayer = 1;
   static constexpr int kWidth = (kHeads + 2 * kKvHeads) * kHeadDim;
+  static constexpr int kHidden = 1024;  // residual rows of a folded RMSNorm
+  static constexpr float kEps = 1e-5f;
+
+  // No scaling, or a folded RMSNorm's (RowRms) from the fixture's residual rows.
+  RowRms Norm(bool on_gpu, bool folded) const {
+    if (!folded) return RowRms{};
+    return RowRms{on_gpu ? &gpu_residual_ : &cpu_residual_, kEps};
+  }
 
   void SetUp() override {
     CudaDenseTest::SetUp();
@@ -217,6 +280,9 @@ class CudaDenseRopeTest : public CudaDenseTest {
     kv_lens_.assign(kLayers * kMaxSeqs, 0);
     for (int seq = 2; seq < 4; ++seq) kv_lens_[kLayer * kMaxSeqs + slots_[seq]] = context_[seq] + 1;
     qkv_ = Random(static_cast<size_t>(tokens_) * kWidth);
+    residual_ = Random(static_cast<size_t>(tokens_) * kHidden, 2.0f);
+    cpu_residual_ = Cpu(residual_, {tokens_, kHidden});
+    gpu_residual_ = Gpu(residual_, {tokens_, kHidden});
     k_pool_ = Random(static_cast<size_t>(kNumPages) * kPageSize * kKvHeads * kHeadDim);
     v_pool_ = Random(k_pool_.size());
     scores_.resize(static_cast<size_t>(kNumPages) * kPageSize * kKvHeads);
@@ -307,6 +373,9 @@ class CudaDenseRopeTest : public CudaDenseTest {
     }
   }
 
+  std::vector<float> residual_;
+  Tensor cpu_residual_;
+  Tensor gpu_residual_;
   const std::vector<int> chunk_ = {37, 20, 1, 1};
   const std::vector<int> context_ = {0, 45, 70, 16};
   const std::vector<int32_t> slots_ = {2, 0, 3, 1};
@@ -321,17 +390,24 @@ class CudaDenseRopeTest : public CudaDenseTest {
 
 // Each token range against the CPU; tokens outside the range keep their q, k, v bit for bit.
 TEST_F(CudaDenseRopeTest, RopeCacheWriteRangesMatchCpu) {
-  for (const RopeTokens tokens : {RopeTokens::kAll, RopeTokens::kPrefill, RopeTokens::kDecode}) {
-    const std::string what = tokens == RopeTokens::kAll       ? "all"
-                             : tokens == RopeTokens::kPrefill ? "prefill"
-                                                              : "decode";
+  for (int variant = 0; variant < 6; ++variant) {
+    const RopeTokens tokens = variant % 3 == 0   ? RopeTokens::kAll
+                              : variant % 3 == 1 ? RopeTokens::kPrefill
+                                                 : RopeTokens::kDecode;
+    const bool folded = variant >= 3;
+    const std::string what = std::string(tokens == RopeTokens::kAll       ? "all"
+                                         : tokens == RopeTokens::kPrefill ? "prefill"
+                                                                          : "decode") +
+                             (folded ? ", folded RMSNorm" : "");
     StepMeta cpu_step, gpu_step;
     KvPool cpu_pool, gpu_pool;
     Tensor cpu_qkv, gpu_qkv;
     Build(false, false, cpu_step, cpu_pool, cpu_qkv);
     Build(true, false, gpu_step, gpu_pool, gpu_qkv);
-    cpu_->RopeAndCacheWrite(cpu_qkv, cpu_rope_, kHeads, cpu_step, kLayer, cpu_pool, tokens);
-    gpu_->RopeAndCacheWrite(gpu_qkv, gpu_rope_, kHeads, gpu_step, kLayer, gpu_pool, tokens);
+    cpu_->RopeAndCacheWrite(cpu_qkv, cpu_rope_, kHeads, cpu_step, kLayer, cpu_pool, tokens,
+                            Norm(false, folded));
+    gpu_->RopeAndCacheWrite(gpu_qkv, gpu_rope_, kHeads, gpu_step, kLayer, gpu_pool, tokens,
+                            Norm(true, folded));
     // The GPU rounds the rotated values to bf16 before writing; compare against the CPU's f32.
     const std::vector<float> qkv_after = Download(gpu_qkv);
     EXPECT_LE(RelL2(qkv_after, Values(cpu_qkv)), 5e-3) << what;
@@ -368,8 +444,11 @@ TEST_F(CudaDenseRopeTest, RopeCacheWriteRangesMatchCpu) {
 // scores, two kernels with them) against the CPU's (RopeAndCacheWrite(kDecode), DecodeAttention).
 TEST_F(CudaDenseRopeTest, RopeDecodeAttentionMatchesCpu) {
   const int64_t q_width = static_cast<int64_t>(kHeads) * kHeadDim;
-  for (const bool scores : {false, true}) {
-    const std::string what = scores ? "two kernels (H2O scores)" : "fused";
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool scores = variant % 2 == 1;
+    const bool folded = variant >= 2;
+    const std::string what = std::string(scores ? "two kernels (H2O scores)" : "fused") +
+                             (folded ? ", folded RMSNorm" : "");
     StepMeta cpu_step, gpu_step;
     KvPool cpu_pool, gpu_pool;
     Tensor cpu_qkv, gpu_qkv;
@@ -384,9 +463,10 @@ TEST_F(CudaDenseRopeTest, RopeDecodeAttentionMatchesCpu) {
       const Tensor& rope = on_gpu ? gpu_rope_ : cpu_rope_;
       StepMeta& step = on_gpu ? gpu_step : cpu_step;
       KvPool& pool = on_gpu ? gpu_pool : cpu_pool;
-      backend->RopeAndCacheWrite(qkv, rope, kHeads, step, kLayer, pool, RopeTokens::kPrefill);
+      backend->RopeAndCacheWrite(qkv, rope, kHeads, step, kLayer, pool, RopeTokens::kPrefill,
+                                 Norm(on_gpu, folded));
       backend->RopeDecodeAttention(qkv, rope, kHeads, step, kLayer, pool,
-                                   on_gpu ? gpu_out : cpu_out);
+                                   on_gpu ? gpu_out : cpu_out, Norm(on_gpu, folded));
     }
     const std::vector<float> out = Download(gpu_out);
     const std::vector<float> ref = Values(cpu_out);

@@ -31,6 +31,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rope.cuh"
+#include "backend/cuda/row_rms.cuh"
 #include "core/check.h"
 
 namespace sieve::cuda {
@@ -109,6 +110,7 @@ struct DecodeParams {
   const float* rope_table;     // [max_pos][d/2][2] cos, sin: fused RoPE; null: q is rotated
   const int32_t* positions;    // [T] true positions (fused RoPE)
   int32_t* pool_positions;     // [num_pages * page_size][G] or null (written by fused RoPE)
+  RowRmsView norm;             // fused RoPE: a folded RMSNorm's rows (row_rms.cuh), or none
   bf16* out;                   // [T][out_stride]
   float* lse;                  // [B][H] final log-sum-exp, or null when nobody needs it
   float* partial_lse;          // [num_splits][B][H] (num_splits > 1)
@@ -167,7 +169,7 @@ __device__ __forceinline__ int64_t PoolEntry(const DecodeParams& params, const i
 template <int kHeadDim, int kThreads>
 __device__ __forceinline__ void WriteNewEntry(const DecodeParams& params, int64_t pool_entry,
                                               int token, int kv_head, int position,
-                                              const float (&cos_sin)[16]) {
+                                              const float (&cos_sin)[16], float row_scale) {
   constexpr int kHalfChunks = kHeadDim / 16;
   constexpr int kChunks = kHeadDim / 8;
   static_assert(kHalfChunks + kChunks < kThreads, "a thread for each piece of the entry");
@@ -178,7 +180,7 @@ __device__ __forceinline__ void WriteNewEntry(const DecodeParams& params, int64_
     const bf16* k = row + static_cast<int64_t>(params.num_heads + kv_head) * kHeadDim;
     uint4 low = *reinterpret_cast<const uint4*>(k + tid * 8);
     uint4 high = *reinterpret_cast<const uint4*>(k + (tid + kHalfChunks) * 8);
-    rope::RotateChunks(low, high, cos_sin);
+    rope::RotateChunks(low, high, cos_sin, row_scale);
     *reinterpret_cast<uint4*>(params.k_pool + dst + tid * 8) = low;
     *reinterpret_cast<uint4*>(params.k_pool + dst + (tid + kHalfChunks) * 8) = high;
   } else if (tid < kHalfChunks + kChunks) {
@@ -186,7 +188,7 @@ __device__ __forceinline__ void WriteNewEntry(const DecodeParams& params, int64_
     const bf16* v =
         row + static_cast<int64_t>(params.num_heads + params.num_kv_heads + kv_head) * kHeadDim;
     *reinterpret_cast<uint4*>(params.v_pool + dst + chunk * 8) =
-        *reinterpret_cast<const uint4*>(v + chunk * 8);
+        rope::ScaleChunk(*reinterpret_cast<const uint4*>(v + chunk * 8), row_scale);
   } else if (tid == kHalfChunks + kChunks && params.pool_positions != nullptr) {
     params.pool_positions[pool_entry * params.num_kv_heads + kv_head] = position;
   }
@@ -256,7 +258,8 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
     PdlWait();
     PdlLaunchDependents();
     if (new_entry >= 0) {
-      WriteNewEntry<kHeadDim, kThreads>(params, new_entry, token, kv_head, position, cos_sin);
+      WriteNewEntry<kHeadDim, kThreads>(params, new_entry, token, kv_head, position, cos_sin,
+                                        WarpRowInvRms(params.norm, token));
     }
     // An empty piece adds nothing to the combine. A sequence with no entries at all (the engine
     // never makes one: a decode token's own entry is always there) gets zeros, as on the CPU.
@@ -322,11 +325,14 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   }
   PdlWait();
   PdlLaunchDependents();
+  // A folded RMSNorm's s of the token (1 without one): each warp computes it, in the same order.
+  const float row_scale = fused ? WarpRowInvRms(params.norm, token) : 1.0f;
   if (new_entry >= 0) {
     // Fused RoPE: the entry goes to memory before any copy below may read it. The copies are
     // other threads' cp.async (generic proxy, through L2): the fence and the barrier order the
     // stores before them.
-    WriteNewEntry<kHeadDim, kThreads>(params, new_entry, token, kv_head, position, cos_sin);
+    WriteNewEntry<kHeadDim, kThreads>(params, new_entry, token, kv_head, position, cos_sin,
+                                      row_scale);
     __threadfence_block();
     __syncthreads();
   }
@@ -363,7 +369,7 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
           reinterpret_cast<uint4*>(smem + flash::TileOffset<kHeadDim>(row, piece + kHalfChunks));
       uint4 low_value = *low;
       uint4 high_value = *high;
-      rope::RotateChunks(low_value, high_value, cos_sin);
+      rope::RotateChunks(low_value, high_value, cos_sin, row_scale);
       *low = low_value;
       *high = high_value;
     }
@@ -730,7 +736,8 @@ DecodeCta ChooseDecodeCta(int num_decode_seqs, int num_heads, int num_kv_heads, 
 void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int64_t q_stride,
                                const float* rope_table, int num_heads, const StepView& step,
                                int layer, const PoolView& pool, bf16* out, int64_t out_stride,
-                               void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                               void* workspace, size_t workspace_bytes, const RowRmsView& norm,
+                               cudaStream_t stream) {
   const int num_decode = step.num_seqs - step.num_prefill_seqs;
   if (num_decode <= 0) return;
   const int head_dim = pool.head_dim;
@@ -749,6 +756,8 @@ void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int
         << "fused RoPE leaves q unrotated in memory, which H2O's score pass reads";
     SIEVE_CHECK(Aligned16(rope_table)) << "the RoPE table must be 16-byte aligned";
   }
+  SIEVE_CHECK(norm.rows == nullptr || rope_table != nullptr)
+      << "a folded RMSNorm's scale is applied by the fused RoPE only";
   if (cta == DecodeCta::kAuto) {
     cta = ChooseDecodeCta(num_decode, num_heads, pool.num_kv_heads, num_splits);
   }
@@ -768,6 +777,7 @@ void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int
   params.rope_table = rope_table;
   params.positions = step.positions;
   params.pool_positions = pool.positions;
+  params.norm = norm;
   params.out = out;
   params.scores = pool.scores;
   params.q_stride = q_stride;
@@ -819,20 +829,21 @@ void DecodeAttention(const bf16* q, int64_t q_stride, int num_heads, const StepV
   const int splits = DecodeAttentionSplits(num_decode, num_heads, pool.num_kv_heads, pool.head_dim,
                                            step.max_kv_len, workspace_bytes);
   DecodeAttentionWithSplits(splits, DecodeCta::kAuto, q, q_stride, nullptr, num_heads, step, layer,
-                            pool, out, out_stride, workspace, workspace_bytes, stream);
+                            pool, out, out_stride, workspace, workspace_bytes, RowRmsView{},
+                            stream);
 }
 
 void RopeDecodeAttention(const bf16* qkv, int64_t qkv_stride, const float* rope_table,
                          int num_heads, const StepView& step, int layer, const PoolView& pool,
                          bf16* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
-                         cudaStream_t stream) {
+                         const RowRmsView& norm, cudaStream_t stream) {
   const int num_decode = step.num_seqs - step.num_prefill_seqs;
   if (num_decode <= 0) return;
   SIEVE_CHECK(rope_table != nullptr);
   const int splits = DecodeAttentionSplits(num_decode, num_heads, pool.num_kv_heads, pool.head_dim,
                                            step.max_kv_len, workspace_bytes);
   DecodeAttentionWithSplits(splits, DecodeCta::kAuto, qkv, qkv_stride, rope_table, num_heads, step,
-                            layer, pool, out, out_stride, workspace, workspace_bytes, stream);
+                            layer, pool, out, out_stride, workspace, workspace_bytes, norm, stream);
 }
 
 }  // namespace sieve::cuda

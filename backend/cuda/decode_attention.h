@@ -36,10 +36,11 @@ DecodeCta ChooseDecodeCta(int num_decode_seqs, int num_heads, int num_kv_heads, 
 // DecodeAttention with a forced split count (>= 1) and CTA configuration (kAuto:
 // ChooseDecodeCta); the workspace must hold DecodeAttentionWorkspaceBytesForSplits(...,
 // num_splits) bytes. With `rope_table` set this is RopeDecodeAttention (kernels.h): q points at
-// qkv rows [T][(H + 2G) d] with q and k not rotated.
+// qkv rows [T][(H + 2G) d] with q and k not rotated, and `norm` may carry a folded RMSNorm.
 void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int64_t q_stride,
                                const float* rope_table, int num_heads, const StepView& step,
                                int layer, const PoolView& pool, bf16* out, int64_t out_stride,
-                               void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                               void* workspace, size_t workspace_bytes, const RowRmsView& norm,
+                               cudaStream_t stream);
 
 }  // namespace sieve::cuda

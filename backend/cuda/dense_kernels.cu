@@ -9,6 +9,8 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/row_rms.cuh"
+#include "core/check.h"
 
 namespace sieve::cuda {
 
@@ -157,12 +159,25 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// s of this block's row (row_rms.cuh): warp 0 computes it, the block shares it.
+__device__ __forceinline__ float BlockRowScale(const RowRmsView& norm, int row) {
+  if (norm.rows == nullptr) return 1.0f;
+  __shared__ float row_scale;
+  if (threadIdx.x < 32) {
+    const float value = WarpRowInvRms(norm, row);
+    if (threadIdx.x == 0) row_scale = value;
+  }
+  __syncthreads();
+  return row_scale;
+}
+
 // SiluMulKernel over 16-byte vectors (width % 8 == 0, aligned rows).
 __global__ void SiluMulVectorKernel(const bf16* __restrict__ gate_up, int64_t in_stride, int width,
-                                    bf16* __restrict__ out, int64_t out_stride) {
+                                    bf16* __restrict__ out, int64_t out_stride, RowRmsView norm) {
   PdlWait();
   PdlLaunchDependents();
   const int row = blockIdx.y;
+  const float s = BlockRowScale(norm, row);
   const auto* gate =
       reinterpret_cast<const uint4*>(gate_up + static_cast<int64_t>(row) * in_stride);
   const auto* up =
@@ -175,23 +190,40 @@ __global__ void SiluMulVectorKernel(const bf16* __restrict__ gate_up, int64_t in
     Unpack8(gate[index], g);
     Unpack8(up[index], u);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) g[i] = g[i] / (1.0f + __expf(-g[i])) * u[i];
+    for (int i = 0; i < 8; ++i) {
+      const float gate = g[i] * s;
+      g[i] = gate / (1.0f + __expf(-gate)) * (u[i] * s);
+    }
     dst[index] = Pack8(g);
   }
 }
 
 __global__ void SiluMulKernel(const bf16* __restrict__ gate_up, int64_t in_stride, int width,
-                              bf16* __restrict__ out, int64_t out_stride) {
+                              bf16* __restrict__ out, int64_t out_stride, RowRmsView norm) {
   PdlWait();
   PdlLaunchDependents();
   const int row = blockIdx.y;
+  const float s = BlockRowScale(norm, row);
   const bf16* gate = gate_up + static_cast<int64_t>(row) * in_stride;
   const bf16* up = gate + width;
   bf16* dst = out + static_cast<int64_t>(row) * out_stride;
   for (int index = blockIdx.x * blockDim.x + threadIdx.x; index < width;
        index += gridDim.x * blockDim.x) {
-    const float g = __bfloat162float(gate[index]);
-    dst[index] = __float2bfloat16(g / (1.0f + __expf(-g)) * __bfloat162float(up[index]));
+    const float g = __bfloat162float(gate[index]) * s;
+    dst[index] = __float2bfloat16(g / (1.0f + __expf(-g)) * (__bfloat162float(up[index]) * s));
+  }
+}
+
+// w[n][k] *= scale[k]; grid-stride over the n x k elements.
+__global__ void ScaleColumnsKernel(bf16* __restrict__ w, int64_t w_stride, int rows, int cols,
+                                   const bf16* __restrict__ scale) {
+  const int64_t count = static_cast<int64_t>(rows) * cols;
+  for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < count;
+       index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = index / cols;
+    const int col = static_cast<int>(index % cols);
+    bf16& value = w[row * w_stride + col];
+    value = __float2bfloat16(__bfloat162float(value) * __bfloat162float(scale[col]));
   }
 }
 
@@ -301,18 +333,29 @@ void AddRmsNorm(bf16* residual, int64_t residual_stride, const bf16* x, int64_t 
 }
 
 void SiluMul(const bf16* gate_up, int64_t in_stride, int rows, int width, bf16* out,
-             int64_t out_stride, cudaStream_t stream) {
+             int64_t out_stride, const RowRmsView& norm, cudaStream_t stream) {
   if (rows == 0) return;
+  SIEVE_CHECK(norm.rows == nullptr ||
+              (norm.width % 8 == 0 && norm.stride % 8 == 0 && Aligned16(norm.rows)))
+      << "a folded RMSNorm's rows must be 16-byte aligned, width and stride multiples of 8";
   if (width % 8 == 0 && in_stride % 8 == 0 && out_stride % 8 == 0 && Aligned16(gate_up) &&
       Aligned16(out)) {
     const dim3 grid((width / 8 + kThreads - 1) / kThreads, rows);
     LaunchWithPdl(SiluMulVectorKernel, grid, kThreads, 0, stream, gate_up, in_stride, width, out,
-                  out_stride);
+                  out_stride, norm);
     return;
   }
   const dim3 grid((width + kThreads - 1) / kThreads, rows);
   LaunchWithPdl(SiluMulKernel, grid, kThreads, 0, stream, gate_up, in_stride, width, out,
-                out_stride);
+                out_stride, norm);
+}
+
+void ScaleColumns(bf16* w, int64_t w_stride, int rows, int cols, const bf16* scale,
+                  cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  ScaleColumnsKernel<<<GridFor(static_cast<int64_t>(rows) * cols), kThreads, 0, stream>>>(
+      w, w_stride, rows, cols, scale);
+  SIEVE_CUDA_CHECK_LAUNCH();
 }
 
 void GatherRows(const bf16* x, int64_t x_stride, const int32_t* rows, int count, int width,

@@ -179,8 +179,8 @@ float GemmRunner::TimeCold(Launch&& launch) {
 
 GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w,
                                       int64_t ldw, const __nv_bfloat16* x, int64_t ldx, void* out,
-                                      int64_t ldo, bool out_f32) {
-  const Key key{m, n, k, ldw, ldx, ldo, out_f32, static_cast<int>(choice_)};
+                                      int64_t ldo, bool out_f32, bool accumulate) {
+  const Key key{m, n, k, ldw, ldx, ldo, out_f32, static_cast<int>(choice_), accumulate};
   const auto found = plans_.find(key);
   if (found != plans_.end()) return found->second;
   Plan plan;
@@ -217,7 +217,8 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
       SmallMGemmSupports(args) && n < (int64_t{1} << 31) && k < (int64_t{1} << 31);
   std::vector<int> splits;
   const bool clusters = SmallMGemmHasClusters();
-  if (choice_ != GemmChoice::kCublasLt && small_m_fits) {
+  // The small-m kernel has no accumulating form: out += x w^T is cuBLASLt's (beta = 1).
+  if (choice_ != GemmChoice::kCublasLt && small_m_fits && !accumulate) {
     const auto add = [&](int split) {
       if (split == 1 || (split <= SmallMGemmMaxSplits(args.k) && (clusters || n <= kMaxSplitN))) {
         splits.push_back(split);
@@ -261,11 +262,21 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
     float best = -1.0f;
     float best_cublas = -1.0f;
     const float alpha = 1.0f;
-    const float beta = 0.0f;
+    const float beta = accumulate ? 1.0f : 0.0f;
+    // An accumulating GEMM must not add its timing calls into `out` (the residual stream): they
+    // write a scratch matrix of the same layout instead.
+    void* target = out;
+    void* scratch = nullptr;
+    if (accumulate) {
+      const size_t bytes = static_cast<size_t>(m) * ldo * (out_f32 ? 4 : 2);
+      SIEVE_CUDA_CHECK(cudaMalloc(&scratch, bytes));
+      SIEVE_CUDA_CHECK(cudaMemsetAsync(scratch, 0, bytes, stream_));
+      target = scratch;
+    }
     for (int candidate = 0; use_cublas && candidate < cublas_count; ++candidate) {
       const float ms = TimeCold([&] {
-        return cublasLtMatmul(lt_, plan.op, &alpha, w, plan.a, x, plan.b, &beta, out, plan.c, out,
-                              plan.c, &results[candidate].algo, workspace_, kWorkspaceBytes,
+        return cublasLtMatmul(lt_, plan.op, &alpha, w, plan.a, x, plan.b, &beta, target, plan.c,
+                              target, plan.c, &results[candidate].algo, workspace_, kWorkspaceBytes,
                               stream_) == CUBLAS_STATUS_SUCCESS;
       });
       if (ms < 0 || (best_cublas >= 0 && ms >= best_cublas)) continue;
@@ -290,21 +301,26 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
         plan.name = "small-m, " + std::to_string(split) + (split == 1 ? " split" : " splits");
       }
     }
+    if (scratch != nullptr) {
+      SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      SIEVE_CUDA_CHECK(cudaFree(scratch));
+    }
   }
   if (plan.small_m_splits > 1 && !clusters) EnsureSplitBuffers();
   if (plan.small_m_splits == 0) plan.name += Describe(plan.algo);
   if (verbose_) {
-    std::fprintf(stderr, "GEMM plan %lld x %lld x %lld%s: %s\n", static_cast<long long>(m),
+    std::fprintf(stderr, "GEMM plan %lld x %lld x %lld%s%s: %s\n", static_cast<long long>(m),
                  static_cast<long long>(n), static_cast<long long>(k), out_f32 ? " (f32 out)" : "",
-                 plan.name.c_str());
+                 accumulate ? " (+=)" : "", plan.name.c_str());
   }
   return plans_.emplace(key, plan).first->second;
 }
 
 void GemmRunner::Run(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldw,
-                     const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32) {
+                     const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32,
+                     bool accumulate) {
   if (m == 0 || n == 0) return;
-  const Plan& plan = PlanFor(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
+  const Plan& plan = PlanFor(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate);
   last_plan_ = &plan;
   if (plan.small_m_splits > 0) {
     SmallMGemmArgs args = SmallMArgs(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
@@ -322,7 +338,7 @@ void GemmRunner::Run(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, in
     }
   }
   const float alpha = 1.0f;
-  const float beta = 0.0f;
+  const float beta = accumulate ? 1.0f : 0.0f;
   SIEVE_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.op, &alpha, w, plan.a, x, plan.b, &beta, out, plan.c,
                                     out, plan.c, &plan.algo, workspace_, kWorkspaceBytes, stream_));
 }

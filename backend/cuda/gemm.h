@@ -37,9 +37,11 @@ class GemmRunner {
   GemmRunner(const GemmRunner&) = delete;
   GemmRunner& operator=(const GemmRunner&) = delete;
 
-  // Row strides in elements. Plans the shape on its first call (see above).
+  // Row strides in elements. Plans the shape on its first call (see above). `accumulate`: out +=
+  // x . w^T instead (cuBLASLt with beta = 1; planned on a scratch output, never on `out`).
   void Run(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldw,
-           const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32);
+           const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32,
+           bool accumulate = false);
 
   // Applies to shapes planned from now on (plans are kept per choice).
   void set_choice(GemmChoice choice) { choice_ = choice; }
@@ -58,10 +60,11 @@ class GemmRunner {
     cublasLtMatmulAlgo_t algo{};
     std::string name;
   };
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, bool>;
 
   Plan& PlanFor(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldw,
-                const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32);
+                const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32,
+                bool accumulate);
   // Milliseconds of one cold call of `launch` (best of a few), or a negative value when the
   // launch refused.
   template <typename Launch>

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/row_rms.cuh"
 #include "backend/step_meta.h"
 
 namespace sieve::cuda {
@@ -62,8 +63,12 @@ void RmsNorm(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int
 void AddRmsNorm(bf16* residual, int64_t residual_stride, const bf16* x, int64_t x_stride,
                 const bf16* weight, float eps, int rows, int width, bf16* out, int64_t out_stride,
                 cudaStream_t stream);
+// out = silu(s gate) * (s up), s of each row from `norm` (1 without rows).
 void SiluMul(const bf16* gate_up, int64_t in_stride, int rows, int width, bf16* out,
-             int64_t out_stride, cudaStream_t stream);
+             int64_t out_stride, const RowRmsView& norm, cudaStream_t stream);
+// w[n][k] *= scale[k], rounded to bf16.
+void ScaleColumns(bf16* w, int64_t w_stride, int rows, int cols, const bf16* scale,
+                  cudaStream_t stream);
 void GatherRows(const bf16* x, int64_t x_stride, const int32_t* rows, int count, int width,
                 bf16* out, int64_t out_stride, cudaStream_t stream);
 void ScatterInt32(const int32_t* patches, int count, int32_t* dst, cudaStream_t stream);
@@ -79,10 +84,11 @@ void ConvertF32ToBf16(const float* in, int64_t count, bf16* out, cudaStream_t st
 // RoPE (rotate-half, table [max_pos][d/2][2] cos/sin) on q and k of tokens [first_token,
 // end_token) of qkv [T][(H + 2G) d], then k/v of those whose sequence has write_start[layer][s]
 // >= 0 into the pool (and the side pools: position, score 0). Backend::RopeAndCacheWrite's
-// RopeTokens are the ranges [0, T), [0, T_p) and [T_p, T).
+// RopeTokens are the ranges [0, T), [0, T_p) and [T_p, T). With norm.rows, q, k and v are first
+// scaled by the token's s (row_rms.cuh), v in qkv too.
 void RopeAndCacheWrite(bf16* qkv, int64_t qkv_stride, const float* rope_table, int num_heads,
                        const StepView& step, int layer, const PoolView& pool, int first_token,
-                       int end_token, cudaStream_t stream);
+                       int end_token, const RowRmsView& norm, cudaStream_t stream);
 // Prefill K/V scratch [num_prefill_keys][G][d]: each prefill sequence's cached entries (from the
 // layer's pages) followed by its chunk's rotated k/v (from qkv).
 void GatherPrefillKv(const bf16* qkv, int64_t qkv_stride, int num_heads, const StepView& step,
@@ -112,11 +118,12 @@ void DecodeAttention(const bf16* q, int64_t q_stride, int num_heads, const StepV
 // the token's entry (write_start[layer][s]), rotates the token's k of its KV head and writes k, v
 // and the position side pool there before reading it. qkv's rows stay as they are (q and k
 // unrotated). The step must have write_start; pool.scores must be null (H2O's score pass reads
-// rotated q from memory: it takes the two-kernel path). 16-byte aligned rope_table rows.
+// rotated q from memory: it takes the two-kernel path). 16-byte aligned rope_table rows. With
+// norm.rows, q, k and v are scaled by the token's s first, as RopeAndCacheWrite does.
 void RopeDecodeAttention(const bf16* qkv, int64_t qkv_stride, const float* rope_table,
                          int num_heads, const StepView& step, int layer, const PoolView& pool,
                          bf16* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
-                         cudaStream_t stream);
+                         const RowRmsView& norm, cudaStream_t stream);
 
 // ---------------- sparsity (sparsity_kernels.cu) ----------------
 // Compression jobs of one layer: rows [job_begin, job_end) of step.compression_jobs, whose host

@@ -9,6 +9,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rope.cuh"
+#include "backend/cuda/row_rms.cuh"
 #include "core/check.h"
 
 namespace sieve::cuda {
@@ -43,10 +44,22 @@ __device__ __forceinline__ int64_t PoolEntry(const PoolView& pool, int layer, in
 // blocks, so a decode step of few tokens still fills the GPU.
 __global__ void RopeAndCacheWriteKernel(bf16* __restrict__ qkv, int64_t qkv_stride,
                                         const float* __restrict__ rope_table, int num_heads,
-                                        StepView step, int layer, PoolView pool, int first_token) {
+                                        StepView step, int layer, PoolView pool, int first_token,
+                                        RowRmsView norm) {
+  __shared__ float row_scale;
   PdlWait();
   PdlLaunchDependents();
   const int token = first_token + static_cast<int>(blockIdx.x);
+  // A folded RMSNorm's s for this token (row_rms.cuh): one warp computes it for the block.
+  float scale = 1.0f;
+  if (norm.rows != nullptr) {
+    if (threadIdx.x < 32) {
+      const float value = WarpRowInvRms(norm, token);
+      if (threadIdx.x == 0) row_scale = value;
+    }
+    __syncthreads();
+    scale = row_scale;
+  }
   const int head_dim = pool.head_dim;
   const int half = head_dim / 2;
   const int kv_heads = pool.num_kv_heads;
@@ -72,8 +85,9 @@ __global__ void RopeAndCacheWriteKernel(bf16* __restrict__ qkv, int64_t qkv_stri
     bf16* x = row + head * head_dim;
     bf16 ra;
     bf16 rb;
-    rope::RotatePair(__bfloat162float(x[index]), __bfloat162float(x[index + half]),
-                     cos_sin[2 * index], cos_sin[2 * index + 1], ra, rb);
+    rope::RotatePair(__fmul_rn(__bfloat162float(x[index]), scale),
+                     __fmul_rn(__bfloat162float(x[index + half]), scale), cos_sin[2 * index],
+                     cos_sin[2 * index + 1], ra, rb);
     x[index] = ra;
     x[index + half] = rb;
     if (head >= num_heads && entry >= 0) {
@@ -82,8 +96,13 @@ __global__ void RopeAndCacheWriteKernel(bf16* __restrict__ qkv, int64_t qkv_stri
       dst[index + half] = rb;
     }
   }
+  bf16* v = row + (num_heads + kv_heads) * head_dim;
+  if (norm.rows != nullptr) {  // v is scaled in qkv too: prefill attention reads it from there
+    for (int index = first; index < kv_heads * head_dim; index += stride) {
+      v[index] = __float2bfloat16(__fmul_rn(__bfloat162float(v[index]), scale));
+    }
+  }
   if (entry < 0) return;
-  const bf16* v = row + (num_heads + kv_heads) * head_dim;
   for (int index = first; index < kv_heads * head_dim; index += stride) {
     pool.v[entry * kv_heads * head_dim + index] = v[index];
   }
@@ -133,15 +152,19 @@ __global__ void GatherPrefillKvKernel(const bf16* __restrict__ qkv, int64_t qkv_
 
 void RopeAndCacheWrite(bf16* qkv, int64_t qkv_stride, const float* rope_table, int num_heads,
                        const StepView& step, int layer, const PoolView& pool, int first_token,
-                       int end_token, cudaStream_t stream) {
+                       int end_token, const RowRmsView& norm, cudaStream_t stream) {
   SIEVE_CHECK(0 <= first_token && first_token <= end_token && end_token <= step.num_tokens)
       << "tokens [" << first_token << ", " << end_token << ") of " << step.num_tokens;
   if (end_token == first_token) return;
   // Enough blocks per token for ~2 items per thread at Llama shapes.
+  // With a folded RMSNorm each block also reads the token's residual row, so long prefills keep
+  // one block per token.
   const int items = (num_heads + pool.num_kv_heads) * pool.head_dim / 2;
-  const int parts = std::max(1, std::min(8, items / (2 * kThreads)));
-  LaunchWithPdl(RopeAndCacheWriteKernel, dim3(end_token - first_token, parts), kThreads, 0, stream,
-                qkv, qkv_stride, rope_table, num_heads, step, layer, pool, first_token);
+  const int tokens = end_token - first_token;
+  const int parts =
+      norm.rows != nullptr && tokens > 256 ? 1 : std::max(1, std::min(8, items / (2 * kThreads)));
+  LaunchWithPdl(RopeAndCacheWriteKernel, dim3(tokens, parts), kThreads, 0, stream, qkv, qkv_stride,
+                rope_table, num_heads, step, layer, pool, first_token, norm);
 }
 
 void GatherPrefillKv(const bf16* qkv, int64_t qkv_stride, int num_heads, const StepView& step,

@@ -28,22 +28,38 @@ __device__ __forceinline__ uint32_t PackPair(__nv_bfloat16 low, __nv_bfloat16 hi
 }
 
 // Two pairs: `low` holds x[i], x[i + 1] and `high` x[i + d/2], x[i + d/2 + 1]; cos_sin the cos and
-// sin of pair i, then of pair i + 1.
-__device__ __forceinline__ void RotateWords(uint32_t& low, uint32_t& high, const float* cos_sin) {
+// sin of pair i, then of pair i + 1. The values are first multiplied by `scale` (a folded RMSNorm's
+// s, row_rms.cuh; 1 is exact).
+__device__ __forceinline__ void RotateWords(uint32_t& low, uint32_t& high, const float* cos_sin,
+                                            float scale) {
   __nv_bfloat16 a0, b0, a1, b1;
-  RotatePair(LowBf16(low), LowBf16(high), cos_sin[0], cos_sin[1], a0, b0);
-  RotatePair(HighBf16(low), HighBf16(high), cos_sin[2], cos_sin[3], a1, b1);
+  RotatePair(__fmul_rn(LowBf16(low), scale), __fmul_rn(LowBf16(high), scale), cos_sin[0],
+             cos_sin[1], a0, b0);
+  RotatePair(__fmul_rn(HighBf16(low), scale), __fmul_rn(HighBf16(high), scale), cos_sin[2],
+             cos_sin[3], a1, b1);
   low = PackPair(a0, a1);
   high = PackPair(b0, b1);
 }
 
 // Eight pairs: the 16-byte chunk `low` holds x[8c .. 8c + 8), `high` the chunk d/2 further on;
 // cos_sin[2j], cos_sin[2j + 1] are the cos and sin of pair 8c + j.
-__device__ __forceinline__ void RotateChunks(uint4& low, uint4& high, const float (&cos_sin)[16]) {
-  RotateWords(low.x, high.x, cos_sin + 0);
-  RotateWords(low.y, high.y, cos_sin + 4);
-  RotateWords(low.z, high.z, cos_sin + 8);
-  RotateWords(low.w, high.w, cos_sin + 12);
+__device__ __forceinline__ void RotateChunks(uint4& low, uint4& high, const float (&cos_sin)[16],
+                                             float scale) {
+  RotateWords(low.x, high.x, cos_sin + 0, scale);
+  RotateWords(low.y, high.y, cos_sin + 4, scale);
+  RotateWords(low.z, high.z, cos_sin + 8, scale);
+  RotateWords(low.w, high.w, cos_sin + 12, scale);
+}
+
+// Eight values times `scale`, rounded back to bf16 (v of a folded RMSNorm; scale 1 is exact).
+__device__ __forceinline__ uint4 ScaleChunk(uint4 chunk, float scale) {
+  uint32_t* words = reinterpret_cast<uint32_t*>(&chunk);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    words[i] = PackPair(__float2bfloat16(__fmul_rn(LowBf16(words[i]), scale)),
+                        __float2bfloat16(__fmul_rn(HighBf16(words[i]), scale)));
+  }
+  return chunk;
 }
 
 // The cos and sin of pairs 8 chunk .. 8 chunk + 7 at `position` from a table [max_pos][d/2][2]
