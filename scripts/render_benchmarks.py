@@ -31,9 +31,10 @@ def render(record):
                 f"| device-to-device copy | {fmt(kernels['copy_bandwidth_gbs'])} GB/s | ~4,194 GB/s |",
                 f"| bf16 GEMM 8192^3 (cuBLASLt) | {fmt(kernels['gemm_tflops'])} TFLOP/s | ~790 TFLOP/s |",
                 ""]
-        out += ["### Attention kernels", "",
-                "| kernel | time | achieved | target | vs target | PyTorch SDPA same shape |",
-                "| --- | --- | --- | --- | --- | --- |"]
+        if kernels.get("attention"):  # a run with --skip-attention has none
+            out += ["### Attention kernels", "",
+                    "| kernel | time | achieved | target | vs target | PyTorch SDPA same shape |",
+                    "| --- | --- | --- | --- | --- | --- |"]
         for row in kernels.get("attention", []):
             reference = ""
             match = re.match(r"prefill causal n=(\d+)", row["name"])
@@ -50,7 +51,8 @@ def render(record):
                 f"{row['value'] / row['bound']:.0%} of bound"
             out.append(f"| {row['name']} | {row['median_ms']:.3f} ms | {fmt(row['value'])} "
                        f"{row['unit']} | {target} | {versus} | {reference} |")
-        out.append("")
+        if kernels.get("attention"):
+            out.append("")
         for key, label in (("decode_step_dense", "dense"), ("decode_step_sparse", "1/10 kept")):
             step = kernels.get(key)
             if not step:
@@ -107,7 +109,7 @@ def render(record):
             out.append("")
     summary = record.get("summary", "")
     checks = [line for line in summary.splitlines()
-              if re.match(r"(gpu tests|compute-sanitizer|engine memcheck|rep \d)", line)]
+              if re.match(r"(gpu tests|cuda_test|compute-sanitizer|engine memcheck|rep \d)", line)]
     if checks:
         out += ["### Checks", "", "```", *checks, "```", ""]
     block = re.search(r"(KV-sparsity pass.*?)(?:\n\n|\Z)", summary, re.S)
