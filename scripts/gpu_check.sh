@@ -26,7 +26,12 @@ finish() {
 trap finish EXIT
 
 note "gpu: $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader)"
-note "commit: $(git rev-parse --short HEAD 2>/dev/null) $(git status --porcelain 2>/dev/null | wc -l) changed files"
+# The device copy's git metadata can lag its files (HEAD as of the session's start plus changed
+# files), so the tree of the files themselves is what identifies the code: it equals
+# `git rev-parse COMMIT^{tree}` of the commit that was sent.
+tree=$(GIT_INDEX_FILE=/tmp/sieve-gpu-check-index sh -c \
+  'rm -f "$GIT_INDEX_FILE"; git read-tree HEAD && git add -A && git write-tree' 2>/dev/null)
+note "commit: $(git rev-parse --short HEAD 2>/dev/null) $(git status --porcelain 2>/dev/null | wc -l) changed files; files' tree ${tree:0:12}"
 
 if [ ! -f /usr/include/pcre2.h ] && [ -d .deb ]; then
   for f in .deb/*.deb; do dpkg -x "$f" /tmp/pcre2; done
