@@ -41,36 +41,58 @@ inline std::atomic<int>& PdlSetting() {
 }
 inline void SetPdlEnabled(bool enabled) { PdlSetting().store(enabled ? 1 : 0); }
 
-// PDL is on and the current device is sm_90 or newer.
-inline bool PdlActive() {
-  if (PdlSetting().load() == 0) return false;
+// The current device's compute capability major, read once per device.
+inline int DeviceComputeMajor() {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> major[kMaxDevices] = {};
   int device = 0;
   SIEVE_CUDA_CHECK(cudaGetDevice(&device));
-  if (device >= kMaxDevices) return false;
+  if (device >= kMaxDevices) return 0;
   int known = major[device].load();
   if (known == 0) {
     SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&known, cudaDevAttrComputeCapabilityMajor, device));
     major[device].store(known);
   }
-  return known >= 9;
+  return known;
 }
 
+// PDL is on and the current device is sm_90 or newer.
+inline bool PdlActive() { return PdlSetting().load() != 0 && DeviceComputeMajor() >= 9; }
+
+// LaunchWithPdl whose grid is tiled by thread-block clusters of `cluster` CTAs (sm_90+; a cluster
+// of one CTA is a plain launch).
 template <typename... Params, typename... Args>
-void LaunchWithPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-                   cudaStream_t stream, Args&&... args) {
+void LaunchWithPdlInClusters(void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3 block,
+                             size_t shared_bytes, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = PdlActive() ? 1 : 0;
+  cudaLaunchAttribute attributes[2];
+  unsigned count = 0;
+  if (PdlActive()) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = cluster.x;
+    attributes[count].val.clusterDim.y = cluster.y;
+    attributes[count].val.clusterDim.z = cluster.z;
+    ++count;
+  }
+  config.attrs = attributes;
+  config.numAttrs = count;
   SIEVE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+template <typename... Params, typename... Args>
+void LaunchWithPdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                   cudaStream_t stream, Args&&... args) {
+  LaunchWithPdlInClusters(kernel, grid, dim3(1, 1, 1), block, shared_bytes, stream,
+                          std::forward<Args>(args)...);
 }
 
 }  // namespace sieve::cuda

@@ -49,6 +49,23 @@ __device__ __forceinline__ void Store(__nv_bfloat16* out, float value) {
   *out = __float2bfloat16_rn(value);
 }
 
+// Columns [k0, k0 + kTileK) of kRows rows of `src` (row stride ld) into the swizzled tile at
+// `tile`, by cp.async: rows at or past `valid_rows` and columns at or past k are zero-filled
+// without being read.
+template <int kRows>
+__device__ __forceinline__ void LoadRows(uint32_t tile, const __nv_bfloat16* src, int64_t ld,
+                                         int valid_rows, int k0, int k, int tid) {
+#pragma unroll
+  for (int step = 0; step < kRows * kChunks / kThreads; ++step) {
+    const int index = tid + step * kThreads;
+    const int row = index / kChunks;
+    const int chunk = index % kChunks;
+    const int col = k0 + chunk * 8;
+    const bool valid = row < valid_rows && col < k;
+    CpAsync16(tile + TileOffset<kTileK>(row, chunk), valid ? src + row * ld + col : src, valid);
+  }
+}
+
 // kCluster: the gridDim.y splits of a slab are one thread-block cluster (sm_90+) and add their
 // sums through distributed shared memory; otherwise splits add up by atomics in split_sums.
 template <int kTileM, typename OutT, bool kCluster>
@@ -65,35 +82,15 @@ __global__ void __launch_bounds__(kThreads)
   const int count = min(k_blocks, kb_begin + per_split) - kb_begin;
   const uint32_t base = SharedAddress(shared);
 
-  // Stage `slot` <- k block kb_begin + kb: w rows past n, x rows past m and k past the end are
-  // zero-filled without being read.
+  // Stage `slot` <- k block kb_begin + kb of w (the slab's kTileN rows) and of x (kTileM token
+  // rows, after w's tile): rows past n or m and k past the end are zero-filled without being read.
   const auto load_w = [&](int kb, int slot) {
-    const uint32_t w_tile = base + slot * StageBytes<kTileM>();
-    const int k0 = (kb_begin + kb) * kTileK;
-#pragma unroll
-    for (int step = 0; step < kTileN * kChunks / kThreads; ++step) {
-      const int index = tid + step * kThreads;
-      const int row = index / kChunks;
-      const int chunk = index % kChunks;
-      const int col = k0 + chunk * 8;
-      const bool valid = n0 + row < args.n && col < args.k;
-      const __nv_bfloat16* src = valid ? args.w + (n0 + row) * args.ldw + col : args.w;
-      CpAsync16(w_tile + TileOffset<kTileK>(row, chunk), src, valid);
-    }
+    LoadRows<kTileN>(base + slot * StageBytes<kTileM>(), args.w + n0 * args.ldw, args.ldw,
+                     args.n - n0, (kb_begin + kb) * kTileK, args.k, tid);
   };
   const auto load_x = [&](int kb, int slot) {
-    const uint32_t x_tile = base + slot * StageBytes<kTileM>() + kTileN * kTileK * 2;
-    const int k0 = (kb_begin + kb) * kTileK;
-#pragma unroll
-    for (int step = 0; step < kTileM * kChunks / kThreads; ++step) {
-      const int index = tid + step * kThreads;
-      const int row = index / kChunks;
-      const int chunk = index % kChunks;
-      const int col = k0 + chunk * 8;
-      const bool valid = row < args.m && col < args.k;
-      const __nv_bfloat16* src = valid ? args.x + row * args.ldx + col : args.x;
-      CpAsync16(x_tile + TileOffset<kTileK>(row, chunk), src, valid);
-    }
+    LoadRows<kTileM>(base + slot * StageBytes<kTileM>() + kTileN * kTileK * 2, args.x, args.ldx,
+                     args.m, (kb_begin + kb) * kTileK, args.k, tid);
   };
 
   // The weights depend on no earlier kernel: their first stages are requested, and the next
@@ -264,34 +261,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// PDL (pdl.cuh) and, for kCluster, one cluster of `splits` CTAs per slab.
-template <typename Kernel>
-void LaunchKernel(Kernel kernel, dim3 grid, int smem_bytes, int cluster_y, cudaStream_t stream,
-                  const SmallMGemmArgs& args, int per_split, int prefetch_blocks) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
-  config.stream = stream;
-  cudaLaunchAttribute attributes[2];
-  int count = 0;
-  if (PdlActive()) {
-    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[count].val.programmaticStreamSerializationAllowed = 1;
-    ++count;
-  }
-  if (cluster_y > 1) {
-    attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count].val.clusterDim.x = 1;
-    attributes[count].val.clusterDim.y = static_cast<unsigned>(cluster_y);
-    attributes[count].val.clusterDim.z = 1;
-    ++count;
-  }
-  config.attrs = attributes;
-  config.numAttrs = count;
-  SIEVE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args, per_split, prefetch_blocks));
-}
-
 template <int kTileM, typename OutT>
 void Launch(const SmallMGemmArgs& args, cudaStream_t stream) {
   constexpr int kSmemBytes = kStages * StageBytes<kTileM>();
@@ -333,8 +302,10 @@ void Launch(const SmallMGemmArgs& args, cudaStream_t stream) {
   constexpr double kPrefetchBytes = 40.0 * (1 << 20);
   const double ctas = static_cast<double>(grid.x) * grid.y;
   const int prefetch_blocks = static_cast<int>(kPrefetchBytes / (ctas * kTileN * kTileK * 2.0));
-  LaunchKernel(kernel, grid, kSmemBytes, cluster ? used_splits : 1, stream, args, per_split,
-               prefetch_blocks);
+  // With clusters, the splits of a slab are one cluster.
+  const dim3 cluster_shape(1, cluster ? used_splits : 1, 1);
+  LaunchWithPdlInClusters(kernel, grid, cluster_shape, kThreads, kSmemBytes, stream, args,
+                          per_split, prefetch_blocks);
 }
 
 template <typename OutT>
@@ -358,13 +329,7 @@ bool SmallMGemmSupports(const SmallMGemmArgs& args) {
          Aligned16(args.x);
 }
 
-bool SmallMGemmHasClusters() {
-  int device = 0;
-  int major = 0;
-  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
-  SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major >= 9;
-}
+bool SmallMGemmHasClusters() { return DeviceComputeMajor() >= 9; }
 
 void SmallMGemm(const SmallMGemmArgs& args, cudaStream_t stream) {
   if (args.out_f32) {
