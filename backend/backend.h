@@ -150,6 +150,13 @@ class Backend {
   virtual void BeginCapture() {}
   virtual int EndCapture() { return -1; }
   virtual void ReplayGraph(int graph) { (void)graph; }
+  // Replays `graph` `count` times back to back and returns each replay's device time in
+  // milliseconds, as the device's own timer saw it (CUDA events: PERF.md's method), so host
+  // launch and synchronisation latency are not counted. Empty where the backend has no such timer.
+  virtual std::vector<double> TimeGraphReplays(int graph, int count) {
+    (void)graph, (void)count;
+    return {};
+  }
   // Sizes every scratch buffer the ops of a decode step of up to `max_batch` sequences with up to
   // `max_kv_len` entries need, so that captured graphs never see a buffer move.
   virtual void PrepareDecodeGraphs(int max_batch, int num_heads, int head_dim, int max_kv_len) {

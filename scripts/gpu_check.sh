@@ -4,8 +4,11 @@
 # $OUT (the device tool brings them back): at most 8 files, so logs are bundled in logs.tgz.
 #
 #   scripts/gpu_check.sh [stage ...]     stages: build [tests_only] golden test sanitize
-#                                        sanitize_engine bench profile sdpa serve
+#                                        sanitize_engine bench step ab profile sdpa serve
 #                                        (default: build golden test bench sdpa)
+# `step` times the decode step alone (with its variants); `ab` times it for this tree and for the
+# tree in .ab/ (made by `scripts/prepare_ab.sh REV`, carried), alternately, twice each: a change's
+# effect measured in one run on one machine. `build` also builds .ab/'s `sieve` when it exists.
 # Needs the carried .deb/ (PCRE2 headers, absent on the GPU machine) and, for `serve`, the Llama 3
 # tokenizer in .fixtures/tokenizers/llama3/tokenizer.model.
 set -uo pipefail
@@ -51,6 +54,12 @@ if has build; then
     note "build of the GPU tests FAILED"; grep -E "error|Error" -A6 "$LOGS/build_tests.log" | head -120; exit 1
   fi
   note "build of the GPU tests: ok in $(( $(date +%s) - start )) s"
+  if has ab && [ -d .ab ]; then
+    # Builds while the tests run: they use the GPU, this the CPUs.
+    (cd .ab && cmake --preset gpu && cmake --build --preset gpu -j "$(nproc)" --target sieve) \
+      > "$LOGS/build_ab.log" 2>&1 &
+    ab_build=$!
+  fi
   if has tests_only; then
     :
   elif ! cmake --build --preset gpu -j "$(nproc)" > "$LOGS/build.log" 2>&1; then
@@ -103,6 +112,29 @@ if has bench; then
   ./build/gpu/sieve bench kernels --result-json "$OUT/kernels.json" > "$LOGS/bench_kernels.log" 2>&1 \
     || note "bench kernels FAILED (rc $?)"
   tail -90 "$LOGS/bench_kernels.log" >> "$summary"
+fi
+
+step_bench() {  # step_bench BINARY NAME: the decode step and its variants, headline lines kept
+  "$1" bench kernels --skip-attention --skip-sparsity --skip-gemm \
+    --result-json "$LOGS/step_$2.json" > "$LOGS/step_$2.log" 2>&1 || note "step bench $2 FAILED"
+  grep -E "^(dense|1/10 kept)" "$LOGS/step_$2.log" | sed "s/^/$2: /" >> "$summary"
+}
+
+if has step; then
+  step_bench ./build/gpu/sieve this
+  grep -A12 "^1/10 kept  " "$LOGS/step_this.log" | head -12 >> "$summary"
+fi
+
+if has ab; then
+  if [ -n "${ab_build:-}" ] && wait "$ab_build" && [ -x .ab/build/gpu/sieve ]; then
+    for round in 1 2; do
+      step_bench ./build/gpu/sieve "this_$round"
+      step_bench .ab/build/gpu/sieve "ab_$round"
+    done
+    grep -A12 "^1/10 kept  " "$LOGS/step_this_1.log" | head -12 >> "$summary"
+  else
+    note "ab: no .ab/ build (build_ab.log)"; tail -20 "$LOGS/build_ab.log" 2>/dev/null
+  fi
 fi
 
 if has profile; then

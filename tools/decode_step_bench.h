@@ -15,7 +15,7 @@ struct DecodeStepBenchOptions {
   int batch = 64;
   int context = 4096;
   double kept_fraction = 1.0;  // entries each layer holds, as a fraction of the context
-  int iterations = 20;
+  int iterations = 100;        // steps timed; the median is reported
   bool use_graph = true;
   bool profile_one_step = false;  // one extra step between cudaProfilerStart and Stop (CUDA only)
   bool breakdown = false;         // also time each kind of op alone (graph backends only)
@@ -32,7 +32,8 @@ struct DecodeStepPart {
 
 struct DecodeStepBenchResult {
   std::vector<DecodeStepPart> parts;  // with options.breakdown
-  double step_ms = 0;
+  double step_ms = 0;       // device time of one step (CUDA events where the backend has them)
+  double step_wall_ms = 0;  // host time of one step: launch, run, synchronise
   double bound_ms = 0;
   double tokens_per_second = 0;
   double bytes = 0;
