@@ -4,7 +4,8 @@
 # $OUT (the device tool brings them back): at most 8 files, so logs are bundled in logs.tgz.
 #
 #   scripts/gpu_check.sh [stage ...]     stages: build [tests_only] golden test sanitize
-#                                        sanitize_engine bench step ab profile sdpa serve
+#                                        sanitize_engine bench step ab profile timeline sdpa
+#                                        serve
 #                                        (default: build golden test bench sdpa)
 # `step` times the decode step alone (with its variants); `ab` times it for this tree and for the
 # tree in .ab/ (made by `scripts/prepare_ab.sh REV`, carried), alternately, twice each: a change's
@@ -145,6 +146,26 @@ if has profile; then
     --skip-sparsity --skip-gemm --no-graph --profile-step > "$LOGS/ncu_bench.log" 2>&1
   note "profile: exit $?"
   python3 scripts/ncu_summary.py "$LOGS/ncu_step.csv" 2>&1 | head -30 | tee -a "$summary"
+fi
+
+if has timeline; then
+  # One sparse decode step's kernels on a GPU timeline (Nsight Systems, graph nodes traced one by
+  # one): the gaps between kernels, by transition (scripts/timeline_gaps.py).
+  nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys \
+    /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+  if [ -z "$nsys" ]; then
+    note "timeline: no nsys on this machine"
+  else
+    timeout 300 "$nsys" profile --capture-range=cudaProfilerApi --cuda-graph-trace=node -t cuda \
+      -o /tmp/sieve_step --force-overwrite true ./build/gpu/sieve bench kernels \
+      --skip-attention --skip-sparsity --skip-gemm --profile-step > "$LOGS/nsys.log" 2>&1
+    note "timeline: nsys exit $?"
+    "$nsys" stats --report cuda_gpu_trace --format csv -o /tmp/sieve_step \
+      /tmp/sieve_step.nsys-rep >> "$LOGS/nsys.log" 2>&1
+    cp /tmp/sieve_step_cuda_gpu_trace.csv "$LOGS/" 2>/dev/null
+    python3 scripts/timeline_gaps.py /tmp/sieve_step_cuda_gpu_trace.csv 2>&1 | head -40 \
+      | tee -a "$summary"
+  fi
 fi
 
 if has sdpa; then

@@ -175,6 +175,7 @@ int Run(const KernelsFlags& flags) {
       const char* fused_rope;            // SIEVE_FUSED_ROPE
       const char* reduction = nullptr;   // SIEVE_GEMM_REDUCTION
       const char* fold_norms = nullptr;  // SIEVE_FOLD_NORMS
+      bool max_carveout = false;         // SetMaxCarveout
     };
     const Variant variants[] = {
         {"", "", nullptr, true, nullptr, nullptr},
@@ -185,6 +186,8 @@ int Run(const KernelsFlags& flags) {
         {", RoPE not fused", "_unfused_rope", nullptr, true, nullptr, "0"},
         {", no split-k GEMMs", "_no_split_k", nullptr, true, nullptr, nullptr, "none"},
         {", norms not folded", "_unfolded_norms", nullptr, true, nullptr, nullptr, nullptr, "0"},
+        {", max smem carveout", "_max_carveout", nullptr, true, nullptr, nullptr, nullptr, nullptr,
+         true},
     };
     const auto set = [](const char* name, const char* value) {
       if (value != nullptr) {
@@ -200,6 +203,7 @@ int Run(const KernelsFlags& flags) {
       set("SIEVE_GEMM_REDUCTION", variant.reduction);
       set("SIEVE_FOLD_NORMS", variant.fold_norms);
       cuda::SetPdlEnabled(variant.pdl);
+      cuda::SetMaxCarveout(variant.max_carveout);
       auto step_backend = MakeCudaBackend(0);
       if (!step_backend.ok()) {
         std::fprintf(stderr, "error: %s\n", step_backend.status().message().c_str());
@@ -249,6 +253,7 @@ int Run(const KernelsFlags& flags) {
       }
     }
     cuda::SetPdlEnabled(true);
+    cuda::SetMaxCarveout(false);
     for (const char* name : {"SIEVE_GEMM", "SIEVE_DECODE_ATTENTION", "SIEVE_FUSED_ROPE",
                              "SIEVE_GEMM_REDUCTION", "SIEVE_FOLD_NORMS"}) {
       unsetenv(name);

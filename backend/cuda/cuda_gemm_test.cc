@@ -48,9 +48,10 @@ struct Problem {
     }
   }
 
-  // Relative L2 error of a downloaded [m][ldo] output (f32 or bf16 bits) against `expected`.
+  // Relative L2 error of a downloaded [m][ldo] output (f32 or bf16 bits) against `expected`, plus
+  // `base` ([m][ldo], what an accumulating call added to) when given.
   template <typename T>
-  double Error(const std::vector<T>& out) const {
+  double Error(const std::vector<T>& out, const std::vector<float>* base = nullptr) const {
     double diff = 0, norm = 0;
     for (int row = 0; row < m; ++row) {
       for (int col = 0; col < n; ++col) {
@@ -60,7 +61,8 @@ struct Problem {
         } else {
           value = Bf16ToFloat(static_cast<__nv_bfloat16_raw>(out[row * ldo + col]).x);
         }
-        const double want = expected[static_cast<size_t>(row) * n + col];
+        const double want = expected[static_cast<size_t>(row) * n + col] +
+                            (base != nullptr ? (*base)[row * ldo + col] : 0.0);
         diff += (value - want) * (value - want);
         norm += want * want;
       }
@@ -143,6 +145,93 @@ TEST_F(CudaGemmTest, SmallMKernelMatchesHostProductAtEverySplit) {
   }
   for (const float value : sums.ToHost()) ASSERT_EQ(value, 0.0f);
   for (const int value : counters.ToHost()) ASSERT_EQ(value, 0);
+}
+
+// out += x w^T: every output adds the product to what it held once, whichever way the splits
+// add up (one CTA or one cluster rank writes each output; atomics meet in the split buffer first).
+TEST_F(CudaGemmTest, SmallMKernelAccumulatesOnce) {
+  DeviceBuffer<float> sums(static_cast<size_t>(kSmallMGemmMaxRows) * 4096);
+  DeviceBuffer<int> counters(64);
+  SIEVE_CUDA_CHECK(cudaMemset(sums.get(), 0, sums.size() * sizeof(float)));
+  SIEVE_CUDA_CHECK(cudaMemset(counters.get(), 0, counters.size() * sizeof(int)));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const auto& [m, n, k] :
+       {std::tuple{5, 4096, 512}, std::tuple{33, 1000, 1024}, std::tuple{64, 640, 2048}}) {
+    const Problem problem(m, n, k, rng_);
+    DeviceBuffer<__nv_bfloat16> x(testing::ToBf16(problem.x));
+    DeviceBuffer<__nv_bfloat16> w(testing::ToBf16(problem.w));
+    std::vector<float> base(static_cast<size_t>(m) * problem.ldo);
+    for (float& value : base) value = normal(rng_);
+    testing::RoundToBf16(base);
+    std::vector<SmallMSplitReduce> reduces = {SmallMSplitReduce::kAtomics};
+    if (SmallMGemmHasClusters()) reduces.push_back(SmallMSplitReduce::kCluster);
+    for (const SmallMSplitReduce reduce : reduces) {
+      for (const bool out_f32 : {true, false}) {
+        for (const int splits : {1, 3, 8}) {
+          DeviceBuffer<float> out_f(base);
+          DeviceBuffer<__nv_bfloat16> out_b(testing::ToBf16(base));
+          SmallMGemmArgs args;
+          args.w = w.get();
+          args.ldw = problem.ldw;
+          args.x = x.get();
+          args.ldx = problem.ldx;
+          args.out = out_f32 ? static_cast<void*>(out_f.get()) : static_cast<void*>(out_b.get());
+          args.ldo = problem.ldo;
+          args.out_f32 = out_f32;
+          args.accumulate = true;
+          args.m = m;
+          args.n = n;
+          args.k = k;
+          args.splits = splits;
+          args.reduce = reduce;
+          args.split_sums = sums.get();
+          args.split_counters = counters.get();
+          SmallMGemm(args, stream_);
+          SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+          const std::string what =
+              std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " splits " +
+              std::to_string(splits) + (out_f32 ? " f32" : " bf16") +
+              (reduce == SmallMSplitReduce::kCluster ? " cluster" : " atomics");
+          if (out_f32) {
+            EXPECT_LE(problem.Error(out_f.ToHost(), &base), kF32Tolerance) << what;
+          } else {
+            EXPECT_LE(problem.Error(out_b.ToHost(), &base), kBf16Tolerance) << what;
+          }
+        }
+      }
+    }
+  }
+  for (const float value : sums.ToHost()) ASSERT_EQ(value, 0.0f);
+  for (const int value : counters.ToHost()) ASSERT_EQ(value, 0);
+}
+
+// The runner's accumulating calls (Backend::LinearAdd): planning times its candidates on a
+// scratch output, so the first call also adds exactly once, and so does a call on the plan.
+TEST_F(CudaGemmTest, RunnerAccumulatesOnceForEveryChoice) {
+  GemmRunner runner(stream_);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const GemmChoice choice : {GemmChoice::kAuto, GemmChoice::kCublasLt, GemmChoice::kSmallM}) {
+    runner.set_choice(choice);
+    for (const auto& [m, n, k] : {std::tuple{16, 384, 4096}, std::tuple{64, 640, 2048}}) {
+      const Problem problem(m, n, k, rng_);
+      DeviceBuffer<__nv_bfloat16> x(testing::ToBf16(problem.x));
+      DeviceBuffer<__nv_bfloat16> w(testing::ToBf16(problem.w));
+      for (int call = 0; call < 2; ++call) {
+        std::vector<float> base(static_cast<size_t>(m) * problem.ldo);
+        for (float& value : base) value = normal(rng_);
+        DeviceBuffer<float> out(base);
+        runner.Run(m, n, k, w.get(), problem.ldw, x.get(), problem.ldx, out.get(), problem.ldo,
+                   true, /*accumulate=*/true);
+        SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        EXPECT_LE(problem.Error(out.ToHost(), &base), kF32Tolerance)
+            << m << "x" << n << "x" << k << " choice " << static_cast<int>(choice) << " call "
+            << call << ": " << runner.last_plan();
+      }
+      if (choice == GemmChoice::kSmallM) {
+        EXPECT_EQ(runner.last_plan().rfind("small-m", 0), 0u) << runner.last_plan();
+      }
+    }
+  }
 }
 
 TEST_F(CudaGemmTest, SmallMKernelRefusesWhatItCannotTake) {

@@ -217,8 +217,7 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
       SmallMGemmSupports(args) && n < (int64_t{1} << 31) && k < (int64_t{1} << 31);
   std::vector<int> splits;
   const bool clusters = SmallMGemmHasClusters();
-  // The small-m kernel has no accumulating form: out += x w^T is cuBLASLt's (beta = 1).
-  if (choice_ != GemmChoice::kCublasLt && small_m_fits && !accumulate) {
+  if (choice_ != GemmChoice::kCublasLt && small_m_fits) {
     const auto add = [&](int split) {
       if (split == 1 || (split <= SmallMGemmMaxSplits(args.k) && (clusters || n <= kMaxSplitN))) {
         splits.push_back(split);
@@ -289,6 +288,8 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
                     std::to_string(cublas_count);
       }
     }
+    args.out = target;
+    args.accumulate = accumulate;
     for (const int split : splits) {
       args.splits = split;
       const float ms = TimeCold([&] {
@@ -325,6 +326,7 @@ void GemmRunner::Run(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, in
   if (plan.small_m_splits > 0) {
     SmallMGemmArgs args = SmallMArgs(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
     args.splits = plan.small_m_splits;
+    args.accumulate = accumulate;
     args.split_sums = split_sums_;
     args.split_counters = split_counters_;
     if (SmallMGemmSupports(args)) {

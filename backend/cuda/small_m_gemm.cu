@@ -1,9 +1,10 @@
 // The small-m GEMM of small_m_gemm.h. The roles are swapped against the usual GEMM: w's rows are
-// the mma's M side (A fragments, 16 rows each) and x's rows are its N side (B fragments, 8
-// tokens each), so the big operand fills the tensor-core tiles and the small one is padded only
-// to 16 tokens. Per stage a CTA of 4 warps loads a 128 x 64 slab of w and an m x 64 slab of x
-// into XOR-swizzled shared memory (the layout of flash_warp.cuh); each warp multiplies its 32 w
-// rows with every token.
+// the MMA's M side and x's rows its N side, so the big operand fills the tensor-core tiles and the
+// small one is padded only to 16 tokens. Per stage a CTA of 4 warps loads a 128 x 64 slab of w and
+// an m x 64 slab of x into XOR-swizzled shared memory (the layout of flash_warp.cuh, which is also
+// the tensor cores' 128-byte swizzle). On sm_90a the 4 warps are one warpgroup that multiplies
+// both 64-row halves of the slab with every token by wgmma, reading both operands straight from
+// shared memory; elsewhere each warp multiplies its 32 rows by mma.sync (ldmatrix fragments).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
@@ -30,6 +31,85 @@ constexpr int kStages = 4;
 constexpr int kWarpRows = kTileN / kWarps;  // 32: two m16 fragments per warp
 constexpr int kChunks = kTileK / 8;         // 16-byte chunks per tile row
 static_assert(kWarpRows == 32, "each warp owns two 16-row A fragments");
+// The tiles' swizzle repeats every 8 rows of 128 bytes; wgmma's descriptors assume each tile
+// starts on such a 1024-byte boundary.
+constexpr int kTileAlign = 1024;
+static_assert(kTileK * 2 == 128, "a tile row is one 128-byte swizzle row");
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SIEVE_SMALL_M_WGMMA 1
+#endif
+constexpr bool UsesWgmma() {
+#ifdef SIEVE_SMALL_M_WGMMA
+  return true;
+#else
+  return false;
+#endif
+}
+
+// The w row of accumulator (i, c) of this thread. wgmma (one warpgroup): half i of the slab is
+// one m64 tile whose warp `warp` holds rows 16 * warp + g (+ 8). mma.sync: warp `warp` owns rows
+// 32 * warp + 16 * i + g (+ 8).
+__device__ __forceinline__ int AccumulatorRow(int warp, int i, int g, int c) {
+  return UsesWgmma() ? i * 64 + warp * 16 + g + 8 * (c / 2)
+                     : warp * kWarpRows + i * 16 + g + 8 * (c / 2);
+}
+
+#ifdef SIEVE_SMALL_M_WGMMA
+// A shared-memory matrix descriptor for a K-major tile of 128-byte rows in the 128-byte swizzle:
+// start address, stride between 8-row core groups (1024 bytes; the leading offset is unused by
+// this layout), swizzle mode 1 (128 B). Stepping k by 16 adds 32 bytes to the start address.
+__device__ __forceinline__ uint64_t TileDescriptor(uint32_t address) {
+  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+// acc (64 w rows x kTokens tokens, f32) += A (64 x 16 of w) . B (16 x kTokens of x)^T, both
+// operands read from shared memory through their descriptors.
+template <int kTokens>
+__device__ __forceinline__ void Wgmma(float (&acc)[kTokens / 8][4], uint64_t a, uint64_t b);
+
+template <>
+__device__ __forceinline__ void Wgmma<16>(float (&d)[2][4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3])
+      : "l"(a), "l"(b), "r"(1));  // 1: d += a . b
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<32>(float (&d)[4][4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, "
+      "p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(a), "l"(b), "r"(1));  // 1: d += a . b
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<64>(float (&d)[8][4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(a), "l"(b), "r"(1));  // 1: d += a . b
+}
+#endif
 
 template <int kTileM>
 __host__ __device__ constexpr int StageBytes() {
@@ -44,9 +124,12 @@ constexpr bool PartialsFit() {
 }
 static_assert(PartialsFit<16>() && PartialsFit<32>() && PartialsFit<64>());
 
-__device__ __forceinline__ void Store(float* out, float value) { *out = value; }
-__device__ __forceinline__ void Store(__nv_bfloat16* out, float value) {
-  *out = __float2bfloat16_rn(value);
+// out = value, or out += value (one rounding of the f32 sum) when accumulating.
+__device__ __forceinline__ void Store(float* out, float value, bool accumulate) {
+  *out = accumulate ? *out + value : value;
+}
+__device__ __forceinline__ void Store(__nv_bfloat16* out, float value, bool accumulate) {
+  *out = __float2bfloat16_rn(accumulate ? __bfloat162float(*out) + value : value);
 }
 
 // Columns [k0, k0 + kTileK) of kRows rows of `src` (row stride ld) into the swizzled tile at
@@ -80,7 +163,8 @@ __global__ void __launch_bounds__(kThreads)
   const int k_blocks = (args.k + kTileK - 1) / kTileK;
   const int kb_begin = static_cast<int>(blockIdx.y) * per_split;
   const int count = min(k_blocks, kb_begin + per_split) - kb_begin;
-  const uint32_t base = SharedAddress(shared);
+  // The host asks for kTileAlign bytes more than the stages need (see Launch).
+  const uint32_t base = (SharedAddress(shared) + kTileAlign - 1) & ~uint32_t{kTileAlign - 1};
 
   // Stage `slot` <- k block kb_begin + kb of w (the slab's kTileN rows) and of x (kTileM token
   // rows, after w's tile): rows past n or m and k past the end are zero-filled without being read.
@@ -131,6 +215,11 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int kb = 0; kb < count; ++kb) {
     CpAsyncWait<kStages - 2>();
+#ifdef SIEVE_SMALL_M_WGMMA
+    // wgmma reads shared memory through the async proxy: make this thread's cp.async writes
+    // visible to it before the barrier publishes them.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
     __syncthreads();  // stage kb is visible to all; every warp is done with stage kb - 1's slot
     if (kb + kStages - 1 < count) {
       load_w(kb + kStages - 1, (kb + kStages - 1) % kStages);
@@ -139,6 +228,21 @@ __global__ void __launch_bounds__(kThreads)
     CpAsyncCommit();
     const uint32_t w_tile = base + (kb % kStages) * StageBytes<kTileM>();
     const uint32_t x_tile = w_tile + kTileN * kTileK * 2;
+#ifdef SIEVE_SMALL_M_WGMMA
+    // Both halves of the slab, 4 k steps each, then wait: the next iteration refills this slot
+    // right after its barrier, so every wgmma must have read it before this thread gets there.
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int ks = 0; ks < kTileK / 16; ++ks) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        Wgmma<kTileM>(acc[i], TileDescriptor(w_tile + i * 64 * kTileK * 2 + ks * 32),
+                      TileDescriptor(x_tile + ks * 32));
+      }
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#else
 #pragma unroll
     for (int ks = 0; ks < kTileK / 16; ++ks) {
       uint32_t a[2][4];
@@ -163,10 +267,11 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
+#endif
   }
   CpAsyncWait<0>();
 
-  // C fragment element c of (i, j): w row warp*32 + i*16 + g + 8*(c/2), token j*8 + 2t + c%2.
+  // Accumulator element c of (i, j): w row AccumulatorRow(warp, i, g, c), token j*8 + 2t + c%2.
   const int g = lane >> 2;
   const int t = lane & 3;
   OutT* out = static_cast<OutT*>(args.out);
@@ -187,7 +292,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < kTileM / 8; ++j) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          const int row = warp * kWarpRows + i * 16 + g + 8 * (c / 2);
+          const int row = AccumulatorRow(warp, i, g, c);
           const int token = j * 8 + 2 * t + (c % 2);
           partial[token * kPartialStride + row] = acc[i][j][c];
         }
@@ -214,7 +319,9 @@ __global__ void __launch_bounds__(kThreads)
       const float values[4] = {sum.x, sum.y, sum.z, sum.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        if (n0 + col + e < args.n) Store(out + token * args.ldo + n0 + col + e, values[e]);
+        if (n0 + col + e < args.n) {
+          Store(out + token * args.ldo + n0 + col + e, values[e], args.accumulate);
+        }
       }
     }
     cluster.sync();
@@ -226,13 +333,13 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < kTileM / 8; ++j) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          const int row = n0 + warp * kWarpRows + i * 16 + g + 8 * (c / 2);
+          const int row = n0 + AccumulatorRow(warp, i, g, c);
           const int token = j * 8 + 2 * t + (c % 2);
           if (row >= args.n || token >= args.m) continue;
           if (split) {
             atomicAdd(args.split_sums + static_cast<int64_t>(token) * args.n + row, acc[i][j][c]);
           } else {
-            Store(out + token * args.ldo + row, acc[i][j][c]);
+            Store(out + token * args.ldo + row, acc[i][j][c], args.accumulate);
           }
         }
       }
@@ -254,7 +361,7 @@ __global__ void __launch_bounds__(kThreads)
       const int col = index % kTileN;
       if (col >= rows) continue;
       float* sum = args.split_sums + static_cast<int64_t>(token) * args.n + n0 + col;
-      Store(out + token * args.ldo + n0 + col, __ldcg(sum));
+      Store(out + token * args.ldo + n0 + col, __ldcg(sum), args.accumulate);
       *sum = 0.0f;
     }
     if (tid == 0) args.split_counters[slab] = 0;
@@ -263,7 +370,8 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int kTileM, typename OutT>
 void Launch(const SmallMGemmArgs& args, cudaStream_t stream) {
-  constexpr int kSmemBytes = kStages * StageBytes<kTileM>();
+  // The stages, plus room to start them on a kTileAlign boundary.
+  constexpr int kSmemBytes = kStages * StageBytes<kTileM>() + kTileAlign;
   const int k_blocks = (args.k + kTileK - 1) / kTileK;
   const int splits = std::clamp(args.splits, 1, k_blocks);
   const int per_split = (k_blocks + splits - 1) / splits;

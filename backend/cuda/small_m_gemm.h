@@ -2,8 +2,9 @@
 // bf16 inputs, f32 accumulation, bf16 or f32 output. At such m a layer's GEMMs only stream their
 // weights; cuBLAS reaches ~72% of the copy rate there (PERF.md), and this kernel exists to close
 // that gap: each CTA streams a 128-row slab of w through a 4-stage cp.async pipeline and
-// multiplies it with all m rows of x on the tensor cores (mma.sync, sm_80+). When n / 128 slabs
-// are too few to fill the GPU, k is split across CTAs. On sm_90 the splits of a slab form a
+// multiplies it with all m rows of x on the tensor cores (wgmma on sm_90a, mma.sync elsewhere).
+// When n / 128 slabs are too few to fill the GPU, k is split across CTAs. On sm_90 the splits of a
+// slab form a
 // thread-block cluster and add their partial sums through distributed shared memory; elsewhere
 // (or with more than 8 splits) they meet in an f32 buffer by atomics, which the last CTA of each
 // slab converts, writes out, and clears for the next call.
@@ -36,6 +37,7 @@ struct SmallMGemmArgs {
   void* out = nullptr;  // [m][n], row stride ldo; f32 when out_f32, else bf16
   int64_t ldo = 0;
   bool out_f32 = false;
+  bool accumulate = false;  // out += x w^T (one rounding of the f32 sum) instead of out =
   int m = 0;
   int n = 0;
   int k = 0;

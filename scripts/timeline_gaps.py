@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Where a decode step's time goes between kernels, from an Nsight Systems GPU trace.
+
+Reads the CSV of `nsys stats --report cuda_gpu_trace --format csv` (one decode step, graph nodes
+traced with --cuda-graph-trace=node) and prints: the step's span, the kernels' summed duration,
+the idle time between consecutive kernels (negative where a PDL launch overlapped its predecessor),
+then per kind of kernel its count and mean duration, and per transition (kind -> next kind) the
+count and mean gap. A kind is the kernel's name without template arguments or parameters.
+
+    scripts/timeline_gaps.py TRACE.csv
+"""
+import collections
+import csv
+import re
+import sys
+
+
+def kind(name):
+    name = name.replace("(anonymous namespace)::", "")
+    name = re.sub(r"<.*", "", name)  # template arguments and everything after
+    name = re.sub(r"\(.*", "", name)  # parameters
+    name = name.replace("void ", "").strip()
+    name = name.split("::")[-1]
+    return name[:48]
+
+
+def main(path):
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    start_key = next(k for k in rows[0] if k.startswith("Start"))
+    duration_key = next(k for k in rows[0] if k.startswith("Duration"))
+    kernels = []
+    for row in rows:
+        name = row.get("Name", "")
+        if "memcpy" in name.lower() or "memset" in name.lower():
+            continue
+        start = float(row[start_key])
+        kernels.append((start, start + float(row[duration_key]), kind(name)))
+    kernels.sort()
+    if len(kernels) < 2:
+        print("timeline: fewer than two kernels in the trace")
+        return 1
+    span = kernels[-1][1] - kernels[0][0]
+    busy = sum(end - start for start, end, _ in kernels)
+    durations = collections.defaultdict(list)
+    gaps = collections.defaultdict(list)
+    for start, end, name in kernels:
+        durations[name].append(end - start)
+    for (_, prev_end, prev), (start, _, name) in zip(kernels, kernels[1:]):
+        gaps[(prev, name)].append(start - prev_end)
+    total_gap = sum(sum(g) for g in gaps.values())
+    print(f"timeline: {len(kernels)} kernels, span {span / 1e6:.3f} ms, kernels {busy / 1e6:.3f} ms,"
+          f" gaps {total_gap / 1e6:.3f} ms (mean {total_gap / (len(kernels) - 1) / 1e3:.2f} us)")
+    for name, values in sorted(durations.items(), key=lambda kv: -sum(kv[1])):
+        print(f"timeline kernel {name:48s} x{len(values):4d}  mean {sum(values) / len(values) / 1e3:7.2f} us"
+              f"  total {sum(values) / 1e6:.3f} ms")
+    for (prev, name), values in sorted(gaps.items(), key=lambda kv: -abs(sum(kv[1]))):
+        print(f"timeline gap {prev[:30]:30s} -> {name[:30]:30s} x{len(values):4d}"
+              f"  mean {sum(values) / len(values) / 1e3:6.2f} us  total {sum(values) / 1e6:.3f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
