@@ -176,6 +176,7 @@ int Run(const KernelsFlags& flags) {
       const char* reduction = nullptr;   // SIEVE_GEMM_REDUCTION
       const char* fold_norms = nullptr;  // SIEVE_FOLD_NORMS
       bool max_carveout = false;         // SetMaxCarveout
+      bool engine_padding = false;       // max_kv_len as the engine's graphs set it
     };
     const Variant variants[] = {
         {"", "", nullptr, true, nullptr, nullptr},
@@ -188,6 +189,8 @@ int Run(const KernelsFlags& flags) {
         {", norms not folded", "_unfolded_norms", nullptr, true, nullptr, nullptr, nullptr, "0"},
         {", max smem carveout", "_max_carveout", nullptr, true, nullptr, nullptr, nullptr, nullptr,
          true},
+        {", engine's graph max_kv_len", "_engine_padding", nullptr, true, nullptr, nullptr, nullptr,
+         nullptr, false, true},
     };
     const auto set = [](const char* name, const char* value) {
       if (value != nullptr) {
@@ -217,6 +220,11 @@ int Run(const KernelsFlags& flags) {
         options.kept_fraction = kept;
         options.copy_bandwidth = copy;
         options.use_graph = !flags.no_graph;
+        // The engine's default max_model_len: the model's, capped at 8192 (runtime/engine.h).
+        if (variant.engine_padding) {
+          const int model_max = config->max_position_embeddings;
+          options.padded_max_kv_len = (model_max > 0 ? std::min(model_max, 8192) : 8192) + 1;
+        }
         options.profile_one_step = flags.profile_step && headline && kept < 1.0;
         options.breakdown = headline;
         const DecodeStepBenchResult r = RunDecodeStepBench(**step_backend, *config, options);

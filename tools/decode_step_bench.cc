@@ -166,7 +166,7 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
   step.num_tokens = batch;
   step.num_seqs = batch;
   step.num_layers = layers;
-  step.max_kv_len = length;
+  step.max_kv_len = options.padded_max_kv_len > 0 ? options.padded_max_kv_len : length;
   step.num_sample_rows = batch;
   std::vector<int32_t> rows(batch), starts(batch + 1), slots(batch);
   std::iota(rows.begin(), rows.end(), 0);

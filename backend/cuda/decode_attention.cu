@@ -127,10 +127,22 @@ struct DecodeParams {
   int page_size;
   int page_shift;  // log2(page_size), or -1 when it is not a power of two
   int max_pages_per_seq;
-  int num_splits;
+  int num_splits;   // the grid's splits: the most any sequence uses
+  int fill_splits;  // splits the batch needs to fill the GPU (UsedSplits)
   float scale;
   float scale_log2;
 };
+
+// The splits a sequence of `length` entries uses out of the grid's num_splits:
+// DecodeAttentionSplits' rule with the sequence's own length (enough to fill the GPU, none over
+// kMaxSplitEntries entries, none under kMinSplitEntries). A CUDA graph's grid is sized for the
+// longest context it may see (the engine's max_model_len), so without this every sequence would be
+// cut that many ways.
+__device__ __forceinline__ int UsedSplits(const DecodeParams& params, int length) {
+  int used = max(params.fill_splits, (length + kMaxSplitEntries - 1) / kMaxSplitEntries);
+  used = min(used, (length + kMinSplitEntries - 1) / kMinSplitEntries);
+  return max(1, min(used, params.num_splits));
+}
 
 // Entries [begin, end) of split `split` of a sequence holding `length` entries: equal pieces
 // rounded up to whole tiles of kTile entries, so each sequence is cut by its own length (a CUDA
@@ -229,9 +241,10 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   const int head0 = kv_head * params.group + chunk * kHeadsPerCta;
   const int num_rows = min(kHeadsPerCta, params.group - chunk * kHeadsPerCta);
   const int tid = static_cast<int>(threadIdx.x);
+  const int used_splits = UsedSplits(params, length);
   int begin = 0;
   int end = 0;
-  SplitRange<kTile>(length, split, params.num_splits, begin, end);
+  SplitRange<kTile>(length, split, used_splits, begin, end);
   const int64_t part_row =  // row of (split, sequence, head0) in the partial arrays
       (static_cast<int64_t>(split) * params.num_decode + decode_index) * params.num_heads + head0;
   const int32_t* pages = params.page_table + static_cast<int64_t>(slot) * params.max_pages_per_seq;
@@ -261,9 +274,11 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
       WriteNewEntry<kHeadDim, kThreads>(params, new_entry, token, kv_head, position, cos_sin,
                                         WarpRowInvRms(params.norm, token));
     }
-    // An empty piece adds nothing to the combine. A sequence with no entries at all (the engine
+    // A split past the sequence's own count has nothing to do: the combine reads only those. An
+    // empty piece adds nothing to the combine. A sequence with no entries at all (the engine
     // never makes one: a decode token's own entry is always there) gets zeros, as on the CPU.
-    if (params.num_splits > 1) {
+    if (split >= used_splits) return;
+    if (used_splits > 1) {
       if (tid < num_rows) params.partial_lse[part_row + tid] = -INFINITY;
     } else {
       for (int index = tid; index < num_rows * kHeadDim; index += kThreads) {
@@ -460,7 +475,7 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
       sum.z += part.z;
       sum.w += part.w;
     }
-    if (params.num_splits == 1) {
+    if (used_splits == 1) {
       const uint2 packed = make_uint2(flash::PackBf16(sum.x, sum.y), flash::PackBf16(sum.z, sum.w));
       *reinterpret_cast<uint2*>(params.out + static_cast<int64_t>(token) * params.out_stride +
                                 static_cast<int64_t>(head0 + row) * kHeadDim + column) = packed;
@@ -473,7 +488,7 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
     for (int half = 0; half < 2; ++half) {
       const int row = g + 8 * half;
       if (row >= num_rows) continue;
-      if (params.num_splits > 1) {
+      if (used_splits > 1) {
         params.partial_lse[part_row + row] = row_lse[half];
       } else if (params.lse != nullptr) {
         params.lse[static_cast<int64_t>(decode_index) * params.num_heads + head0 + row] =
@@ -484,24 +499,27 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
 }
 
 // Merges the splits of one (decode sequence, head): weights exp(lse_s - max lse). Grid (B, H),
-// one thread per output column.
+// one thread per output column. A sequence that used one split was written by the main kernel.
 template <int kHeadDim>
 __global__ void __launch_bounds__(kHeadDim) DecodeCombineKernel(const DecodeParams params) {
   PdlWait();
   PdlLaunchDependents();
   const int decode_index = static_cast<int>(blockIdx.x);
+  const int seq = params.first_seq + decode_index;
+  const int used_splits = UsedSplits(params, params.kv_lens[params.seq_slots[seq]]);
+  if (used_splits == 1) return;
   const int head = static_cast<int>(blockIdx.y);
   const int column = static_cast<int>(threadIdx.x);
   const int64_t split_stride = static_cast<int64_t>(params.num_decode) * params.num_heads;
   const int64_t row = static_cast<int64_t>(decode_index) * params.num_heads + head;
   float m_max = -INFINITY;
-  for (int split = 0; split < params.num_splits; ++split) {
+  for (int split = 0; split < used_splits; ++split) {
     m_max = fmaxf(m_max, params.partial_lse[split * split_stride + row]);
   }
   float total = 0.0f;
   float value = 0.0f;
   if (m_max != -INFINITY) {
-    for (int split = 0; split < params.num_splits; ++split) {
+    for (int split = 0; split < used_splits; ++split) {
       const float part_lse = params.partial_lse[split * split_stride + row];
       if (part_lse == -INFINITY) continue;  // empty piece: its partial output was never written
       const float weight = expf(part_lse - m_max);
@@ -509,7 +527,7 @@ __global__ void __launch_bounds__(kHeadDim) DecodeCombineKernel(const DecodePara
       value += weight * params.partial_out[(split * split_stride + row) * kHeadDim + column];
     }
   }
-  const int token = params.query_start[params.first_seq + decode_index];
+  const int token = params.query_start[seq];
   params.out[static_cast<int64_t>(token) * params.out_stride +
              static_cast<int64_t>(head) * kHeadDim + column] =
       __float2bfloat16(total > 0.0f ? value / total : 0.0f);
@@ -726,7 +744,8 @@ DecodeCta ChooseDecodeCta(int num_decode_seqs, int num_heads, int num_kv_heads, 
     std::fprintf(stderr, "SIEVE_DECODE_ATTENTION=%s: expected auto, wide or narrow\n", setting);
     std::exit(2);
   }
-  if (num_splits != 1 || num_kv_heads <= 0) return DecodeCta::kWide;
+  (void)num_splits;  // a graph's split count says little: sequences use their own (UsedSplits)
+  if (num_kv_heads <= 0) return DecodeCta::kWide;
   const int64_t ctas = static_cast<int64_t>(num_decode_seqs) * num_kv_heads *
                        CeilDiv(num_heads / num_kv_heads, kHeadsPerCta);
   return ctas > static_cast<int64_t>(kWideCtasPerSm) * SmCount() ? DecodeCta::kNarrow
@@ -796,6 +815,10 @@ void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int
   }
   params.max_pages_per_seq = pool.max_pages_per_seq;
   params.num_splits = num_splits;
+  const int64_t ctas_per_split =
+      static_cast<int64_t>(num_decode) * params.num_kv_heads * params.head_chunks;
+  params.fill_splits = static_cast<int>(std::min<int64_t>(
+      num_splits, CeilDiv(static_cast<int64_t>(kWideCtasPerSm) * SmCount(), ctas_per_split)));
   params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   params.scale_log2 = params.scale * static_cast<float>(M_LOG2E);
 

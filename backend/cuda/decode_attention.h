@@ -11,10 +11,12 @@
 
 namespace sieve::cuda {
 
-// How many pieces each decode sequence's entries are cut into (flash-decoding): enough CTAs to
-// fill the device twice over when the batch is small, at least 128 entries a piece, and pieces of
-// at most 4096 entries so that one long sequence does not trail a large batch. Fewer when
-// `workspace_bytes` cannot hold the partial results.
+// The grid's split count (flash-decoding) for the longest sequence, `max_kv_len` entries: enough
+// CTAs to fill the device twice over when the batch is small, at least 128 entries a piece, and
+// pieces of at most 4096 entries so that one long sequence does not trail a large batch. Fewer
+// when `workspace_bytes` cannot hold the partial results. Each sequence then uses the same rule
+// with its own length, up to this count: a CUDA graph sized for max_model_len does not cut a
+// sparse layer's 400 entries as if they were 8192, and a sequence of one split skips the combine.
 int DecodeAttentionSplits(int num_decode_seqs, int num_heads, int num_kv_heads, int head_dim,
                           int max_kv_len, size_t workspace_bytes);
 
@@ -29,8 +31,9 @@ size_t DecodeAttentionWorkspaceBytesForSplits(int num_decode_seqs, int num_heads
 enum class DecodeCta { kAuto, kWide, kNarrow };
 
 // What kAuto resolves to, read on every call: SIEVE_DECODE_ATTENTION=wide or narrow forces it;
-// unset, empty or "auto": narrow when there is a single split and the CTAs of that split are more
-// than one wide wave (2 x SMs), else wide. Never returns kAuto.
+// unset, empty or "auto": narrow when the CTAs of one split are more than one wide wave
+// (2 x SMs), else wide. The split count does not enter: in a CUDA graph it is sized for the
+// longest context the graph may see, not for the sequences it runs. Never returns kAuto.
 DecodeCta ChooseDecodeCta(int num_decode_seqs, int num_heads, int num_kv_heads, int num_splits);
 
 // DecodeAttention with a forced split count (>= 1) and CTA configuration (kAuto:
