@@ -150,11 +150,12 @@ class Backend {
   virtual void BeginCapture() {}
   virtual int EndCapture() { return -1; }
   virtual void ReplayGraph(int graph) { (void)graph; }
-  // Replays `graph` `count` times back to back and returns each replay's device time in
-  // milliseconds, as the device's own timer saw it (CUDA events: PERF.md's method), so host
-  // launch and synchronisation latency are not counted. Empty where the backend has no such timer.
-  virtual std::vector<double> TimeGraphReplays(int graph, int count) {
-    (void)graph, (void)count;
+  // Replays `graph` count x per_sample times back to back and returns `count` samples in
+  // milliseconds: each the mean device time of `per_sample` consecutive replays, as the device's
+  // own timer saw it (CUDA events: PERF.md's method), so host launch and synchronisation latency
+  // are not counted. Empty where the backend has no such timer.
+  virtual std::vector<double> TimeGraphReplays(int graph, int count, int per_sample) {
+    (void)graph, (void)count, (void)per_sample;
     return {};
   }
   // Sizes every scratch buffer the ops of a decode step of up to `max_batch` sequences with up to

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -59,13 +60,20 @@ inline constexpr int kEvictionJobInts = 7;
 
 struct StepMeta {
   // ---- host-side sizes ----
-  int num_tokens = 0;            // T
-  int num_prefill_tokens = 0;    // T_p (tokens [0, T_p) belong to prefill sequences)
-  int num_seqs = 0;              // S
-  int num_prefill_seqs = 0;      // S_p
-  int num_layers = 0;            // L
-  int max_query_len = 0;         // longest prefill chunk this step
-  int max_kv_len = 0;            // longest context (keys) of any sequence this step
+  int num_tokens = 0;          // T
+  int num_prefill_tokens = 0;  // T_p (tokens [0, T_p) belong to prefill sequences)
+  int num_seqs = 0;            // S
+  int num_prefill_seqs = 0;    // S_p
+  int num_layers = 0;          // L
+  int max_query_len = 0;       // longest prefill chunk this step
+  int max_kv_len = 0;          // longest context (keys) of any sequence this step
+  // Per layer, at least as many entries as any decode sequence holds in that layer this step; empty
+  // means max_kv_len for every layer. Decode attention sizes its launch by it: the engine's
+  // graphs, whose max_kv_len is max_model_len + 1, give sparse layers a smaller bound here.
+  std::vector<int32_t> layer_max_kv_len;
+  int MaxKvLen(int layer) const {
+    return layer < static_cast<int>(layer_max_kv_len.size()) ? layer_max_kv_len[layer] : max_kv_len;
+  }
   int64_t num_prefill_keys = 0;  // rows of the prefill K/V scratch (sum of prefill kv lengths)
   int num_sample_rows = 0;       // R
 

@@ -86,6 +86,7 @@ void ModelRunner::PrepareStep(const StepPlan& plan, const Scheduler& scheduler,
   step.num_prefill_tokens = 0;
   step.max_query_len = 0;
   step.max_kv_len = 0;
+  step.layer_max_kv_len.assign(layers, 0);
   step.num_prefill_keys = 0;
   step.job_begin.assign(layers + 1, 0);
   step.jobs_host.clear();
@@ -168,6 +169,7 @@ void ModelRunner::PrepareStep(const StepPlan& plan, const Scheduler& scheduler,
         const int length = length_seen;  // committed length before this step
         write_start[static_cast<size_t>(layer) * num_seqs + index] = length;
         length_seen = length + 1;
+        step.layer_max_kv_len[layer] = std::max(step.layer_max_kv_len[layer], length + 1);
         if (!plan.Evicts(scheduled)[layer]) continue;
         const DecodeLimit limit = seq.policy->DecodeLimitFor(layer);
         EvictionJob job{};
@@ -197,7 +199,20 @@ void ModelRunner::PrepareStep(const StepPlan& plan, const Scheduler& scheduler,
       write_start[static_cast<size_t>(layer) * num_seqs + index] = 0;
     }
   }
-  if (pad) step.max_kv_len = options_.max_model_len + 1;  // fixed: the graph's launch shapes
+  if (pad) {
+    // A graph's launch shapes are fixed at capture: max_kv_len at its largest (it sizes the
+    // workspaces), and each layer's bound rounded up to whole pieces of the decode attention
+    // (kDecodeLengthQuantum), which picks the graph (graphs_ is keyed by them too). Sparse
+    // layers holding a few hundred entries then launch one piece per sequence, not the
+    // max_model_len / 4096 pieces a dense layer may need.
+    step.max_kv_len = options_.max_model_len + 1;
+    for (int32_t& bound : step.layer_max_kv_len) {
+      bound = std::min(step.max_kv_len, (std::max(bound, 1) + kDecodeLengthQuantum - 1) /
+                                            kDecodeLengthQuantum * kDecodeLengthQuantum);
+    }
+  } else {
+    step.layer_max_kv_len.clear();  // eager: every layer is bounded by the step's max_kv_len
+  }
   for (int layer = 0; layer < layers; ++layer) {
     int64_t scores = 0;
     int64_t kept = 0;
@@ -283,7 +298,7 @@ const Tensor& ModelRunner::Run(const StepPlan& plan, const Scheduler& scheduler,
   PrepareStep(plan, scheduler, sample_ids, bucket);
   logits_view_ = logits_device_.Rows(0, step_.num_sample_rows);
   if (padded && options_.use_graphs && backend.SupportsGraphs()) {
-    DecodeGraph& graph = graphs_[bucket];
+    DecodeGraph& graph = graphs_[{bucket, step_.layer_max_kv_len}];
     Upload(graph.meta, graph.step);  // same size every time for a bucket: same address
     if (graph.graph < 0) {
       // The bucket's first step runs eagerly (planning its GEMMs), then is captured.

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "kv/kv_cache_manager.h"
@@ -60,6 +61,10 @@ class ModelRunner {
 
   // The bucket a decode batch of `batch` sequences is padded to.
   static int BucketFor(int batch);
+  // Decode graphs round each layer's length bound up to a multiple of this: the decode attention's
+  // longest piece of a sequence (backend/cuda/decode_attention.h), so that a graph launches the
+  // pieces the true lengths need.
+  static constexpr int kDecodeLengthQuantum = 4096;
 
  private:
   struct DecodeGraph {
@@ -95,7 +100,8 @@ class ModelRunner {
   } scratch_;
   Tensor logits_device_;  // [max rows][V] f32
   Tensor logits_view_;
-  std::map<int, DecodeGraph> graphs_;  // by bucket size
+  // By batch bucket and the layers' length bounds (StepMeta::layer_max_kv_len).
+  std::map<std::pair<int, std::vector<int32_t>>, DecodeGraph> graphs_;
   int64_t graph_steps_ = 0;
 };
 

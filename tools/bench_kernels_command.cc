@@ -159,8 +159,8 @@ int Run(const KernelsFlags& flags) {
   }
   if (!flags.skip_decode_step) {
     std::printf(
-        "== decode step, %s shape, batch %d x %d context (dummy weights, %s; median of 100 steps,"
-        " %s; host = launch + run + synchronise)\n",
+        "== decode step, %s shape, batch %d x %d context (dummy weights, %s; median of 20 samples"
+        " of 5 steps, %s; host = one step's launch + run + synchronise, median of 100)\n",
         dir.c_str(), flags.batch, flags.context, flags.no_graph ? "no graph" : "CUDA graph",
         flags.no_graph ? "host time" : "device time by CUDA events");
     // The defaults first, then variants for comparison, each on a backend of its own: the
@@ -176,7 +176,8 @@ int Run(const KernelsFlags& flags) {
       const char* reduction = nullptr;   // SIEVE_GEMM_REDUCTION
       const char* fold_norms = nullptr;  // SIEVE_FOLD_NORMS
       bool max_carveout = false;         // SetMaxCarveout
-      bool engine_padding = false;       // max_kv_len as the engine's graphs set it
+      int engine_padding =
+          0;  // max_kv_len as the engine's graphs set it: 1 every layer, 2 per layer
     };
     const Variant variants[] = {
         {"", "", nullptr, true, nullptr, nullptr},
@@ -189,8 +190,10 @@ int Run(const KernelsFlags& flags) {
         {", norms not folded", "_unfolded_norms", nullptr, true, nullptr, nullptr, nullptr, "0"},
         {", max smem carveout", "_max_carveout", nullptr, true, nullptr, nullptr, nullptr, nullptr,
          true},
-        {", engine's graph max_kv_len", "_engine_padding", nullptr, true, nullptr, nullptr, nullptr,
-         nullptr, false, true},
+        {", every layer max_model_len", "_padded", nullptr, true, nullptr, nullptr, nullptr,
+         nullptr, false, 1},
+        {", engine's layer bounds", "_engine_bounds", nullptr, true, nullptr, nullptr, nullptr,
+         nullptr, false, 2},
     };
     const auto set = [](const char* name, const char* value) {
       if (value != nullptr) {
@@ -221,9 +224,10 @@ int Run(const KernelsFlags& flags) {
         options.copy_bandwidth = copy;
         options.use_graph = !flags.no_graph;
         // The engine's default max_model_len: the model's, capped at 8192 (runtime/engine.h).
-        if (variant.engine_padding) {
+        if (variant.engine_padding > 0) {
           const int model_max = config->max_position_embeddings;
           options.padded_max_kv_len = (model_max > 0 ? std::min(model_max, 8192) : 8192) + 1;
+          options.layer_bounds = variant.engine_padding == 2;
         }
         options.profile_one_step = flags.profile_step && headline && kept < 1.0;
         options.breakdown = headline;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/llama_model.h"
+#include "runtime/model_runner.h"
 
 #ifdef SIEVE_HAVE_CUDA
 #include <cuda_profiler_api.h>
@@ -22,12 +23,17 @@ double Median(std::vector<double> times) {
   return times[times.size() / 2];
 }
 
-// The device time of one replay (PERF.md: CUDA events, median of many), or the host time of
-// replay + synchronise where the backend has no device timer.
+// Replays per device-timed sample: back-to-back replays between one pair of events.
+constexpr int kReplaysPerSample = 5;
+
+// The device time of one replay (PERF.md: CUDA events, median of many samples of
+// kReplaysPerSample back-to-back replays), or the host time of replay + synchronise where the
+// backend has no device timer.
 double MedianReplayMs(Backend& backend, int graph, int iterations) {
   backend.ReplayGraph(graph);
   backend.Synchronize();
-  std::vector<double> device_ms = backend.TimeGraphReplays(graph, iterations);
+  std::vector<double> device_ms = backend.TimeGraphReplays(
+      graph, std::max(1, iterations / kReplaysPerSample), kReplaysPerSample);
   if (!device_ms.empty()) return Median(std::move(device_ms));
   std::vector<double> times;
   for (int iteration = 0; iteration < iterations; ++iteration) {
@@ -167,6 +173,11 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
   step.num_seqs = batch;
   step.num_layers = layers;
   step.max_kv_len = options.padded_max_kv_len > 0 ? options.padded_max_kv_len : length;
+  if (options.padded_max_kv_len > 0 && options.layer_bounds) {
+    constexpr int kQuantum = ModelRunner::kDecodeLengthQuantum;
+    step.layer_max_kv_len.assign(
+        layers, std::min(step.max_kv_len, (length + kQuantum - 1) / kQuantum * kQuantum));
+  }
   step.num_sample_rows = batch;
   std::vector<int32_t> rows(batch), starts(batch + 1), slots(batch);
   std::iota(rows.begin(), rows.end(), 0);
@@ -240,7 +251,10 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
             .count());
   }
   std::vector<double> device_ms;
-  if (graph >= 0) device_ms = backend.TimeGraphReplays(graph, options.iterations);
+  if (graph >= 0) {
+    device_ms = backend.TimeGraphReplays(graph, std::max(1, options.iterations / kReplaysPerSample),
+                                         kReplaysPerSample);
+  }
 #ifdef SIEVE_HAVE_CUDA
   if (options.profile_one_step && backend.device() == Device::kCuda) {
     cudaProfilerStart();

@@ -18,8 +18,10 @@ struct DecodeStepBenchOptions {
   int iterations = 100;        // steps timed; the median is reported
   bool use_graph = true;
   // The step's max_kv_len, as the engine's decode graphs claim it (max_model_len + 1): the decode
-  // attention sizes its grid by it. 0: the true length.
+  // attention sizes its grid by it. 0: the true length. With layer_bounds, each layer's bound is
+  // what the engine gives it (StepMeta::layer_max_kv_len); without, every layer takes this one.
   int padded_max_kv_len = 0;
+  bool layer_bounds = false;
   bool profile_one_step = false;  // one extra step between cudaProfilerStart and Stop (CUDA only)
   bool breakdown = false;         // also time each kind of op alone (graph backends only)
   double copy_bandwidth = 0;      // bytes/s, read + write (the measured ceiling)

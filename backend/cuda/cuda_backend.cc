@@ -175,8 +175,9 @@ class CudaBackend final : public Backend {
     const size_t bytes = cuda::DecodeAttentionWorkspaceBytes(
         step.num_seqs - step.num_prefill_seqs, num_heads, pool.head_dim, step.max_kv_len);
     EnsureWorkspace(attention_workspace_, attention_workspace_bytes_, bytes);
-    cuda::DecodeAttention(Bf16(q), q.stride(0), num_heads, View(step), layer, View(pool), Bf16(out),
-                          out.stride(0), attention_workspace_, attention_workspace_bytes_, stream_);
+    cuda::DecodeAttention(Bf16(q), q.stride(0), num_heads, LayerView(step, layer), layer,
+                          View(pool), Bf16(out), out.stride(0), attention_workspace_,
+                          attention_workspace_bytes_, stream_);
   }
   // One kernel (RoPE of the decode tokens inside decode attention) unless H2O needs rotated q in
   // memory for its score pass, or SIEVE_FUSED_ROPE=0.
@@ -191,7 +192,7 @@ class CudaBackend final : public Backend {
         step.num_seqs - step.num_prefill_seqs, num_heads, pool.head_dim, step.max_kv_len);
     EnsureWorkspace(attention_workspace_, attention_workspace_bytes_, bytes);
     cuda::RopeDecodeAttention(Bf16(qkv), qkv.stride(0), rope_table.data_as<float>(), num_heads,
-                              View(step), layer, View(pool), Bf16(out), out.stride(0),
+                              LayerView(step, layer), layer, View(pool), Bf16(out), out.stride(0),
                               attention_workspace_, attention_workspace_bytes_, View(norm),
                               stream_);
   }
@@ -272,14 +273,16 @@ class CudaBackend final : public Backend {
     return true;
   }
 
-  std::vector<double> TimeGraphReplays(int graph, int count) override {
+  std::vector<double> TimeGraphReplays(int graph, int count, int per_sample) override {
     // Every replay is queued before the first is waited on, so the device runs them back to back
-    // and each pair of events brackets one replay's kernels only.
+    // and each pair of events brackets `per_sample` replays' kernels only. (An event pair around
+    // every single replay read 0.07-0.33 ms above the host's launch + run + synchronise time of
+    // one replay on the H200, session 4 device run 4: the events between graphs cost time.)
     std::vector<cudaEvent_t> events(2 * static_cast<size_t>(count));
     for (cudaEvent_t& event : events) SIEVE_CUDA_CHECK(cudaEventCreate(&event));
     for (int i = 0; i < count; ++i) {
       SIEVE_CUDA_CHECK(cudaEventRecord(events[2 * i], stream_));
-      ReplayGraph(graph);
+      for (int replay = 0; replay < per_sample; ++replay) ReplayGraph(graph);
       SIEVE_CUDA_CHECK(cudaEventRecord(events[2 * i + 1], stream_));
     }
     SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -287,7 +290,7 @@ class CudaBackend final : public Backend {
     for (int i = 0; i < count; ++i) {
       float elapsed = 0;
       SIEVE_CUDA_CHECK(cudaEventElapsedTime(&elapsed, events[2 * i], events[2 * i + 1]));
-      ms[i] = elapsed;
+      ms[i] = elapsed / per_sample;
     }
     for (cudaEvent_t event : events) SIEVE_CUDA_CHECK(cudaEventDestroy(event));
     return ms;
@@ -345,6 +348,13 @@ class CudaBackend final : public Backend {
     view.max_query_len = step.max_query_len;
     view.max_kv_len = step.max_kv_len;
     view.num_prefill_keys = static_cast<int>(step.num_prefill_keys);
+    return view;
+  }
+  // The step as one layer's decode attention sees it: max_kv_len is that layer's bound (the
+  // workspace is still sized by the step's, which bounds every layer's).
+  static cuda::StepView LayerView(const StepMeta& step, int layer) {
+    cuda::StepView view = View(step);
+    view.max_kv_len = step.MaxKvLen(layer);
     return view;
   }
   static cuda::PoolView View(const KvPool& pool) {
