@@ -23,7 +23,9 @@ double Median(std::vector<double> times) {
   return times[times.size() / 2];
 }
 
-// Replays per device-timed sample: back-to-back replays between one pair of events.
+// Replays per device-timed sample: back-to-back replays between one pair of events, so that
+// event records sit between few graphs (one pair per replay read the same within the noise on
+// the H200: session 4, device runs 4 and 5).
 constexpr int kReplaysPerSample = 5;
 
 // The device time of one replay (PERF.md: CUDA events, median of many samples of

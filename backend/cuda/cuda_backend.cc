@@ -275,9 +275,7 @@ class CudaBackend final : public Backend {
 
   std::vector<double> TimeGraphReplays(int graph, int count, int per_sample) override {
     // Every replay is queued before the first is waited on, so the device runs them back to back
-    // and each pair of events brackets `per_sample` replays' kernels only. (An event pair around
-    // every single replay read 0.07-0.33 ms above the host's launch + run + synchronise time of
-    // one replay on the H200, session 4 device run 4: the events between graphs cost time.)
+    // and each pair of events brackets `per_sample` replays' kernels only.
     std::vector<cudaEvent_t> events(2 * static_cast<size_t>(count));
     for (cudaEvent_t& event : events) SIEVE_CUDA_CHECK(cudaEventCreate(&event));
     for (int i = 0; i < count; ++i) {
