@@ -48,6 +48,30 @@ struct Problem {
     }
   }
 
+  // The small-m kernel's operands for this problem on device copies of x and w, into `out`.
+  SmallMGemmArgs Args(const __nv_bfloat16* w_device, const __nv_bfloat16* x_device, void* out,
+                      bool out_f32) const {
+    SmallMGemmArgs args;
+    args.w = w_device;
+    args.ldw = ldw;
+    args.x = x_device;
+    args.ldx = ldx;
+    args.out = out;
+    args.ldo = ldo;
+    args.out_f32 = out_f32;
+    args.m = m;
+    args.n = n;
+    args.k = k;
+    return args;
+  }
+
+  // "MxNxK splits S f32|bf16 cluster|atomics", for failure messages.
+  std::string Describe(int splits, bool out_f32, SmallMSplitReduce reduce) const {
+    return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " splits " +
+           std::to_string(splits) + (out_f32 ? " f32" : " bf16") +
+           (reduce == SmallMSplitReduce::kCluster ? " cluster" : " atomics");
+  }
+
   // Relative L2 error of a downloaded [m][ldo] output (f32 or bf16 bits) against `expected`, plus
   // `base` ([m][ldo], what an accumulating call added to) when given.
   template <typename T>
@@ -109,17 +133,9 @@ TEST_F(CudaGemmTest, SmallMKernelMatchesHostProductAtEverySplit) {
         const size_t out_count = static_cast<size_t>(m) * problem.ldo;
         DeviceBuffer<float> out_f(out_f32 ? out_count : 1);
         DeviceBuffer<__nv_bfloat16> out_b(out_f32 ? 1 : out_count);
-        SmallMGemmArgs args;
-        args.w = w.get();
-        args.ldw = problem.ldw;
-        args.x = x.get();
-        args.ldx = problem.ldx;
-        args.out = out_f32 ? static_cast<void*>(out_f.get()) : static_cast<void*>(out_b.get());
-        args.ldo = problem.ldo;
-        args.out_f32 = out_f32;
-        args.m = m;
-        args.n = n;
-        args.k = k;
+        SmallMGemmArgs args = problem.Args(
+            w.get(), x.get(),
+            out_f32 ? static_cast<void*>(out_f.get()) : static_cast<void*>(out_b.get()), out_f32);
         args.splits = splits;
         args.reduce = reduce;
         args.split_sums = sums.get();
@@ -130,10 +146,7 @@ TEST_F(CudaGemmTest, SmallMKernelMatchesHostProductAtEverySplit) {
           SmallMGemm(args, stream_);
           SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
           const std::string what =
-              std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " splits " +
-              std::to_string(splits) + (out_f32 ? " f32" : " bf16") +
-              (reduce == SmallMSplitReduce::kCluster ? " cluster" : " atomics") + " call " +
-              std::to_string(call);
+              problem.Describe(splits, out_f32, reduce) + " call " + std::to_string(call);
           if (out_f32) {
             EXPECT_LE(problem.Error(out_f.ToHost()), kF32Tolerance) << what;
           } else {
@@ -170,28 +183,17 @@ TEST_F(CudaGemmTest, SmallMKernelAccumulatesOnce) {
         for (const int splits : {1, 3, 8}) {
           DeviceBuffer<float> out_f(base);
           DeviceBuffer<__nv_bfloat16> out_b(testing::ToBf16(base));
-          SmallMGemmArgs args;
-          args.w = w.get();
-          args.ldw = problem.ldw;
-          args.x = x.get();
-          args.ldx = problem.ldx;
-          args.out = out_f32 ? static_cast<void*>(out_f.get()) : static_cast<void*>(out_b.get());
-          args.ldo = problem.ldo;
-          args.out_f32 = out_f32;
+          SmallMGemmArgs args = problem.Args(
+              w.get(), x.get(),
+              out_f32 ? static_cast<void*>(out_f.get()) : static_cast<void*>(out_b.get()), out_f32);
           args.accumulate = true;
-          args.m = m;
-          args.n = n;
-          args.k = k;
           args.splits = splits;
           args.reduce = reduce;
           args.split_sums = sums.get();
           args.split_counters = counters.get();
           SmallMGemm(args, stream_);
           SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-          const std::string what =
-              std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " splits " +
-              std::to_string(splits) + (out_f32 ? " f32" : " bf16") +
-              (reduce == SmallMSplitReduce::kCluster ? " cluster" : " atomics");
+          const std::string what = problem.Describe(splits, out_f32, reduce);
           if (out_f32) {
             EXPECT_LE(problem.Error(out_f.ToHost(), &base), kF32Tolerance) << what;
           } else {
