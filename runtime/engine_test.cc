@@ -13,6 +13,7 @@
 #include "core/testing.h"
 #include "model/safetensors.h"
 #include "runtime/model_loader.h"
+#include "runtime/model_runner.h"
 
 namespace sieve {
 namespace {
@@ -178,6 +179,18 @@ TEST(EngineTest, PaddedDecodeBatchesAreBitwiseUnpadded) {
     EXPECT_EQ(padded[index].tokens, plain[index].tokens) << index;
     EXPECT_EQ(padded[index].logprobs, plain[index].logprobs) << index;
   }
+}
+
+// A decode graph's layer bound: whole 4096-entry pieces of the decode attention, never past the
+// step's bound (max_model_len + 1), never zero.
+TEST(ModelRunnerTest, GraphLayerBoundRoundsUpToWholePieces) {
+  EXPECT_EQ(ModelRunner::GraphLayerBound(0, 8193), 4096);
+  EXPECT_EQ(ModelRunner::GraphLayerBound(1, 8193), 4096);
+  EXPECT_EQ(ModelRunner::GraphLayerBound(411, 8193), 4096);
+  EXPECT_EQ(ModelRunner::GraphLayerBound(4096, 8193), 4096);
+  EXPECT_EQ(ModelRunner::GraphLayerBound(4097, 8193), 8192);
+  EXPECT_EQ(ModelRunner::GraphLayerBound(8193, 8193), 8193);
+  EXPECT_EQ(ModelRunner::GraphLayerBound(300, 513), 513);
 }
 
 // SPARSITY.md test 1: a budget that covers the prompt leaves the engine bitwise dense.

@@ -50,6 +50,11 @@ ModelRunner::ModelRunner(const LlamaModel& model, KvCacheManager& kv,
   }
 }
 
+int32_t ModelRunner::GraphLayerBound(int longest, int max_kv_len) {
+  constexpr int kQuantum = 4096;
+  return std::min(max_kv_len, (std::max(longest, 1) + kQuantum - 1) / kQuantum * kQuantum);
+}
+
 int ModelRunner::BucketFor(int batch) {
   if (batch <= 1) return 1;
   if (batch <= 2) return 2;
@@ -202,14 +207,11 @@ void ModelRunner::PrepareStep(const StepPlan& plan, const Scheduler& scheduler,
   if (pad) {
     // A graph's launch shapes are fixed at capture: max_kv_len at its largest (it sizes the
     // workspaces), and each layer's bound rounded up to whole pieces of the decode attention
-    // (kDecodeLengthQuantum), which picks the graph (graphs_ is keyed by them too). Sparse
-    // layers holding a few hundred entries then launch one piece per sequence, not the
+    // (GraphLayerBound), which picks the graph (graphs_ is keyed by them too). Sparse layers
+    // holding a few hundred entries then launch one piece per sequence, not the
     // max_model_len / 4096 pieces a dense layer may need.
     step.max_kv_len = options_.max_model_len + 1;
-    for (int32_t& bound : step.layer_max_kv_len) {
-      bound = std::min(step.max_kv_len, (std::max(bound, 1) + kDecodeLengthQuantum - 1) /
-                                            kDecodeLengthQuantum * kDecodeLengthQuantum);
-    }
+    for (int32_t& bound : step.layer_max_kv_len) bound = GraphLayerBound(bound, step.max_kv_len);
   } else {
     step.layer_max_kv_len.clear();  // eager: every layer is bounded by the step's max_kv_len
   }

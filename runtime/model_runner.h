@@ -61,10 +61,11 @@ class ModelRunner {
 
   // The bucket a decode batch of `batch` sequences is padded to.
   static int BucketFor(int batch);
-  // Decode graphs round each layer's length bound up to a multiple of this: the decode attention's
-  // longest piece of a sequence (backend/cuda/decode_attention.h), so that a graph launches the
-  // pieces the true lengths need.
-  static constexpr int kDecodeLengthQuantum = 4096;
+  // A decode graph's bound for a layer whose longest sequence holds `longest` entries: rounded up
+  // to a multiple of 4096, the decode attention's longest piece of a sequence
+  // (backend/cuda/decode_attention.h), so that the graph launches the pieces the true lengths
+  // need; at most `max_kv_len`, the graph's bound for the whole step.
+  static int32_t GraphLayerBound(int longest, int max_kv_len);
 
  private:
   struct DecodeGraph {

@@ -175,9 +175,7 @@ int Run(const KernelsFlags& flags) {
       const char* fused_rope;            // SIEVE_FUSED_ROPE
       const char* reduction = nullptr;   // SIEVE_GEMM_REDUCTION
       const char* fold_norms = nullptr;  // SIEVE_FOLD_NORMS
-      bool max_carveout = false;         // SetMaxCarveout
-      int engine_padding =
-          0;  // max_kv_len as the engine's graphs set it: 1 every layer, 2 per layer
+      StepLengthBounds length_bounds = StepLengthBounds::kTrue;
     };
     const Variant variants[] = {
         {"", "", nullptr, true, nullptr, nullptr},
@@ -188,12 +186,10 @@ int Run(const KernelsFlags& flags) {
         {", RoPE not fused", "_unfused_rope", nullptr, true, nullptr, "0"},
         {", no split-k GEMMs", "_no_split_k", nullptr, true, nullptr, nullptr, "none"},
         {", norms not folded", "_unfolded_norms", nullptr, true, nullptr, nullptr, nullptr, "0"},
-        {", max smem carveout", "_max_carveout", nullptr, true, nullptr, nullptr, nullptr, nullptr,
-         true},
         {", every layer max_model_len", "_padded", nullptr, true, nullptr, nullptr, nullptr,
-         nullptr, false, 1},
+         nullptr, StepLengthBounds::kModelLenEveryLayer},
         {", engine's layer bounds", "_engine_bounds", nullptr, true, nullptr, nullptr, nullptr,
-         nullptr, false, 2},
+         nullptr, StepLengthBounds::kEngineLayerBounds},
     };
     const auto set = [](const char* name, const char* value) {
       if (value != nullptr) {
@@ -209,7 +205,6 @@ int Run(const KernelsFlags& flags) {
       set("SIEVE_GEMM_REDUCTION", variant.reduction);
       set("SIEVE_FOLD_NORMS", variant.fold_norms);
       cuda::SetPdlEnabled(variant.pdl);
-      cuda::SetMaxCarveout(variant.max_carveout);
       auto step_backend = MakeCudaBackend(0);
       if (!step_backend.ok()) {
         std::fprintf(stderr, "error: %s\n", step_backend.status().message().c_str());
@@ -224,10 +219,9 @@ int Run(const KernelsFlags& flags) {
         options.copy_bandwidth = copy;
         options.use_graph = !flags.no_graph;
         // The engine's default max_model_len: the model's, capped at 8192 (runtime/engine.h).
-        if (variant.engine_padding > 0) {
-          const int model_max = config->max_position_embeddings;
-          options.padded_max_kv_len = (model_max > 0 ? std::min(model_max, 8192) : 8192) + 1;
-          options.layer_bounds = variant.engine_padding == 2;
+        options.length_bounds = variant.length_bounds;
+        if (config->max_position_embeddings > 0) {
+          options.max_model_len = std::min(config->max_position_embeddings, 8192);
         }
         options.profile_one_step = flags.profile_step && headline && kept < 1.0;
         options.breakdown = headline;
@@ -265,7 +259,6 @@ int Run(const KernelsFlags& flags) {
       }
     }
     cuda::SetPdlEnabled(true);
-    cuda::SetMaxCarveout(false);
     for (const char* name : {"SIEVE_GEMM", "SIEVE_DECODE_ATTENTION", "SIEVE_FUSED_ROPE",
                              "SIEVE_GEMM_REDUCTION", "SIEVE_FOLD_NORMS"}) {
       unsetenv(name);

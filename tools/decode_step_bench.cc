@@ -174,11 +174,12 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
   step.num_tokens = batch;
   step.num_seqs = batch;
   step.num_layers = layers;
-  step.max_kv_len = options.padded_max_kv_len > 0 ? options.padded_max_kv_len : length;
-  if (options.padded_max_kv_len > 0 && options.layer_bounds) {
-    constexpr int kQuantum = ModelRunner::kDecodeLengthQuantum;
-    step.layer_max_kv_len.assign(
-        layers, std::min(step.max_kv_len, (length + kQuantum - 1) / kQuantum * kQuantum));
+  step.max_kv_len = length;
+  if (options.length_bounds != StepLengthBounds::kTrue) {
+    step.max_kv_len = options.max_model_len + 1;
+    if (options.length_bounds == StepLengthBounds::kEngineLayerBounds) {
+      step.layer_max_kv_len.assign(layers, ModelRunner::GraphLayerBound(length, step.max_kv_len));
+    }
   }
   step.num_sample_rows = batch;
   std::vector<int32_t> rows(batch), starts(batch + 1), slots(batch);

@@ -11,17 +11,22 @@
 
 namespace sieve {
 
+// The length bounds the step claims (StepMeta::max_kv_len and layer_max_kv_len), by which the
+// decode attention sizes its launch; the sequences' true lengths are the same in all three.
+enum class StepLengthBounds {
+  kTrue,                // this step's true length
+  kModelLenEveryLayer,  // max_model_len + 1 for every layer (the engine's graphs before session 4)
+  kEngineLayerBounds,   // max_model_len + 1, and each layer's bound as ModelRunner sets it
+};
+
 struct DecodeStepBenchOptions {
   int batch = 64;
   int context = 4096;
   double kept_fraction = 1.0;  // entries each layer holds, as a fraction of the context
   int iterations = 100;        // steps timed; the median is reported
   bool use_graph = true;
-  // The step's max_kv_len, as the engine's decode graphs claim it (max_model_len + 1): the decode
-  // attention sizes its grid by it. 0: the true length. With layer_bounds, each layer's bound is
-  // what the engine gives it (StepMeta::layer_max_kv_len); without, every layer takes this one.
-  int padded_max_kv_len = 0;
-  bool layer_bounds = false;
+  StepLengthBounds length_bounds = StepLengthBounds::kTrue;
+  int max_model_len = 8192;       // for the bounds other than kTrue
   bool profile_one_step = false;  // one extra step between cudaProfilerStart and Stop (CUDA only)
   bool breakdown = false;         // also time each kind of op alone (graph backends only)
   double copy_bandwidth = 0;      // bytes/s, read + write (the measured ceiling)

@@ -302,11 +302,10 @@ void PrintTo(const DecodeCase& test_case, std::ostream* os) { *os << test_case.n
 class DecodeAttentionTest : public ::testing::TestWithParam<DecodeCase> {};
 
 // "wide", "narrow", or "auto (narrow)": what DecodeAttention picks at these sizes.
-std::string CtaName(DecodeCta cta, int batch, int num_heads, int num_kv_heads, int splits) {
+std::string CtaName(DecodeCta cta, int batch, int num_heads, int num_kv_heads) {
   const auto name = [](DecodeCta shape) { return shape == DecodeCta::kNarrow ? "narrow" : "wide"; };
   if (cta != DecodeCta::kAuto) return name(cta);
-  return std::string("auto (") + name(ChooseDecodeCta(batch, num_heads, num_kv_heads, splits)) +
-         ")";
+  return std::string("auto (") + name(ChooseDecodeCta(batch, num_heads, num_kv_heads)) + ")";
 }
 
 // The decode rows [prefill_tokens, tokens) of a GPU output [tokens][out_stride] against the
@@ -325,6 +324,155 @@ void ExpectDecodeRowsMatch(const std::vector<float>& out, int64_t out_stride, co
       what);
 }
 
+// The sequences, lengths and page tables of a decode-attention case, over two layers: prefill
+// chunks, then one token for each of `batch` decode sequences, in shuffled rows of a page table of
+// `max_seqs` rows. The decode sequences of `layer` hold [1, max_context] entries (both ends
+// present); every other (layer, row) a short random length, so that a wrong layer offset shows.
+// Each row gets the pages of its length (room_past_end: of one entry more), shuffled over a pool
+// with `spare_pages` more; unused table entries are -1 (reading one fetches from before the pool).
+struct PagedDecodeCase {
+  static constexpr int kLayers = 2;
+  int num_prefill = 0;
+  int num_seqs = 0;
+  int max_seqs = 0;
+  int page_size = 0;
+  int max_pages_per_seq = 0;
+  int num_pages = 0;
+  int max_kv_len = 0;  // of the decode sequences of the tested layer
+  int tokens = 0;
+  int prefill_tokens = 0;
+  std::vector<int32_t> slots;        // [num_seqs]
+  std::vector<int32_t> kv_lens;      // [kLayers][max_seqs]
+  std::vector<int32_t> page_table;   // [kLayers][max_seqs][max_pages_per_seq]
+  std::vector<int32_t> query_start;  // [num_seqs + 1]
+
+  PagedDecodeCase(std::mt19937_64& rng, const std::vector<int>& prefill_chunks, int batch,
+                  int layer, int max_seqs_, int max_context, int page_size_, int max_pages_per_seq_,
+                  int spare_pages, bool room_past_end)
+      : num_prefill(static_cast<int>(prefill_chunks.size())),
+        num_seqs(num_prefill + batch),
+        max_seqs(max_seqs_),
+        page_size(page_size_),
+        max_pages_per_seq(max_pages_per_seq_) {
+    std::vector<int32_t> slot_order(max_seqs);
+    std::iota(slot_order.begin(), slot_order.end(), 0);
+    std::shuffle(slot_order.begin(), slot_order.end(), rng);
+    slots.assign(slot_order.begin(), slot_order.begin() + num_seqs);
+
+    std::uniform_int_distribution<int> context_dist(1, max_context);
+    std::uniform_int_distribution<int> short_dist(1, 40);
+    kv_lens.resize(static_cast<size_t>(kLayers) * max_seqs);
+    for (auto& length : kv_lens) length = short_dist(rng);
+    for (int index = 0; index < batch; ++index) {
+      int length = context_dist(rng);
+      if (index == 0) length = max_context;
+      if (index == 1) length = 1;
+      Length(layer, num_prefill + index) = length;
+      max_kv_len = std::max(max_kv_len, length);
+    }
+
+    const auto pages_for = [&](int length) {
+      return room_past_end ? length / page_size + 1 : (length + page_size - 1) / page_size;
+    };
+    int total_pages = 0;
+    for (const int length : kv_lens) total_pages += pages_for(length);
+    num_pages = total_pages + spare_pages;
+    std::vector<int32_t> page_ids(num_pages);
+    std::iota(page_ids.begin(), page_ids.end(), 0);
+    std::shuffle(page_ids.begin(), page_ids.end(), rng);
+    page_table.assign(static_cast<size_t>(kLayers) * max_seqs * max_pages_per_seq, -1);
+    int next_page = 0;
+    for (int row = 0; row < kLayers * max_seqs; ++row) {
+      for (int page = 0; page < pages_for(kv_lens[row]); ++page) {
+        page_table[static_cast<size_t>(row) * max_pages_per_seq + page] = page_ids[next_page++];
+      }
+    }
+
+    query_start.assign(num_seqs + 1, 0);
+    for (int seq = 0; seq < num_seqs; ++seq) {
+      query_start[seq + 1] = query_start[seq] + (seq < num_prefill ? prefill_chunks[seq] : 1);
+    }
+    tokens = query_start[num_seqs];
+    prefill_tokens = query_start[num_prefill];
+  }
+
+  // Entries sequence `seq` holds in `layer`.
+  int32_t& Length(int layer, int seq) {
+    return kv_lens[static_cast<size_t>(layer) * max_seqs + slots[seq]];
+  }
+  int32_t Length(int layer, int seq) const {
+    return kv_lens[static_cast<size_t>(layer) * max_seqs + slots[seq]];
+  }
+
+  // The step on the host (no positions or write_start: the RoPE test adds them).
+  StepMeta HostStep() const {
+    StepMeta step;
+    step.num_tokens = tokens;
+    step.num_prefill_tokens = prefill_tokens;
+    step.num_seqs = num_seqs;
+    step.num_prefill_seqs = num_prefill;
+    step.num_layers = kLayers;
+    step.max_kv_len = max_kv_len;
+    step.query_start = HostI32({num_seqs + 1}, query_start);
+    step.seq_slots = HostI32({num_seqs}, slots);
+    step.context_lens = HostI32({num_seqs}, std::vector<int32_t>(num_seqs, 0));
+    return step;
+  }
+
+  // The pool on the host over K and V values [num_pages][page_size][kv_heads][head_dim].
+  KvPool HostPool(int kv_heads, int head_dim, const std::vector<float>& k,
+                  const std::vector<float>& v) const {
+    KvPool pool;
+    pool.page_size = page_size;
+    pool.num_pages = num_pages;
+    pool.max_seqs = max_seqs;
+    pool.max_pages_per_seq = max_pages_per_seq;
+    pool.num_kv_heads = kv_heads;
+    pool.head_dim = head_dim;
+    pool.k = HostF32({num_pages, page_size, kv_heads, head_dim}, k);
+    pool.v = HostF32({num_pages, page_size, kv_heads, head_dim}, v);
+    pool.page_table = HostI32({kLayers, max_seqs, max_pages_per_seq}, page_table);
+    pool.kv_lens = HostI32({kLayers, max_seqs}, kv_lens);
+    return pool;
+  }
+};
+
+// A PagedDecodeCase's tables on the device, the StepView over them and PoolViews over its pages.
+struct DevicePagedDecodeCase {
+  explicit DevicePagedDecodeCase(const PagedDecodeCase& paged)
+      : page_table(paged.page_table),
+        kv_lens(paged.kv_lens),
+        query_start(paged.query_start),
+        slots(paged.slots) {
+    view.query_start = query_start.get();
+    view.seq_slots = slots.get();
+    view.num_tokens = paged.tokens;
+    view.num_prefill_tokens = paged.prefill_tokens;
+    view.num_seqs = paged.num_seqs;
+    view.num_prefill_seqs = paged.num_prefill;
+    view.max_kv_len = paged.max_kv_len;
+    pool.page_table = page_table.get();
+    pool.kv_lens = kv_lens.get();
+    pool.page_size = paged.page_size;
+    pool.max_seqs = paged.max_seqs;
+    pool.max_pages_per_seq = paged.max_pages_per_seq;
+  }
+
+  // The pool view over device K and V pages (and optional side pools).
+  PoolView Pool(bf16* k, bf16* v, int kv_heads, int head_dim) const {
+    PoolView result = pool;
+    result.k = k;
+    result.v = v;
+    result.num_kv_heads = kv_heads;
+    result.head_dim = head_dim;
+    return result;
+  }
+
+  DeviceBuffer<int32_t> page_table, kv_lens, query_start, slots;
+  StepView view{};
+  PoolView pool{};  // tables and shape only
+};
+
 TEST_P(DecodeAttentionTest, MatchesCpu) {
   SIEVE_REQUIRE_GPU();
   const DecodeCase& test_case = GetParam();
@@ -334,48 +482,13 @@ TEST_P(DecodeAttentionTest, MatchesCpu) {
   const int head_dim = test_case.head_dim;
   const int page_size = test_case.page_size;
   const int batch = test_case.batch;
-  const int num_prefill = static_cast<int>(test_case.prefill_chunks.size());
-  const int num_seqs = num_prefill + batch;
-  const int num_layers = 2;
   const int layer = 1;  // layer 0 holds other lengths and pages: a wrong layer offset shows
-  const int max_seqs = num_seqs + 3;
-
-  // Sequences sit in shuffled page-table rows.
-  std::vector<int32_t> slot_order(max_seqs);
-  std::iota(slot_order.begin(), slot_order.end(), 0);
-  std::shuffle(slot_order.begin(), slot_order.end(), rng);
-  const std::vector<int32_t> slots(slot_order.begin(), slot_order.begin() + num_seqs);
-
-  // Lengths per (layer, slot): the decode sequences of `layer` get [1, max_context] (with both
-  // ends present); everything else a short random length.
-  std::uniform_int_distribution<int> context_dist(1, test_case.max_context);
-  std::uniform_int_distribution<int> short_dist(1, 40);
-  std::vector<int32_t> kv_lens(static_cast<size_t>(num_layers) * max_seqs);
-  for (auto& length : kv_lens) length = short_dist(rng);
-  int max_kv_len = 0;
-  for (int index = 0; index < batch; ++index) {
-    int length = context_dist(rng);
-    if (index == 0) length = test_case.max_context;
-    if (index == 1) length = 1;
-    kv_lens[static_cast<size_t>(layer) * max_seqs + slots[num_prefill + index]] = length;
-    max_kv_len = std::max(max_kv_len, length);
-  }
-  const int max_pages_per_seq = (test_case.max_context + page_size - 1) / page_size + 1;
-  int total_pages = 0;
-  for (const int length : kv_lens) total_pages += (length + page_size - 1) / page_size;
-  const int num_pages = total_pages + 7;
-  std::vector<int32_t> page_ids(num_pages);
-  std::iota(page_ids.begin(), page_ids.end(), 0);
-  std::shuffle(page_ids.begin(), page_ids.end(), rng);
-  // Unused table entries are -1: reading one would fetch from before the pool.
-  std::vector<int32_t> page_table(static_cast<size_t>(num_layers) * max_seqs * max_pages_per_seq,
-                                  -1);
-  int next_page = 0;
-  for (int row = 0; row < num_layers * max_seqs; ++row) {
-    for (int page = 0; page < (kv_lens[row] + page_size - 1) / page_size; ++page) {
-      page_table[static_cast<size_t>(row) * max_pages_per_seq + page] = page_ids[next_page++];
-    }
-  }
+  const PagedDecodeCase paged(rng, test_case.prefill_chunks, batch, layer,
+                              static_cast<int>(test_case.prefill_chunks.size()) + batch + 3,
+                              test_case.max_context, page_size,
+                              (test_case.max_context + page_size - 1) / page_size + 1, 7, false);
+  const int num_pages = paged.num_pages;
+  const int max_kv_len = paged.max_kv_len;
 
   const size_t pool_count = static_cast<size_t>(num_pages) * page_size * kv_heads * head_dim;
   const std::vector<float> k_pool = RandomBf16Values(pool_count, rng);
@@ -387,40 +500,14 @@ TEST_P(DecodeAttentionTest, MatchesCpu) {
     for (float& score : scores_initial) score = uniform(rng);
   }
 
-  // The step: prefill chunks first, then one token per decode sequence.
-  std::vector<int32_t> query_start(num_seqs + 1, 0);
-  for (int seq = 0; seq < num_seqs; ++seq) {
-    query_start[seq + 1] =
-        query_start[seq] + (seq < num_prefill ? test_case.prefill_chunks[seq] : 1);
-  }
-  const int tokens = query_start[num_seqs];
-  const int prefill_tokens = query_start[num_prefill];
+  const int tokens = paged.tokens;
+  const int prefill_tokens = paged.prefill_tokens;
   const int64_t qkv_width = static_cast<int64_t>(num_heads + 2 * kv_heads) * head_dim;
   const int64_t q_width = static_cast<int64_t>(num_heads) * head_dim;
   const std::vector<float> qkv = RandomBf16Values(static_cast<size_t>(tokens) * qkv_width, rng);
 
-  StepMeta step;
-  step.num_tokens = tokens;
-  step.num_prefill_tokens = prefill_tokens;
-  step.num_seqs = num_seqs;
-  step.num_prefill_seqs = num_prefill;
-  step.num_layers = num_layers;
-  step.max_kv_len = max_kv_len;
-  step.query_start = HostI32({num_seqs + 1}, query_start);
-  step.seq_slots = HostI32({num_seqs}, slots);
-  step.context_lens = HostI32({num_seqs}, std::vector<int32_t>(num_seqs, 0));
-
-  KvPool pool;
-  pool.page_size = page_size;
-  pool.num_pages = num_pages;
-  pool.max_seqs = max_seqs;
-  pool.max_pages_per_seq = max_pages_per_seq;
-  pool.num_kv_heads = kv_heads;
-  pool.head_dim = head_dim;
-  pool.k = HostF32({num_pages, page_size, kv_heads, head_dim}, k_pool);
-  pool.v = HostF32({num_pages, page_size, kv_heads, head_dim}, v_pool);
-  pool.page_table = HostI32({num_layers, max_seqs, max_pages_per_seq}, page_table);
-  pool.kv_lens = HostI32({num_layers, max_seqs}, kv_lens);
+  const StepMeta step = paged.HostStep();
+  KvPool pool = paged.HostPool(kv_heads, head_dim, k_pool, v_pool);
   if (test_case.h2o) {
     pool.scores = HostF32({static_cast<int64_t>(num_pages) * page_size, kv_heads}, scores_initial);
   }
@@ -432,18 +519,8 @@ TEST_P(DecodeAttentionTest, MatchesCpu) {
   const DeviceBuffer<bf16> qkv_dev(ToBf16(qkv));
   const DeviceBuffer<bf16> k_dev(ToBf16(k_pool));
   const DeviceBuffer<bf16> v_dev(ToBf16(v_pool));
-  const DeviceBuffer<int32_t> page_table_dev(page_table);
-  DeviceBuffer<int32_t> kv_lens_dev(kv_lens);
-  const DeviceBuffer<int32_t> query_start_dev(query_start);
-  const DeviceBuffer<int32_t> slots_dev(slots);
-  StepView view{};
-  view.query_start = query_start_dev.get();
-  view.seq_slots = slots_dev.get();
-  view.num_tokens = tokens;
-  view.num_prefill_tokens = prefill_tokens;
-  view.num_seqs = num_seqs;
-  view.num_prefill_seqs = num_prefill;
-  view.max_kv_len = max_kv_len;
+  const DevicePagedDecodeCase device(paged);
+  const StepView& view = device.view;
   const int64_t out_stride = q_width + 8;  // padding columns must stay NaN
 
   for (const int forced_splits : test_case.splits) {
@@ -463,23 +540,14 @@ TEST_P(DecodeAttentionTest, MatchesCpu) {
       if (cta == DecodeCta::kAuto && forced_splits > 0) continue;
       const std::string what = test_case.name + (forced_splits > 0 ? " forced" : " chosen") +
                                " splits=" + std::to_string(splits) + " " +
-                               CtaName(cta, batch, num_heads, kv_heads, splits);
+                               CtaName(cta, batch, num_heads, kv_heads);
       std::vector<bf16> first_run;
       for (int run = 0; run < 2; ++run) {
         DeviceBuffer<bf16> out_dev(NanBf16(static_cast<size_t>(tokens) * out_stride));
         std::unique_ptr<DeviceBuffer<float>> scores_dev;
         if (test_case.h2o) scores_dev = std::make_unique<DeviceBuffer<float>>(scores_initial);
-        PoolView pool_view{};
-        pool_view.k = k_dev.get();
-        pool_view.v = v_dev.get();
-        pool_view.page_table = page_table_dev.get();
-        pool_view.kv_lens = kv_lens_dev.get();
+        PoolView pool_view = device.Pool(k_dev.get(), v_dev.get(), kv_heads, head_dim);
         pool_view.scores = scores_dev ? scores_dev->get() : nullptr;
-        pool_view.page_size = page_size;
-        pool_view.max_seqs = max_seqs;
-        pool_view.max_pages_per_seq = max_pages_per_seq;
-        pool_view.num_kv_heads = kv_heads;
-        pool_view.head_dim = head_dim;
         if (cta != DecodeCta::kAuto) {
           DecodeAttentionWithSplits(splits, cta, qkv_dev.get(), qkv_width, nullptr, num_heads, view,
                                     layer, pool_view, out_dev.get(), out_stride, workspace.get(),
@@ -583,71 +651,40 @@ TEST_P(RopeDecodeAttentionTest, MatchesCpuAndTwoKernelPath) {
   const int head_dim = test_case.head_dim;
   const int page_size = test_case.page_size;
   const int batch = test_case.batch;
-  const int num_prefill = static_cast<int>(test_case.prefill_chunks.size());
-  const int num_seqs = num_prefill + batch;
-  const int num_layers = 2;
   const int layer = 1;  // layer 0 has other lengths, pages and write positions
-  const int max_seqs = num_seqs + 2;
+  // Pages for one entry more than each row holds (the past-the-end write).
+  const PagedDecodeCase paged(rng, test_case.prefill_chunks, batch, layer,
+                              static_cast<int>(test_case.prefill_chunks.size()) + batch + 2,
+                              test_case.max_context, page_size,
+                              (test_case.max_context + 1 + page_size - 1) / page_size, 5, true);
+  const int num_prefill = paged.num_prefill;
+  const int num_seqs = paged.num_seqs;
+  const int num_pages = paged.num_pages;
+  const int max_kv_len = paged.max_kv_len;
+  const std::vector<int32_t>& query_start = paged.query_start;
+  const int tokens = paged.tokens;
+  const int prefill_tokens = paged.prefill_tokens;
 
-  std::vector<int32_t> slot_order(max_seqs);
-  std::iota(slot_order.begin(), slot_order.end(), 0);
-  std::shuffle(slot_order.begin(), slot_order.end(), rng);
-  const std::vector<int32_t> slots(slot_order.begin(), slot_order.begin() + num_seqs);
-
-  // Lengths include the decode token's own entry; write_start [L][S].
-  std::uniform_int_distribution<int> context_dist(1, test_case.max_context);
-  std::uniform_int_distribution<int> short_dist(1, 40);
-  std::vector<int32_t> kv_lens(static_cast<size_t>(num_layers) * max_seqs);
-  for (auto& length : kv_lens) length = short_dist(rng);
-  std::vector<int32_t> write_start(static_cast<size_t>(num_layers) * num_seqs, 0);
-  int max_kv_len = 0;
+  // write_start [L][S]: the decode token's own entry (lengths include it); decode sequences 2, 3
+  // and 4 write no entry, one in the middle, and one past their length.
+  std::vector<int32_t> write_start(static_cast<size_t>(PagedDecodeCase::kLayers) * num_seqs, 0);
   for (int index = 0; index < batch; ++index) {
     const int seq = num_prefill + index;
-    int length = context_dist(rng);
-    if (index == 0) length = test_case.max_context;
-    if (index == 1) length = 1;
-    kv_lens[static_cast<size_t>(layer) * max_seqs + slots[seq]] = length;
-    max_kv_len = std::max(max_kv_len, length);
+    const int length = paged.Length(layer, seq);
     int written = length - 1;
     if (index == 2) written = -1;
     if (index == 3) written = length / 2;
     if (index == 4) written = length;
     write_start[static_cast<size_t>(layer) * num_seqs + seq] = written;
   }
-  // Pages for one entry more than each row holds (the past-the-end write).
-  const int max_pages_per_seq = (test_case.max_context + 1 + page_size - 1) / page_size;
-  int total_pages = 0;
-  for (const int length : kv_lens) total_pages += length / page_size + 1;
-  const int num_pages = total_pages + 5;
-  std::vector<int32_t> page_ids(num_pages);
-  std::iota(page_ids.begin(), page_ids.end(), 0);
-  std::shuffle(page_ids.begin(), page_ids.end(), rng);
-  std::vector<int32_t> page_table(static_cast<size_t>(num_layers) * max_seqs * max_pages_per_seq,
-                                  -1);
-  int next_page = 0;
-  for (int row = 0; row < num_layers * max_seqs; ++row) {
-    for (int page = 0; page < kv_lens[row] / page_size + 1; ++page) {
-      page_table[static_cast<size_t>(row) * max_pages_per_seq + page] = page_ids[next_page++];
-    }
-  }
-
-  std::vector<int32_t> query_start(num_seqs + 1, 0);
-  for (int seq = 0; seq < num_seqs; ++seq) {
-    query_start[seq + 1] =
-        query_start[seq] + (seq < num_prefill ? test_case.prefill_chunks[seq] : 1);
-  }
-  const int tokens = query_start[num_seqs];
-  const int prefill_tokens = query_start[num_prefill];
   // True positions run past the entries held (a sparse layer keeps fewer).
   std::uniform_int_distribution<int> extra_dist(0, 2000);
   std::vector<int32_t> positions(tokens);
   for (int token = 0; token < tokens; ++token) {
     const int seq = static_cast<int>(
         std::upper_bound(query_start.begin(), query_start.end(), token) - query_start.begin() - 1);
-    positions[token] =
-        seq < num_prefill
-            ? token - query_start[seq]
-            : kv_lens[static_cast<size_t>(layer) * max_seqs + slots[seq]] - 1 + extra_dist(rng);
+    positions[token] = seq < num_prefill ? token - query_start[seq]
+                                         : paged.Length(layer, seq) - 1 + extra_dist(rng);
   }
   const int max_positions = test_case.max_context + 2001;
   std::vector<float> rope(static_cast<size_t>(max_positions) * head_dim);
@@ -671,29 +708,10 @@ TEST_P(RopeDecodeAttentionTest, MatchesCpuAndTwoKernelPath) {
                                             -7);
 
   // CPU reference.
-  StepMeta step;
-  step.num_tokens = tokens;
-  step.num_prefill_tokens = prefill_tokens;
-  step.num_seqs = num_seqs;
-  step.num_prefill_seqs = num_prefill;
-  step.num_layers = num_layers;
-  step.max_kv_len = max_kv_len;
+  StepMeta step = paged.HostStep();
   step.positions = HostI32({tokens}, positions);
-  step.query_start = HostI32({num_seqs + 1}, query_start);
-  step.seq_slots = HostI32({num_seqs}, slots);
-  step.context_lens = HostI32({num_seqs}, std::vector<int32_t>(num_seqs, 0));
-  step.write_start = HostI32({num_layers, num_seqs}, write_start);
-  KvPool pool;
-  pool.page_size = page_size;
-  pool.num_pages = num_pages;
-  pool.max_seqs = max_seqs;
-  pool.max_pages_per_seq = max_pages_per_seq;
-  pool.num_kv_heads = kv_heads;
-  pool.head_dim = head_dim;
-  pool.k = HostF32({num_pages, page_size, kv_heads, head_dim}, k_pool);
-  pool.v = HostF32({num_pages, page_size, kv_heads, head_dim}, v_pool);
-  pool.page_table = HostI32({num_layers, max_seqs, max_pages_per_seq}, page_table);
-  pool.kv_lens = HostI32({num_layers, max_seqs}, kv_lens);
+  step.write_start = HostI32({PagedDecodeCase::kLayers, num_seqs}, write_start);
+  KvPool pool = paged.HostPool(kv_heads, head_dim, k_pool, v_pool);
   pool.positions = HostI32({static_cast<int64_t>(num_pages) * page_size, kv_heads}, pool_positions);
   Tensor qkv_host = HostF32({tokens, qkv_width}, qkv);
   Tensor out_ref = Tensor::Empty({tokens, q_width}, DType::kF32);
@@ -714,22 +732,12 @@ TEST_P(RopeDecodeAttentionTest, MatchesCpuAndTwoKernelPath) {
   const std::vector<bf16> k_bits = ToBf16(k_pool);
   const std::vector<bf16> v_bits = ToBf16(v_pool);
   const DeviceBuffer<float> rope_dev(rope);
-  const DeviceBuffer<int32_t> page_table_dev(page_table);
-  const DeviceBuffer<int32_t> kv_lens_dev(kv_lens);
-  const DeviceBuffer<int32_t> query_start_dev(query_start);
-  const DeviceBuffer<int32_t> slots_dev(slots);
+  const DevicePagedDecodeCase device(paged);
   const DeviceBuffer<int32_t> positions_dev(positions);
   const DeviceBuffer<int32_t> write_start_dev(write_start);
-  StepView view{};
+  StepView view = device.view;
   view.positions = positions_dev.get();
-  view.query_start = query_start_dev.get();
-  view.seq_slots = slots_dev.get();
   view.write_start = write_start_dev.get();
-  view.num_tokens = tokens;
-  view.num_prefill_tokens = prefill_tokens;
-  view.num_seqs = num_seqs;
-  view.num_prefill_seqs = num_prefill;
-  view.max_kv_len = max_kv_len;
   const int64_t out_stride = q_width + 8;  // padding columns must stay NaN
   const DeviceBuffer<bf16> residual_dev(
       ToBf16(test_case.folded ? residual : std::vector<float>(8, 0.0f)));
@@ -753,17 +761,8 @@ TEST_P(RopeDecodeAttentionTest, MatchesCpuAndTwoKernelPath) {
     DeviceBuffer<int32_t> pool_positions_dev(pool_positions);
     DeviceBuffer<bf16> out_dev(NanBf16(static_cast<size_t>(tokens) * out_stride));
     DeviceBuffer<uint8_t> workspace(workspace_bytes);
-    PoolView pool_view{};
-    pool_view.k = k_dev.get();
-    pool_view.v = v_dev.get();
-    pool_view.page_table = page_table_dev.get();
-    pool_view.kv_lens = kv_lens_dev.get();
+    PoolView pool_view = device.Pool(k_dev.get(), v_dev.get(), kv_heads, head_dim);
     pool_view.positions = pool_positions_dev.get();
-    pool_view.page_size = page_size;
-    pool_view.max_seqs = max_seqs;
-    pool_view.max_pages_per_seq = max_pages_per_seq;
-    pool_view.num_kv_heads = kv_heads;
-    pool_view.head_dim = head_dim;
     if (!fused) {
       RopeAndCacheWrite(qkv_dev.get(), qkv_width, rope_dev.get(), num_heads, view, layer, pool_view,
                         prefill_tokens, tokens, norm, nullptr);
@@ -802,7 +801,7 @@ TEST_P(RopeDecodeAttentionTest, MatchesCpuAndTwoKernelPath) {
       if (cta == DecodeCta::kAuto && forced_splits > 0) continue;
       const std::string what = test_case.name + (forced_splits > 0 ? " forced" : " chosen") +
                                " splits=" + std::to_string(splits) + " " +
-                               CtaName(cta, batch, num_heads, kv_heads, splits);
+                               CtaName(cta, batch, num_heads, kv_heads);
       const int run_splits = cta == DecodeCta::kAuto ? 0 : splits;
       const RunResult fused = run(true, run_splits, cta, workspace_bytes);
       const RunResult two_kernels = run(false, run_splits, cta, workspace_bytes);

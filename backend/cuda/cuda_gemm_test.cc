@@ -51,18 +51,7 @@ struct Problem {
   // The small-m kernel's operands for this problem on device copies of x and w, into `out`.
   SmallMGemmArgs Args(const __nv_bfloat16* w_device, const __nv_bfloat16* x_device, void* out,
                       bool out_f32) const {
-    SmallMGemmArgs args;
-    args.w = w_device;
-    args.ldw = ldw;
-    args.x = x_device;
-    args.ldx = ldx;
-    args.out = out;
-    args.ldo = ldo;
-    args.out_f32 = out_f32;
-    args.m = m;
-    args.n = n;
-    args.k = k;
-    return args;
+    return MakeSmallMGemmArgs(m, n, k, w_device, ldw, x_device, ldx, out, ldo, out_f32);
   }
 
   // "MxNxK splits S f32|bf16 cluster|atomics", for failure messages.

@@ -50,6 +50,19 @@ constexpr int kMinSplitEntries = 128;
 constexpr int kMaxSplitEntries = 4096;
 // What DecodeAttentionSplits fills: 2 wide CTAs per SM, what the shared memory allows at d = 128.
 constexpr int kWideCtasPerSm = 2;
+
+// How many pieces a sequence of `length` entries is cut into when `fill_splits` pieces per
+// sequence fill the GPU: at least that many and enough that none exceeds kMaxSplitEntries, but
+// none under kMinSplitEntries; at least 1. The host sizes the grid by it for the longest sequence
+// (DecodeAttentionSplits), and each sequence cuts itself by it with its own length (UsedSplits).
+__host__ __device__ inline int64_t SplitsForLength(int64_t length, int64_t fill_splits) {
+  const int64_t for_length = (length + kMaxSplitEntries - 1) / kMaxSplitEntries;
+  const int64_t most = (length + kMinSplitEntries - 1) / kMinSplitEntries;
+  const int64_t wanted = fill_splits > for_length ? fill_splits : for_length;
+  const int64_t splits = wanted < most ? wanted : most;
+  return splits > 1 ? splits : 1;
+}
+
 // A CTA's page ids are read once into shared memory (kMaxSplitEntries entries and a tile of
 // rounding at the default 16-entry pages fit); with more pages it reads them from the table.
 constexpr int kCachedPages = 288;
@@ -133,15 +146,12 @@ struct DecodeParams {
   float scale_log2;
 };
 
-// The splits a sequence of `length` entries uses out of the grid's num_splits:
-// DecodeAttentionSplits' rule with the sequence's own length (enough to fill the GPU, none over
-// kMaxSplitEntries entries, none under kMinSplitEntries). A CUDA graph's grid is sized for the
-// longest context it may see (the engine's max_model_len), so without this every sequence would be
-// cut that many ways.
+// The splits a sequence of `length` entries uses out of the grid's num_splits (SplitsForLength
+// with its own length). A CUDA graph's grid is sized for the longest context it may see, so
+// without this every sequence would be cut that many ways.
 __device__ __forceinline__ int UsedSplits(const DecodeParams& params, int length) {
-  int used = max(params.fill_splits, (length + kMaxSplitEntries - 1) / kMaxSplitEntries);
-  used = min(used, (length + kMinSplitEntries - 1) / kMinSplitEntries);
-  return max(1, min(used, params.num_splits));
+  return static_cast<int>(
+      min(SplitsForLength(length, params.fill_splits), static_cast<int64_t>(params.num_splits)));
 }
 
 // Entries [begin, end) of split `split` of a sequence holding `length` entries: equal pieces
@@ -604,15 +614,31 @@ __global__ void DecodeScoresKernel(const DecodeParams params) {
   }
 }
 
+// The current device's SM count, read once per device (the split and CTA choices ask on every
+// launch).
 int SmCount() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> counts[kMaxDevices] = {};
   int device = 0;
-  int count = 0;
   SIEVE_CUDA_CHECK(cudaGetDevice(&device));
-  SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  int count = device < kMaxDevices ? counts[device].load() : 0;
+  if (count == 0) {
+    SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    if (device < kMaxDevices) counts[device].store(count);
+  }
   return count;
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// CTAs of one split: (decode sequence, KV head, chunk of up to kHeadsPerCta query heads).
+int64_t CtasPerSplit(int num_decode_seqs, int num_heads, int num_kv_heads) {
+  return static_cast<int64_t>(num_decode_seqs) * num_kv_heads *
+         CeilDiv(num_heads / num_kv_heads, kHeadsPerCta);
+}
+
+// One wave of wide CTAs, the occupancy the splits aim for.
+int64_t TargetCtas() { return static_cast<int64_t>(kWideCtasPerSm) * SmCount(); }
 
 // Workspace: final lse [B][H], then (with splits) partial lse [slots][H] and partial outputs
 // [slots][H][d], slots = splits * B; each region 256-byte aligned.
@@ -699,14 +725,9 @@ bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer
 int DecodeAttentionSplits(int num_decode_seqs, int num_heads, int num_kv_heads, int head_dim,
                           int max_kv_len, size_t workspace_bytes) {
   if (num_decode_seqs <= 0 || max_kv_len <= 0 || num_kv_heads <= 0) return 1;
-  const int group = num_heads / num_kv_heads;
-  const int64_t ctas_per_split =
-      static_cast<int64_t>(num_decode_seqs) * num_kv_heads * CeilDiv(group, kHeadsPerCta);
-  const int64_t target_ctas = static_cast<int64_t>(kWideCtasPerSm) * SmCount();
-  const int64_t cap = std::min<int64_t>(CeilDiv(max_kv_len, kMinSplitEntries), 65535);
-  int64_t splits =
-      std::max(CeilDiv(target_ctas, ctas_per_split), CeilDiv(max_kv_len, kMaxSplitEntries));
-  splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(cap, 1));
+  const int64_t fill =
+      CeilDiv(TargetCtas(), CtasPerSplit(num_decode_seqs, num_heads, num_kv_heads));
+  int64_t splits = std::min<int64_t>(SplitsForLength(max_kv_len, fill), 65535);
   while (splits > 1 &&
          DecodeAttentionWorkspaceBytesForSplits(num_decode_seqs, num_heads, head_dim,
                                                 static_cast<int>(splits)) > workspace_bytes) {
@@ -728,7 +749,7 @@ size_t DecodeAttentionWorkspaceBytes(int num_decode_seqs, int num_heads, int hea
   // 128), so splits * B stays under this bound, which also grows with B and L: a workspace sized
   // for the largest batch and context serves every smaller step.
   const int64_t batch = num_decode_seqs;
-  const int64_t target_ctas = static_cast<int64_t>(kWideCtasPerSm) * SmCount();
+  const int64_t target_ctas = TargetCtas();
   const int64_t length = std::max(max_kv_len, 1);
   const int64_t slots =
       std::min(batch * CeilDiv(length, kMinSplitEntries),
@@ -736,7 +757,7 @@ size_t DecodeAttentionWorkspaceBytes(int num_decode_seqs, int num_heads, int hea
   return Layout(num_decode_seqs, num_heads, head_dim, slots).bytes;
 }
 
-DecodeCta ChooseDecodeCta(int num_decode_seqs, int num_heads, int num_kv_heads, int num_splits) {
+DecodeCta ChooseDecodeCta(int num_decode_seqs, int num_heads, int num_kv_heads) {
   const char* setting = std::getenv("SIEVE_DECODE_ATTENTION");
   if (setting != nullptr && *setting != '\0' && std::strcmp(setting, "auto") != 0) {
     if (std::strcmp(setting, "wide") == 0) return DecodeCta::kWide;
@@ -744,12 +765,9 @@ DecodeCta ChooseDecodeCta(int num_decode_seqs, int num_heads, int num_kv_heads, 
     std::fprintf(stderr, "SIEVE_DECODE_ATTENTION=%s: expected auto, wide or narrow\n", setting);
     std::exit(2);
   }
-  (void)num_splits;  // a graph's split count says little: sequences use their own (UsedSplits)
   if (num_kv_heads <= 0) return DecodeCta::kWide;
-  const int64_t ctas = static_cast<int64_t>(num_decode_seqs) * num_kv_heads *
-                       CeilDiv(num_heads / num_kv_heads, kHeadsPerCta);
-  return ctas > static_cast<int64_t>(kWideCtasPerSm) * SmCount() ? DecodeCta::kNarrow
-                                                                 : DecodeCta::kWide;
+  return CtasPerSplit(num_decode_seqs, num_heads, num_kv_heads) > TargetCtas() ? DecodeCta::kNarrow
+                                                                               : DecodeCta::kWide;
 }
 
 void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int64_t q_stride,
@@ -778,7 +796,7 @@ void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int
   SIEVE_CHECK(norm.rows == nullptr || rope_table != nullptr)
       << "a folded RMSNorm's scale is applied by the fused RoPE only";
   if (cta == DecodeCta::kAuto) {
-    cta = ChooseDecodeCta(num_decode, num_heads, pool.num_kv_heads, num_splits);
+    cta = ChooseDecodeCta(num_decode, num_heads, pool.num_kv_heads);
   }
 
   DecodeParams params;
@@ -815,10 +833,8 @@ void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int
   }
   params.max_pages_per_seq = pool.max_pages_per_seq;
   params.num_splits = num_splits;
-  const int64_t ctas_per_split =
-      static_cast<int64_t>(num_decode) * params.num_kv_heads * params.head_chunks;
   params.fill_splits = static_cast<int>(std::min<int64_t>(
-      num_splits, CeilDiv(static_cast<int64_t>(kWideCtasPerSm) * SmCount(), ctas_per_split)));
+      num_splits, CeilDiv(TargetCtas(), CtasPerSplit(num_decode, num_heads, pool.num_kv_heads))));
   params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   params.scale_log2 = params.scale * static_cast<float>(M_LOG2E);
 

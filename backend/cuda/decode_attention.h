@@ -33,8 +33,9 @@ enum class DecodeCta { kAuto, kWide, kNarrow };
 // What kAuto resolves to, read on every call: SIEVE_DECODE_ATTENTION=wide or narrow forces it;
 // unset, empty or "auto": narrow when the CTAs of one split are more than one wide wave
 // (2 x SMs), else wide. The split count does not enter: in a CUDA graph it is sized for the
-// longest context the graph may see, not for the sequences it runs. Never returns kAuto.
-DecodeCta ChooseDecodeCta(int num_decode_seqs, int num_heads, int num_kv_heads, int num_splits);
+// longest context the graph may see, not for the sequences it runs (each sequence uses its own
+// count). Never returns kAuto.
+DecodeCta ChooseDecodeCta(int num_decode_seqs, int num_heads, int num_kv_heads);
 
 // DecodeAttention with a forced split count (>= 1) and CTA configuration (kAuto:
 // ChooseDecodeCta); the workspace must hold DecodeAttentionWorkspaceBytesForSplits(...,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "backend/cuda/bf16x8.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
@@ -81,24 +82,6 @@ __global__ void RmsNormKernel(bf16* __restrict__ residual, int64_t residual_stri
   for (int index = threadIdx.x; index < width; index += blockDim.x) {
     dst[index] = __float2bfloat16(row_values[index] * inv_rms * __bfloat162float(weight[index]));
   }
-}
-
-// Eight bf16 <-> eight floats, for 16-byte accesses.
-__device__ __forceinline__ void Unpack8(const uint4& raw, float (&out)[8]) {
-  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 pair = __bfloat1622float2(pairs[i]);
-    out[2 * i] = pair.x;
-    out[2 * i + 1] = pair.y;
-  }
-}
-__device__ __forceinline__ uint4 Pack8(const float (&in)[8]) {
-  uint4 raw;
-  auto* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) pairs[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
-  return raw;
 }
 
 // RmsNormKernel for rows of whole 16-byte vectors (width % 8 == 0, aligned rows, width <=

@@ -45,23 +45,6 @@ int CublasCandidates() {
 }
 constexpr int kTimedCalls = 3;
 
-SmallMGemmArgs SmallMArgs(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldw,
-                          const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo,
-                          bool out_f32) {
-  SmallMGemmArgs args;
-  args.w = w;
-  args.ldw = ldw;
-  args.x = x;
-  args.ldx = ldx;
-  args.out = out;
-  args.ldo = ldo;
-  args.out_f32 = out_f32;
-  args.m = static_cast<int>(m);
-  args.n = static_cast<int>(n);
-  args.k = static_cast<int>(k);
-  return args;
-}
-
 uint32_t ReductionMaskFromEnvironment() {
   const char* value = std::getenv("SIEVE_GEMM_REDUCTION");
   if (value == nullptr || *value == '\0' || std::strcmp(value, "any") == 0) {
@@ -212,7 +195,7 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
                                                     results.data(), &cublas_count));
   cublasLtMatmulPreferenceDestroy(preference);
 
-  SmallMGemmArgs args = SmallMArgs(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
+  SmallMGemmArgs args = MakeSmallMGemmArgs(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
   const bool small_m_fits =
       SmallMGemmSupports(args) && n < (int64_t{1} << 31) && k < (int64_t{1} << 31);
   std::vector<int> splits;
@@ -324,7 +307,7 @@ void GemmRunner::Run(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, in
   const Plan& plan = PlanFor(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate);
   last_plan_ = &plan;
   if (plan.small_m_splits > 0) {
-    SmallMGemmArgs args = SmallMArgs(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
+    SmallMGemmArgs args = MakeSmallMGemmArgs(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
     args.splits = plan.small_m_splits;
     args.accumulate = accumulate;
     args.split_sums = split_sums_;

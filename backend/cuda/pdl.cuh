@@ -59,19 +59,6 @@ inline int DeviceComputeMajor() {
 // PDL is on and the current device is sm_90 or newer.
 inline bool PdlActive() { return PdlSetting().load() != 0 && DeviceComputeMajor() >= 9; }
 
-// Whether kernels ask for the largest shared-memory carveout: SIEVE_SMEM_CARVEOUT=max, or
-// SetMaxCarveout. An SM runs kernels of one L1/shared split at a time, so a small kernel that gets
-// a small carveout between two GEMMs that need the largest may make the SM drain and
-// reconfigure twice; asking every kernel for the largest keeps one split through a decode step.
-inline std::atomic<int>& CarveoutSetting() {
-  static std::atomic<int> setting{[] {
-    const char* value = std::getenv("SIEVE_SMEM_CARVEOUT");
-    return value != nullptr && std::strcmp(value, "max") == 0 ? 1 : 0;
-  }()};
-  return setting;
-}
-inline void SetMaxCarveout(bool enabled) { CarveoutSetting().store(enabled ? 1 : 0); }
-
 // LaunchWithPdl whose grid is tiled by thread-block clusters of `cluster` CTAs (sm_90+; a cluster
 // of one CTA is a plain launch).
 template <typename... Params, typename... Args>
@@ -98,10 +85,6 @@ void LaunchWithPdlInClusters(void (*kernel)(Params...), dim3 grid, dim3 cluster,
   }
   config.attrs = attributes;
   config.numAttrs = count;
-  // A function attribute, not a stream operation: allowed while capturing.
-  SIEVE_CUDA_CHECK(cudaFuncSetAttribute(
-      kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-      CarveoutSetting().load() != 0 ? int{cudaSharedmemCarveoutMaxShared} : -1));
   SIEVE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 

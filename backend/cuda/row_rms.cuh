@@ -8,6 +8,10 @@
 
 #include <cstdint>
 
+#ifdef __CUDACC__
+#include "backend/cuda/bf16x8.cuh"
+#endif
+
 namespace sieve::cuda {
 
 // Where a kernel finds the rows whose RMS scales its input; rows null: s = 1.
@@ -41,13 +45,10 @@ __device__ __forceinline__ float WarpRowInvRms(const RowRmsView& view, int row) 
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[b]);
+      float values[8];
+      Unpack8(raw[b], values);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 pair = __bfloat1622float2(pairs[i]);
-        sum = __fmaf_rn(pair.x, pair.x, sum);
-        sum = __fmaf_rn(pair.y, pair.y, sum);
-      }
+      for (int i = 0; i < 8; ++i) sum = __fmaf_rn(values[i], values[i], sum);
     }
   }
 #pragma unroll

@@ -49,6 +49,25 @@ struct SmallMGemmArgs {
   int* split_counters = nullptr;
 };
 
+// The operands of out[m][n] = x[m][k] . w[n][k]^T (row strides in elements), with the defaults
+// for everything else: one split, no accumulation.
+inline SmallMGemmArgs MakeSmallMGemmArgs(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w,
+                                         int64_t ldw, const __nv_bfloat16* x, int64_t ldx,
+                                         void* out, int64_t ldo, bool out_f32) {
+  SmallMGemmArgs args;
+  args.w = w;
+  args.ldw = ldw;
+  args.x = x;
+  args.ldx = ldx;
+  args.out = out;
+  args.ldo = ldo;
+  args.out_f32 = out_f32;
+  args.m = static_cast<int>(m);
+  args.n = static_cast<int>(n);
+  args.k = static_cast<int>(k);
+  return args;
+}
+
 // Whether the kernel takes these operands: m in [1, 64], k a multiple of 8, rows 16-byte aligned.
 bool SmallMGemmSupports(const SmallMGemmArgs& args);
 

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backend/cuda/bf16x8.cuh"
 #include "backend/cuda/block_select.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -27,14 +28,7 @@ __device__ inline CompressionJob LoadJob(const int32_t* job_rows, int job_index)
 
 // Eight bf16 (one 16-byte load) as floats. `src` is 16-byte aligned.
 __device__ inline void LoadBf16x8(const bf16* __restrict__ src, float (&out)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(src);
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int pair = 0; pair < 4; ++pair) {
-    const float2 values = __bfloat1622float2(pairs[pair]);
-    out[2 * pair] = values.x;
-    out[2 * pair + 1] = values.y;
-  }
+  Unpack8(*reinterpret_cast<const uint4*>(src), out);
 }
 
 __device__ inline void StoreFloat8(float* dst, const float (&values)[8]) {
