@@ -139,33 +139,42 @@ if has ab; then
 fi
 
 if has profile; then
-  # Where one sparse decode step (batch 64 x 4k, 1/10 kept) spends its time: every kernel of the
-  # step alone under Nsight Compute, caches flushed before each (ncu's default), by kernel name.
+  # Where a sparse decode step (batch 64 x 4k, 1/10 kept) spends its time, summed over the three
+  # --profile-step steps: every kernel alone under Nsight Compute, caches flushed before each
+  # (ncu's default), by kernel name.
   timeout 300 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
     --csv --log-file "$LOGS/ncu_step.csv" ./build/gpu/sieve bench kernels --skip-attention \
-    --skip-sparsity --skip-gemm --no-graph --profile-step > "$LOGS/ncu_bench.log" 2>&1
+    --skip-sparsity --skip-gemm --no-graph --no-step-variants --profile-step \
+    > "$LOGS/ncu_bench.log" 2>&1
   note "profile: exit $?"
   python3 scripts/ncu_summary.py "$LOGS/ncu_step.csv" 2>&1 | head -30 | tee -a "$summary"
 fi
 
 if has timeline; then
-  # One sparse decode step's kernels on a GPU timeline (Nsight Systems, graph nodes traced one by
-  # one): the gaps between kernels, by transition (scripts/timeline_gaps.py).
+  # Three sparse decode steps back to back, each kernel (graph node) on a GPU timeline: Nsight
+  # Systems where installed, else tools/kernel_timeline (CUPTI); the middle step's kernel times
+  # and the gaps between kernels, by transition (scripts/timeline_gaps.py).
   nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys \
     /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | head -1)
-  if [ -z "$nsys" ]; then
-    note "timeline: no nsys on this machine"
-  else
+  step_args=(bench kernels --skip-attention --skip-sparsity --skip-gemm --no-step-variants
+    --profile-step)
+  trace="$LOGS/step_timeline.csv"
+  if [ -n "$nsys" ]; then
     timeout 300 "$nsys" profile --capture-range=cudaProfilerApi --cuda-graph-trace=node -t cuda \
-      -o /tmp/sieve_step --force-overwrite true ./build/gpu/sieve bench kernels \
-      --skip-attention --skip-sparsity --skip-gemm --profile-step > "$LOGS/nsys.log" 2>&1
+      -o /tmp/sieve_step --force-overwrite true ./build/gpu/sieve "${step_args[@]}" \
+      > "$LOGS/timeline.log" 2>&1
     note "timeline: nsys exit $?"
     "$nsys" stats --report cuda_gpu_trace --format csv -o /tmp/sieve_step \
-      /tmp/sieve_step.nsys-rep >> "$LOGS/nsys.log" 2>&1
-    cp /tmp/sieve_step_cuda_gpu_trace.csv "$LOGS/" 2>/dev/null
-    python3 scripts/timeline_gaps.py /tmp/sieve_step_cuda_gpu_trace.csv 2>&1 | head -40 \
-      | tee -a "$summary"
+      /tmp/sieve_step.nsys-rep >> "$LOGS/timeline.log" 2>&1
+    cp /tmp/sieve_step_cuda_gpu_trace.csv "$trace" 2>/dev/null
+  else
+    CUDA_INJECTION64_PATH="$PWD/build/gpu/tools/libsieve_kernel_timeline.so" \
+      SIEVE_TIMELINE_CSV="$trace" timeout 300 ./build/gpu/sieve "${step_args[@]}" \
+      > "$LOGS/timeline.log" 2>&1
+    note "timeline: CUPTI (no nsys) exit $?"
   fi
+  grep -E "^(dense|1/10 kept)|kernel_timeline" "$LOGS/timeline.log" | tee -a "$summary"
+  python3 scripts/timeline_gaps.py "$trace" 2>&1 | head -80 | tee -a "$summary"
 fi
 
 if has sdpa; then

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Where a decode step's time goes between kernels, from an Nsight Systems GPU trace.
 
-Reads the CSV of `nsys stats --report cuda_gpu_trace --format csv` (one decode step, graph nodes
-traced with --cuda-graph-trace=node) and prints: the step's span, the kernels' summed duration,
-the idle time between consecutive kernels (negative where a PDL launch overlapped its predecessor),
+Reads the CSV of `nsys stats --report cuda_gpu_trace --format csv` (graph nodes traced with
+--cuda-graph-trace=node), or tools/kernel_timeline's CSV in the same columns. Prints each step's
+span; then, for the middle step of three or more (else the whole trace): its span, the kernels'
+summed duration, the idle time between consecutive kernels (negative where a PDL launch overlapped its predecessor),
 then per kind of kernel its count and mean duration, and per transition (kind -> next kind) the
 count and mean gap. A kind is the kernel's name without template arguments or parameters.
 
@@ -37,6 +38,16 @@ def main(path):
         start = float(row[start_key])
         kernels.append((start, start + float(row[duration_key]), kind(name)))
     kernels.sort()
+    # Several steps back to back (--profile-step): each starts with its embedding kernel. Print
+    # every step's span, then look at the middle step only, which has a step before and after it.
+    starts = [i for i, k in enumerate(kernels) if k[2].startswith("Embedding")]
+    if len(starts) >= 2:
+        for a, b in zip(starts, starts[1:]):
+            print(f"timeline step: {(kernels[b][0] - kernels[a][0]) / 1e6:.3f} ms start to next start")
+    if len(starts) >= 3:
+        middle = (len(starts) - 1) // 2
+        kernels = kernels[starts[middle]:starts[middle + 1] + 1]
+        print("timeline: the middle step, and the next step's first kernel")
     if len(kernels) < 2:
         print("timeline: fewer than two kernels in the trace")
         return 1
@@ -57,6 +68,11 @@ def main(path):
     for (prev, name), values in sorted(gaps.items(), key=lambda kv: -abs(sum(kv[1]))):
         print(f"timeline gap {prev[:30]:30s} -> {name[:30]:30s} x{len(values):4d}"
               f"  mean {sum(values) / len(values) / 1e3:6.2f} us  total {sum(values) / 1e6:.3f} ms")
+    # A stretch in the middle of the step, kernel by kernel: two or three whole layers.
+    first = len(kernels) // 2
+    for (start, end, name), (next_start, _, _) in zip(kernels[first:first + 20], kernels[first + 1:]):
+        print(f"timeline seq {name[:40]:40s} {(end - start) / 1e3:7.2f} us, then gap"
+              f" {(next_start - end) / 1e3:6.2f} us")
     return 0
 
 

@@ -32,6 +32,9 @@ namespace sieve {
 
 namespace {
 
+// Decode steps bracketed by --profile-step: the middle one is a step between steps.
+constexpr int kProfiledSteps = 3;
+
 struct KernelsFlags {
   std::string result_json;
   std::string model_config = "configs/llama-3-8b";
@@ -44,6 +47,7 @@ struct KernelsFlags {
   bool skip_decode_step = false;
   bool no_graph = false;
   bool profile_step = false;
+  bool step_variants = true;
 };
 
 #ifdef SIEVE_HAVE_CUDA
@@ -199,6 +203,7 @@ int Run(const KernelsFlags& flags) {
       }
     };
     for (const Variant& variant : variants) {
+      if (!flags.step_variants && variant.label[0] != '\0') continue;
       set("SIEVE_GEMM", variant.gemm);
       set("SIEVE_DECODE_ATTENTION", variant.attention);
       set("SIEVE_FUSED_ROPE", variant.fused_rope);
@@ -223,7 +228,7 @@ int Run(const KernelsFlags& flags) {
         if (config->max_position_embeddings > 0) {
           options.max_model_len = std::min(config->max_position_embeddings, 8192);
         }
-        options.profile_one_step = flags.profile_step && headline && kept < 1.0;
+        options.profiled_steps = flags.profile_step && headline && kept < 1.0 ? kProfiledSteps : 0;
         options.breakdown = headline;
         const DecodeStepBenchResult r = RunDecodeStepBench(**step_backend, *config, options);
         const double ratio = r.step_ms / r.bound_ms;
@@ -295,8 +300,10 @@ CommandRunner AddBenchKernelsCommand(CLI::App& app) {
   app.add_flag("--skip-decode-step", flags->skip_decode_step, "Skip the whole-model decode step");
   app.add_flag("--no-graph", flags->no_graph, "Run the decode step without a CUDA graph");
   app.add_flag("--profile-step", flags->profile_step,
-               "Bracket one sparse decode step with cudaProfilerStart/Stop, for "
-               "`ncu --profile-from-start off`");
+               "Bracket 3 sparse decode steps (back to back) with cudaProfilerStart/Stop, for "
+               "`ncu --profile-from-start off` or tools/kernel_timeline");
+  app.add_flag("!--no-step-variants", flags->step_variants,
+               "Time the decode step's defaults only, not its variants for comparison");
   return [flags]() { return Run(*flags); };
 }
 

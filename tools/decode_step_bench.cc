@@ -259,9 +259,9 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
                                          kReplaysPerSample);
   }
 #ifdef SIEVE_HAVE_CUDA
-  if (options.profile_one_step && backend.device() == Device::kCuda) {
+  if (options.profiled_steps > 0 && backend.device() == Device::kCuda) {
     cudaProfilerStart();
-    run();
+    for (int profiled = 0; profiled < options.profiled_steps; ++profiled) run();
     backend.Synchronize();
     cudaProfilerStop();
   }

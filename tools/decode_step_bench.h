@@ -26,10 +26,11 @@ struct DecodeStepBenchOptions {
   int iterations = 100;        // steps timed; the median is reported
   bool use_graph = true;
   StepLengthBounds length_bounds = StepLengthBounds::kTrue;
-  int max_model_len = 8192;       // for the bounds other than kTrue
-  bool profile_one_step = false;  // one extra step between cudaProfilerStart and Stop (CUDA only)
-  bool breakdown = false;         // also time each kind of op alone (graph backends only)
-  double copy_bandwidth = 0;      // bytes/s, read + write (the measured ceiling)
+  int max_model_len = 8192;  // for the bounds other than kTrue
+  // Extra steps between cudaProfilerStart and Stop, back to back (CUDA only; 0: none).
+  int profiled_steps = 0;
+  bool breakdown = false;     // also time each kind of op alone (graph backends only)
+  double copy_bandwidth = 0;  // bytes/s, read + write (the measured ceiling)
 };
 
 // One kind of op of the step (e.g. every layer's o GEMM) captured alone in a graph: its time per
