@@ -7,9 +7,11 @@
 #                                        sanitize_engine bench step ab profile timeline sdpa
 #                                        serve
 #                                        (default: build golden test bench sdpa)
-# `step` times the decode step alone (with its variants); `ab` times it for this tree and for the
-# tree in .ab/ (made by `scripts/prepare_ab.sh REV`, carried), alternately, twice each: a change's
-# effect measured in one run on one machine. `build` also builds .ab/'s `sieve` when it exists.
+#
+# `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
+# for the tree in .ab/ (made by `scripts/prepare_ab.sh REV`, carried), alternately, three times
+# each: a change's effect measured in one run on one machine. `build` also builds .ab/'s `sieve`
+# when it exists.
 # Needs the carried .deb/ (PCRE2 headers, absent on the GPU machine) and, for `serve`, the Llama 3
 # tokenizer in .fixtures/tokenizers/llama3/tokenizer.model.
 set -uo pipefail
@@ -115,8 +117,9 @@ if has bench; then
   tail -90 "$LOGS/bench_kernels.log" >> "$summary"
 fi
 
-step_bench() {  # step_bench BINARY NAME: the decode step and its variants, headline lines kept
-  "$1" bench kernels --skip-attention --skip-sparsity --skip-gemm \
+step_bench() {  # step_bench BINARY NAME [ARG...]: the decode step (and its variants unless ARG
+  # says --no-step-variants), headline lines kept
+  "$1" bench kernels --skip-attention --skip-sparsity --skip-gemm "${@:3}" \
     --result-json "$LOGS/step_$2.json" > "$LOGS/step_$2.log" 2>&1 || note "step bench $2 FAILED"
   grep -E "^(dense|1/10 kept)" "$LOGS/step_$2.log" | sed "s/^/$2: /" >> "$summary"
 }
@@ -128,9 +131,9 @@ fi
 
 if has ab; then
   if [ -n "${ab_build:-}" ] && wait "$ab_build" && [ -x .ab/build/gpu/sieve ]; then
-    for round in 1 2; do
-      step_bench ./build/gpu/sieve "this_$round"
-      step_bench .ab/build/gpu/sieve "ab_$round"
+    for round in 1 2 3; do
+      step_bench ./build/gpu/sieve "this_$round" --no-step-variants
+      step_bench .ab/build/gpu/sieve "ab_$round" --no-step-variants
     done
     grep -A12 "^1/10 kept  " "$LOGS/step_this_1.log" | head -12 >> "$summary"
   else
