@@ -184,51 +184,37 @@ __device__ __forceinline__ int64_t PoolEntry(const DecodeParams& params, const i
   return EntryInPool(params, pages[page], page, entry);
 }
 
-// Fused RoPE: the decode token's k (rotated) and v of KV head `kv_head`, written into pool entry
-// `pool_entry` with its position in the side pool, as RopeAndCacheWrite does for that head, bit
-// for bit. Threads [0, d/16) rotate k (a low and a high 16-byte chunk of a half row each, the
-// chunk `cos_sin` holds the angles of), the next d/8 copy v (a chunk each), the next one writes
-// the position. Load() only issues the thread's loads from qkv, so that they are in flight with
-// the CTA's other loads (q, the norm's row) instead of one round trip after them; Store() scales
-// by the row's s, rotates and writes.
+// Fused RoPE: writes the decode token's k (rotated) and v of KV head `kv_head` into pool entry
+// `pool_entry`, and its position into the side pool; as RopeAndCacheWrite does for that head, bit
+// for bit. `cos_sin` holds the angles of 16-byte chunk (thread % (d / 16)) of a half row. Threads
+// [0, d/16) rotate k, the next d/8 copy v, the next one writes the position.
 template <int kHeadDim, int kThreads>
-struct NewEntry {
-  static constexpr int kHalfChunks = kHeadDim / 16;
-  static constexpr int kChunks = kHeadDim / 8;
+__device__ __forceinline__ void WriteNewEntry(const DecodeParams& params, int64_t pool_entry,
+                                              int token, int kv_head, int position,
+                                              const float (&cos_sin)[16], float row_scale) {
+  constexpr int kHalfChunks = kHeadDim / 16;
+  constexpr int kChunks = kHeadDim / 8;
   static_assert(kHalfChunks + kChunks < kThreads, "a thread for each piece of the entry");
-  uint4 first = {};   // k's low chunk, or the v chunk
-  uint4 second = {};  // k's high chunk
-
-  __device__ __forceinline__ void Load(const DecodeParams& params, int token, int kv_head) {
-    const int tid = static_cast<int>(threadIdx.x);
-    const bf16* row = params.q + static_cast<int64_t>(token) * params.q_stride;
-    if (tid < kHalfChunks) {
-      const bf16* k = row + static_cast<int64_t>(params.num_heads + kv_head) * kHeadDim;
-      first = *reinterpret_cast<const uint4*>(k + tid * 8);
-      second = *reinterpret_cast<const uint4*>(k + (tid + kHalfChunks) * 8);
-    } else if (tid < kHalfChunks + kChunks) {
-      const bf16* v =
-          row + static_cast<int64_t>(params.num_heads + params.num_kv_heads + kv_head) * kHeadDim;
-      first = *reinterpret_cast<const uint4*>(v + (tid - kHalfChunks) * 8);
-    }
+  const int tid = static_cast<int>(threadIdx.x);
+  const bf16* row = params.q + static_cast<int64_t>(token) * params.q_stride;
+  const int64_t dst = (pool_entry * params.num_kv_heads + kv_head) * kHeadDim;
+  if (tid < kHalfChunks) {
+    const bf16* k = row + static_cast<int64_t>(params.num_heads + kv_head) * kHeadDim;
+    uint4 low = *reinterpret_cast<const uint4*>(k + tid * 8);
+    uint4 high = *reinterpret_cast<const uint4*>(k + (tid + kHalfChunks) * 8);
+    rope::RotateChunks(low, high, cos_sin, row_scale);
+    *reinterpret_cast<uint4*>(params.k_pool + dst + tid * 8) = low;
+    *reinterpret_cast<uint4*>(params.k_pool + dst + (tid + kHalfChunks) * 8) = high;
+  } else if (tid < kHalfChunks + kChunks) {
+    const int chunk = tid - kHalfChunks;
+    const bf16* v =
+        row + static_cast<int64_t>(params.num_heads + params.num_kv_heads + kv_head) * kHeadDim;
+    *reinterpret_cast<uint4*>(params.v_pool + dst + chunk * 8) =
+        rope::ScaleChunk(*reinterpret_cast<const uint4*>(v + chunk * 8), row_scale);
+  } else if (tid == kHalfChunks + kChunks && params.pool_positions != nullptr) {
+    params.pool_positions[pool_entry * params.num_kv_heads + kv_head] = position;
   }
-
-  __device__ __forceinline__ void Store(const DecodeParams& params, int64_t pool_entry, int kv_head,
-                                        int position, const float (&cos_sin)[16], float row_scale) {
-    const int tid = static_cast<int>(threadIdx.x);
-    const int64_t dst = (pool_entry * params.num_kv_heads + kv_head) * kHeadDim;
-    if (tid < kHalfChunks) {
-      rope::RotateChunks(first, second, cos_sin, row_scale);
-      *reinterpret_cast<uint4*>(params.k_pool + dst + tid * 8) = first;
-      *reinterpret_cast<uint4*>(params.k_pool + dst + (tid + kHalfChunks) * 8) = second;
-    } else if (tid < kHalfChunks + kChunks) {
-      *reinterpret_cast<uint4*>(params.v_pool + dst + (tid - kHalfChunks) * 8) =
-          rope::ScaleChunk(first, row_scale);
-    } else if (tid == kHalfChunks + kChunks && params.pool_positions != nullptr) {
-      params.pool_positions[pool_entry * params.num_kv_heads + kv_head] = position;
-    }
-  }
-};
+}
 
 // Grid: x = (decode sequence, KV head, head chunk), chunk fastest; y = split.
 template <int kHeadDim, int kStages, int kWarps>
@@ -295,9 +281,8 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
     PdlWait();
     PdlLaunchDependents();
     if (new_entry >= 0) {
-      NewEntry<kHeadDim, kThreads> entry;
-      entry.Load(params, token, kv_head);
-      entry.Store(params, new_entry, kv_head, position, cos_sin, WarpRowInvRms(params.norm, token));
+      WriteNewEntry<kHeadDim, kThreads>(params, new_entry, token, kv_head, position, cos_sin,
+                                        WarpRowInvRms(params.norm, token));
     }
     // A split past the sequence's own count has nothing to do: the combine reads only those. An
     // empty piece adds nothing to the combine. A sequence with no entries at all (the engine
@@ -365,11 +350,18 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   }
   PdlWait();
   PdlLaunchDependents();
-  // Everything that depends on the kernels before this one is requested at once, one round trip
-  // of memory latency (with the early tiles in flight that latency is several microseconds, and
-  // it was paid up to four times in a row here): q, by cp.async; the new entry's raw k and v; and
-  // the folded RMSNorm's row, whose s (1 without one; each warp computes it, in the same order)
-  // waits for it.
+  // A folded RMSNorm's s of the token (1 without one): each warp computes it, in the same order.
+  const float row_scale = fused ? WarpRowInvRms(params.norm, token) : 1.0f;
+  if (new_entry >= 0) {
+    // Fused RoPE: the entry goes to memory before any copy below may read it. The copies are
+    // other threads' cp.async (generic proxy, through L2): the fence and the barrier order the
+    // stores before them.
+    WriteNewEntry<kHeadDim, kThreads>(params, new_entry, token, kv_head, position, cos_sin,
+                                      row_scale);
+    __threadfence_block();
+    __syncthreads();
+  }
+
   // The group's query heads are adjacent in q's row: rows of a [16][d] tile, zero past num_rows.
   // Commit groups: the first holds q and tile 0 (and any early tile), then one per tile.
   flash::LoadTileAsync<kHeadDim, kHeadsPerCta, kThreads>(
@@ -377,17 +369,6 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
       params.q + static_cast<int64_t>(token) * params.q_stride +
           static_cast<int64_t>(head0) * kHeadDim,
       kHeadDim, num_rows);
-  NewEntry<kHeadDim, kThreads> entry;
-  if (new_entry >= 0) entry.Load(params, token, kv_head);
-  const float row_scale = fused ? WarpRowInvRms(params.norm, token) : 1.0f;
-  if (new_entry >= 0) {
-    // Fused RoPE: the entry goes to memory before any copy below may read it. The copies are
-    // other threads' cp.async (generic proxy, through L2): the fence and the barrier order the
-    // stores before them.
-    entry.Store(params, new_entry, kv_head, position, cos_sin, row_scale);
-    __threadfence_block();
-    __syncthreads();
-  }
   if (!early(0)) load_kv(0);
   flash::CpAsyncCommit();
 #pragma unroll

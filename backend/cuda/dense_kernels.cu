@@ -154,33 +154,31 @@ __device__ __forceinline__ float BlockRowScale(const RowRmsView& norm, int row) 
   return row_scale;
 }
 
-// SiluMulKernel over 16-byte vectors (width % 8 == 0, aligned rows), one vector per thread (the
-// grid covers the row). The thread's gate and up vectors are requested before the row's s, so
-// both loads share one round trip of memory latency.
+// SiluMulKernel over 16-byte vectors (width % 8 == 0, aligned rows).
 __global__ void SiluMulVectorKernel(const bf16* __restrict__ gate_up, int64_t in_stride, int width,
                                     bf16* __restrict__ out, int64_t out_stride, RowRmsView norm) {
   PdlWait();
   PdlLaunchDependents();
   const int row = blockIdx.y;
+  const float s = BlockRowScale(norm, row);
   const auto* gate =
       reinterpret_cast<const uint4*>(gate_up + static_cast<int64_t>(row) * in_stride);
   const auto* up =
       reinterpret_cast<const uint4*>(gate_up + static_cast<int64_t>(row) * in_stride + width);
-  const int index = blockIdx.x * blockDim.x + threadIdx.x;
-  const bool valid = index < width / 8;
-  const uint4 gate_raw = valid ? gate[index] : make_uint4(0, 0, 0, 0);
-  const uint4 up_raw = valid ? up[index] : make_uint4(0, 0, 0, 0);
-  const float s = BlockRowScale(norm, row);  // every thread reaches its barrier
-  if (!valid) return;
-  float g[8], u[8];
-  Unpack8(gate_raw, g);
-  Unpack8(up_raw, u);
+  auto* dst = reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * out_stride);
+  const int vectors = width / 8;
+  for (int index = blockIdx.x * blockDim.x + threadIdx.x; index < vectors;
+       index += gridDim.x * blockDim.x) {
+    float g[8], u[8];
+    Unpack8(gate[index], g);
+    Unpack8(up[index], u);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float gate_value = g[i] * s;
-    g[i] = gate_value / (1.0f + __expf(-gate_value)) * (u[i] * s);
+    for (int i = 0; i < 8; ++i) {
+      const float gate = g[i] * s;
+      g[i] = gate / (1.0f + __expf(-gate)) * (u[i] * s);
+    }
+    dst[index] = Pack8(g);
   }
-  reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * out_stride)[index] = Pack8(g);
 }
 
 __global__ void SiluMulKernel(const bf16* __restrict__ gate_up, int64_t in_stride, int width,

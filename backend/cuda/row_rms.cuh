@@ -30,11 +30,10 @@ __device__ __forceinline__ float WarpRowInvRms(const RowRmsView& view, int row) 
   const int lane = static_cast<int>(threadIdx.x % 32);
   const auto* chunks =
       reinterpret_cast<const uint4*>(view.rows + static_cast<int64_t>(row) * view.stride);
-  // Chunks lane, lane + 32, ... in order, kBatch loads issued before any is used: a row of 4096
-  // (Llama-3-8B) is one round trip of memory latency. That matters in decode attention, whose
-  // early K/V tiles are in flight by then and make each round trip several microseconds (a
-  // kernel timeline, session 5). Chunks past the row read as zeros, which add exactly nothing.
-  constexpr int kBatch = 16;
+  // Chunks lane, lane + 32, ... in order, kBatch loads issued before any is used. (Against one
+  // load per iteration this changed the sparse decode step by less than the run-to-run noise,
+  // device runs 6 -> 7.) Chunks past the row read as zeros, which add exactly nothing.
+  constexpr int kBatch = 8;
   const int count = view.width / 8;
   float sum = 0.0f;
   for (int base = lane; base < count; base += 32 * kBatch) {
