@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -230,6 +231,10 @@ int Run(const KernelsFlags& flags) {
         }
         options.profiled_steps = flags.profile_step && headline && kept < 1.0 ? kProfiledSteps : 0;
         options.breakdown = headline;
+        // SIEVE_DECODE_TRACE=1: the defaults' decode attention phases (decode_attention.h).
+        const char* trace = std::getenv("SIEVE_DECODE_TRACE");
+        options.trace_attention =
+            headline && trace != nullptr && *trace != '\0' && std::strcmp(trace, "0") != 0;
         const DecodeStepBenchResult r = RunDecodeStepBench(**step_backend, *config, options);
         const double ratio = r.step_ms / r.bound_ms;
         const std::string label = std::string(kept == 1.0 ? "dense" : "1/10 kept") + variant.label;
@@ -240,6 +245,7 @@ int Run(const KernelsFlags& flags) {
             r.tokens_per_second,
             headline ? (ratio <= 1.3 ? "target <= 1.3x: MET" : "target <= 1.3x: MISSED")
                      : "(variant, for comparison)");
+        if (!r.attention_trace.empty()) std::printf("%s", r.attention_trace.c_str());
         for (const DecodeStepPart& part : r.parts) {
           const double bound_ms = copy > 0 ? part.bytes / copy * 1e3 : 0;
           std::printf("    %-28s %7.3f ms  %5.1f%% of the step   bound %7.3f ms   %.2fx\n",

@@ -12,6 +12,10 @@
 
 #ifdef SIEVE_HAVE_CUDA
 #include <cuda_profiler_api.h>
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decode_attention.h"
 #endif
 
 namespace sieve {
@@ -224,6 +228,16 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
   pool.kv_lens =
       ints(std::vector<int32_t>(static_cast<size_t>(layers) * batch, length), {layers, batch});
 
+#ifdef SIEVE_HAVE_CUDA
+  // Trace stamps of every decode attention launch captured below (the graph keeps the pointer);
+  // one step's last layer is summarised after the timing.
+  constexpr int64_t kTraceCtas = 1 << 16;
+  uint64_t* trace = nullptr;
+  if (options.trace_attention && backend.device() == Device::kCuda) {
+    SIEVE_CUDA_CHECK(cudaMalloc(&trace, kTraceCtas * cuda::kDecodeTraceSlots * sizeof(uint64_t)));
+    cuda::SetDecodeAttentionTrace(trace, kTraceCtas);
+  }
+#endif
   ForwardWorkspace workspace;
   model->EnsureWorkspace(workspace, batch, 1, batch, 1, 1);
   Tensor logits = backend.Allocate({batch, config.vocab_size}, DType::kF32);
@@ -268,6 +282,18 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
 #endif
 
   DecodeStepBenchResult result;
+#ifdef SIEVE_HAVE_CUDA
+  if (trace != nullptr) {
+    cuda::SetDecodeAttentionTrace(nullptr, 0);  // the parts below are captured without it
+    SIEVE_CUDA_CHECK(cudaMemset(trace, 0, kTraceCtas * cuda::kDecodeTraceSlots * sizeof(uint64_t)));
+    run();
+    backend.Synchronize();
+    std::vector<uint64_t> host(static_cast<size_t>(kTraceCtas) * cuda::kDecodeTraceSlots);
+    SIEVE_CUDA_CHECK(
+        cudaMemcpy(host.data(), trace, host.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+    result.attention_trace = cuda::SummarizeDecodeAttentionTrace(host.data(), kTraceCtas);
+  }
+#endif
   result.step_wall_ms = Median(times);
   result.step_ms = device_ms.empty() ? result.step_wall_ms : Median(std::move(device_ms));
   const double elem = static_cast<double>(DTypeSize(backend.activation_dtype()));
@@ -290,6 +316,14 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
   }
   result.tokens_per_second = batch / (result.step_ms * 1e-3);
   result.achieved_bandwidth = result.bytes / (result.step_ms * 1e-3);
+#ifdef SIEVE_HAVE_CUDA
+  if (trace != nullptr) {
+    // The step's graph still holds the pointer; it is destroyed with the backend and not
+    // replayed after this.
+    backend.Synchronize();
+    SIEVE_CUDA_CHECK(cudaFree(trace));
+  }
+#endif
   return result;
 }
 

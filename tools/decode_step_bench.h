@@ -29,6 +29,9 @@ struct DecodeStepBenchOptions {
   int max_model_len = 8192;  // for the bounds other than kTrue
   // Extra steps between cudaProfilerStart and Stop, back to back (CUDA only; 0: none).
   int profiled_steps = 0;
+  // Stamp the decode attention CTAs' phases during one step and summarise the last layer's
+  // (CUDA only; decode_attention.h).
+  bool trace_attention = false;
   bool breakdown = false;     // also time each kind of op alone (graph backends only)
   double copy_bandwidth = 0;  // bytes/s, read + write (the measured ceiling)
 };
@@ -49,6 +52,7 @@ struct DecodeStepBenchResult {
   double tokens_per_second = 0;
   double bytes = 0;
   double achieved_bandwidth = 0;
+  std::string attention_trace;  // with options.trace_attention
 };
 
 DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& config,

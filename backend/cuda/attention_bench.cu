@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -231,6 +233,24 @@ void BenchDecode(const AttentionBenchOptions& options, int batch, int length, co
   });
   const int splits =
       DecodeAttentionSplits(batch, kNumHeads, kNumKvHeads, kHeadDim, length, workspace_bytes);
+  if (const char* trace = std::getenv("SIEVE_DECODE_TRACE");
+      trace != nullptr && *trace != '\0' && std::strcmp(trace, "0") != 0) {
+    // One more call with every CTA's phases stamped (decode_attention.h).
+    const int64_t ctas = static_cast<int64_t>(batch) * kNumKvHeads * splits;
+    Buffer<uint64_t> stamps(static_cast<size_t>(ctas) * kDecodeTraceSlots);
+    SIEVE_CUDA_CHECK(
+        cudaMemsetAsync(stamps.get(), 0, ctas * kDecodeTraceSlots * sizeof(uint64_t), stream));
+    SetDecodeAttentionTrace(stamps.get(), ctas);
+    DecodeAttention(q.get(), qkv_width, kNumHeads, step, 0, pool, out.get(), q_width,
+                    workspace.get(), workspace_bytes, stream);
+    SetDecodeAttentionTrace(nullptr, 0);
+    std::vector<uint64_t> host(static_cast<size_t>(ctas) * kDecodeTraceSlots);
+    SIEVE_CUDA_CHECK(cudaMemcpyAsync(host.data(), stamps.get(), host.size() * sizeof(uint64_t),
+                                     cudaMemcpyDeviceToHost, stream));
+    SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::printf("b%d x %d %s: %s", batch, length, label,
+                SummarizeDecodeAttentionTrace(host.data(), ctas).c_str());
+  }
   AttentionBenchResult result;
   result.name = "decode b" + std::to_string(batch) + " x " + std::to_string(length) + " " + label +
                 " (splits " + std::to_string(splits) + ")";

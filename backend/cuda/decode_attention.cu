@@ -25,6 +25,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/flash_warp.cuh"
@@ -144,6 +146,8 @@ struct DecodeParams {
   int fill_splits;  // splits the batch needs to fill the GPU (UsedSplits)
   float scale;
   float scale_log2;
+  uint64_t* trace;  // [trace_ctas][kDecodeTraceSlots] (decode_attention.h), or null
+  int64_t trace_ctas;
 };
 
 // The splits a sequence of `length` entries uses out of the grid's num_splits (SplitsForLength
@@ -216,6 +220,20 @@ __device__ __forceinline__ void WriteNewEntry(const DecodeParams& params, int64_
   }
 }
 
+// Thread 0 of the CTA writes %globaltimer into its trace row's `slot` (decode_attention.h), and
+// its SM id; nothing without a trace buffer.
+__device__ __forceinline__ void TraceStamp(const DecodeParams& params, int slot,
+                                           uint64_t value = ~uint64_t{0}) {
+  if (params.trace == nullptr || threadIdx.x != 0) return;
+  const int64_t cta = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  if (cta >= params.trace_ctas) return;
+  if (value == ~uint64_t{0}) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(value));
+  uint32_t sm = 0;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  params.trace[cta * kDecodeTraceSlots + slot] = value;
+  params.trace[cta * kDecodeTraceSlots + kTraceSm] = sm;
+}
+
 // Grid: x = (decode sequence, KV head, head chunk), chunk fastest; y = split.
 template <int kHeadDim, int kStages, int kWarps>
 __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::kMinCtasPerSm)
@@ -239,6 +257,7 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   // newest one were written by earlier steps. Only q and the newest entry come from the kernel
   // before (RopeAndCacheWrite; with fused RoPE, q, k and v come from the QKV GEMM and this kernel
   // writes the entry), so tiles without that entry start loading while it may still run.
+  TraceStamp(params, kTraceEntry);
   const int item = static_cast<int>(blockIdx.x);
   const int chunk = item % params.head_chunks;
   const int kv_head = (item / params.head_chunks) % params.num_kv_heads;
@@ -311,6 +330,7 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
     }
   }
   __syncthreads();
+  TraceStamp(params, kTracePagesLoaded);
   const int num_tiles = (end - begin + kTile - 1) / kTile;
   const int64_t entry_stride = static_cast<int64_t>(params.num_kv_heads) * kHeadDim;
   const bf16* k_head = params.k_pool + static_cast<int64_t>(kv_head) * kHeadDim;
@@ -361,6 +381,7 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
     __threadfence_block();
     __syncthreads();
   }
+  TraceStamp(params, kTracePrologueDone);
 
   // The group's query heads are adjacent in q's row: rows of a [16][d] tile, zero past num_rows.
   // Commit groups: the first holds q and tile 0 (and any early tile), then one per tile.
@@ -401,6 +422,8 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
     __syncthreads();
   }
   state.LoadQ(smem_q, 0);
+  TraceStamp(params, kTraceLoopStart);
+  const long long loop_start_cycles = clock64();
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     // Tile `tile` visible to all; every warp is done with tile - 1, whose stage is refilled.
@@ -425,6 +448,8 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   // Merge the warps' states: out = sum_w acc_w * 2^((m_w - m) c) / sum_w l_w 2^((m_w - m) c).
   flash::CpAsyncWait<0>();
   __syncthreads();  // all warps are done with the K/V stages: they become the merge buffers
+  TraceStamp(params, kTraceLoopCycles, static_cast<uint64_t>(clock64() - loop_start_cycles));
+  TraceStamp(params, kTraceLoopEnd);
   state.FinishSums();
   float* merge_ml = reinterpret_cast<float*>(smem + kQBytes);  // [kWarps][16][2] (m, l)
   float* merge_out = merge_ml + kWarps * 16 * 2;               // [kWarps][16][MergeRowStride]
@@ -506,6 +531,7 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
       }
     }
   }
+  TraceStamp(params, kTraceExit);
 }
 
 // Merges the splits of one (decode sequence, head): weights exp(lse_s - max lse). Grid (B, H),
@@ -720,7 +746,72 @@ void LaunchDecode(const DecodeParams& params, DecodeCta cta, cudaStream_t stream
 
 bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
+// SetDecodeAttentionTrace's buffer, read by every launch.
+struct TraceTarget {
+  uint64_t* buffer = nullptr;
+  int64_t max_ctas = 0;
+};
+TraceTarget& Trace() {
+  static TraceTarget target;
+  return target;
+}
+
 }  // namespace
+
+void SetDecodeAttentionTrace(uint64_t* buffer, int64_t max_ctas) {
+  Trace() = TraceTarget{buffer, buffer != nullptr ? max_ctas : 0};
+}
+
+std::string SummarizeDecodeAttentionTrace(const uint64_t* trace, int64_t ctas) {
+  uint64_t first = ~uint64_t{0};
+  int64_t written = 0;
+  for (int64_t cta = 0; cta < ctas; ++cta) {
+    const uint64_t entry = trace[cta * kDecodeTraceSlots + kTraceEntry];
+    if (entry == 0) continue;
+    first = std::min(first, entry);
+    ++written;
+  }
+  if (written == 0) return "";
+  char line[160];
+  std::string text;
+  std::snprintf(line, sizeof(line),
+                "decode attention trace, %lld CTAs: us after the first CTA's entry, min / p10 / "
+                "p50 / p90 / max\n",
+                static_cast<long long>(written));
+  text += line;
+  const char* names[] = {"entry",           "page ids loaded", "prologue done",
+                         "key loop starts", "key loop ends",   "exit"};
+  for (int slot = kTraceEntry; slot <= kTraceExit; ++slot) {
+    std::vector<double> values;
+    for (int64_t cta = 0; cta < ctas; ++cta) {
+      const uint64_t* row = trace + cta * kDecodeTraceSlots;
+      if (row[kTraceEntry] != 0 && row[slot] != 0) values.push_back((row[slot] - first) / 1e3);
+    }
+    if (values.empty()) continue;
+    std::sort(values.begin(), values.end());
+    const auto at = [&](double fraction) {
+      return values[static_cast<size_t>(fraction * static_cast<double>(values.size() - 1))];
+    };
+    std::snprintf(line, sizeof(line), "  %-16s %7.2f %7.2f %7.2f %7.2f %7.2f\n", names[slot],
+                  at(0.0), at(0.1), at(0.5), at(0.9), at(1.0));
+    text += line;
+  }
+  std::vector<double> mhz;  // the key loop's SM cycles over its globaltimer span
+  for (int64_t cta = 0; cta < ctas; ++cta) {
+    const uint64_t* row = trace + cta * kDecodeTraceSlots;
+    if (row[kTraceEntry] != 0 && row[kTraceLoopEnd] > row[kTraceLoopStart]) {
+      mhz.push_back(static_cast<double>(row[kTraceLoopCycles]) * 1e3 /
+                    static_cast<double>(row[kTraceLoopEnd] - row[kTraceLoopStart]));
+    }
+  }
+  if (!mhz.empty()) {
+    std::sort(mhz.begin(), mhz.end());
+    std::snprintf(line, sizeof(line), "  SM clock in the key loop: median %.0f MHz\n",
+                  mhz[mhz.size() / 2]);
+    text += line;
+  }
+  return text;
+}
 
 int DecodeAttentionSplits(int num_decode_seqs, int num_heads, int num_kv_heads, int head_dim,
                           int max_kv_len, size_t workspace_bytes) {
@@ -837,6 +928,8 @@ void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int
       num_splits, CeilDiv(TargetCtas(), CtasPerSplit(num_decode, num_heads, pool.num_kv_heads))));
   params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   params.scale_log2 = params.scale * static_cast<float>(M_LOG2E);
+  params.trace = Trace().buffer;
+  params.trace_ctas = Trace().max_ctas;
 
   // The final lse is kept only for the H2O pass; partial results only with splits.
   const bool need_lse = pool.scores != nullptr;

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "backend/cuda/kernels.h"
 
@@ -46,5 +47,28 @@ void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int
                                int layer, const PoolView& pool, bf16* out, int64_t out_stride,
                                void* workspace, size_t workspace_bytes, const RowRmsView& norm,
                                cudaStream_t stream);
+
+// ---- Where one launch's time goes (a diagnostic; off by default) ----
+// With a trace buffer set, thread 0 of every CTA of the main kernel writes the %globaltimer (ns)
+// at each phase below into row cta = blockIdx.y * gridDim.x + blockIdx.x of
+// [max_ctas][kDecodeTraceSlots], plus the SM cycles of its key loop and its SM id. Every launch
+// made (or captured into a graph) while it is set writes there; the last one to run wins. A
+// launch with more CTAs writes only the first max_ctas. `sieve bench kernels` prints a summary
+// with SIEVE_DECODE_TRACE=1 (docs/benchmarks.md). Off, each stamp is one predicated branch.
+enum DecodeTraceSlot : int {
+  kTraceEntry,         // the CTA starts
+  kTracePagesLoaded,   // its page ids are in shared memory; early tiles are requested next
+  kTracePrologueDone,  // after PdlWait, the row's norm scale and the new entry's write
+  kTraceLoopStart,     // q and the first tiles have arrived
+  kTraceLoopEnd,       // every tile attended
+  kTraceExit,          // outputs written
+  kTraceLoopCycles,    // SM cycles from loop start to loop end (clock64)
+  kTraceSm,            // %smid
+  kDecodeTraceSlots
+};
+void SetDecodeAttentionTrace(uint64_t* buffer, int64_t max_ctas);
+// Per phase, min / p10 / p50 / p90 / max microseconds after the first CTA's entry, and the key
+// loop's median SM clock, of a trace copied to the host; "" when no CTA wrote one.
+std::string SummarizeDecodeAttentionTrace(const uint64_t* trace, int64_t ctas);
 
 }  // namespace sieve::cuda
