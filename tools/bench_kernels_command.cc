@@ -48,7 +48,7 @@ struct KernelsFlags {
   bool skip_decode_step = false;
   bool no_graph = false;
   bool profile_step = false;
-  bool step_variants = true;
+  bool no_step_variants = false;
 };
 
 #ifdef SIEVE_HAVE_CUDA
@@ -204,7 +204,7 @@ int Run(const KernelsFlags& flags) {
       }
     };
     for (const Variant& variant : variants) {
-      if (!flags.step_variants && variant.label[0] != '\0') continue;
+      if (flags.no_step_variants && variant.label[0] != '\0') continue;
       set("SIEVE_GEMM", variant.gemm);
       set("SIEVE_DECODE_ATTENTION", variant.attention);
       set("SIEVE_FUSED_ROPE", variant.fused_rope);
@@ -308,7 +308,7 @@ CommandRunner AddBenchKernelsCommand(CLI::App& app) {
   app.add_flag("--profile-step", flags->profile_step,
                "Bracket 3 sparse decode steps (back to back) with cudaProfilerStart/Stop, for "
                "`ncu --profile-from-start off` or tools/kernel_timeline");
-  app.add_flag("!--no-step-variants", flags->step_variants,
+  app.add_flag("--no-step-variants", flags->no_step_variants,
                "Time the decode step's defaults only, not its variants for comparison");
   return [flags]() { return Run(*flags); };
 }
