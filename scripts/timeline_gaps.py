@@ -4,9 +4,10 @@
 Reads the CSV of `nsys stats --report cuda_gpu_trace --format csv` (graph nodes traced with
 --cuda-graph-trace=node), or tools/kernel_timeline's CSV in the same columns. Prints each step's
 span; then, for the middle step of three or more (else the whole trace): its span, the kernels'
-summed duration, the idle time between consecutive kernels (negative where a PDL launch overlapped its predecessor),
-then per kind of kernel its count and mean duration, and per transition (kind -> next kind) the
-count and mean gap. A kind is the kernel's name without template arguments or parameters.
+summed duration, the idle time between consecutive kernels (negative where a PDL launch
+overlapped its predecessor), per kind of kernel its count and mean duration, per transition
+(kind -> next kind) the count and mean gap, and a stretch of about two layers kernel by kernel.
+A kind is the kernel's name without template arguments or parameters.
 
     scripts/timeline_gaps.py TRACE.csv
 """

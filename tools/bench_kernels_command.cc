@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -24,6 +23,7 @@
 
 #include "backend/cuda/attention_bench.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/decode_attention.h"
 #include "backend/cuda/gemm_bench.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/sparsity_bench.h"
@@ -232,9 +232,7 @@ int Run(const KernelsFlags& flags) {
         options.profiled_steps = flags.profile_step && headline && kept < 1.0 ? kProfiledSteps : 0;
         options.breakdown = headline;
         // SIEVE_DECODE_TRACE=1: the defaults' decode attention phases (decode_attention.h).
-        const char* trace = std::getenv("SIEVE_DECODE_TRACE");
-        options.trace_attention =
-            headline && trace != nullptr && *trace != '\0' && std::strcmp(trace, "0") != 0;
+        options.trace_attention = headline && cuda::DecodeAttentionTraceRequested();
         const DecodeStepBenchResult r = RunDecodeStepBench(**step_backend, *config, options);
         const double ratio = r.step_ms / r.bound_ms;
         const std::string label = std::string(kept == 1.0 ? "dense" : "1/10 kept") + variant.label;

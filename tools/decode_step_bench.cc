@@ -228,16 +228,6 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
   pool.kv_lens =
       ints(std::vector<int32_t>(static_cast<size_t>(layers) * batch, length), {layers, batch});
 
-#ifdef SIEVE_HAVE_CUDA
-  // Trace stamps of every decode attention launch captured below (the graph keeps the pointer);
-  // one step's last layer is summarised after the timing.
-  constexpr int64_t kTraceCtas = 1 << 16;
-  uint64_t* trace = nullptr;
-  if (options.trace_attention && backend.device() == Device::kCuda) {
-    SIEVE_CUDA_CHECK(cudaMalloc(&trace, kTraceCtas * cuda::kDecodeTraceSlots * sizeof(uint64_t)));
-    cuda::SetDecodeAttentionTrace(trace, kTraceCtas);
-  }
-#endif
   ForwardWorkspace workspace;
   model->EnsureWorkspace(workspace, batch, 1, batch, 1, 1);
   Tensor logits = backend.Allocate({batch, config.vocab_size}, DType::kF32);
@@ -283,14 +273,28 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
 
   DecodeStepBenchResult result;
 #ifdef SIEVE_HAVE_CUDA
-  if (trace != nullptr) {
-    cuda::SetDecodeAttentionTrace(nullptr, 0);  // the parts below are captured without it
-    SIEVE_CUDA_CHECK(cudaMemset(trace, 0, kTraceCtas * cuda::kDecodeTraceSlots * sizeof(uint64_t)));
-    run();
+  if (options.trace_attention && backend.device() == Device::kCuda) {
+    // One more step with the decode attention's phases stamped (decode_attention.h), the last
+    // layer's kept. It gets a graph of its own: the timed replays above ran without the stamps.
+    constexpr int64_t kTraceCtas = 1 << 16;
+    const size_t count = static_cast<size_t>(kTraceCtas) * cuda::kDecodeTraceSlots;
+    uint64_t* trace = nullptr;
+    SIEVE_CUDA_CHECK(cudaMalloc(&trace, count * sizeof(uint64_t)));
+    SIEVE_CUDA_CHECK(cudaMemset(trace, 0, count * sizeof(uint64_t)));
+    cuda::SetDecodeAttentionTrace(trace, kTraceCtas);
+    if (graph >= 0) {
+      backend.BeginCapture();
+      model->Forward(step, pool, workspace, logits);
+      backend.ReplayGraph(backend.EndCapture());  // never replayed again: its pointer may dangle
+    } else {
+      model->Forward(step, pool, workspace, logits);
+    }
+    cuda::SetDecodeAttentionTrace(nullptr, 0);
     backend.Synchronize();
-    std::vector<uint64_t> host(static_cast<size_t>(kTraceCtas) * cuda::kDecodeTraceSlots);
+    std::vector<uint64_t> host(count);
     SIEVE_CUDA_CHECK(
-        cudaMemcpy(host.data(), trace, host.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+        cudaMemcpy(host.data(), trace, count * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+    SIEVE_CUDA_CHECK(cudaFree(trace));
     result.attention_trace = cuda::SummarizeDecodeAttentionTrace(host.data(), kTraceCtas);
   }
 #endif
@@ -316,14 +320,6 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
   }
   result.tokens_per_second = batch / (result.step_ms * 1e-3);
   result.achieved_bandwidth = result.bytes / (result.step_ms * 1e-3);
-#ifdef SIEVE_HAVE_CUDA
-  if (trace != nullptr) {
-    // The step's graph still holds the pointer; it is destroyed with the backend and not
-    // replayed after this.
-    backend.Synchronize();
-    SIEVE_CUDA_CHECK(cudaFree(trace));
-  }
-#endif
   return result;
 }
 

@@ -29,8 +29,8 @@ struct DecodeStepBenchOptions {
   int max_model_len = 8192;  // for the bounds other than kTrue
   // Extra steps between cudaProfilerStart and Stop, back to back (CUDA only; 0: none).
   int profiled_steps = 0;
-  // Stamp the decode attention CTAs' phases during one step and summarise the last layer's
-  // (CUDA only; decode_attention.h).
+  // After the timing, one more step (its own graph) with the decode attention CTAs' phases
+  // stamped; the last layer's are summarised (CUDA only; decode_attention.h).
   bool trace_attention = false;
   bool breakdown = false;     // also time each kind of op alone (graph backends only)
   double copy_bandwidth = 0;  // bytes/s, read + write (the measured ceiling)

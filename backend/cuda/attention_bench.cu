@@ -14,8 +14,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -233,8 +231,7 @@ void BenchDecode(const AttentionBenchOptions& options, int batch, int length, co
   });
   const int splits =
       DecodeAttentionSplits(batch, kNumHeads, kNumKvHeads, kHeadDim, length, workspace_bytes);
-  if (const char* trace = std::getenv("SIEVE_DECODE_TRACE");
-      trace != nullptr && *trace != '\0' && std::strcmp(trace, "0") != 0) {
+  if (DecodeAttentionTraceRequested()) {
     // One more call with every CTA's phases stamped (decode_attention.h).
     const int64_t ctas = static_cast<int64_t>(batch) * kNumKvHeads * splits;
     Buffer<uint64_t> stamps(static_cast<size_t>(ctas) * kDecodeTraceSlots);

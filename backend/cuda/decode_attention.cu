@@ -220,18 +220,34 @@ __device__ __forceinline__ void WriteNewEntry(const DecodeParams& params, int64_
   }
 }
 
-// Thread 0 of the CTA writes %globaltimer into its trace row's `slot` (decode_attention.h), and
-// its SM id; nothing without a trace buffer.
-__device__ __forceinline__ void TraceStamp(const DecodeParams& params, int slot,
-                                           uint64_t value = ~uint64_t{0}) {
-  if (params.trace == nullptr || threadIdx.x != 0) return;
+// This CTA's trace row (decode_attention.h), for thread 0 only; null without a trace buffer.
+__device__ __forceinline__ uint64_t* TraceRow(const DecodeParams& params) {
+  if (params.trace == nullptr || threadIdx.x != 0) return nullptr;
   const int64_t cta = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
-  if (cta >= params.trace_ctas) return;
-  if (value == ~uint64_t{0}) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(value));
-  uint32_t sm = 0;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-  params.trace[cta * kDecodeTraceSlots + slot] = value;
-  params.trace[cta * kDecodeTraceSlots + kTraceSm] = sm;
+  return cta < params.trace_ctas ? params.trace + cta * kDecodeTraceSlots : nullptr;
+}
+
+// %globaltimer into `slot` of the CTA's trace row; at entry also the SM id.
+__device__ __forceinline__ void TraceStamp(const DecodeParams& params, int slot) {
+  uint64_t* row = TraceRow(params);
+  if (row == nullptr) return;
+  uint64_t now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  row[slot] = now;
+  if (slot == kTraceEntry) {
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    row[kTraceSm] = sm;
+  }
+}
+
+// The key loop's SM cycles: the start's clock64 is parked in the row itself, so no register
+// stays live across the loop when tracing is off.
+__device__ __forceinline__ void TraceLoopCycles(const DecodeParams& params, bool end) {
+  uint64_t* row = TraceRow(params);
+  if (row == nullptr) return;
+  const uint64_t now = static_cast<uint64_t>(clock64());
+  row[kTraceLoopCycles] = end ? now - row[kTraceLoopCycles] : now;
 }
 
 // Grid: x = (decode sequence, KV head, head chunk), chunk fastest; y = split.
@@ -423,7 +439,7 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   }
   state.LoadQ(smem_q, 0);
   TraceStamp(params, kTraceLoopStart);
-  const long long loop_start_cycles = clock64();
+  TraceLoopCycles(params, false);
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     // Tile `tile` visible to all; every warp is done with tile - 1, whose stage is refilled.
@@ -448,7 +464,7 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   // Merge the warps' states: out = sum_w acc_w * 2^((m_w - m) c) / sum_w l_w 2^((m_w - m) c).
   flash::CpAsyncWait<0>();
   __syncthreads();  // all warps are done with the K/V stages: they become the merge buffers
-  TraceStamp(params, kTraceLoopCycles, static_cast<uint64_t>(clock64() - loop_start_cycles));
+  TraceLoopCycles(params, true);
   TraceStamp(params, kTraceLoopEnd);
   state.FinishSums();
   float* merge_ml = reinterpret_cast<float*>(smem + kQBytes);  // [kWarps][16][2] (m, l)
@@ -757,6 +773,11 @@ TraceTarget& Trace() {
 }
 
 }  // namespace
+
+bool DecodeAttentionTraceRequested() {
+  const char* value = std::getenv("SIEVE_DECODE_TRACE");
+  return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
+}
 
 void SetDecodeAttentionTrace(uint64_t* buffer, int64_t max_ctas) {
   Trace() = TraceTarget{buffer, buffer != nullptr ? max_ctas : 0};

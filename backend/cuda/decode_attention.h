@@ -67,6 +67,8 @@ enum DecodeTraceSlot : int {
   kDecodeTraceSlots
 };
 void SetDecodeAttentionTrace(uint64_t* buffer, int64_t max_ctas);
+// SIEVE_DECODE_TRACE is set, non-empty and not "0": the benchmarks trace one extra call.
+bool DecodeAttentionTraceRequested();
 // Per phase, min / p10 / p50 / p90 / max microseconds after the first CTA's entry, and the key
 // loop's median SM clock, of a trace copied to the host; "" when no CTA wrote one.
 std::string SummarizeDecodeAttentionTrace(const uint64_t* trace, int64_t ctas);
