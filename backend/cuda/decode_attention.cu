@@ -386,8 +386,10 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   }
   PdlWait();
   PdlLaunchDependents();
+  TraceStamp(params, kTraceWaitDone);
   // A folded RMSNorm's s of the token (1 without one): each warp computes it, in the same order.
   const float row_scale = fused ? WarpRowInvRms(params.norm, token) : 1.0f;
+  if (fused) TraceStamp(params, kTraceScaleDone);
   if (new_entry >= 0) {
     // Fused RoPE: the entry goes to memory before any copy below may read it. The copies are
     // other threads' cp.async (generic proxy, through L2): the fence and the barrier order the
@@ -800,8 +802,8 @@ std::string SummarizeDecodeAttentionTrace(const uint64_t* trace, int64_t ctas) {
                 "p50 / p90 / max\n",
                 static_cast<long long>(written));
   text += line;
-  const char* names[] = {"entry",           "page ids loaded", "prologue done",
-                         "key loop starts", "key loop ends",   "exit"};
+  const char* names[] = {"entry",         "page ids loaded", "PdlWait returned", "row scale ready",
+                         "prologue done", "key loop starts", "key loop ends",    "exit"};
   for (int slot = kTraceEntry; slot <= kTraceExit; ++slot) {
     std::vector<double> values;
     for (int64_t cta = 0; cta < ctas; ++cta) {

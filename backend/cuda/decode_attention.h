@@ -58,6 +58,8 @@ void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int
 enum DecodeTraceSlot : int {
   kTraceEntry,         // the CTA starts
   kTracePagesLoaded,   // its page ids are in shared memory; early tiles are requested next
+  kTraceWaitDone,      // PdlWait returned: the kernels before are done
+  kTraceScaleDone,     // the row's norm scale is computed (fused RoPE with a folded norm)
   kTracePrologueDone,  // after PdlWait, the row's norm scale and the new entry's write
   kTraceLoopStart,     // q and the first tiles have arrived
   kTraceLoopEnd,       // every tile attended
