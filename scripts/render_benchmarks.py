@@ -115,6 +115,11 @@ def render(record):
               if re.match(r"(gpu tests|cuda_test|compute-sanitizer|engine memcheck|rep \d)", line)]
     if checks:
         out += ["### Checks", "", "```", *checks, "```", ""]
+    steps = [line[len("this: "):] for line in summary.splitlines()
+             if re.match(r"this: (dense|1/10 kept)", line)]
+    if steps and not (kernels and kernels.get("decode_step_sparse")):
+        out += ["### Decode step, Llama-3-8B shape, batch 64 x 4096 (`sieve bench kernels`)", "",
+                "```", *steps, "```", ""]
     block = re.search(r"(KV-sparsity pass.*?)(?:\n\n|\Z)", summary, re.S)
     if block:
         out += ["### Score + select + compact (one layer, against the prefill it follows)", "",
