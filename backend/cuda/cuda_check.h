@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 
@@ -19,3 +20,24 @@
 
 // After a kernel launch: catches bad launch configurations at once.
 #define SIEVE_CUDA_CHECK_LAUNCH() SIEVE_CUDA_CHECK(cudaGetLastError())
+
+namespace sieve::cuda {
+
+// `kAttribute` of the current device, read once per device (launch paths ask on every call);
+// 0 for device ids past the cache.
+template <cudaDeviceAttr kAttribute>
+int CurrentDeviceAttribute() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> values[kMaxDevices] = {};
+  int device = 0;
+  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= kMaxDevices) return 0;
+  int value = values[device].load();
+  if (value == 0) {
+    SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&value, kAttribute, device));
+    values[device].store(value);
+  }
+  return value;
+}
+
+}  // namespace sieve::cuda

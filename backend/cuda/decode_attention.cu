@@ -658,20 +658,8 @@ __global__ void DecodeScoresKernel(const DecodeParams params) {
   }
 }
 
-// The current device's SM count, read once per device (the split and CTA choices ask on every
-// launch).
-int SmCount() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> counts[kMaxDevices] = {};
-  int device = 0;
-  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
-  int count = device < kMaxDevices ? counts[device].load() : 0;
-  if (count == 0) {
-    SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    if (device < kMaxDevices) counts[device].store(count);
-  }
-  return count;
-}
+// The current device's SM count (the split and CTA choices ask on every launch).
+int SmCount() { return CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>(); }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -683,6 +671,11 @@ int64_t CtasPerSplit(int num_decode_seqs, int num_heads, int num_kv_heads) {
 
 // One wave of wide CTAs, the occupancy the splits aim for.
 int64_t TargetCtas() { return static_cast<int64_t>(kWideCtasPerSm) * SmCount(); }
+
+// Splits per sequence that fill that wave (SplitsForLength's fill_splits).
+int64_t FillSplits(int num_decode_seqs, int num_heads, int num_kv_heads) {
+  return CeilDiv(TargetCtas(), CtasPerSplit(num_decode_seqs, num_heads, num_kv_heads));
+}
 
 // Workspace: final lse [B][H], then (with splits) partial lse [slots][H] and partial outputs
 // [slots][H][d], slots = splits * B; each region 256-byte aligned.
@@ -839,9 +832,8 @@ std::string SummarizeDecodeAttentionTrace(const uint64_t* trace, int64_t ctas) {
 int DecodeAttentionSplits(int num_decode_seqs, int num_heads, int num_kv_heads, int head_dim,
                           int max_kv_len, size_t workspace_bytes) {
   if (num_decode_seqs <= 0 || max_kv_len <= 0 || num_kv_heads <= 0) return 1;
-  const int64_t fill =
-      CeilDiv(TargetCtas(), CtasPerSplit(num_decode_seqs, num_heads, num_kv_heads));
-  int64_t splits = std::min<int64_t>(SplitsForLength(max_kv_len, fill), 65535);
+  int64_t splits = std::min<int64_t>(
+      SplitsForLength(max_kv_len, FillSplits(num_decode_seqs, num_heads, num_kv_heads)), 65535);
   while (splits > 1 &&
          DecodeAttentionWorkspaceBytesForSplits(num_decode_seqs, num_heads, head_dim,
                                                 static_cast<int>(splits)) > workspace_bytes) {
@@ -947,8 +939,8 @@ void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int
   }
   params.max_pages_per_seq = pool.max_pages_per_seq;
   params.num_splits = num_splits;
-  params.fill_splits = static_cast<int>(std::min<int64_t>(
-      num_splits, CeilDiv(TargetCtas(), CtasPerSplit(num_decode, num_heads, pool.num_kv_heads))));
+  params.fill_splits = static_cast<int>(
+      std::min<int64_t>(num_splits, FillSplits(num_decode, num_heads, pool.num_kv_heads)));
   params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   params.scale_log2 = params.scale * static_cast<float>(M_LOG2E);
   params.trace = Trace().buffer;

@@ -43,17 +43,7 @@ inline void SetPdlEnabled(bool enabled) { PdlSetting().store(enabled ? 1 : 0); }
 
 // The current device's compute capability major, read once per device.
 inline int DeviceComputeMajor() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> major[kMaxDevices] = {};
-  int device = 0;
-  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
-  if (device >= kMaxDevices) return 0;
-  int known = major[device].load();
-  if (known == 0) {
-    SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&known, cudaDevAttrComputeCapabilityMajor, device));
-    major[device].store(known);
-  }
-  return known;
+  return CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>();
 }
 
 // PDL is on and the current device is sm_90 or newer.
