@@ -184,12 +184,15 @@ int Run(const KernelsFlags& flags) {
       const char* reduction = nullptr;   // SIEVE_GEMM_REDUCTION
       const char* fold_norms = nullptr;  // SIEVE_FOLD_NORMS
       StepLengthBounds length_bounds = StepLengthBounds::kTrue;
+      const char* graph_pdl = nullptr;  // SIEVE_GRAPH_PDL
     };
     const Variant variants[] = {
         {"", "", nullptr, true, nullptr, nullptr},
         {", auto GEMM plans", "_auto", "auto", true, nullptr, nullptr},
         {", small-m GEMMs", "_small_m", "small_m", true, nullptr, nullptr},
         {", no PDL", "_no_pdl", nullptr, false, nullptr, nullptr},
+        {", programmatic edges into cuBLASLt", "_graph_pdl", nullptr, true, nullptr, nullptr,
+         nullptr, nullptr, StepLengthBounds::kTrue, "1"},
         {", wide attention CTAs", "_wide", nullptr, true, "wide", nullptr},
         {", RoPE not fused", "_unfused_rope", nullptr, true, nullptr, "0"},
         {", no split-k GEMMs", "_no_split_k", nullptr, true, nullptr, nullptr, "none"},
@@ -199,8 +202,9 @@ int Run(const KernelsFlags& flags) {
         {", engine's layer bounds", "_engine_bounds", nullptr, true, nullptr, nullptr, nullptr,
          nullptr, StepLengthBounds::kEngineLayerBounds},
     };
-    constexpr const char* kChoices[] = {"SIEVE_GEMM", "SIEVE_DECODE_ATTENTION", "SIEVE_FUSED_ROPE",
-                                        "SIEVE_GEMM_REDUCTION", "SIEVE_FOLD_NORMS"};
+    constexpr const char* kChoices[] = {"SIEVE_GEMM",       "SIEVE_DECODE_ATTENTION",
+                                        "SIEVE_FUSED_ROPE", "SIEVE_GEMM_REDUCTION",
+                                        "SIEVE_FOLD_NORMS", "SIEVE_GRAPH_PDL"};
     std::map<std::string, std::string> given;  // the environment's choices at the start
     std::string given_text;
     for (const char* name : kChoices) {
@@ -233,6 +237,7 @@ int Run(const KernelsFlags& flags) {
       set("SIEVE_FUSED_ROPE", variant.fused_rope);
       set("SIEVE_GEMM_REDUCTION", variant.reduction);
       set("SIEVE_FOLD_NORMS", variant.fold_norms);
+      set("SIEVE_GRAPH_PDL", variant.graph_pdl);
       cuda::SetPdlEnabled(variant.pdl && given_pdl);
       auto step_backend = MakeCudaBackend(0);
       if (!step_backend.ok()) {

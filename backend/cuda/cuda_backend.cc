@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -10,6 +11,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/graph_pdl.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sampling_kernels.h"
 
@@ -234,6 +236,15 @@ class CudaBackend final : public Backend {
   int EndCapture() override {
     cudaGraph_t graph = nullptr;
     SIEVE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    // cuBLASLt's GEMMs were captured with plain edges; those whose kernels were shown to wait on
+    // the grid dependency (graph_pdl.h) may start while the kernel before them drains.
+    if (cuda::GraphPdlEnabled()) {
+      const int changed = cuda::MakeEdgesProgrammatic(graph);
+      if (std::getenv("SIEVE_GEMM_VERBOSE") != nullptr) {
+        std::fprintf(stderr, "graph %zu: %d edges into cuBLASLt kernels made programmatic\n",
+                     graphs_.size(), changed);
+      }
+    }
     cudaGraphExec_t exec = nullptr;
     SIEVE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     SIEVE_CUDA_CHECK(cudaGraphDestroy(graph));

@@ -4,6 +4,8 @@
 // outputs (one bf16 rounding of each output is ~4e-3 alone).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <tuple>
@@ -11,6 +13,8 @@
 
 #include "backend/cuda/cuda_test_util.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/graph_pdl.h"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/small_m_gemm.h"
 
 namespace sieve::cuda {
@@ -271,6 +275,119 @@ TEST_F(CudaGemmTest, RunnerMatchesHostProductForEveryChoice) {
       } else if (choice == GemmChoice::kSmallM) {
         EXPECT_TRUE(small) << runner.last_plan();
       }
+    }
+  }
+}
+
+// Sets an environment variable for a scope, restoring what was there.
+class ScopedEnvironment {
+ public:
+  ScopedEnvironment(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnvironment() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnvironment(const ScopedEnvironment&) = delete;
+  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+// graph_pdl.h's probe on kernels whose behaviour is known: a copy that reads before it waits
+// must come out stale (else the probe would pass anything), one that waits must come out right.
+TEST_F(CudaGemmTest, ProgrammaticEdgeProbeTellsAKernelThatWaitsFromOneThatDoesNot) {
+  if (!PdlActive()) GTEST_SKIP() << "programmatic edges need sm_90+ (and SIEVE_PDL not 0)";
+  std::uniform_int_distribution<int32_t> uniform(1, 1 << 30);
+  std::vector<int32_t> values(1 << 16);
+  for (int32_t& value : values) value = uniform(rng_);
+  const size_t bytes = values.size() * sizeof(int32_t);
+  DeviceBuffer<int32_t> source(values);
+  DeviceBuffer<int32_t> input(values.size());
+  DeviceBuffer<int32_t> output(values.size());
+  for (const bool wait : {false, true}) {
+    SIEVE_CUDA_CHECK(cudaMemset(output.get(), 0, bytes));
+    const std::vector<const void*> kernels = ProbeProgrammaticEdge(
+        [&] { CopyBytesForProbeTest(input.get(), output.get(), bytes, wait, stream_); },
+        {{source.get(), input.get(), bytes}}, stream_);
+    ASSERT_EQ(kernels.size(), 1u);
+    const std::vector<int32_t> copied = output.ToHost();
+    if (wait) {
+      EXPECT_EQ(copied, values) << "the copy that waits read stale input";
+    } else {
+      EXPECT_NE(copied, values) << "the copy that does not wait read fresh input";
+    }
+  }
+}
+
+// A captured GEMM (the runner's cuBLASLt plan, probed when it was made) whose incoming edge is
+// made programmatic where its kernel was marked still computes the product of what the kernel
+// before it wrote, plain or accumulating.
+TEST_F(CudaGemmTest, CapturedGemmBehindProgrammaticEdgeMatchesHostProduct) {
+  if (!PdlActive()) GTEST_SKIP() << "programmatic edges need sm_90+ (and SIEVE_PDL not 0)";
+  ScopedEnvironment graph_pdl("SIEVE_GRAPH_PDL", "1");  // the runner probes its plans
+  ASSERT_TRUE(GraphPdlEnabled());
+  GemmRunner runner(stream_);
+  runner.set_choice(GemmChoice::kCublasLt);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const auto& [m, n, k] : {std::tuple{64, 4096, 4096}, std::tuple{64, 640, 2048}}) {
+    for (const bool accumulate : {false, true}) {
+      const Problem problem(m, n, k, rng_);
+      DeviceBuffer<__nv_bfloat16> x_source(testing::ToBf16(problem.x));
+      DeviceBuffer<__nv_bfloat16> x(problem.x.size());
+      DeviceBuffer<__nv_bfloat16> w(testing::ToBf16(problem.w));
+      std::vector<float> base(static_cast<size_t>(m) * problem.ldo, 0.0f);
+      if (accumulate) {
+        for (float& value : base) value = normal(rng_);
+        testing::RoundToBf16(base);
+      }
+      DeviceBuffer<__nv_bfloat16> out(testing::ToBf16(base));
+      const auto gemm = [&] {
+        runner.Run(m, n, k, w.get(), problem.ldw, x.get(), problem.ldx, out.get(), problem.ldo,
+                   false, accumulate);
+      };
+      gemm();  // plans (and probes) outside capture; `out` is reset below
+      SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      SIEVE_CUDA_CHECK(cudaMemcpy(out.get(), testing::ToBf16(base).data(),
+                                  base.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+      SIEVE_CUDA_CHECK(cudaMemset(x.get(), 0, problem.x.size() * sizeof(__nv_bfloat16)));
+
+      SIEVE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      CopyBytesForProbeTest(x_source.get(), x.get(), problem.x.size() * sizeof(__nv_bfloat16),
+                            false, stream_);
+      gemm();
+      cudaGraph_t graph = nullptr;
+      SIEVE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+      size_t count = 0;
+      SIEVE_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+      std::vector<cudaGraphNode_t> nodes(count);
+      SIEVE_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
+      int marked = 0;
+      for (const cudaGraphNode_t node : nodes)
+        marked += HonorsProgrammaticEdges(KernelOfNode(node));
+      const int changed = MakeEdgesProgrammatic(graph);
+      EXPECT_LE(changed, marked);
+      cudaGraphExec_t exec = nullptr;
+      SIEVE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      SIEVE_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+      SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      EXPECT_LE(problem.Error(out.ToHost(), accumulate ? &base : nullptr), kBf16Tolerance)
+          << m << "x" << n << "x" << k << (accumulate ? " +=" : "") << ", " << changed
+          << " edges made programmatic: " << runner.last_plan();
+      std::printf("%dx%dx%d%s: %d of %zu graph nodes marked, %d edges made programmatic\n", m, n, k,
+                  accumulate ? " (+=)" : "", marked, count, changed);
+      SIEVE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      SIEVE_CUDA_CHECK(cudaGraphDestroy(graph));
     }
   }
 }

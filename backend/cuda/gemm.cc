@@ -1,12 +1,14 @@
 #include "backend/cuda/gemm.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/graph_pdl.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/small_m_gemm.h"
 
@@ -44,6 +46,9 @@ int CublasCandidates() {
   return count > 0 ? std::min(count, kMaxCublasCandidates) : kDefaultCublasCandidates;
 }
 constexpr int kTimedCalls = 3;
+// Shapes up to this many rows (a decode step's batch) are probed for programmatic edges: graphs
+// hold decode steps only.
+constexpr int64_t kMaxProbedRows = 1024;
 
 uint32_t ReductionMaskFromEnvironment() {
   const char* value = std::getenv("SIEVE_GEMM_REDUCTION");
@@ -292,12 +297,114 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
   }
   if (plan.small_m_splits > 1 && !clusters) EnsureSplitBuffers();
   if (plan.small_m_splits == 0) plan.name += Describe(plan.algo);
+  if (plan.small_m_splits == 0 && plan.has_cublas && m <= kMaxProbedRows &&
+      capture == cudaStreamCaptureStatusNone && !(accumulate && out_f32) && GraphPdlEnabled()) {
+    plan.pdl = ProbeProgrammaticEdge(plan, m, n, k, w, ldx, ldo, out_f32, accumulate);
+  }
   if (verbose_) {
-    std::fprintf(stderr, "GEMM plan %lld x %lld x %lld%s%s: %s\n", static_cast<long long>(m),
+    std::fprintf(stderr, "GEMM plan %lld x %lld x %lld%s%s: %s%s\n", static_cast<long long>(m),
                  static_cast<long long>(n), static_cast<long long>(k), out_f32 ? " (f32 out)" : "",
-                 accumulate ? " (+=)" : "", plan.name.c_str());
+                 accumulate ? " (+=)" : "", plan.name.c_str(), plan.pdl.c_str());
   }
   return plans_.emplace(key, plan).first->second;
+}
+
+std::string GemmRunner::ProbeProgrammaticEdge(const Plan& plan, int64_t m, int64_t n, int64_t k,
+                                              const __nv_bfloat16* w, int64_t ldx, int64_t ldo,
+                                              bool out_f32, bool accumulate) {
+  const size_t x_count = static_cast<size_t>(m) * ldx;
+  const size_t out_count = static_cast<size_t>(m) * ldo;
+  const size_t out_bytes = out_count * (out_f32 ? 4 : 2);
+  // Inputs x (and, when accumulating, the output's prior values) as the probe's sources, their
+  // copies that the GEMM reads, the output and the reference output.
+  __nv_bfloat16* x_source = nullptr;
+  __nv_bfloat16* x = nullptr;
+  void* out_source = nullptr;
+  void* out = nullptr;
+  SIEVE_CUDA_CHECK(cudaMalloc(&x_source, x_count * 2));
+  SIEVE_CUDA_CHECK(cudaMalloc(&x, x_count * 2));
+  SIEVE_CUDA_CHECK(cudaMalloc(&out_source, out_bytes));
+  SIEVE_CUDA_CHECK(cudaMalloc(&out, out_bytes));
+  FillRandomBf16(x_source, static_cast<int64_t>(x_count), 0x5eed + n + k, 1.0f, stream_);
+  if (accumulate) {  // bf16 out: accumulating f32 outputs are not probed
+    FillRandomBf16(static_cast<__nv_bfloat16*>(out_source), static_cast<int64_t>(out_count),
+                   0xacc + n, 1.0f, stream_);
+  }
+  const float alpha = 1.0f;
+  const float beta = accumulate ? 1.0f : 0.0f;
+  const auto matmul = [&] {
+    SIEVE_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.op, &alpha, w, plan.a, x, plan.b, &beta, out,
+                                      plan.c, out, plan.c, &plan.algo, workspace_, kWorkspaceBytes,
+                                      stream_));
+  };
+  // The reference: the same plan in plain stream order.
+  const auto reset = [&] {
+    SIEVE_CUDA_CHECK(cudaMemcpyAsync(x, x_source, x_count * 2, cudaMemcpyDeviceToDevice, stream_));
+    if (accumulate) {
+      SIEVE_CUDA_CHECK(
+          cudaMemcpyAsync(out, out_source, out_bytes, cudaMemcpyDeviceToDevice, stream_));
+    }
+  };
+  reset();
+  matmul();
+  std::vector<unsigned char> reference(out_bytes), probed(out_bytes);
+  SIEVE_CUDA_CHECK(
+      cudaMemcpyAsync(reference.data(), out, out_bytes, cudaMemcpyDeviceToHost, stream_));
+  std::vector<ProbeInput> inputs = {{x_source, x, x_count * 2}};
+  if (accumulate) inputs.push_back({out_source, out, out_bytes});
+  std::vector<std::string> names;
+  const std::vector<const void*> kernels =
+      sieve::cuda::ProbeProgrammaticEdge(matmul, inputs, stream_, &names);
+  SIEVE_CUDA_CHECK(cudaMemcpyAsync(probed.data(), out, out_bytes, cudaMemcpyDeviceToHost, stream_));
+  SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  SIEVE_CUDA_CHECK(cudaFree(x_source));
+  SIEVE_CUDA_CHECK(cudaFree(x));
+  SIEVE_CUDA_CHECK(cudaFree(out_source));
+  SIEVE_CUDA_CHECK(cudaFree(out));
+  if (kernels.empty()) return "; programmatic edges: none (no kernel right after its input)";
+
+  // Agree within a few bf16 roundings of each value (split-k sums may be ordered differently);
+  // a stale read is off by the size of the values themselves.
+  const auto value = [&](const std::vector<unsigned char>& bytes, size_t i) {
+    if (out_f32) {
+      float f = 0;
+      std::memcpy(&f, bytes.data() + 4 * i, 4);
+      return f;
+    }
+    uint16_t h = 0;
+    std::memcpy(&h, bytes.data() + 2 * i, 2);
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float f = 0;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  };
+  double sum_squares = 0;
+  for (int64_t row = 0; row < m; ++row) {
+    for (int64_t col = 0; col < n; ++col) {
+      const double r = value(reference, row * ldo + col);
+      sum_squares += r * r;
+    }
+  }
+  const double rms = std::sqrt(sum_squares / static_cast<double>(m * n));
+  bool agree = true;
+  for (int64_t row = 0; row < m && agree; ++row) {
+    for (int64_t col = 0; col < n; ++col) {
+      const double r = value(reference, row * ldo + col);
+      const double p = value(probed, row * ldo + col);
+      if (!(std::fabs(p - r) <= 0.02 * std::fabs(r) + 0.02 * rms)) {
+        agree = false;
+        break;
+      }
+    }
+  }
+  std::string found =
+      agree ? "; programmatic edges honoured by" : "; programmatic edges NOT honoured by";
+  for (const std::string& name : names) {
+    found.push_back(' ');
+    found.append(name, 0, 60);
+  }
+  if (agree) MarkHonorsProgrammaticEdges(kernels);
+  return found;
 }
 
 void GemmRunner::Run(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldw,

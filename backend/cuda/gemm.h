@@ -59,6 +59,7 @@ class GemmRunner {
     cublasLtMatrixLayout_t c = nullptr;
     cublasLtMatmulAlgo_t algo{};
     std::string name;
+    std::string pdl;  // what the programmatic-edge probe found (cuBLASLt plans), for logs
   };
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, bool>;
 
@@ -70,6 +71,12 @@ class GemmRunner {
   template <typename Launch>
   float TimeCold(Launch&& launch);
   void EnsureSplitBuffers();
+  // Whether the plan's cuBLASLt kernels honour a programmatic edge into them (graph_pdl.h): runs
+  // the plan once behind the probe's upstream, on inputs of the same layout, against a plain run
+  // of it, and marks the kernels if the outputs agree. Returns what it found, for logs.
+  std::string ProbeProgrammaticEdge(const Plan& plan, int64_t m, int64_t n, int64_t k,
+                                    const __nv_bfloat16* w, int64_t ldx, int64_t ldo, bool out_f32,
+                                    bool accumulate);
 
   cudaStream_t stream_;
   GemmChoice choice_;
