@@ -120,6 +120,19 @@ def render(record):
     if steps and not (kernels and kernels.get("decode_step_sparse")):
         out += ["### Decode step, Llama-3-8B shape, batch 64 x 4096 (`sieve bench kernels`)", "",
                 "```", *steps, "```", ""]
+    steps = [line for line in summary.splitlines()
+             if re.match(r"(dense|1/10 kept|round \d) ", line)]
+    if steps and not (kernels and kernels.get("decode_step_sparse")):
+        out += ["### Decode step rows of the run", "", "```", *steps, "```", ""]
+    probes = [line for line in summary.splitlines() if line.startswith("GEMM plan")]
+    if probes:
+        out += ["### GEMM plans and the programmatic-edge probe (backend/cuda/graph_pdl.h)", "",
+                "```", *probes, "```", ""]
+    timeline = [line for line in summary.splitlines()
+                if re.match(r"timeline (step|kernel|gap|:)", line)]
+    if timeline:
+        out += ["### Sparse step kernel timeline (`gpu_check.sh timeline`)", "", "```", *timeline,
+                "```", ""]
     block = re.search(r"(KV-sparsity pass.*?)(?:\n\n|\Z)", summary, re.S)
     if block:
         out += ["### Score + select + compact (one layer, against the prefill it follows)", "",
