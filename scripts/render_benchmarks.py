@@ -121,7 +121,7 @@ def render(record):
         out += ["### Decode step, Llama-3-8B shape, batch 64 x 4096 (`sieve bench kernels`)", "",
                 "```", *steps, "```", ""]
     steps = [line for line in summary.splitlines()
-             if re.match(r"(dense|1/10 kept|round \d) ", line)]
+             if re.match(r"(dense|1/10 kept|round) ", line)]
     if steps and not (kernels and kernels.get("decode_step_sparse")):
         out += ["### Decode step rows of the run", "", "```", *steps, "```", ""]
     probes = [line for line in summary.splitlines() if line.startswith("GEMM plan")]

@@ -50,6 +50,7 @@ struct KernelsFlags {
   bool no_graph = false;
   bool profile_step = false;
   bool no_step_variants = false;
+  bool pages_by_layer = false;
 };
 
 #ifdef SIEVE_HAVE_CUDA
@@ -169,6 +170,9 @@ int Run(const KernelsFlags& flags) {
         " of 5 steps, %s; host = one step's launch + run + synchronise, median of 100)\n",
         dir.c_str(), flags.batch, flags.context, flags.no_graph ? "no graph" : "CUDA graph",
         flags.no_graph ? "host time" : "device time by CUDA events");
+    if (flags.pages_by_layer) {
+      std::printf("pages: each layer's in a range of the pool of their own (--pages-by-layer)\n");
+    }
     // The defaults first, then variants for comparison, each on a backend of its own: the
     // choices are read from the environment when a backend starts (GEMMs, fused RoPE), when the
     // model is made (folded norms) or per call (decode attention CTA shape). A choice set in the
@@ -254,6 +258,7 @@ int Run(const KernelsFlags& flags) {
         options.use_graph = !flags.no_graph;
         // The engine's default max_model_len: the model's, capped at 8192 (runtime/engine.h).
         options.length_bounds = variant.length_bounds;
+        options.pages_by_layer = flags.pages_by_layer;
         if (config->max_position_embeddings > 0) {
           options.max_model_len = std::min(config->max_position_embeddings, 8192);
         }
@@ -336,6 +341,9 @@ CommandRunner AddBenchKernelsCommand(CLI::App& app) {
                "`ncu --profile-from-start off` or tools/kernel_timeline");
   app.add_flag("--no-step-variants", flags->no_step_variants,
                "Time the decode step's defaults only, not its variants for comparison");
+  app.add_flag("--pages-by-layer", flags->pages_by_layer,
+               "Decode step: every row with each layer's KV pages in a range of the pool of "
+               "their own (default: shuffled over the whole pool)");
   return [flags]() { return Run(*flags); };
 }
 

@@ -223,7 +223,14 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
   // Pages scattered over the pool, as a long-running server's would be.
   std::vector<int32_t> pages(num_pages);
   std::iota(pages.begin(), pages.end(), 0);
-  std::shuffle(pages.begin(), pages.end(), rng);
+  if (options.pages_by_layer) {
+    const int64_t per_layer = static_cast<int64_t>(batch) * pages_per_seq;
+    for (int layer = 0; layer < layers; ++layer) {
+      std::shuffle(pages.begin() + layer * per_layer, pages.begin() + (layer + 1) * per_layer, rng);
+    }
+  } else {
+    std::shuffle(pages.begin(), pages.end(), rng);
+  }
   pool.page_table = ints(pages, {layers, batch, pages_per_seq});
   pool.kv_lens =
       ints(std::vector<int32_t>(static_cast<size_t>(layers) * batch, length), {layers, batch});

@@ -27,6 +27,10 @@ struct DecodeStepBenchOptions {
   bool use_graph = true;
   StepLengthBounds length_bounds = StepLengthBounds::kTrue;
   int max_model_len = 8192;  // for the bounds other than kTrue
+  // Where the pages sit: false, shuffled over the whole pool (every layer's pages spread over all
+  // of it, as a long-running server's free list hands them out); true, each layer's pages in a
+  // range of the pool of their own, shuffled within it.
+  bool pages_by_layer = false;
   // Extra steps between cudaProfilerStart and Stop, back to back (CUDA only; 0: none).
   int profiled_steps = 0;
   // After the timing, one more step (its own graph) with the decode attention CTAs' phases
