@@ -8,10 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
 #include <numeric>
-#include <optional>
 #include <random>
 #include <string>
 
@@ -28,27 +26,6 @@ namespace {
 // Max |logit difference| allowed against transformers. Logits are O(1..10); fp32 with different
 // summation orders lands around 1e-6..1e-5.
 constexpr double kLogitTolerance = 2e-4;
-
-// Sets SIEVE_FOLD_NORMS (read when a model is loaded or made) for its lifetime, then restores it.
-class ScopedFoldNorms {
- public:
-  explicit ScopedFoldNorms(bool fold) {
-    if (const char* value = std::getenv("SIEVE_FOLD_NORMS")) previous_ = value;
-    setenv("SIEVE_FOLD_NORMS", fold ? "1" : "0", 1);
-  }
-  ~ScopedFoldNorms() {
-    if (previous_) {
-      setenv("SIEVE_FOLD_NORMS", previous_->c_str(), 1);
-    } else {
-      unsetenv("SIEVE_FOLD_NORMS");
-    }
-  }
-  ScopedFoldNorms(const ScopedFoldNorms&) = delete;
-  ScopedFoldNorms& operator=(const ScopedFoldNorms&) = delete;
-
- private:
-  std::optional<std::string> previous_;
-};
 
 struct PrefillFixture {
   StepMeta step;
@@ -151,7 +128,7 @@ TEST_P(GoldenLogitsTest, EveryPositionMatchesTransformers) {
   const GoldenCase golden = ReadGolden(dir);
   auto backend = MakeCpuBackend();
   for (const bool fold : {true, false}) {
-    const ScopedFoldNorms scoped(fold);
+    const testing::ScopedEnvironment fold_norms("SIEVE_FOLD_NORMS", fold ? "1" : "0");
     const std::vector<float> logits = ForwardAllRows(*backend, dir, golden.ids);
     const double max_error =
         testing::MaxAbsError(logits.data(), golden.logits.data(), logits.size());
@@ -311,7 +288,7 @@ TEST(LlamaModelTest, FoldedNormsMatchUnfolded) {
   for (const bool fold : {false, true}) {
     std::unique_ptr<LlamaModel> model;
     {
-      const ScopedFoldNorms scoped(fold);
+      const testing::ScopedEnvironment fold_norms("SIEVE_FOLD_NORMS", fold ? "1" : "0");
       model = LlamaModel::Random(config, *backend, seed, 64, 0.08f);
     }
     ASSERT_EQ(model->folded_norms(), fold);

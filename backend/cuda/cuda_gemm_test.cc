@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <random>
 #include <string>
 #include <tuple>
@@ -279,31 +278,6 @@ TEST_F(CudaGemmTest, RunnerMatchesHostProductForEveryChoice) {
   }
 }
 
-// Sets an environment variable for a scope, restoring what was there.
-class ScopedEnvironment {
- public:
-  ScopedEnvironment(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnvironment() {
-    if (had_) {
-      setenv(name_, old_.c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  ScopedEnvironment(const ScopedEnvironment&) = delete;
-  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
-
 // graph_pdl.h's probe on kernels whose behaviour is known: a copy that reads before it waits
 // must come out stale (else the probe would pass anything), one that waits must come out right.
 TEST_F(CudaGemmTest, ProgrammaticEdgeProbeTellsAKernelThatWaitsFromOneThatDoesNot) {
@@ -335,7 +309,7 @@ TEST_F(CudaGemmTest, ProgrammaticEdgeProbeTellsAKernelThatWaitsFromOneThatDoesNo
 // before it wrote, plain or accumulating.
 TEST_F(CudaGemmTest, CapturedGemmBehindProgrammaticEdgeMatchesHostProduct) {
   if (!PdlActive()) GTEST_SKIP() << "programmatic edges need sm_90+ (and SIEVE_PDL not 0)";
-  ScopedEnvironment graph_pdl("SIEVE_GRAPH_PDL", "1");  // the runner probes its plans
+  const sieve::testing::ScopedEnvironment graph_pdl("SIEVE_GRAPH_PDL", "1");  // the runner probes
   ASSERT_TRUE(GraphPdlEnabled());
   GemmRunner runner(stream_);
   runner.set_choice(GemmChoice::kCublasLt);

@@ -11,6 +11,7 @@
 #include "backend/cuda/graph_pdl.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/small_m_gemm.h"
+#include "core/dtype.h"
 
 #define SIEVE_CUBLAS_CHECK(call)                                                       \
   do {                                                                                 \
@@ -312,23 +313,27 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
 std::string GemmRunner::ProbeProgrammaticEdge(const Plan& plan, int64_t m, int64_t n, int64_t k,
                                               const __nv_bfloat16* w, int64_t ldx, int64_t ldo,
                                               bool out_f32, bool accumulate) {
-  const size_t x_count = static_cast<size_t>(m) * ldx;
+  const size_t x_bytes = static_cast<size_t>(m) * ldx * 2;
   const size_t out_count = static_cast<size_t>(m) * ldo;
-  const size_t out_bytes = out_count * (out_f32 ? 4 : 2);
-  // Inputs x (and, when accumulating, the output's prior values) as the probe's sources, their
-  // copies that the GEMM reads, the output and the reference output.
-  __nv_bfloat16* x_source = nullptr;
-  __nv_bfloat16* x = nullptr;
+  const DType out_type = out_f32 ? DType::kF32 : DType::kBF16;
+  const size_t out_bytes = out_count * DTypeSize(out_type);
+  // The probe's sources (x and, when accumulating, the output's prior values: bf16, since
+  // accumulating f32 outputs are not probed) and the copies of them that the GEMM reads.
+  void* x_source = nullptr;
   void* out_source = nullptr;
+  __nv_bfloat16* x = nullptr;
   void* out = nullptr;
-  SIEVE_CUDA_CHECK(cudaMalloc(&x_source, x_count * 2));
-  SIEVE_CUDA_CHECK(cudaMalloc(&x, x_count * 2));
-  SIEVE_CUDA_CHECK(cudaMalloc(&out_source, out_bytes));
+  SIEVE_CUDA_CHECK(cudaMalloc(&x_source, x_bytes));
+  SIEVE_CUDA_CHECK(cudaMalloc(&x, x_bytes));
   SIEVE_CUDA_CHECK(cudaMalloc(&out, out_bytes));
-  FillRandomBf16(x_source, static_cast<int64_t>(x_count), 0x5eed + n + k, 1.0f, stream_);
-  if (accumulate) {  // bf16 out: accumulating f32 outputs are not probed
-    FillRandomBf16(static_cast<__nv_bfloat16*>(out_source), static_cast<int64_t>(out_count),
-                   0xacc + n, 1.0f, stream_);
+  FillRandomBf16(static_cast<bf16*>(x_source), static_cast<int64_t>(x_bytes / 2), 0x5eed + n + k,
+                 1.0f, stream_);
+  std::vector<ProbeInput> inputs = {{x_source, x, x_bytes}};
+  if (accumulate) {
+    SIEVE_CUDA_CHECK(cudaMalloc(&out_source, out_bytes));
+    FillRandomBf16(static_cast<bf16*>(out_source), static_cast<int64_t>(out_count), 0xacc + n, 1.0f,
+                   stream_);
+    inputs.push_back({out_source, out, out_bytes});
   }
   const float alpha = 1.0f;
   const float beta = accumulate ? 1.0f : 0.0f;
@@ -337,64 +342,45 @@ std::string GemmRunner::ProbeProgrammaticEdge(const Plan& plan, int64_t m, int64
                                       plan.c, out, plan.c, &plan.algo, workspace_, kWorkspaceBytes,
                                       stream_));
   };
-  // The reference: the same plan in plain stream order.
-  const auto reset = [&] {
-    SIEVE_CUDA_CHECK(cudaMemcpyAsync(x, x_source, x_count * 2, cudaMemcpyDeviceToDevice, stream_));
-    if (accumulate) {
-      SIEVE_CUDA_CHECK(
-          cudaMemcpyAsync(out, out_source, out_bytes, cudaMemcpyDeviceToDevice, stream_));
-    }
+  const auto download = [&] {
+    std::vector<unsigned char> bytes(out_bytes);
+    SIEVE_CUDA_CHECK(cudaMemcpy(bytes.data(), out, out_bytes, cudaMemcpyDeviceToHost));
+    std::vector<float> values(out_count);
+    ConvertToFloat(bytes.data(), out_type, out_count, values.data());
+    return values;
   };
-  reset();
+  // The reference: the same plan in plain stream order, on the same inputs.
+  for (const ProbeInput& input : inputs) {
+    SIEVE_CUDA_CHECK(cudaMemcpyAsync(input.target, input.source, input.bytes,
+                                     cudaMemcpyDeviceToDevice, stream_));
+  }
   matmul();
-  std::vector<unsigned char> reference(out_bytes), probed(out_bytes);
-  SIEVE_CUDA_CHECK(
-      cudaMemcpyAsync(reference.data(), out, out_bytes, cudaMemcpyDeviceToHost, stream_));
-  std::vector<ProbeInput> inputs = {{x_source, x, x_count * 2}};
-  if (accumulate) inputs.push_back({out_source, out, out_bytes});
+  SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const std::vector<float> reference = download();
   std::vector<std::string> names;
   const std::vector<const void*> kernels =
       sieve::cuda::ProbeProgrammaticEdge(matmul, inputs, stream_, &names);
-  SIEVE_CUDA_CHECK(cudaMemcpyAsync(probed.data(), out, out_bytes, cudaMemcpyDeviceToHost, stream_));
-  SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  SIEVE_CUDA_CHECK(cudaFree(x_source));
-  SIEVE_CUDA_CHECK(cudaFree(x));
-  SIEVE_CUDA_CHECK(cudaFree(out_source));
-  SIEVE_CUDA_CHECK(cudaFree(out));
+  const std::vector<float> probed = download();
+  for (void* buffer : {x_source, out_source, static_cast<void*>(x), out}) {
+    if (buffer != nullptr) SIEVE_CUDA_CHECK(cudaFree(buffer));
+  }
   if (kernels.empty()) return "; programmatic edges: none (no kernel right after its input)";
 
   // Agree within a few bf16 roundings of each value (split-k sums may be ordered differently);
   // a stale read is off by the size of the values themselves.
-  const auto value = [&](const std::vector<unsigned char>& bytes, size_t i) {
-    if (out_f32) {
-      float f = 0;
-      std::memcpy(&f, bytes.data() + 4 * i, 4);
-      return f;
-    }
-    uint16_t h = 0;
-    std::memcpy(&h, bytes.data() + 2 * i, 2);
-    const uint32_t bits = static_cast<uint32_t>(h) << 16;
-    float f = 0;
-    std::memcpy(&f, &bits, 4);
-    return f;
-  };
   double sum_squares = 0;
   for (int64_t row = 0; row < m; ++row) {
     for (int64_t col = 0; col < n; ++col) {
-      const double r = value(reference, row * ldo + col);
+      const double r = reference[row * ldo + col];
       sum_squares += r * r;
     }
   }
   const double rms = std::sqrt(sum_squares / static_cast<double>(m * n));
   bool agree = true;
   for (int64_t row = 0; row < m && agree; ++row) {
-    for (int64_t col = 0; col < n; ++col) {
-      const double r = value(reference, row * ldo + col);
-      const double p = value(probed, row * ldo + col);
-      if (!(std::fabs(p - r) <= 0.02 * std::fabs(r) + 0.02 * rms)) {
-        agree = false;
-        break;
-      }
+    for (int64_t col = 0; col < n && agree; ++col) {
+      const double r = reference[row * ldo + col];
+      agree = std::fabs(probed[row * ldo + col] - r) <= 0.02 * std::fabs(r) + 0.02 * rms;
     }
   }
   std::string found =

@@ -86,20 +86,7 @@ std::set<const void*>& Marked() {
   return kernels;
 }
 
-}  // namespace
-
-bool GraphPdlEnabled() {
-  const char* value = std::getenv("SIEVE_GRAPH_PDL");
-  return value != nullptr && std::strcmp(value, "1") == 0 && PdlActive();
-}
-
-const void* KernelOfNode(cudaGraphNode_t node) {
-  CUDA_KERNEL_NODE_PARAMS params;
-  if (!KernelNodeParams(node, params)) return nullptr;
-  return params.func != nullptr ? static_cast<const void*>(params.func)
-                                : static_cast<const void*>(params.kern);
-}
-
+// The kernel's name where the driver knows it (for logs), else "?".
 std::string KernelNodeName(cudaGraphNode_t node) {
   CUDA_KERNEL_NODE_PARAMS params;
   if (!KernelNodeParams(node, params)) return "?";
@@ -112,6 +99,43 @@ std::string KernelNodeName(cudaGraphNode_t node) {
     if (get == nullptr || get(&name, params.kern) != CUDA_SUCCESS) name = nullptr;
   }
   return name != nullptr ? name : "?";
+}
+
+// Replaces every plain edge of `graph` for which convert(from, to) holds by a programmatic one
+// (the upstream's trigger port). Returns the downstream nodes of the edges it changed.
+std::vector<cudaGraphNode_t> MakeEdgesProgrammaticWhere(
+    cudaGraph_t graph, const std::function<bool(cudaGraphNode_t, cudaGraphNode_t)>& convert) {
+  size_t edge_count = 0;
+  SIEVE_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edge_count));
+  std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
+  std::vector<cudaGraphEdgeData> data(edge_count);
+  SIEVE_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &edge_count));
+  std::vector<cudaGraphNode_t> changed;
+  for (size_t e = 0; e < edge_count; ++e) {
+    if (data[e].type != cudaGraphDependencyTypeDefault || data[e].from_port != 0) continue;
+    if (!convert(from[e], to[e])) continue;
+    SIEVE_CUDA_CHECK(cudaGraphRemoveDependencies(graph, &from[e], &to[e], &data[e], 1));
+    cudaGraphEdgeData programmatic = {};
+    programmatic.from_port = cudaGraphKernelNodePortProgrammatic;
+    programmatic.type = cudaGraphDependencyTypeProgrammatic;
+    SIEVE_CUDA_CHECK(cudaGraphAddDependencies(graph, &from[e], &to[e], &programmatic, 1));
+    changed.push_back(to[e]);
+  }
+  return changed;
+}
+
+}  // namespace
+
+bool GraphPdlEnabled() {
+  const char* value = std::getenv("SIEVE_GRAPH_PDL");
+  return value != nullptr && std::strcmp(value, "1") == 0 && PdlActive();
+}
+
+const void* KernelOfNode(cudaGraphNode_t node) {
+  CUDA_KERNEL_NODE_PARAMS params;
+  if (!KernelNodeParams(node, params)) return nullptr;
+  return params.func != nullptr ? static_cast<const void*>(params.func)
+                                : static_cast<const void*>(params.kern);
 }
 
 std::vector<const void*> ProbeProgrammaticEdge(const std::function<void()>& launch,
@@ -138,22 +162,12 @@ std::vector<const void*> ProbeProgrammaticEdge(const std::function<void()>& laun
   size_t root_count = 1;
   cudaGraphNode_t upstream = nullptr;
   SIEVE_CUDA_CHECK(cudaGraphGetRootNodes(graph, &upstream, &root_count));
-  size_t edge_count = 0;
-  SIEVE_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edge_count));
-  std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
-  std::vector<cudaGraphEdgeData> data(edge_count);
-  SIEVE_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &edge_count));
-  for (size_t e = 0; e < edge_count; ++e) {
-    if (from[e] != upstream) continue;
-    const void* kernel = KernelOfNode(to[e]);
-    if (kernel == nullptr) continue;
-    SIEVE_CUDA_CHECK(cudaGraphRemoveDependencies(graph, &from[e], &to[e], &data[e], 1));
-    cudaGraphEdgeData programmatic = {};
-    programmatic.from_port = cudaGraphKernelNodePortProgrammatic;
-    programmatic.type = cudaGraphDependencyTypeProgrammatic;
-    SIEVE_CUDA_CHECK(cudaGraphAddDependencies(graph, &from[e], &to[e], &programmatic, 1));
-    kernels.push_back(kernel);
-    if (names != nullptr) names->push_back(KernelNodeName(to[e]));
+  for (const cudaGraphNode_t node :
+       MakeEdgesProgrammaticWhere(graph, [&](cudaGraphNode_t from, cudaGraphNode_t to) {
+         return from == upstream && KernelOfNode(to) != nullptr;
+       })) {
+    kernels.push_back(KernelOfNode(node));
+    if (names != nullptr) names->push_back(KernelNodeName(node));
   }
   cudaGraphExec_t exec = nullptr;
   SIEVE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -178,25 +192,10 @@ bool HonorsProgrammaticEdges(const void* kernel) {
 }
 
 int MakeEdgesProgrammatic(cudaGraph_t graph) {
-  size_t edge_count = 0;
-  SIEVE_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edge_count));
-  std::vector<cudaGraphNode_t> from(edge_count), to(edge_count);
-  std::vector<cudaGraphEdgeData> data(edge_count);
-  SIEVE_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &edge_count));
-  int changed = 0;
-  for (size_t e = 0; e < edge_count; ++e) {
-    if (data[e].type != cudaGraphDependencyTypeDefault || data[e].from_port != 0) continue;
-    if (!HonorsProgrammaticEdges(KernelOfNode(to[e])) || KernelOfNode(from[e]) == nullptr) {
-      continue;
-    }
-    SIEVE_CUDA_CHECK(cudaGraphRemoveDependencies(graph, &from[e], &to[e], &data[e], 1));
-    cudaGraphEdgeData programmatic = {};
-    programmatic.from_port = cudaGraphKernelNodePortProgrammatic;
-    programmatic.type = cudaGraphDependencyTypeProgrammatic;
-    SIEVE_CUDA_CHECK(cudaGraphAddDependencies(graph, &from[e], &to[e], &programmatic, 1));
-    ++changed;
-  }
-  return changed;
+  return static_cast<int>(
+      MakeEdgesProgrammaticWhere(graph, [](cudaGraphNode_t from, cudaGraphNode_t to) {
+        return KernelOfNode(from) != nullptr && HonorsProgrammaticEdges(KernelOfNode(to));
+      }).size());
 }
 
 namespace {

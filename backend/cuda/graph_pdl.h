@@ -42,8 +42,6 @@ struct ProbeInput {
 // The kernel handle of a graph's kernel node (its CUfunction, or CUkernel when it has none), as
 // MarkHonorsProgrammaticEdges keys it; nullptr when the node is not a kernel.
 const void* KernelOfNode(cudaGraphNode_t node);
-// The kernel's name where the driver knows it (for logs), else "?".
-std::string KernelNodeName(cudaGraphNode_t node);
 
 // Captures, on `stream` (which must not be capturing), the probe's upstream kernel followed by
 // `launch()`, makes the edges from the upstream into the kernels right after it programmatic, and
