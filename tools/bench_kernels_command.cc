@@ -51,6 +51,7 @@ struct KernelsFlags {
   bool profile_step = false;
   bool no_step_variants = false;
   bool pages_by_layer = false;
+  bool pages_in_order = false;
 };
 
 #ifdef SIEVE_HAVE_CUDA
@@ -173,6 +174,9 @@ int Run(const KernelsFlags& flags) {
     if (flags.pages_by_layer) {
       std::printf("pages: each layer's in a range of the pool of their own (--pages-by-layer)\n");
     }
+    if (flags.pages_in_order) {
+      std::printf("pages: in order, each sequence's adjacent (--pages-in-order)\n");
+    }
     // The defaults first, then variants for comparison, each on a backend of its own: the
     // choices are read from the environment when a backend starts (GEMMs, fused RoPE), when the
     // model is made (folded norms) or per call (decode attention CTA shape). A choice set in the
@@ -259,6 +263,7 @@ int Run(const KernelsFlags& flags) {
         // The engine's default max_model_len: the model's, capped at 8192 (runtime/engine.h).
         options.length_bounds = variant.length_bounds;
         options.pages_by_layer = flags.pages_by_layer;
+        options.pages_in_order = flags.pages_in_order;
         if (config->max_position_embeddings > 0) {
           options.max_model_len = std::min(config->max_position_embeddings, 8192);
         }
@@ -344,6 +349,10 @@ CommandRunner AddBenchKernelsCommand(CLI::App& app) {
   app.add_flag("--pages-by-layer", flags->pages_by_layer,
                "Decode step: every row with each layer's KV pages in a range of the pool of "
                "their own (default: shuffled over the whole pool)");
+  app.add_flag("--pages-in-order", flags->pages_in_order,
+               "Decode step: every row with the KV pages in order, each sequence's adjacent (as "
+               "a fresh server hands them out; default: shuffled over the whole pool)")
+      ->excludes("--pages-by-layer");
   return [flags]() { return Run(*flags); };
 }
 

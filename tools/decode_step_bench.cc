@@ -223,7 +223,9 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
   // Pages scattered over the pool, as a long-running server's would be.
   std::vector<int32_t> pages(num_pages);
   std::iota(pages.begin(), pages.end(), 0);
-  if (options.pages_by_layer) {
+  if (options.pages_in_order) {
+    // pages[layer][seq][i] = its own index: no shuffle.
+  } else if (options.pages_by_layer) {
     const int64_t per_layer = static_cast<int64_t>(batch) * pages_per_seq;
     for (int layer = 0; layer < layers; ++layer) {
       std::shuffle(pages.begin() + layer * per_layer, pages.begin() + (layer + 1) * per_layer, rng);

@@ -31,6 +31,9 @@ struct DecodeStepBenchOptions {
   // of it, as a long-running server's free list hands them out); true, each layer's pages in a
   // range of the pool of their own, shuffled within it.
   bool pages_by_layer = false;
+  // Instead, every page in order: each sequence's pages of a layer adjacent, layer after layer (as
+  // a fresh server's free list hands them out). Tells what the shuffle costs.
+  bool pages_in_order = false;
   // Extra steps between cudaProfilerStart and Stop, back to back (CUDA only; 0: none).
   int profiled_steps = 0;
   // After the timing, one more step (its own graph) with the decode attention CTAs' phases
