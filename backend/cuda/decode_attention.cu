@@ -169,9 +169,13 @@ __device__ __forceinline__ void SplitRange(int length, int split, int num_splits
   end = min(length, begin + per_split);
 }
 
+// entry / page_size for a page size that is not a power of two, out of line: inlined at every
+// call site it was a large share of the kernel's code.
+__device__ __noinline__ int DividePages(int entry, int page_size) { return entry / page_size; }
+
 // The page (index into the sequence's page list) holding `entry`.
 __device__ __forceinline__ int PageOf(const DecodeParams& params, int entry) {
-  return params.page_shift >= 0 ? entry >> params.page_shift : entry / params.page_size;
+  return params.page_shift >= 0 ? entry >> params.page_shift : DividePages(entry, params.page_size);
 }
 
 // Index of `entry`, held by the sequence's page `page` whose id is `page_id`, in the pool's
@@ -353,10 +357,33 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   const bf16* v_head = params.v_pool + static_cast<int64_t>(kv_head) * kHeadDim;
   // Entries past `end` are zero-filled and masked, never read: their page-table slots may hold
   // anything.
+  // The common case, page ids in shared memory and a power-of-two page size, in few instructions
+  // a copy: this function is inlined five times, and the kernel's code is fetched again in every
+  // step (README_attention.md, session 8). Anything else takes the general loop, not unrolled.
+  const bool fast_pages = cached && params.page_shift >= 0;
   const auto load_kv = [&](int tile) {
     const int first = begin + tile * kTile;
     const int stage = tile % kStages;
+    if (fast_pages) {
+      const int shift = params.page_shift;
+      const int mask = (1 << shift) - 1;
 #pragma unroll
+      for (int step = 0; step < kTile * kChunks / kThreads; ++step) {
+        const int index = tid + step * kThreads;
+        const int row = index / kChunks;
+        const int piece = index % kChunks;
+        const int entry = first + row;
+        const bool valid = entry < end;
+        const int32_t id = valid ? cached_pages[(entry >> shift) - first_page] : 0;
+        const int64_t offset =
+            ((static_cast<int64_t>(id) << shift) + (entry & mask)) * entry_stride;
+        const uint32_t dst = flash::TileOffset<kHeadDim>(row, piece);
+        flash::CpAsync16(smem_k + stage * kKvBytes + dst, k_head + offset + piece * 8, valid);
+        flash::CpAsync16(smem_v + stage * kKvBytes + dst, v_head + offset + piece * 8, valid);
+      }
+      return;
+    }
+#pragma unroll 1
     for (int step = 0; step < kTile * kChunks / kThreads; ++step) {
       const int index = tid + step * kThreads;
       const int row = index / kChunks;
