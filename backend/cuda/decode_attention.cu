@@ -226,7 +226,7 @@ __device__ __forceinline__ void WriteNewEntry(const DecodeParams& params, int64_
 
 // This CTA's trace row (decode_attention.h), for thread 0 only; null without a trace buffer.
 __device__ __forceinline__ uint64_t* TraceRow(const DecodeParams& params) {
-  if (params.trace == nullptr || threadIdx.x != 0) return nullptr;
+  if (__builtin_expect(params.trace == nullptr || threadIdx.x != 0, 1)) return nullptr;
   const int64_t cta = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
   return cta < params.trace_ctas ? params.trace + cta * kDecodeTraceSlots : nullptr;
 }
@@ -234,7 +234,7 @@ __device__ __forceinline__ uint64_t* TraceRow(const DecodeParams& params) {
 // %globaltimer into `slot` of the CTA's trace row; at entry also the SM id.
 __device__ __forceinline__ void TraceStamp(const DecodeParams& params, int slot) {
   uint64_t* row = TraceRow(params);
-  if (row == nullptr) return;
+  if (__builtin_expect(row == nullptr, 1)) return;
   uint64_t now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
   row[slot] = now;
@@ -249,7 +249,7 @@ __device__ __forceinline__ void TraceStamp(const DecodeParams& params, int slot)
 // stays live across the loop when tracing is off.
 __device__ __forceinline__ void TraceLoopCycles(const DecodeParams& params, bool end) {
   uint64_t* row = TraceRow(params);
-  if (row == nullptr) return;
+  if (__builtin_expect(row == nullptr, 1)) return;
   const uint64_t now = static_cast<uint64_t>(clock64());
   row[kTraceLoopCycles] = end ? now - row[kTraceLoopCycles] : now;
 }
@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
     }
   }
 
-  if (begin >= end) {
+  if (__builtin_expect(begin >= end, 0)) {  // rare: kept out of the hot code's way
     PdlWait();
     PdlLaunchDependents();
     if (new_entry >= 0) {
@@ -364,7 +364,7 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   const auto load_kv = [&](int tile) {
     const int first = begin + tile * kTile;
     const int stage = tile % kStages;
-    if (fast_pages) {
+    if (__builtin_expect(fast_pages, 1)) {
       const int shift = params.page_shift;
       const int mask = (1 << shift) - 1;
 #pragma unroll
