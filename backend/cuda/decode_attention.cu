@@ -361,6 +361,21 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   // is evidently fetched from memory anew (README_attention.md, session 8: with this the key loop
   // runs in the step as fast as alone). Anything else takes the general loop, not unrolled.
   const bool fast_pages = cached && params.page_shift >= 0;
+  // Copy `step` of this thread in the tile that starts at entry `first`: its row of the tile, its
+  // 16-byte piece of the row, and the entry.
+  struct CopySlot {
+    int row, piece, entry;
+  };
+  const auto slot_of = [&](int first, int step) {
+    const int index = tid + step * kThreads;
+    return CopySlot{index / kChunks, index % kChunks, first + index / kChunks};
+  };
+  // 16 bytes of an entry's K and V (element `offset` of the pool) into row `row` of a stage.
+  const auto copy_chunk = [&](int stage, int row, int piece, int64_t offset, bool valid) {
+    const uint32_t dst = flash::TileOffset<kHeadDim>(row, piece);
+    flash::CpAsync16(smem_k + stage * kKvBytes + dst, k_head + offset + piece * 8, valid);
+    flash::CpAsync16(smem_v + stage * kKvBytes + dst, v_head + offset + piece * 8, valid);
+  };
   const auto load_kv = [&](int tile) {
     const int first = begin + tile * kTile;
     const int stage = tile % kStages;
@@ -369,36 +384,26 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
       const int mask = (1 << shift) - 1;
 #pragma unroll
       for (int step = 0; step < kTile * kChunks / kThreads; ++step) {
-        const int index = tid + step * kThreads;
-        const int row = index / kChunks;
-        const int piece = index % kChunks;
-        const int entry = first + row;
-        const bool valid = entry < end;
-        const int32_t id = valid ? cached_pages[(entry >> shift) - first_page] : 0;
+        const CopySlot c = slot_of(first, step);
+        const bool valid = c.entry < end;
+        const int32_t id = valid ? cached_pages[(c.entry >> shift) - first_page] : 0;
         const int64_t offset =
-            ((static_cast<int64_t>(id) << shift) + (entry & mask)) * entry_stride;
-        const uint32_t dst = flash::TileOffset<kHeadDim>(row, piece);
-        flash::CpAsync16(smem_k + stage * kKvBytes + dst, k_head + offset + piece * 8, valid);
-        flash::CpAsync16(smem_v + stage * kKvBytes + dst, v_head + offset + piece * 8, valid);
+            ((static_cast<int64_t>(id) << shift) + (c.entry & mask)) * entry_stride;
+        copy_chunk(stage, c.row, c.piece, offset, valid);
       }
       return;
     }
 #pragma unroll 1
     for (int step = 0; step < kTile * kChunks / kThreads; ++step) {
-      const int index = tid + step * kThreads;
-      const int row = index / kChunks;
-      const int piece = index % kChunks;
-      const int entry = first + row;
-      const bool valid = entry < end;
+      const CopySlot c = slot_of(first, step);
+      const bool valid = c.entry < end;
       int64_t offset = 0;
       if (valid) {
-        const int page = PageOf(params, entry);
+        const int page = PageOf(params, c.entry);
         const int32_t id = cached ? cached_pages[page - first_page] : pages[page];
-        offset = EntryInPool(params, id, page, entry) * entry_stride;
+        offset = EntryInPool(params, id, page, c.entry) * entry_stride;
       }
-      const uint32_t dst = flash::TileOffset<kHeadDim>(row, piece);
-      flash::CpAsync16(smem_k + stage * kKvBytes + dst, k_head + offset + piece * 8, valid);
-      flash::CpAsync16(smem_v + stage * kKvBytes + dst, v_head + offset + piece * 8, valid);
+      copy_chunk(stage, c.row, c.piece, offset, valid);
     }
   };
   // A tile may load before PdlWait when it ends before the first entry this step writes.
