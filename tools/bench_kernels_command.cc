@@ -262,8 +262,9 @@ int Run(const KernelsFlags& flags) {
         options.use_graph = !flags.no_graph;
         // The engine's default max_model_len: the model's, capped at 8192 (runtime/engine.h).
         options.length_bounds = variant.length_bounds;
-        options.pages_by_layer = flags.pages_by_layer;
-        options.pages_in_order = flags.pages_in_order;
+        options.page_order = flags.pages_by_layer   ? PageOrder::kByLayer
+                             : flags.pages_in_order ? PageOrder::kInOrder
+                                                    : PageOrder::kShuffled;
         if (config->max_position_embeddings > 0) {
           options.max_model_len = std::min(config->max_position_embeddings, 8192);
         }

@@ -19,6 +19,15 @@ enum class StepLengthBounds {
   kEngineLayerBounds,   // max_model_len + 1, and each layer's bound as ModelRunner sets it
 };
 
+// Where the step's KV pages sit in the pool.
+enum class PageOrder {
+  kShuffled,  // shuffled over the whole pool: every layer's pages spread over all of it, as a
+              // long-running server's free list hands them out
+  kByLayer,   // each layer's pages in a range of the pool of their own, shuffled within it
+  kInOrder,   // unshuffled: each sequence's pages of a layer adjacent, layer after layer (as a
+              // fresh server hands them out); tells what the shuffle costs
+};
+
 struct DecodeStepBenchOptions {
   int batch = 64;
   int context = 4096;
@@ -27,13 +36,7 @@ struct DecodeStepBenchOptions {
   bool use_graph = true;
   StepLengthBounds length_bounds = StepLengthBounds::kTrue;
   int max_model_len = 8192;  // for the bounds other than kTrue
-  // Where the pages sit: false, shuffled over the whole pool (every layer's pages spread over all
-  // of it, as a long-running server's free list hands them out); true, each layer's pages in a
-  // range of the pool of their own, shuffled within it.
-  bool pages_by_layer = false;
-  // Instead, every page in order: each sequence's pages of a layer adjacent, layer after layer (as
-  // a fresh server's free list hands them out). Tells what the shuffle costs.
-  bool pages_in_order = false;
+  PageOrder page_order = PageOrder::kShuffled;
   // Extra steps between cudaProfilerStart and Stop, back to back (CUDA only; 0: none).
   int profiled_steps = 0;
   // After the timing, one more step (its own graph) with the decode attention CTAs' phases

@@ -24,18 +24,17 @@
 namespace sieve::cuda {
 
 // `kAttribute` of the current device, read once per device (launch paths ask on every call);
-// 0 for device ids past the cache.
+// device ids past the cache read it every time.
 template <cudaDeviceAttr kAttribute>
 int CurrentDeviceAttribute() {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> values[kMaxDevices] = {};
   int device = 0;
   SIEVE_CUDA_CHECK(cudaGetDevice(&device));
-  if (device >= kMaxDevices) return 0;
-  int value = values[device].load();
+  int value = device < kMaxDevices ? values[device].load() : 0;
   if (value == 0) {
     SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&value, kAttribute, device));
-    values[device].store(value);
+    if (device < kMaxDevices) values[device].store(value);
   }
   return value;
 }
