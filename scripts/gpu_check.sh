@@ -9,9 +9,9 @@
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
-# for the tree in .ab/ (made by `scripts/prepare_ab.sh REV`, carried), alternately, three times
-# each: a change's effect measured in one run on one machine. `build` also builds .ab/'s `sieve`
-# when it exists.
+# for the tree in .ab/ (made by `scripts/prepare_ab.sh REV`, carried), alternately, AB_ROUNDS
+# times each (default 3): a change's effect measured in one run on one machine. `build` also
+# builds .ab/'s `sieve` when it exists.
 # Needs the carried .deb/ (PCRE2 headers, absent on the GPU machine) and, for `serve`, the Llama 3
 # tokenizer in .fixtures/tokenizers/llama3/tokenizer.model.
 set -uo pipefail
@@ -131,7 +131,7 @@ fi
 
 if has ab; then
   if [ -n "${ab_build:-}" ] && wait "$ab_build" && [ -x .ab/build/gpu/sieve ]; then
-    for round in 1 2 3; do
+    for round in $(seq 1 "${AB_ROUNDS:-3}"); do
       step_bench ./build/gpu/sieve "this_$round" --no-step-variants
       step_bench .ab/build/gpu/sieve "ab_$round" --no-step-variants
     done

@@ -361,12 +361,12 @@ void FillRandomBf16(bf16* out, int64_t count, uint64_t seed, float stddev, cudaS
   SIEVE_CUDA_CHECK_LAUNCH();
 }
 
-void ReadThrough(const void* buffer, size_t bytes, cudaStream_t stream) {
+void ReadThrough(const void* buffer, size_t bytes, cudaStream_t stream, uint32_t* sink) {
   const int64_t count = static_cast<int64_t>(bytes / sizeof(uint4));
   if (count == 0) return;
   auto* data = static_cast<const uint4*>(buffer);
   ReadThroughKernel<<<GridFor(count), kThreads, 0, stream>>>(
-      data, count, static_cast<uint32_t*>(const_cast<void*>(buffer)));
+      data, count, sink != nullptr ? sink : static_cast<uint32_t*>(const_cast<void*>(buffer)));
   SIEVE_CUDA_CHECK_LAUNCH();
 }
 

@@ -17,9 +17,12 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 namespace sieve::cuda {
 
@@ -66,10 +69,12 @@ class GemmRunner {
   Plan& PlanFor(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldw,
                 const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32,
                 bool accumulate);
-  // Milliseconds of one cold call of `launch` (best of a few), or a negative value when the
-  // launch refused.
-  template <typename Launch>
-  float TimeCold(Launch&& launch);
+  // Each launch's median milliseconds as a decode step meets it: its weights cold (a buffer twice
+  // the L2 read before every call), the `warm` ranges (its input) read after the flush. The
+  // launches are timed round-robin, kTimedRounds calls each, so drift (clocks, temperature) falls
+  // on all of them alike. Negative for a launch that refused.
+  std::vector<float> TimeLaunches(const std::vector<std::function<bool()>>& launches,
+                                  const std::vector<std::pair<const void*, size_t>>& warm);
   void EnsureSplitBuffers();
   // Whether the plan's cuBLASLt kernels honour a programmatic edge into them (graph_pdl.h): runs
   // the plan once behind the probe's upstream, on inputs of the same layout, against a plain run

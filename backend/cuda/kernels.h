@@ -74,10 +74,12 @@ void GatherRows(const bf16* x, int64_t x_stride, const int32_t* rows, int count,
 void ScatterInt32(const int32_t* patches, int count, int32_t* dst, cudaStream_t stream);
 // Seeded N(0, stddev), counter-based: the same seed gives the same values on any GPU.
 void FillRandomBf16(bf16* out, int64_t count, uint64_t seed, float stddev, cudaStream_t stream);
-// Reads `bytes` of `buffer` (a multiple of 16): with a buffer twice the L2 this leaves the L2
-// holding clean lines of it, as a decode step's previous weight stream does, so that a benchmark
-// of the next kernel meets cold caches.
-void ReadThrough(const void* buffer, size_t bytes, cudaStream_t stream);
+// Reads `bytes` of `buffer` (16-byte aligned, a multiple of 16): with a buffer twice the L2 this
+// leaves the L2 holding clean lines of it, as a decode step's previous weight stream does, so that
+// a benchmark of the next kernel meets cold caches. The read is kept from being optimised away by
+// a store to `sink` that almost never happens (null: the buffer itself, for scratch buffers; give
+// another scratch word when `buffer` holds data).
+void ReadThrough(const void* buffer, size_t bytes, cudaStream_t stream, uint32_t* sink = nullptr);
 void ConvertF32ToBf16(const float* in, int64_t count, bf16* out, cudaStream_t stream);
 
 // ---------------- KV writes and gathers (kv_kernels.cu) ----------------
