@@ -54,8 +54,11 @@ int CublasCandidates() {
 // (session 9, README_gemm.md).
 constexpr int kTimedRounds = 7;
 // Shapes up to this many rows (a decode step's batch) are probed for programmatic edges: graphs
-// hold decode steps only.
+// hold decode steps only. Larger ones (prefill chunks, planned on the first step of each new token
+// count, with the request waiting) are compute-bound, where the candidates are far apart: 3 calls
+// each, as before session 9, keep that wait where it was.
 constexpr int64_t kMaxProbedRows = 1024;
+constexpr int kTimedRoundsPrefill = 3;
 
 // The 16-byte aligned part of [data, data + bytes), as ReadThrough takes it.
 std::pair<const void*, size_t> AlignedInside(const void* data, int64_t bytes) {
@@ -163,15 +166,15 @@ void GemmRunner::EnsureSplitBuffers() {
   SIEVE_CUDA_CHECK(cudaMemsetAsync(split_counters_, 0, kMaxSlabs * sizeof(int), stream_));
 }
 
-std::vector<float> GemmRunner::TimeLaunches(
-    const std::vector<std::function<bool()>>& launches,
-    const std::vector<std::pair<const void*, size_t>>& warm) {
+std::vector<float> GemmRunner::TimeLaunches(const std::vector<std::function<bool()>>& launches,
+                                            const std::vector<std::pair<const void*, size_t>>& warm,
+                                            int rounds) {
   std::vector<std::vector<float>> times(launches.size());
   std::vector<bool> runs(launches.size());
   for (size_t index = 0; index < launches.size(); ++index) {
     runs[index] = launches[index]();  // warm-up (first-call costs) and the check that it runs
   }
-  for (int round = 0; round < kTimedRounds; ++round) {
+  for (int round = 0; round < rounds; ++round) {
     for (size_t index = 0; index < launches.size(); ++index) {
       if (!runs[index]) continue;
       if (flush_ != nullptr) {
@@ -318,7 +321,8 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
     // up to 0.1 ms; session 9, device run 5).
     const std::vector<std::pair<const void*, size_t>> warm = {
         AlignedInside(x, ((m - 1) * ldx + k) * 2)};
-    const std::vector<float> times = TimeLaunches(launches, warm);
+    const std::vector<float> times =
+        TimeLaunches(launches, warm, m <= kMaxProbedRows ? kTimedRounds : kTimedRoundsPrefill);
     const int cublas_timed = use_cublas ? cublas_count : 0;
     for (int index = 0; index < static_cast<int>(times.size()); ++index) {
       const float ms = times[index];
