@@ -167,8 +167,7 @@ void GemmRunner::EnsureSplitBuffers() {
 }
 
 std::vector<float> GemmRunner::TimeLaunches(const std::vector<std::function<bool()>>& launches,
-                                            const std::vector<std::pair<const void*, size_t>>& warm,
-                                            int rounds) {
+                                            std::pair<const void*, size_t> warm, int rounds) {
   std::vector<std::vector<float>> times(launches.size());
   std::vector<bool> runs(launches.size());
   for (size_t index = 0; index < launches.size(); ++index) {
@@ -179,9 +178,7 @@ std::vector<float> GemmRunner::TimeLaunches(const std::vector<std::function<bool
       if (!runs[index]) continue;
       if (flush_ != nullptr) {
         ReadThrough(flush_, flush_bytes_, stream_);
-        for (const auto& [data, bytes] : warm) {
-          ReadThrough(data, bytes, stream_, static_cast<uint32_t*>(flush_));
-        }
+        ReadThrough(warm.first, warm.second, stream_, static_cast<uint32_t*>(flush_));
       }
       SIEVE_CUDA_CHECK(cudaEventRecord(start_, stream_));
       launches[index]();
@@ -319,10 +316,9 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
     // output is not warmed: the residual stream the down GEMM adds into was last touched before
     // the 235 MB gate_up weights went through (warming it too, the down GEMM's pick cost the step
     // up to 0.1 ms; session 9, device run 5).
-    const std::vector<std::pair<const void*, size_t>> warm = {
-        AlignedInside(x, ((m - 1) * ldx + k) * 2)};
     const std::vector<float> times =
-        TimeLaunches(launches, warm, m <= kMaxProbedRows ? kTimedRounds : kTimedRoundsPrefill);
+        TimeLaunches(launches, AlignedInside(x, ((m - 1) * ldx + k) * 2),
+                     m <= kMaxProbedRows ? kTimedRounds : kTimedRoundsPrefill);
     const int cublas_timed = use_cublas ? cublas_count : 0;
     for (int index = 0; index < static_cast<int>(times.size()); ++index) {
       const float ms = times[index];

@@ -70,12 +70,11 @@ class GemmRunner {
                 const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32,
                 bool accumulate);
   // Each launch's median milliseconds as a decode step meets it: its weights cold (a buffer twice
-  // the L2 read before every call), the `warm` ranges (its input) read after the flush. The
-  // launches are timed round-robin, `rounds` calls each, so drift (clocks, temperature) falls
-  // on all of them alike. Negative for a launch that refused.
+  // the L2 read before every call), its input (`warm`, 16-byte aligned bytes) read after the
+  // flush. The launches are timed round-robin, `rounds` calls each, so drift (clocks,
+  // temperature) falls on all of them alike. Negative for a launch that refused.
   std::vector<float> TimeLaunches(const std::vector<std::function<bool()>>& launches,
-                                  const std::vector<std::pair<const void*, size_t>>& warm,
-                                  int rounds);
+                                  std::pair<const void*, size_t> warm, int rounds);
   void EnsureSplitBuffers();
   // Whether the plan's cuBLASLt kernels honour a programmatic edge into them (graph_pdl.h): runs
   // the plan once behind the probe's upstream, on inputs of the same layout, against a plain run
