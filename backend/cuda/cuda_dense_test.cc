@@ -79,8 +79,11 @@ class CudaDenseTest : public ::testing::Test {
   std::mt19937_64 rng_;
 };
 
-TEST_F(CudaDenseTest, EmbeddingAndGatherAreExactCopies) {
-  const int vocab = 1000, width = 136, rows = 37;
+// Width 136 takes the 16-byte copies, 130 the element-wise ones.
+class CudaCopyRowsTest : public CudaDenseTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(CudaCopyRowsTest, EmbeddingAndGatherAreExactCopies) {
+  const int vocab = 1000, width = GetParam(), rows = 37;
   const auto table = Random(static_cast<size_t>(vocab) * width);
   std::vector<int32_t> ids(rows);
   for (int32_t& id : ids) id = static_cast<int32_t>(rng_() % vocab);
@@ -97,6 +100,8 @@ TEST_F(CudaDenseTest, EmbeddingAndGatherAreExactCopies) {
   gpu_->GatherRows(gpu_out, GpuInts(pick, {4}), gpu_rows);
   EXPECT_EQ(Download(gpu_rows), Values(cpu_rows));
 }
+
+INSTANTIATE_TEST_SUITE_P(Widths, CudaCopyRowsTest, ::testing::Values(136, 130));
 
 TEST_F(CudaDenseTest, RmsNormAndAddRmsNorm) {
   for (const int width : {64, 4096, 5120}) {

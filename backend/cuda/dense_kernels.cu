@@ -43,15 +43,27 @@ __device__ __forceinline__ float BlockSum(float value) {
   return total;
 }
 
-__global__ void EmbeddingKernel(const bf16* __restrict__ table, int64_t table_stride,
-                                const int32_t* __restrict__ ids, int width, bf16* __restrict__ out,
-                                int64_t out_stride) {
+// Row rows[i] of src into row i of dst, one block per row: the embedding lookup and GatherRows.
+// kVector: 16-byte copies (every row 16-byte aligned, width % 8 == 0); a 4096-wide row is then two
+// independent loads a thread instead of sixteen dependent 2-byte ones (session 9: the decode
+// step's embedding took 7.8 us and its gather 6.7 us element by element).
+template <bool kVector>
+__global__ void CopyRowsKernel(const bf16* __restrict__ src, int64_t src_stride,
+                               const int32_t* __restrict__ rows, int width, bf16* __restrict__ dst,
+                               int64_t dst_stride) {
   PdlWait();
   PdlLaunchDependents();
-  const int row = blockIdx.x;
-  const bf16* src = table + static_cast<int64_t>(ids[row]) * table_stride;
-  bf16* dst = out + static_cast<int64_t>(row) * out_stride;
-  for (int index = threadIdx.x; index < width; index += blockDim.x) dst[index] = src[index];
+  const bf16* from = src + static_cast<int64_t>(rows[blockIdx.x]) * src_stride;
+  bf16* to = dst + static_cast<int64_t>(blockIdx.x) * dst_stride;
+  if constexpr (kVector) {
+    const auto* from_vectors = reinterpret_cast<const uint4*>(from);
+    auto* to_vectors = reinterpret_cast<uint4*>(to);
+    for (int index = threadIdx.x; index < width / 8; index += blockDim.x) {
+      to_vectors[index] = from_vectors[index];
+    }
+  } else {
+    for (int index = threadIdx.x; index < width; index += blockDim.x) to[index] = from[index];
+  }
 }
 
 // One block per row. `residual` null: plain RmsNorm of x.
@@ -210,16 +222,6 @@ __global__ void ScaleColumnsKernel(bf16* __restrict__ w, int64_t w_stride, int r
   }
 }
 
-__global__ void GatherRowsKernel(const bf16* __restrict__ x, int64_t x_stride,
-                                 const int32_t* __restrict__ rows, int width,
-                                 bf16* __restrict__ out, int64_t out_stride) {
-  PdlWait();
-  PdlLaunchDependents();
-  const bf16* src = x + static_cast<int64_t>(rows[blockIdx.x]) * x_stride;
-  bf16* dst = out + static_cast<int64_t>(blockIdx.x) * out_stride;
-  for (int index = threadIdx.x; index < width; index += blockDim.x) dst[index] = src[index];
-}
-
 __global__ void ScatterInt32Kernel(const int32_t* __restrict__ patches, int count,
                                    int32_t* __restrict__ dst) {
   const int index = blockIdx.x * blockDim.x + threadIdx.x;
@@ -270,16 +272,18 @@ int GridFor(int64_t count) {
 
 }  // namespace
 
-void Embedding(const bf16* table, int64_t table_stride, const int32_t* ids, int rows, int width,
-               bf16* out, int64_t out_stride, cudaStream_t stream) {
-  if (rows == 0) return;
-  LaunchWithPdl(EmbeddingKernel, rows, kThreads, 0, stream, table, table_stride, ids, width, out,
-                out_stride);
-}
-
 namespace {
 
 bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
+void LaunchCopyRows(const bf16* src, int64_t src_stride, const int32_t* rows, int count, int width,
+                    bf16* dst, int64_t dst_stride, cudaStream_t stream) {
+  if (count == 0) return;
+  const bool vector = width % 8 == 0 && src_stride % 8 == 0 && dst_stride % 8 == 0 &&
+                      Aligned16(src) && Aligned16(dst);
+  LaunchWithPdl(vector ? CopyRowsKernel<true> : CopyRowsKernel<false>, count, kThreads, 0, stream,
+                src, src_stride, rows, width, dst, dst_stride);
+}
 
 void LaunchRmsNorm(bf16* residual, int64_t residual_stride, const bf16* x, int64_t x_stride,
                    const bf16* weight, float eps, int rows, int width, bf16* out,
@@ -341,11 +345,14 @@ void ScaleColumns(bf16* w, int64_t w_stride, int rows, int cols, const bf16* sca
   SIEVE_CUDA_CHECK_LAUNCH();
 }
 
+void Embedding(const bf16* table, int64_t table_stride, const int32_t* ids, int rows, int width,
+               bf16* out, int64_t out_stride, cudaStream_t stream) {
+  LaunchCopyRows(table, table_stride, ids, rows, width, out, out_stride, stream);
+}
+
 void GatherRows(const bf16* x, int64_t x_stride, const int32_t* rows, int count, int width,
                 bf16* out, int64_t out_stride, cudaStream_t stream) {
-  if (count == 0) return;
-  LaunchWithPdl(GatherRowsKernel, count, kThreads, 0, stream, x, x_stride, rows, width, out,
-                out_stride);
+  LaunchCopyRows(x, x_stride, rows, count, width, out, out_stride, stream);
 }
 
 void ScatterInt32(const int32_t* patches, int count, int32_t* dst, cudaStream_t stream) {
