@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 #include <tuple>
@@ -223,6 +224,46 @@ TEST_F(CudaGemmTest, RunnerAccumulatesOnceForEveryChoice) {
       }
       if (choice == GemmChoice::kSmallM) {
         EXPECT_EQ(runner.last_plan().rfind("small-m", 0), 0u) << runner.last_plan();
+      }
+    }
+  }
+}
+
+// A decode shape's plan times its candidates on the weights of the first calls (one per layer in
+// a step) before it settles: every call on the way, plain or accumulating, is still the product of
+// its own operands, exactly once, and once settled the plan no longer changes.
+TEST_F(CudaGemmTest, PlanningOverSeveralWeightsKeepsEveryCallRight) {
+  constexpr int kWeights = 6;  // more than the planner times
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const bool accumulate : {false, true}) {
+    GemmRunner runner(stream_);
+    const int m = 64, n = 640, k = 2048;
+    std::vector<Problem> problems;
+    std::vector<std::unique_ptr<DeviceBuffer<__nv_bfloat16>>> xs, ws;  // buffers do not move
+    for (int layer = 0; layer < kWeights; ++layer) {
+      problems.emplace_back(m, n, k, rng_);
+      xs.push_back(
+          std::make_unique<DeviceBuffer<__nv_bfloat16>>(testing::ToBf16(problems.back().x)));
+      ws.push_back(
+          std::make_unique<DeviceBuffer<__nv_bfloat16>>(testing::ToBf16(problems.back().w)));
+    }
+    std::string settled;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int layer = 0; layer < kWeights; ++layer) {
+        const Problem& problem = problems[layer];
+        std::vector<float> base(static_cast<size_t>(m) * problem.ldo);
+        for (float& value : base) value = normal(rng_);
+        DeviceBuffer<float> out(base);
+        runner.Run(m, n, k, ws[layer]->get(), problem.ldw, xs[layer]->get(), problem.ldx, out.get(),
+                   problem.ldo, true, accumulate);
+        SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        EXPECT_LE(problem.Error(out.ToHost(), accumulate ? &base : nullptr), kF32Tolerance)
+            << "pass " << pass << " layer " << layer << (accumulate ? " +=" : "") << ": "
+            << runner.last_plan();
+        if (pass == 1 && layer == 0) settled = runner.last_plan();
+        if (pass == 1) {
+          EXPECT_EQ(runner.last_plan(), settled) << "layer " << layer;
+        }
       }
     }
   }

@@ -49,11 +49,18 @@ int CublasCandidates() {
   const int count = value != nullptr ? std::atoi(value) : 0;
   return count > 0 ? std::min(count, kMaxCublasCandidates) : kDefaultCublasCandidates;
 }
-// Timed calls per candidate. With 3 calls each, one after another, and the best of them kept,
-// the gate_up GEMM's six leading candidates (59-63 us apart by 2 us of noise) were ranked
+// Timed calls per candidate and weight. With 3 calls each, one after another, and the best of them
+// kept, the gate_up GEMM's six leading candidates (59-63 us apart by 2 us of noise) were ranked
 // differently from run to run, and the ones picked in some runs cost the decode step 0.1 ms
 // (session 9, README_gemm.md).
-constexpr int kTimedRounds = 7;
+constexpr int kTimedRounds = 4;
+// How many of a decode shape's weights (one per layer) its candidates are timed on. Timed on one
+// layer's weights alone, 7 calls each, cuBLASLt's third gate_up candidate took 0.0602-0.0647 ms
+// from process to process while the second took 0.0599-0.0612 (session 10, device runs 1-2), and
+// in the step, over 32 layers, the third was 5% slower; so it was picked in 2 of 31 processes
+// and cost those steps 0.07-0.1 ms. Planning goes on through the first layers' calls of the eager
+// step that precedes a capture, and ranks each candidate by its mean over the weights.
+constexpr int kPlannedWeights = 4;
 // Shapes up to this many rows (a decode step's batch) are probed for programmatic edges: graphs
 // hold decode steps only. Larger ones (prefill chunks, planned on the first step of each new token
 // count, with the request waiting) are compute-bound, where the candidates are far apart: 3 calls
@@ -204,7 +211,12 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
                                       int64_t ldo, bool out_f32, bool accumulate) {
   const Key key{m, n, k, ldw, ldx, ldo, out_f32, static_cast<int>(choice_), accumulate};
   const auto found = plans_.find(key);
-  if (found != plans_.end()) return found->second;
+  if (found != plans_.end()) {
+    Plan& plan = found->second;
+    if (!plan.settled)
+      ContinuePlanning(plan, m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate);
+    return plan;
+  }
   Plan plan;
 
   // cuBLASLt, column-major: out'(n x m) = w'(k x n)^T x'(k x m).
@@ -263,110 +275,173 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
   // operands the small-m kernel refuses (misaligned pointers of a planned shape).
   plan.has_cublas = cublas_count > 0;
   if (plan.has_cublas) plan.algo = results[0].algo;
+  for (int candidate = 0; use_cublas && candidate < cublas_count; ++candidate) {
+    plan.cublas_candidates.push_back(results[candidate].algo);
+  }
+  plan.split_candidates = splits;
+  plan.medians.resize(plan.cublas_candidates.size() + splits.size());
   if (!splits.empty()) {
     plan.small_m_splits = 1;
     plan.name = "small-m, 1 split";
   } else {
     plan.name = "cuBLASLt, candidate 1 of " + std::to_string(cublas_count);
   }
+  Plan& stored = plans_.emplace(key, std::move(plan)).first->second;
+  ContinuePlanning(stored, m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate);
+  return stored;
+}
+
+void GemmRunner::ContinuePlanning(Plan& plan, int64_t m, int64_t n, int64_t k,
+                                  const __nv_bfloat16* w, int64_t ldw, const __nv_bfloat16* x,
+                                  int64_t ldx, void* out, int64_t ldo, bool out_f32,
+                                  bool accumulate) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   SIEVE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
-  const int candidates = (use_cublas ? cublas_count : 0) + static_cast<int>(splits.size());
-  if (capture == cudaStreamCaptureStatusNone && candidates > 1) {
-    if (flush_ == nullptr && cudaMalloc(&flush_, flush_bytes_) != cudaSuccess) {
-      cudaGetLastError();  // no room for the flush buffer: time with warm caches instead
-      flush_ = nullptr;
+  const bool capturing = capture != cudaStreamCaptureStatusNone;
+  const bool comes_round = std::find(plan.timed_weights.begin(), plan.timed_weights.end(), w) !=
+                           plan.timed_weights.end();
+  const int weights_to_time = m <= kMaxProbedRows ? kPlannedWeights : 1;
+  if (!capturing && !comes_round && plan.medians.size() > 1) {
+    TimeCandidates(plan, m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate);
+    plan.timed_weights.push_back(w);
+  }
+  Choose(plan);
+  if (capturing || comes_round || plan.medians.size() <= 1 ||
+      static_cast<int>(plan.timed_weights.size()) >= weights_to_time) {
+    Settle(plan, m, n, k, w, ldx, ldo, out_f32, accumulate, capturing);
+  }
+}
+
+void GemmRunner::TimeCandidates(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w,
+                                int64_t ldw, const __nv_bfloat16* x, int64_t ldx, void* out,
+                                int64_t ldo, bool out_f32, bool accumulate) {
+  if (flush_ == nullptr && cudaMalloc(&flush_, flush_bytes_) != cudaSuccess) {
+    cudaGetLastError();  // no room for the flush buffer: time with warm caches instead
+    flush_ = nullptr;
+  }
+  const bool clusters = SmallMGemmHasClusters();
+  if (!plan.split_candidates.empty() && !clusters) EnsureSplitBuffers();
+  SmallMGemmArgs args = MakeSmallMGemmArgs(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
+  args.split_sums = split_sums_;
+  args.split_counters = split_counters_;
+  const float alpha = 1.0f;
+  const float beta = accumulate ? 1.0f : 0.0f;
+  // An accumulating GEMM must not add its timing calls into `out` (the residual stream): they
+  // write a scratch matrix of the same layout instead.
+  void* target = out;
+  void* scratch = nullptr;
+  if (accumulate) {
+    const size_t bytes = static_cast<size_t>(m) * ldo * (out_f32 ? 4 : 2);
+    SIEVE_CUDA_CHECK(cudaMalloc(&scratch, bytes));
+    SIEVE_CUDA_CHECK(cudaMemsetAsync(scratch, 0, bytes, stream_));
+    target = scratch;
+  }
+  // The candidates: cuBLASLt's algos, then the small-m kernel's split counts.
+  std::vector<std::function<bool()>> launches;
+  for (const cublasLtMatmulAlgo_t& algo : plan.cublas_candidates) {
+    launches.push_back([&, algo] {
+      return cublasLtMatmul(lt_, plan.op, &alpha, w, plan.a, x, plan.b, &beta, target, plan.c,
+                            target, plan.c, &algo, workspace_, kWorkspaceBytes,
+                            stream_) == CUBLAS_STATUS_SUCCESS;
+    });
+  }
+  args.out = target;
+  args.accumulate = accumulate;
+  for (const int split : plan.split_candidates) {
+    launches.push_back([&, split] {
+      SmallMGemmArgs split_args = args;
+      split_args.splits = split;
+      SmallMGemm(split_args, stream_);
+      return true;
+    });
+  }
+  // In a decode step x, the kernel before's output, sits in the L2 and the weights do not. The
+  // output is not warmed: the residual stream the down GEMM adds into was last touched before
+  // the 235 MB gate_up weights went through (warming it too, the down GEMM's pick cost the step
+  // up to 0.1 ms; session 9, device run 5).
+  const std::vector<float> medians =
+      TimeLaunches(launches, AlignedInside(x, ((m - 1) * ldx + k) * 2),
+                   m <= kMaxProbedRows ? kTimedRounds : kTimedRoundsPrefill);
+  for (size_t index = 0; index < medians.size(); ++index) {
+    plan.medians[index].push_back(medians[index]);
+  }
+  if (scratch != nullptr) {
+    SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    SIEVE_CUDA_CHECK(cudaFree(scratch));
+  }
+}
+
+// A candidate's time: the mean of its medians over the weights it was timed on (a step runs it
+// once per layer); negative if it refused any.
+float GemmRunner::CandidateTime(const Plan& plan, size_t index) {
+  const std::vector<float>& medians = plan.medians[index];
+  if (medians.empty()) return -1.0f;
+  float sum = 0.0f;
+  for (const float median : medians) {
+    if (median < 0) return -1.0f;
+    sum += median;
+  }
+  return sum / static_cast<float>(medians.size());
+}
+
+void GemmRunner::Choose(Plan& plan) {
+  const size_t cublas_count = plan.cublas_candidates.size();
+  float best = -1.0f;
+  float best_cublas = -1.0f;
+  for (size_t index = 0; index < plan.medians.size(); ++index) {
+    const float ms = CandidateTime(plan, index);
+    if (ms < 0) continue;
+    const bool is_cublas = index < cublas_count;
+    if (is_cublas && (best_cublas < 0 || ms < best_cublas)) {
+      best_cublas = ms;
+      plan.algo = plan.cublas_candidates[index];
     }
-    if (!splits.empty() && !clusters) EnsureSplitBuffers();
-    args.split_sums = split_sums_;
-    args.split_counters = split_counters_;
-    float best = -1.0f;
-    float best_cublas = -1.0f;
-    const float alpha = 1.0f;
-    const float beta = accumulate ? 1.0f : 0.0f;
-    // An accumulating GEMM must not add its timing calls into `out` (the residual stream): they
-    // write a scratch matrix of the same layout instead.
-    void* target = out;
-    void* scratch = nullptr;
-    if (accumulate) {
-      const size_t bytes = static_cast<size_t>(m) * ldo * (out_f32 ? 4 : 2);
-      SIEVE_CUDA_CHECK(cudaMalloc(&scratch, bytes));
-      SIEVE_CUDA_CHECK(cudaMemsetAsync(scratch, 0, bytes, stream_));
-      target = scratch;
-    }
-    // The candidates: cuBLASLt's algos, then the small-m kernel's split counts.
-    std::vector<std::function<bool()>> launches;
-    for (int candidate = 0; use_cublas && candidate < cublas_count; ++candidate) {
-      launches.push_back([&, candidate] {
-        return cublasLtMatmul(lt_, plan.op, &alpha, w, plan.a, x, plan.b, &beta, target, plan.c,
-                              target, plan.c, &results[candidate].algo, workspace_, kWorkspaceBytes,
-                              stream_) == CUBLAS_STATUS_SUCCESS;
-      });
-    }
-    args.out = target;
-    args.accumulate = accumulate;
-    for (const int split : splits) {
-      launches.push_back([&, split] {
-        SmallMGemmArgs split_args = args;
-        split_args.splits = split;
-        SmallMGemm(split_args, stream_);
-        return true;
-      });
-    }
-    // In a decode step x, the kernel before's output, sits in the L2 and the weights do not. The
-    // output is not warmed: the residual stream the down GEMM adds into was last touched before
-    // the 235 MB gate_up weights went through (warming it too, the down GEMM's pick cost the step
-    // up to 0.1 ms; session 9, device run 5).
-    const std::vector<float> times =
-        TimeLaunches(launches, AlignedInside(x, ((m - 1) * ldx + k) * 2),
-                     m <= kMaxProbedRows ? kTimedRounds : kTimedRoundsPrefill);
-    const int cublas_timed = use_cublas ? cublas_count : 0;
-    for (int index = 0; index < static_cast<int>(times.size()); ++index) {
-      const float ms = times[index];
-      const bool is_cublas = index < cublas_timed;
-      if (verbose_) {
-        const std::string label =
-            is_cublas ? "cuBLASLt" + Describe(results[index].algo)
-                      : "small-m, " + std::to_string(splits[index - cublas_timed]) + " splits";
-        std::fprintf(stderr, "  %lld x %lld x %lld candidate %d: %.4f ms, %s\n",
-                     static_cast<long long>(m), static_cast<long long>(n),
-                     static_cast<long long>(k), index + 1, ms, label.c_str());
+    if (best < 0 || ms < best) {
+      best = ms;
+      if (is_cublas) {
+        plan.small_m_splits = 0;
+        plan.name = "cuBLASLt, candidate " + std::to_string(index + 1) + " of " +
+                    std::to_string(cublas_count);
+      } else {
+        const int split = plan.split_candidates[index - cublas_count];
+        plan.small_m_splits = split;
+        plan.name = "small-m, " + std::to_string(split) + (split == 1 ? " split" : " splits");
       }
-      if (ms < 0) continue;
-      if (is_cublas && (best_cublas < 0 || ms < best_cublas)) {
-        best_cublas = ms;
-        plan.algo = results[index].algo;
-      }
-      if (best < 0 || ms < best) {
-        best = ms;
-        if (is_cublas) {
-          plan.small_m_splits = 0;
-          plan.name = "cuBLASLt, candidate " + std::to_string(index + 1) + " of " +
-                      std::to_string(cublas_count);
-        } else {
-          const int split = splits[index - cublas_timed];
-          plan.small_m_splits = split;
-          plan.name = "small-m, " + std::to_string(split) + (split == 1 ? " split" : " splits");
-        }
-      }
-    }
-    if (scratch != nullptr) {
-      SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      SIEVE_CUDA_CHECK(cudaFree(scratch));
     }
   }
-  if (plan.small_m_splits > 1 && !clusters) EnsureSplitBuffers();
+}
+
+void GemmRunner::Settle(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w,
+                        int64_t ldx, int64_t ldo, bool out_f32, bool accumulate, bool capturing) {
+  plan.settled = true;
+  if (plan.small_m_splits > 1 && !SmallMGemmHasClusters()) EnsureSplitBuffers();
   if (plan.small_m_splits == 0) plan.name += Describe(plan.algo);
-  if (plan.small_m_splits == 0 && plan.has_cublas && m <= kMaxProbedRows &&
-      capture == cudaStreamCaptureStatusNone && !(accumulate && out_f32) && GraphPdlEnabled()) {
+  if (plan.small_m_splits == 0 && plan.has_cublas && m <= kMaxProbedRows && !capturing &&
+      !(accumulate && out_f32) && GraphPdlEnabled()) {
     plan.pdl = ProbeProgrammaticEdge(plan, m, n, k, w, ldx, ldo, out_f32, accumulate);
   }
-  if (verbose_) {
-    std::fprintf(stderr, "GEMM plan %lld x %lld x %lld%s%s: %s%s\n", static_cast<long long>(m),
-                 static_cast<long long>(n), static_cast<long long>(k), out_f32 ? " (f32 out)" : "",
-                 accumulate ? " (+=)" : "", plan.name.c_str(), plan.pdl.c_str());
+  if (!verbose_) return;
+  const size_t cublas_count = plan.cublas_candidates.size();
+  for (size_t index = 0; index < plan.medians.size() && !plan.timed_weights.empty(); ++index) {
+    const bool is_cublas = index < cublas_count;
+    std::string label =
+        is_cublas
+            ? "cuBLASLt" + Describe(plan.cublas_candidates[index])
+            : "small-m, " + std::to_string(plan.split_candidates[index - cublas_count]) + " splits";
+    label += ", per weight";
+    for (const float median : plan.medians[index]) {
+      char text[16];
+      std::snprintf(text, sizeof(text), " %.4f", median);
+      label += text;
+    }
+    std::fprintf(stderr, "  %lld x %lld x %lld candidate %zu: %.4f ms, %s\n",
+                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+                 index + 1, CandidateTime(plan, index), label.c_str());
   }
-  return plans_.emplace(key, plan).first->second;
+  std::fprintf(stderr, "GEMM plan %lld x %lld x %lld%s%s: %s (%zu weights timed)%s\n",
+               static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+               out_f32 ? " (f32 out)" : "", accumulate ? " (+=)" : "", plan.name.c_str(),
+               plan.timed_weights.size(), plan.pdl.c_str());
 }
 
 std::string GemmRunner::ProbeProgrammaticEdge(const Plan& plan, int64_t m, int64_t n, int64_t k,

@@ -63,12 +63,33 @@ class GemmRunner {
     cublasLtMatmulAlgo_t algo{};
     std::string name;
     std::string pdl;  // what the programmatic-edge probe found (cuBLASLt plans), for logs
+    // Planning: the candidates (cuBLASLt's heuristic algos, then the small-m kernel's k-splits),
+    // each one's median per weight it was timed on, those weights, and whether the choice is final.
+    std::vector<cublasLtMatmulAlgo_t> cublas_candidates;
+    std::vector<int> split_candidates;
+    std::vector<std::vector<float>> medians;  // [candidate][weight]
+    std::vector<const void*> timed_weights;
+    bool settled = false;
   };
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, bool>;
 
   Plan& PlanFor(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldw,
                 const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32,
                 bool accumulate);
+  // Times the plan's candidates on this call's operands (if it is not capturing and `w` is new to
+  // the plan) and picks the fastest so far; settles the plan after kPlannedWeights weights (one
+  // for prefill shapes), when a timed weight comes round again, or inside a capture.
+  void ContinuePlanning(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w,
+                        int64_t ldw, const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo,
+                        bool out_f32, bool accumulate);
+  void TimeCandidates(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w,
+                      int64_t ldw, const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo,
+                      bool out_f32, bool accumulate);
+  static float CandidateTime(const Plan& plan, size_t index);
+  static void Choose(Plan& plan);
+  // Makes the choice final: split buffers, the programmatic-edge probe, the verbose report.
+  void Settle(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldx,
+              int64_t ldo, bool out_f32, bool accumulate, bool capturing);
   // Each launch's median milliseconds as a decode step meets it: its weights cold (a buffer twice
   // the L2 read before every call), its input (`warm`, 16-byte aligned bytes) read after the
   // flush. The launches are timed round-robin, `rounds` calls each, so drift (clocks,
