@@ -52,14 +52,17 @@ int CublasCandidates() {
 // Timed calls per candidate and weight. With 3 calls each, one after another, and the best of them
 // kept, the gate_up GEMM's six leading candidates (59-63 us apart by 2 us of noise) were ranked
 // differently from run to run, and the ones picked in some runs cost the decode step 0.1 ms
-// (session 9, README_gemm.md).
-constexpr int kTimedRounds = 4;
-// How many of a decode shape's weights (one per layer) its candidates are timed on. Timed on one
-// layer's weights alone, 7 calls each, cuBLASLt's third gate_up candidate took 0.0602-0.0647 ms
-// from process to process while the second took 0.0599-0.0612 (session 10, device runs 1-2), and
-// in the step, over 32 layers, the third was 5% slower; so it was picked in 2 of 31 processes
-// and cost those steps 0.07-0.1 ms. Planning goes on through the first layers' calls of the eager
-// step that precedes a capture, and ranks each candidate by its mean over the weights.
+// (session 9, README_gemm.md). Two per weight over four weights: 8 calls a candidate, about the 7
+// on one weight of session 9, so the planning wait of a new shape (prefill chunks of each new
+// size up to 1024 rows plan this way too) stays where it was.
+constexpr int kTimedRounds = 2;
+// How many of a decode shape's weights (one per layer) its candidates are timed on. Some kernels'
+// speed depends on which layer's weights they read: cuBLASLt's third gate_up candidate took
+// 0.0598-0.0643 ms on the first four layers' weights, the second 0.0590-0.0615 (session 10,
+// device run 3). Timed on layer 0 alone, the third won in 2 of 31 processes (runs 1-2) and, 5%
+// slower over the step's 32 layers, cost those steps 0.07-0.1 ms. So planning goes on through
+// the first layers' calls of the eager step before a capture, and a candidate's time is its mean
+// over the weights.
 constexpr int kPlannedWeights = 4;
 // Shapes up to this many rows (a decode step's batch) are probed for programmatic edges: graphs
 // hold decode steps only. Larger ones (prefill chunks, planned on the first step of each new token
