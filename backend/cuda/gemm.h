@@ -1,9 +1,10 @@
 // Every GEMM of the CUDA backend: out[m][n] = x[m][k] . w[n][k]^T, bf16 in, f32 accumulation,
 // bf16 or f32 out. The candidates of a shape: cuBLASLt's heuristic picks and, for m <= 64 when
-// SIEVE_GEMM allows it, the small-m kernel of small_m_gemm.h at several k-splits. The first call
-// of a shape outside graph capture times every candidate with cold caches (the L2 refilled with
-// other data before each timed call, as in a decode step whose weights never fit the L2) and
-// keeps the fastest; later calls, captured or not, reuse that plan.
+// SIEVE_GEMM allows it, the small-m kernel of small_m_gemm.h at several k-splits. The first calls
+// of a shape outside graph capture time every candidate with cold weights (the L2 refilled with
+// other data before each timed call, as in a decode step whose weights never fit the L2), on the
+// weights of up to 4 calls (a step's first layers), and keep the fastest on average; later calls,
+// captured or not, reuse that plan.
 //
 // The default is cuBLASLt alone. Measured on the H200 (docs/benchmark_results.md), the small-m
 // kernel (mma.sync, no wgmma) loses to cuBLASLt's wgmma kernels at m = 64 (a whole decode step
