@@ -96,9 +96,11 @@ if has test; then
 fi
 
 if has sanitize; then
-  # Small cases only: under the sanitizers kernels run 10-100x slower.
+  # Small cases only: under the sanitizers kernels run 10-100x slower. Not the probe test: half of
+  # it needs a kernel to overlap the one before (a stale read), which memcheck may serialise away
+  # (it read fresh input there in session 10, device run 5; memcheck found 0 errors).
   scripts/sanitize_gpu_tests.sh "$LOGS/sanitize" \
-    '*Dense*:*Gemm*:*Sparsity*:*Sampling*:*mha_d64*:*gqa8x2_d64_chunked*:*b7_gqa8x2_d64*:*h2o_mixed*:*page24*:*mixed_b5_gqa8x2_d64*' \
+    '*Dense*:*Gemm*:*Sparsity*:*Sampling*:*mha_d64*:*gqa8x2_d64_chunked*:*b7_gqa8x2_d64*:*h2o_mixed*:*page24*:*mixed_b5_gqa8x2_d64*-*ProgrammaticEdgeProbeTells*' \
     2>&1 | tee -a "$summary"
 fi
 
