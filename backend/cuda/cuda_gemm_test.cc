@@ -4,11 +4,13 @@
 // outputs (one bf16 rounding of each output is ~4e-3 alone).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_test_util.h"
@@ -263,6 +265,54 @@ TEST_F(CudaGemmTest, PlanningOverSeveralWeightsKeepsEveryCallRight) {
         if (pass == 1 && layer == 0) settled = runner.last_plan();
         if (pass == 1) {
           EXPECT_EQ(runner.last_plan(), settled) << "layer " << layer;
+        }
+      }
+    }
+  }
+}
+
+// A shape whose m shares a power-of-two bucket with a timed one takes that plan's choice without
+// timing (prefill chunks come in every size), and its products are still right; another bucket
+// is timed for itself, and so is a power-of-two m (a padded decode batch), which then serves its
+// bucket. Prints how long a timed first call and a reusing one took.
+TEST_F(CudaGemmTest, ShapesOfOneRowBucketShareTheTimedChoice) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const GemmChoice choice : {GemmChoice::kCublasLt, GemmChoice::kAuto}) {
+    GemmRunner runner(stream_);
+    runner.set_choice(choice);
+    const int n = 1024, k = 2048;
+    for (const auto& [m, reuses_from] :
+         {std::pair{100, 0}, std::pair{120, 100}, std::pair{65, 100}, std::pair{200, 0},
+          std::pair{40, 0}, std::pair{33, 40}, std::pair{64, 0}, std::pair{50, 64}}) {
+      const Problem problem(m, n, k, rng_);
+      DeviceBuffer<__nv_bfloat16> x(testing::ToBf16(problem.x));
+      DeviceBuffer<__nv_bfloat16> w(testing::ToBf16(problem.w));
+      for (const bool accumulate : {false, true}) {
+        // Twice: the first call plans (a timed plan settles when its weight comes round again).
+        for (int call = 0; call < 2; ++call) {
+          std::vector<float> base(static_cast<size_t>(m) * problem.ldo);
+          for (float& value : base) value = normal(rng_);
+          DeviceBuffer<float> out(base);
+          const auto start = std::chrono::steady_clock::now();
+          runner.Run(m, n, k, w.get(), problem.ldw, x.get(), problem.ldx, out.get(), problem.ldo,
+                     true, accumulate);
+          SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+          const double ms =
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                  .count();
+          if (call == 0) {
+            std::printf("m %d%s, choice %d: first call %.2f ms, %s\n", m, accumulate ? " (+=)" : "",
+                        static_cast<int>(choice), ms, runner.last_plan().c_str());
+          }
+          EXPECT_LE(problem.Error(out.ToHost(), accumulate ? &base : nullptr), kF32Tolerance)
+              << m << (accumulate ? " +=" : "") << " call " << call << ": " << runner.last_plan();
+          const std::string reused = "(the plan of m = " + std::to_string(reuses_from) + ")";
+          if (reuses_from > 0) {
+            EXPECT_NE(runner.last_plan().find(reused), std::string::npos) << runner.last_plan();
+          } else {
+            EXPECT_EQ(runner.last_plan().find("(the plan of"), std::string::npos)
+                << runner.last_plan();
+          }
         }
       }
     }

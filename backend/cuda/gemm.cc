@@ -249,6 +249,11 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
                                                     results.data(), &cublas_count));
   cublasLtMatmulPreferenceDestroy(preference);
 
+  if (ReusePlanOfBucket(plan, key, m, n, k, w, ldw, x, ldx, out, ldo, out_f32,
+                        cublas_count > 0 ? &results[0].algo : nullptr)) {
+    return plans_.emplace(key, std::move(plan)).first->second;
+  }
+
   SmallMGemmArgs args = MakeSmallMGemmArgs(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
   const bool small_m_fits =
       SmallMGemmSupports(args) && n < (int64_t{1} << 31) && k < (int64_t{1} << 31);
@@ -290,8 +295,80 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
     plan.name = "cuBLASLt, candidate 1 of " + std::to_string(cublas_count);
   }
   Plan& stored = plans_.emplace(key, std::move(plan)).first->second;
+  // The bucket's source: its own m once that is timed (a decode batch padded to it), else the
+  // first m timed in it.
+  Key bucket = key;
+  std::get<0>(bucket) = BucketRows(m);
+  if (m == BucketRows(m)) {
+    bucket_sources_[bucket] = key;
+  } else {
+    bucket_sources_.emplace(bucket, key);
+  }
   ContinuePlanning(stored, m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate);
   return stored;
+}
+
+int64_t GemmRunner::BucketRows(int64_t m) {
+  int64_t bucket = 1;
+  while (bucket < m) bucket *= 2;
+  return bucket;
+}
+
+bool GemmRunner::ReusePlanOfBucket(Plan& plan, const Key& key, int64_t m, int64_t n, int64_t k,
+                                   const __nv_bfloat16* w, int64_t ldw, const __nv_bfloat16* x,
+                                   int64_t ldx, void* out, int64_t ldo, bool out_f32,
+                                   const cublasLtMatmulAlgo_t* fallback) {
+  if (m == BucketRows(m)) return false;  // decode batches are padded to these: timed themselves
+  Key bucket = key;
+  std::get<0>(bucket) = BucketRows(m);
+  const auto source_key = bucket_sources_.find(bucket);
+  if (source_key == bucket_sources_.end()) return false;
+  const auto source = plans_.find(source_key->second);
+  if (source == plans_.end() || !source->second.settled) return false;
+  const Plan& timed = source->second;
+  plan.settled = true;
+  plan.has_cublas = false;
+  // cuBLASLt's pick must also take this m (its tile and split-k are checked against the shape).
+  if (timed.has_cublas) {
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(lt_, plan.op, plan.a, plan.b, plan.c, plan.c, &timed.algo,
+                                &check) == CUBLAS_STATUS_SUCCESS &&
+        check.workspaceSize <= kWorkspaceBytes) {
+      plan.algo = timed.algo;
+      plan.has_cublas = true;
+    } else if (fallback != nullptr) {
+      plan.algo = *fallback;
+      plan.has_cublas = true;
+    }
+  } else if (fallback != nullptr) {
+    plan.algo = *fallback;
+    plan.has_cublas = true;
+  }
+  SmallMGemmArgs args = MakeSmallMGemmArgs(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
+  args.splits = timed.small_m_splits;
+  if (timed.small_m_splits > 0 && SmallMGemmSupports(args)) {
+    plan.small_m_splits = timed.small_m_splits;
+    plan.name = timed.name;
+  } else if (plan.has_cublas) {
+    plan.small_m_splits = 0;
+    plan.name =
+        (timed.small_m_splits == 0 && std::memcmp(&plan.algo, &timed.algo, sizeof(plan.algo)) == 0
+             ? "cuBLASLt, as timed"
+             : "cuBLASLt, heuristic's first") +
+        Describe(plan.algo);
+  } else {
+    std::fprintf(stderr, "no GEMM for %lldx%lldx%lld\n", static_cast<long long>(m),
+                 static_cast<long long>(n), static_cast<long long>(k));
+    std::abort();
+  }
+  plan.name += " (the plan of m = " + std::to_string(std::get<0>(source_key->second)) + ")";
+  if (plan.small_m_splits > 1 && !SmallMGemmHasClusters()) EnsureSplitBuffers();
+  if (verbose_) {
+    std::fprintf(stderr, "GEMM plan %lld x %lld x %lld%s%s: %s\n", static_cast<long long>(m),
+                 static_cast<long long>(n), static_cast<long long>(k), out_f32 ? " (f32 out)" : "",
+                 std::get<8>(key) ? " (+=)" : "", plan.name.c_str());
+  }
+  return true;
 }
 
 void GemmRunner::ContinuePlanning(Plan& plan, int64_t m, int64_t n, int64_t k,

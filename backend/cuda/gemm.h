@@ -86,6 +86,18 @@ class GemmRunner {
   void TimeCandidates(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w,
                       int64_t ldw, const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo,
                       bool out_f32, bool accumulate);
+  // Rows rounded up to a power of two. A shape whose m is not one shares the timed choice of its
+  // bucket (prefill chunks and unpadded decode batches come in every size): the bucket's own m if
+  // that was timed, else the first m timed in it. A power-of-two m (a padded decode batch, which
+  // graphs replay) is always timed itself.
+  static int64_t BucketRows(int64_t m);
+  // Gives a new plan (descriptors made) the settled choice of its bucket's timed plan, if there is
+  // one: cuBLASLt's algo if cublasLtMatmulAlgoCheck accepts it for this m (else `fallback`, the
+  // heuristic's first for this m), or the small-m kernel's splits if it takes these operands.
+  bool ReusePlanOfBucket(Plan& plan, const Key& key, int64_t m, int64_t n, int64_t k,
+                         const __nv_bfloat16* w, int64_t ldw, const __nv_bfloat16* x, int64_t ldx,
+                         void* out, int64_t ldo, bool out_f32,
+                         const cublasLtMatmulAlgo_t* fallback);
   static float CandidateTime(const Plan& plan, size_t index);
   static void Choose(Plan& plan);
   // Makes the choice final: split buffers, the programmatic-edge probe, the verbose report.
@@ -115,6 +127,7 @@ class GemmRunner {
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   std::map<Key, Plan> plans_;
+  std::map<Key, Key> bucket_sources_;  // (m rounded by BucketRows, ...) -> the plan timed for it
   // Allocated once at a fixed size and never moved: captured graphs keep their addresses.
   float* split_sums_ = nullptr;
   int* split_counters_ = nullptr;
