@@ -103,8 +103,8 @@ class GemmRunner {
   // Makes the choice final: split buffers, the programmatic-edge probe, the verbose report.
   void Settle(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldx,
               int64_t ldo, bool out_f32, bool accumulate, bool capturing);
-  // Each launch's median milliseconds as a decode step meets it: its weights cold (a buffer twice
-  // the L2 read before every call), its input (`warm`, 16-byte aligned bytes) read after the
+  // Each launch's (lower) median milliseconds as a decode step meets it: its weights cold (a buffer
+  // twice the L2 read before every call), its input (`warm`, 16-byte aligned bytes) read after the
   // flush. The launches are timed round-robin, `rounds` calls each, so drift (clocks,
   // temperature) falls on all of them alike. Negative for a launch that refused.
   std::vector<float> TimeLaunches(const std::vector<std::function<bool()>>& launches,
