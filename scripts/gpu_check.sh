@@ -124,6 +124,13 @@ step_bench() {  # step_bench BINARY NAME [ARG...]: the decode step (and its vari
   "$1" bench kernels --skip-attention --skip-sparsity --skip-gemm "${@:3}" \
     --result-json "$LOGS/step_$2.json" > "$LOGS/step_$2.log" 2>&1 || note "step bench $2 FAILED"
   grep -E "^(dense|1/10 kept)" "$LOGS/step_$2.log" | sed "s/^/$2: /" >> "$summary"
+  # With SIEVE_GEMM_VERBOSE=1, the decode GEMMs' picks (they move the step by up to 0.1 ms):
+  # N x K: candidate C, cuBLASLt tile T, split-k S.
+  local picks
+  picks=$(grep -E "^GEMM plan 64 x [0-9]+ x [0-9]+.*candidate" "$LOGS/step_$2.log" | sort -u | sed -E \
+    's/.*GEMM plan 64 x ([0-9]+) x ([0-9]+).*candidate ([0-9]+) of.*tile ([0-9]+).*split-k ([0-9]+).*/\1x\2:c\3t\4s\5/' \
+    | tr '\n' ' ')
+  if [ -n "$picks" ]; then echo "$2: GEMM picks $picks" >> "$summary"; fi
 }
 
 if has step; then
