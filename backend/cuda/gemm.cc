@@ -298,16 +298,18 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
     plan.name = "cuBLASLt, candidate 1 of " + std::to_string(cublas_count);
   }
   Plan& stored = plans_.emplace(key, std::move(plan)).first->second;
-  // The bucket's source: its own m once that is timed (a decode batch padded to it), else the
-  // first m timed in it.
-  Key bucket = key;
-  std::get<0>(bucket) = BucketRows(m);
-  if (m == BucketRows(m)) {
-    bucket_sources_[bucket] = key;
-  } else {
-    bucket_sources_.emplace(bucket, key);
-  }
   ContinuePlanning(stored, m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate);
+  // The bucket's source: its own m once that is timed (a decode batch padded to it), else the
+  // first m timed in it. A plan made inside a capture (untimed) is no source.
+  if (!stored.timed_weights.empty()) {
+    Key bucket = key;
+    std::get<0>(bucket) = BucketRows(m);
+    if (m == BucketRows(m)) {
+      bucket_sources_[bucket] = key;
+    } else {
+      bucket_sources_.emplace(bucket, key);
+    }
+  }
   return stored;
 }
 
