@@ -331,48 +331,30 @@ bool GemmRunner::ReusePlanOfBucket(Plan& plan, const Key& key, int64_t m, int64_
   const auto source = plans_.find(source_key->second);
   if (source == plans_.end() || !source->second.settled) return false;
   const Plan& timed = source->second;
-  plan.settled = true;
-  plan.has_cublas = false;
-  // cuBLASLt's pick must also take this m (its tile and split-k are checked against the shape).
-  if (timed.has_cublas) {
-    cublasLtMatmulHeuristicResult_t check{};
-    if (cublasLtMatmulAlgoCheck(lt_, plan.op, plan.a, plan.b, plan.c, plan.c, &timed.algo,
-                                &check) == CUBLAS_STATUS_SUCCESS &&
-        check.workspaceSize <= kWorkspaceBytes) {
-      plan.algo = timed.algo;
-      plan.has_cublas = true;
-    } else if (fallback != nullptr) {
-      plan.algo = *fallback;
-      plan.has_cublas = true;
-    }
-  } else if (fallback != nullptr) {
-    plan.algo = *fallback;
-    plan.has_cublas = true;
-  }
+  // cuBLASLt's pick must also take this m (its tile and split-k are checked against the shape),
+  // the small-m kernel these operands.
+  cublasLtMatmulHeuristicResult_t check{};
+  const bool timed_algo_fits =
+      timed.has_cublas &&
+      cublasLtMatmulAlgoCheck(lt_, plan.op, plan.a, plan.b, plan.c, plan.c, &timed.algo, &check) ==
+          CUBLAS_STATUS_SUCCESS &&
+      check.workspaceSize <= kWorkspaceBytes;
   SmallMGemmArgs args = MakeSmallMGemmArgs(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
   args.splits = timed.small_m_splits;
-  if (timed.small_m_splits > 0 && SmallMGemmSupports(args)) {
-    plan.small_m_splits = timed.small_m_splits;
-    plan.name = timed.name;
-  } else if (plan.has_cublas) {
-    plan.small_m_splits = 0;
-    plan.name =
-        (timed.small_m_splits == 0 && std::memcmp(&plan.algo, &timed.algo, sizeof(plan.algo)) == 0
-             ? "cuBLASLt, as timed"
-             : "cuBLASLt, heuristic's first") +
-        Describe(plan.algo);
-  } else {
-    std::fprintf(stderr, "no GEMM for %lldx%lldx%lld\n", static_cast<long long>(m),
-                 static_cast<long long>(n), static_cast<long long>(k));
-    std::abort();
-  }
-  plan.name += " (the plan of m = " + std::to_string(std::get<0>(source_key->second)) + ")";
-  if (plan.small_m_splits > 1 && !SmallMGemmHasClusters()) EnsureSplitBuffers();
-  if (verbose_) {
-    std::fprintf(stderr, "GEMM plan %lld x %lld x %lld%s%s: %s\n", static_cast<long long>(m),
-                 static_cast<long long>(n), static_cast<long long>(k), out_f32 ? " (f32 out)" : "",
-                 std::get<8>(key) ? " (+=)" : "", plan.name.c_str());
-  }
+  const bool small_m_fits = timed.small_m_splits > 0 && SmallMGemmSupports(args);
+  if (!timed_algo_fits && fallback == nullptr && !small_m_fits) return false;  // plan it afresh
+
+  plan.has_cublas = timed_algo_fits || fallback != nullptr;
+  if (plan.has_cublas) plan.algo = timed_algo_fits ? timed.algo : *fallback;
+  plan.small_m_splits = small_m_fits ? timed.small_m_splits : 0;
+  const std::string from = "the plan of m = " + std::to_string(std::get<0>(source_key->second));
+  plan.name = small_m_fits      ? timed.name + ", " + from
+              : timed_algo_fits ? "cuBLASLt, " + from
+                                : "cuBLASLt, heuristic's first (" + from + " does not fit)";
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  SIEVE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  const bool accumulate = std::get<8>(key);
+  Settle(plan, m, n, k, w, ldx, ldo, out_f32, accumulate, capture != cudaStreamCaptureStatusNone);
   return true;
 }
 
@@ -523,10 +505,13 @@ void GemmRunner::Settle(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_
                  static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
                  index + 1, CandidateTime(plan, index), label.c_str());
   }
-  std::fprintf(stderr, "GEMM plan %lld x %lld x %lld%s%s: %s (%zu weights timed)%s\n",
-               static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
-               out_f32 ? " (f32 out)" : "", accumulate ? " (+=)" : "", plan.name.c_str(),
-               plan.timed_weights.size(), plan.pdl.c_str());
+  const std::string timed =
+      plan.timed_weights.empty()
+          ? ""
+          : " (" + std::to_string(plan.timed_weights.size()) + " weights timed)";
+  std::fprintf(stderr, "GEMM plan %lld x %lld x %lld%s%s: %s%s%s\n", static_cast<long long>(m),
+               static_cast<long long>(n), static_cast<long long>(k), out_f32 ? " (f32 out)" : "",
+               accumulate ? " (+=)" : "", plan.name.c_str(), timed.c_str(), plan.pdl.c_str());
 }
 
 std::string GemmRunner::ProbeProgrammaticEdge(const Plan& plan, int64_t m, int64_t n, int64_t k,

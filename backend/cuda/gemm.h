@@ -92,8 +92,9 @@ class GemmRunner {
   // graphs replay) is always timed itself.
   static int64_t BucketRows(int64_t m);
   // Gives a new plan (descriptors made) the settled choice of its bucket's timed plan, if there is
-  // one: cuBLASLt's algo if cublasLtMatmulAlgoCheck accepts it for this m (else `fallback`, the
-  // heuristic's first for this m), or the small-m kernel's splits if it takes these operands.
+  // one, and settles it: the small-m kernel's splits if it takes these operands, cuBLASLt's algo
+  // if cublasLtMatmulAlgoCheck accepts it for this m, else `fallback` (the heuristic's first for
+  // this m). False when there is no such plan or nothing of it fits: the shape is planned afresh.
   bool ReusePlanOfBucket(Plan& plan, const Key& key, int64_t m, int64_t n, int64_t k,
                          const __nv_bfloat16* w, int64_t ldw, const __nv_bfloat16* x, int64_t ldx,
                          void* out, int64_t ldo, bool out_f32,
