@@ -150,6 +150,8 @@ class Backend {
   virtual void BeginCapture() {}
   virtual int EndCapture() { return -1; }
   virtual void ReplayGraph(int graph) { (void)graph; }
+  // Frees a graph's executable; its id is not reused and may not be replayed again.
+  virtual void DestroyGraph(int graph) { (void)graph; }
   // Replays `graph` count x per_sample times back to back and returns `count` samples in
   // milliseconds: each the mean device time of `per_sample` consecutive replays, as the device's
   // own timer saw it (CUDA events: PERF.md's method), so host launch and synchronisation latency
@@ -158,6 +160,22 @@ class Backend {
     (void)graph, (void)count, (void)per_sample;
     return {};
   }
+  // ---- step tuning (runtime/step_tuning.h) ----
+  // Choices a backend made between options that timed alike alone (the CUDA backend: a GEMM
+  // shape's cuBLASLt configurations within 3% of each other), left open so that timing whole
+  // captured steps can decide them. The open choices are those the ops issued since the last
+  // MarkTuningScope() made, in the order they were first made; option 0 is the pick alone.
+  struct TuningChoice {
+    std::string name;                  // e.g. "GEMM 64 x 28672 x 4096"
+    std::vector<std::string> options;  // what each option is, for logs
+  };
+  virtual void MarkTuningScope() {}
+  virtual std::vector<TuningChoice> OpenTuningChoices() { return {}; }
+  // Applies to ops issued (or captured) from now on.
+  virtual void SetTuningOption(int choice, int option) { (void)choice, (void)option; }
+  // Keeps open choice `choice` at its current option for good (the indices of the others shift).
+  virtual void CloseTuningChoice(int choice) { (void)choice; }
+
   // Sizes every scratch buffer the ops of a decode step of up to `max_batch` sequences with up to
   // `max_kv_len` entries need, so that captured graphs never see a buffer move.
   virtual void PrepareDecodeGraphs(int max_batch, int num_heads, int head_dim, int max_kv_len) {

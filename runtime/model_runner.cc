@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
+
+#include "core/logging.h"
+#include "runtime/step_tuning.h"
 
 namespace sieve {
 
@@ -303,11 +307,19 @@ const Tensor& ModelRunner::Run(const StepPlan& plan, const Scheduler& scheduler,
     DecodeGraph& graph = graphs_[{bucket, step_.layer_max_kv_len}];
     Upload(graph.meta, graph.step);  // same size every time for a bucket: same address
     if (graph.graph < 0) {
-      // The bucket's first step runs eagerly (planning its GEMMs), then is captured.
+      // The bucket's first step runs eagerly (planning its GEMMs), then is captured, with the
+      // choices its GEMMs left open decided by timing the captured step (runtime/step_tuning.h).
+      // Replaying it writes the same K/V entries and logits again; not H2O's score pool, which
+      // adds into itself, so with one the choices keep their pick alone.
+      backend.MarkTuningScope();
       model_.Forward(graph.step, pool_, workspace_, logits_view_);
-      backend.BeginCapture();
-      model_.Forward(graph.step, pool_, workspace_, logits_view_);
-      graph.graph = backend.EndCapture();
+      std::vector<StepTuningOutcome> tuning;
+      graph.graph = CaptureTunedGraph(
+          backend, [&] { model_.Forward(graph.step, pool_, workspace_, logits_view_); },
+          /*replays_allowed=*/!pool_.scores.defined(), &tuning);
+      if (!tuning.empty()) {
+        spdlog::debug("step tuning, decode bucket {}:\n{}", bucket, DescribeStepTuning(tuning));
+      }
     } else {
       backend.ReplayGraph(graph.graph);
       ++graph_steps_;

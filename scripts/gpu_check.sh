@@ -126,11 +126,18 @@ step_bench() {  # step_bench BINARY NAME [ARG...]: the decode step (and its vari
   grep -E "^(dense|1/10 kept)" "$LOGS/step_$2.log" | sed "s/^/$2: /" >> "$summary"
   # With SIEVE_GEMM_VERBOSE=1, the decode GEMMs' picks (they move the step by up to 0.1 ms):
   # N x K: candidate C, cuBLASLt tile T, split-k S.
+  # After step tuning (runtime/step_tuning.h) where it decided, else the pick alone.
   local picks
-  picks=$(grep -E "^GEMM plan 64 x [0-9]+ x [0-9]+.*candidate" "$LOGS/step_$2.log" | sort -u | sed -E \
-    's/.*GEMM plan 64 x ([0-9]+) x ([0-9]+).*candidate ([0-9]+) of.*tile ([0-9]+).*split-k ([0-9]+).*/\1x\2:c\3t\4s\5/' \
-    | tr '\n' ' ')
+  picks=$(grep -E "^GEMM plan 64 x [0-9]+ x [0-9]+" "$LOGS/step_$2.log" | python3 -c '
+import re, sys
+picks = {}
+for line in sys.stdin:
+    m = re.match(r"GEMM plan 64 x (\d+) x (\d+).*?(after step tuning)?: .*candidate (\d+) of.*tile (\d+).*split-k (\d+)", line)
+    if m and (m.group(3) or (m.group(1), m.group(2)) not in picks):
+        picks[(m.group(1), m.group(2))] = "c%st%ss%s" % m.group(4, 5, 6)
+print(" ".join("%sx%s:%s" % (n, k, v) for (n, k), v in picks.items()))')
   if [ -n "$picks" ]; then echo "$2: GEMM picks $picks" >> "$summary"; fi
+  grep -A6 "^  step tuning:" "$LOGS/step_$2.log" | head -14 | sed "s/^/$2: /" >> "$summary"
 }
 
 if has step; then

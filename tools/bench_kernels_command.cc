@@ -34,6 +34,19 @@ namespace sieve {
 
 namespace {
 
+// Every line of `text` with `prefix` in front.
+[[maybe_unused]] std::string Indent(const std::string& text, const std::string& prefix) {
+  std::string out;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    const size_t end = text.find('\n', begin);
+    const size_t stop = end == std::string::npos ? text.size() : end + 1;
+    out += prefix + text.substr(begin, stop - begin);
+    begin = stop;
+  }
+  return out;
+}
+
 // Decode steps bracketed by --profile-step: the middle one is a step between steps.
 constexpr int kProfiledSteps = 3;
 
@@ -285,6 +298,7 @@ int Run(const KernelsFlags& flags) {
             : ratio <= 1.3        ? "target <= 1.3x: MET"
                                   : "target <= 1.3x: MISSED");
         if (!r.attention_trace.empty()) std::printf("%s", r.attention_trace.c_str());
+        if (!r.tuning.empty()) std::printf("  step tuning:\n%s", Indent(r.tuning, "    ").c_str());
         for (const DecodeStepPart& part : r.parts) {
           const double bound_ms = copy > 0 ? part.bytes / copy * 1e3 : 0;
           std::printf("    %-28s %7.3f ms  %5.1f%% of the step   bound %7.3f ms   %.2fx\n",

@@ -9,6 +9,7 @@
 
 #include "model/llama_model.h"
 #include "runtime/model_runner.h"
+#include "runtime/step_tuning.h"
 
 #ifdef SIEVE_HAVE_CUDA
 #include <cuda_profiler_api.h>
@@ -239,13 +240,20 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
   ForwardWorkspace workspace;
   model->EnsureWorkspace(workspace, batch, 1, batch, 1, 1);
   Tensor logits = backend.Allocate({batch, config.vocab_size}, DType::kF32);
+  backend.MarkTuningScope();
   model->Forward(step, pool, workspace, logits);  // warm-up: plans GEMMs, sizes workspaces
   backend.Synchronize();
+  DecodeStepBenchResult result;
   int graph = -1;
   if (options.use_graph && backend.SupportsGraphs()) {
-    backend.BeginCapture();
-    model->Forward(step, pool, workspace, logits);
-    graph = backend.EndCapture();
+    // As the engine captures a decode bucket's first step (runtime/model_runner.cc): the GEMM
+    // choices left open decided by timing the captured step. (The warm-up above planned them;
+    // on a backend whose shapes were tuned by an earlier step, nothing is open.)
+    std::vector<StepTuningOutcome> tuning;
+    graph = CaptureTunedGraph(
+        backend, [&] { model->Forward(step, pool, workspace, logits); },
+        /*replays_allowed=*/true, &tuning);
+    result.tuning = DescribeStepTuning(tuning);
   }
   const auto run = [&] {
     if (graph >= 0) {
@@ -279,7 +287,6 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
   }
 #endif
 
-  DecodeStepBenchResult result;
 #ifdef SIEVE_HAVE_CUDA
   if (options.trace_attention && backend.device() == Device::kCuda) {
     // One more step with the decode attention's phases stamped (decode_attention.h), the last

@@ -63,6 +63,7 @@ struct DecodeStepBenchResult {
   double bytes = 0;
   double achieved_bandwidth = 0;
   std::string attention_trace;  // with options.trace_attention
+  std::string tuning;           // the step tuning's decisions (runtime/step_tuning.h), if any
 };
 
 DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& config,

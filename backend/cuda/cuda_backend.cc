@@ -40,7 +40,9 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
-    for (cudaGraphExec_t exec : graphs_) cudaGraphExecDestroy(exec);
+    for (cudaGraphExec_t exec : graphs_) {
+      if (exec != nullptr) cudaGraphExecDestroy(exec);
+    }
     gemm_.reset();
     cudaFree(attention_workspace_);
     cudaFree(select_workspace_);
@@ -306,9 +308,30 @@ class CudaBackend final : public Backend {
   }
 
   void ReplayGraph(int graph) override {
-    SIEVE_CHECK(graph >= 0 && graph < static_cast<int>(graphs_.size()));
+    SIEVE_CHECK(graph >= 0 && graph < static_cast<int>(graphs_.size()) && graphs_[graph] != nullptr)
+        << "graph " << graph << " was never captured or is destroyed";
     SIEVE_CUDA_CHECK(cudaGraphLaunch(graphs_[graph], stream_));
   }
+  void DestroyGraph(int graph) override {
+    SIEVE_CHECK(graph >= 0 && graph < static_cast<int>(graphs_.size()));
+    if (graphs_[graph] == nullptr) return;
+    SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // no replay of it may still be queued
+    SIEVE_CUDA_CHECK(cudaGraphExecDestroy(graphs_[graph]));
+    graphs_[graph] = nullptr;
+  }
+
+  void MarkTuningScope() override { gemm_->MarkTuningScope(); }
+  std::vector<TuningChoice> OpenTuningChoices() override {
+    std::vector<TuningChoice> choices;
+    for (cuda::GemmRunner::OpenPlan& plan : gemm_->OpenPlans()) {
+      choices.push_back({"GEMM " + plan.shape, std::move(plan.options)});
+    }
+    return choices;
+  }
+  void SetTuningOption(int choice, int option) override {
+    gemm_->SetOpenPlanOption(choice, option);
+  }
+  void CloseTuningChoice(int choice) override { gemm_->CloseOpenPlan(choice); }
 
  private:
   // Linear and LinearAdd: out (+)= x w^T through the GEMM runner.

@@ -271,6 +271,52 @@ TEST_F(CudaGemmTest, PlanningOverSeveralWeightsKeepsEveryCallRight) {
   }
 }
 
+// Every candidate a plan times is right, set as a step-tuning option (runtime/step_tuning.h):
+// cuBLASLt's heuristic configurations, the re-tiled ones and the small-m kernel's splits, for
+// plain and accumulating calls; the names agree, and a closed plan is no longer open.
+TEST_F(CudaGemmTest, EveryTuningOptionMatchesHostProduct) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const auto& [m, n, k] : {std::tuple{64, 4096, 1024}, std::tuple{16, 4096, 512}}) {
+    const Problem problem(m, n, k, rng_);
+    DeviceBuffer<__nv_bfloat16> x(testing::ToBf16(problem.x)), w(testing::ToBf16(problem.w));
+    for (const bool accumulate : {false, true}) {
+      GemmRunner runner(stream_);
+      runner.set_choice(GemmChoice::kAuto);
+      runner.KeepEveryCandidateAsOption();
+      std::vector<float> base(static_cast<size_t>(m) * problem.ldo);
+      for (float& value : base) value = normal(rng_);
+      const auto run = [&] {
+        DeviceBuffer<__nv_bfloat16> out(testing::ToBf16(base));
+        runner.Run(m, n, k, w.get(), problem.ldw, x.get(), problem.ldx, out.get(), problem.ldo,
+                   false, accumulate);
+        SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        return problem.Error(out.ToHost(), accumulate ? &base : nullptr);
+      };
+      run();  // times the candidates
+      run();  // the weight comes round: the plan settles
+      runner.MarkTuningScope();
+      EXPECT_LE(run(), kBf16Tolerance) << runner.last_plan();
+      std::vector<GemmRunner::OpenPlan> open = runner.OpenPlans();
+      ASSERT_EQ(open.size(), 1u);
+      const std::vector<std::string> options = open[0].options;
+      ASSERT_GE(options.size(), 2u) << open[0].shape;
+      int retiled = 0;
+      for (int option = 0; option < static_cast<int>(options.size()); ++option) {
+        runner.SetOpenPlanOption(0, option);
+        const double error = run();
+        EXPECT_LE(error, kBf16Tolerance) << options[option] << (accumulate ? " +=" : "");
+        EXPECT_EQ(runner.last_plan(), options[option]);
+        retiled += options[option].find("re-tiled") != std::string::npos;
+      }
+      std::printf("%d x %d x %d%s: %zu options, %d re-tiled\n", m, n, k, accumulate ? " +=" : "",
+                  options.size(), retiled);
+      runner.CloseOpenPlan(0);
+      EXPECT_TRUE(runner.OpenPlans().empty());
+      EXPECT_LE(run(), kBf16Tolerance) << runner.last_plan();
+    }
+  }
+}
+
 // A shape whose m shares a power-of-two bucket with a timed one takes that plan's choice without
 // timing (prefill chunks come in every size), and its products are still right; another bucket
 // is timed for itself, and so is a power-of-two m (a padded decode batch), which then serves its

@@ -14,6 +14,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/small_m_gemm.h"
+#include "core/check.h"
 #include "core/dtype.h"
 
 #define SIEVE_CUBLAS_CHECK(call)                                                       \
@@ -71,6 +72,57 @@ constexpr int kPlannedWeights = 4;
 constexpr int64_t kMaxProbedRows = 1024;
 constexpr int kTimedRoundsPrefill = 3;
 
+// Re-tiled candidates (session 11). cuBLASLt's heuristic offers 8 configurations of its one
+// Hopper algo, and for the down GEMM at m = 64 none without a split-k (whose f32 reduction is a
+// kernel more, 3 us a layer). The same algo re-tiled fills the GPU otherwise: 32 x 64 tiles give
+// the down GEMM 128 CTAs unsplit, 0.0346 ms against the heuristic's best 0.0355 alone and 1.06
+// against 1.11-1.15 ms a step (device run 2). So decode shapes (m <= kMaxRetiledRows) also time
+// the heuristic's first configuration with each tile below (rows of w x rows of x, the
+// cublasLtMatmulTile_t ids) and split-k 1-4, wherever the grid comes to half a wave to one wave
+// (60-132 CTAs) or two full waves (232-264) on the H200's 132 SMs, and cublasLtMatmulAlgoCheck
+// takes it. (All grids of 48-264 CTAs, 90-100 candidates a shape, picked no faster a step: run 3.)
+struct TileShape {
+  uint32_t id;
+  int rows;
+  int cols;
+};
+constexpr TileShape kRetiledTiles[] = {
+    {3, 16, 8},     {6, 32, 8},     {10, 64, 8},    {393, 128, 8},  {448, 192, 8},  {486, 256, 8},
+    {514, 320, 8},  {537, 384, 8},  {556, 448, 8},  {573, 512, 8},  {588, 576, 8},  {601, 640, 8},
+    {612, 704, 8},  {622, 768, 8},  {5, 16, 16},    {9, 32, 16},    {312, 64, 16},  {394, 128, 16},
+    {449, 192, 16}, {487, 256, 16}, {515, 320, 16}, {538, 384, 16}, {557, 448, 16}, {574, 512, 16},
+    {589, 576, 16}, {602, 640, 16}, {613, 704, 16}, {623, 768, 16}, {8, 16, 32},    {11, 32, 32},
+    {13, 64, 32},   {16, 128, 32},  {451, 192, 32}, {35, 256, 32},  {517, 320, 32}, {540, 384, 32},
+    {559, 448, 32}, {576, 512, 32}, {591, 576, 32}, {604, 640, 32}, {615, 704, 32}, {625, 768, 32},
+    {47, 16, 64},   {59, 24, 64},   {12, 32, 64},   {80, 40, 64},   {92, 48, 64},   {104, 56, 64},
+    {15, 64, 64},   {124, 72, 64},  {134, 80, 64},  {143, 88, 64},  {27, 96, 64},   {157, 104, 64},
+    {164, 112, 64}, {170, 120, 64}, {18, 128, 64},  {178, 136, 64}, {183, 144, 64}, {188, 152, 64},
+    {193, 160, 64}, {196, 168, 64}, {200, 176, 64}, {204, 184, 64}, {208, 192, 64}, {211, 200, 64},
+    {214, 208, 64}, {217, 216, 64}, {220, 224, 64}, {223, 232, 64}, {226, 240, 64}, {229, 248, 64},
+    {21, 256, 64},  {233, 264, 64}, {235, 272, 64}, {237, 280, 64}, {239, 288, 64}, {241, 296, 64},
+    {243, 304, 64}, {245, 312, 64}, {247, 320, 64}, {249, 328, 64}, {251, 336, 64}, {253, 344, 64},
+    {255, 352, 64}, {257, 360, 64}, {259, 368, 64}, {261, 376, 64}, {263, 384, 64}, {265, 392, 64},
+    {266, 400, 64}, {267, 408, 64}, {268, 416, 64}, {269, 424, 64}, {270, 432, 64}, {271, 440, 64},
+    {272, 448, 64}, {273, 456, 64}, {274, 464, 64}, {275, 472, 64}, {276, 480, 64}, {277, 488, 64},
+    {278, 496, 64}, {279, 504, 64}, {25, 512, 64},  {280, 520, 64}, {281, 528, 64}, {282, 536, 64},
+    {283, 544, 64}, {284, 552, 64}, {285, 560, 64}, {286, 568, 64}, {287, 576, 64}, {288, 584, 64},
+    {289, 592, 64}, {290, 600, 64}, {291, 608, 64}, {292, 616, 64}, {293, 624, 64}, {294, 632, 64},
+    {295, 640, 64}, {296, 648, 64}, {297, 656, 64}, {298, 664, 64}, {299, 672, 64}, {300, 680, 64},
+    {301, 688, 64}, {302, 696, 64}, {303, 704, 64}, {304, 712, 64}, {305, 720, 64}, {306, 728, 64},
+    {307, 736, 64}, {308, 744, 64}, {309, 752, 64}, {310, 760, 64}, {311, 768, 64}};
+constexpr int64_t kMaxRetiledRows = 256;
+constexpr int kMaxRetiledSplits = 4;
+bool RetiledGridFits(int64_t ctas) {
+  return (ctas >= 60 && ctas <= 132) || (ctas >= 232 && ctas <= 264);
+}
+
+// Above the fastest candidate by at most this much (alone), a plan's next candidates stay options
+// for step tuning (runtime/step_tuning.h), at most kTuningOptions in all: alone, gate_up's
+// candidate 3 timed 0.0600 ms against candidate 2's 0.0604, yet made the step 0.12 ms slower (5.65
+// against 5.53 ms; session 11, device run 3).
+constexpr float kTuningMargin = 0.03f;
+constexpr size_t kTuningOptions = 3;
+
 // The 16-byte aligned part of [data, data + bytes), as ReadThrough takes it.
 std::pair<const void*, size_t> AlignedInside(const void* data, int64_t bytes) {
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + 15) / 16 * 16;
@@ -90,15 +142,20 @@ uint32_t ReductionMaskFromEnvironment() {
   std::exit(2);
 }
 
-// One uint32 attribute of an algo's configuration, or -1.
+// One attribute of an algo's configuration, or -1.
 int AlgoConfig(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attribute) {
   uint32_t value = 0;
   size_t written = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attribute, &value, sizeof(value), &written) !=
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attribute, &value, sizeof(value), &written) ==
       CUBLAS_STATUS_SUCCESS) {
-    return -1;
+    return static_cast<int>(value);
   }
-  return static_cast<int>(value);
+  uint16_t narrow = 0;  // the inner and cluster shape ids are 16-bit
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attribute, &narrow, sizeof(narrow), &written) ==
+      CUBLAS_STATUS_SUCCESS) {
+    return narrow;
+  }
+  return -1;
 }
 
 // " (algo 21, tile 18, stages 12, split-k 3 in place)": what cuBLASLt's config holds, for logs.
@@ -112,6 +169,8 @@ std::string Describe(const cublasLtMatmulAlgo_t& algo) {
                      std::to_string(get(CUBLASLT_ALGO_CONFIG_TILE_ID)) + ", stages " +
                      std::to_string(get(CUBLASLT_ALGO_CONFIG_STAGES_ID)) + ", split-k " +
                      std::to_string(splits);
+  const int cluster = get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID);
+  if (cluster > 0) text += ", cluster shape " + std::to_string(cluster);
   if (splits > 1) {
     text += scheme == CUBLASLT_REDUCTION_SCHEME_INPLACE        ? " in place"
             : scheme == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE ? " via f32 workspace"
@@ -137,7 +196,9 @@ GemmChoice GemmChoiceFromEnvironment() {
 GemmRunner::GemmRunner(cudaStream_t stream)
     : stream_(stream),
       choice_(GemmChoiceFromEnvironment()),
-      reduction_mask_(ReductionMaskFromEnvironment()) {
+      reduction_mask_(ReductionMaskFromEnvironment()),
+      tuning_options_(kTuningOptions),
+      tuning_margin_(kTuningMargin) {
   const char* verbose = std::getenv("SIEVE_GEMM_VERBOSE");
   verbose_ = verbose != nullptr && std::strcmp(verbose, "0") != 0 && *verbose != '\0';
   SIEVE_CUBLAS_CHECK(cublasLtCreate(&lt_));
@@ -251,6 +312,10 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
                                                     preference, static_cast<int>(results.size()),
                                                     results.data(), &cublas_count));
   cublasLtMatmulPreferenceDestroy(preference);
+  const std::vector<cublasLtMatmulAlgo_t> retiled =
+      m <= kMaxRetiledRows && cublas_count > 0
+          ? RetiledCandidates(plan, m, n, results.data(), cublas_count)
+          : std::vector<cublasLtMatmulAlgo_t>{};
 
   if (ReusePlanOfBucket(plan, key, m, n, k, w, ldw, x, ldx, out, ldo, out_f32,
                         cublas_count > 0 ? &results[0].algo : nullptr)) {
@@ -289,13 +354,17 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
   for (int candidate = 0; use_cublas && candidate < cublas_count; ++candidate) {
     plan.cublas_candidates.push_back(results[candidate].algo);
   }
+  for (const cublasLtMatmulAlgo_t& algo : retiled) {
+    if (use_cublas) plan.cublas_candidates.push_back(algo);
+  }
+  plan.heuristic_count = use_cublas ? cublas_count : 0;
   plan.split_candidates = splits;
   plan.medians.resize(plan.cublas_candidates.size() + splits.size());
   if (!splits.empty()) {
     plan.small_m_splits = 1;
     plan.name = "small-m, 1 split";
   } else {
-    plan.name = "cuBLASLt, candidate 1 of " + std::to_string(cublas_count);
+    plan.name = "cuBLASLt, candidate 1 of " + std::to_string(plan.cublas_candidates.size());
   }
   Plan& stored = plans_.emplace(key, std::move(plan)).first->second;
   ContinuePlanning(stored, m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate);
@@ -311,6 +380,51 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
     }
   }
   return stored;
+}
+
+std::vector<cublasLtMatmulAlgo_t> GemmRunner::RetiledCandidates(
+    const Plan& plan, int64_t m, int64_t n, const cublasLtMatmulHeuristicResult_t* heuristic,
+    int heuristic_count) {
+  std::vector<cublasLtMatmulAlgo_t> retiled;
+  for (const TileShape& tile : kRetiledTiles) {
+    for (int32_t split = 1; split <= kMaxRetiledSplits; ++split) {
+      const int64_t ctas =
+          (n + tile.rows - 1) / tile.rows * ((m + tile.cols - 1) / tile.cols) * split;
+      if (!RetiledGridFits(ctas)) continue;
+      const uint32_t scheme =
+          split > 1 ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE : CUBLASLT_REDUCTION_SCHEME_NONE;
+      if (split > 1 && (reduction_mask_ & scheme) == 0) continue;
+      bool offered = false;  // by the heuristic already
+      for (int index = 0; index < heuristic_count && !offered; ++index) {
+        offered = AlgoConfig(heuristic[index].algo, CUBLASLT_ALGO_CONFIG_TILE_ID) ==
+                      static_cast<int>(tile.id) &&
+                  AlgoConfig(heuristic[index].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) == split;
+      }
+      if (offered) continue;
+      // The heuristic's first configuration re-tiled; the first cluster shape the algo accepts
+      // for it (auto, 1x1, 2x1, 1x2).
+      for (const uint16_t cluster : {CUBLASLT_CLUSTER_SHAPE_AUTO, CUBLASLT_CLUSTER_SHAPE_1x1x1,
+                                     CUBLASLT_CLUSTER_SHAPE_2x1x1, CUBLASLT_CLUSTER_SHAPE_1x2x1}) {
+        cublasLtMatmulAlgo_t algo = heuristic[0].algo;
+        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile.id,
+                                             sizeof(tile.id));
+        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
+                                             sizeof(split));
+        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                             sizeof(scheme));
+        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                             sizeof(cluster));
+        cublasLtMatmulHeuristicResult_t check{};
+        if (cublasLtMatmulAlgoCheck(lt_, plan.op, plan.a, plan.b, plan.c, plan.c, &algo, &check) ==
+                CUBLAS_STATUS_SUCCESS &&
+            check.workspaceSize <= kWorkspaceBytes) {
+          retiled.push_back(algo);
+          break;
+        }
+      }
+    }
+  }
+  return retiled;
 }
 
 int64_t GemmRunner::BucketRows(int64_t m) {
@@ -451,36 +565,73 @@ float GemmRunner::CandidateTime(const Plan& plan, size_t index) {
   return sum / static_cast<float>(medians.size());
 }
 
+std::string GemmRunner::CandidateName(const Plan& plan, size_t index) {
+  const size_t cublas_count = plan.cublas_candidates.size();
+  if (index < cublas_count) {
+    return "cuBLASLt, candidate " + std::to_string(index + 1) + " of " +
+           std::to_string(cublas_count) + (index >= plan.heuristic_count ? ", re-tiled" : "");
+  }
+  const int split = plan.split_candidates[index - cublas_count];
+  return "small-m, " + std::to_string(split) + (split == 1 ? " split" : " splits");
+}
+
+void GemmRunner::Apply(Plan& plan, int index) {
+  const size_t cublas_count = plan.cublas_candidates.size();
+  const size_t at = static_cast<size_t>(index);
+  plan.chosen = index;
+  if (at < cublas_count) {
+    plan.small_m_splits = 0;
+    plan.algo = plan.cublas_candidates[at];
+  } else {
+    plan.small_m_splits = plan.split_candidates[at - cublas_count];
+  }
+  plan.name = CandidateName(plan, at);
+}
+
 void GemmRunner::Choose(Plan& plan) {
   const size_t cublas_count = plan.cublas_candidates.size();
-  float best = -1.0f;
+  int best = -1;
+  float best_ms = -1.0f;
   float best_cublas = -1.0f;
   for (size_t index = 0; index < plan.medians.size(); ++index) {
     const float ms = CandidateTime(plan, index);
     if (ms < 0) continue;
-    const bool is_cublas = index < cublas_count;
-    if (is_cublas && (best_cublas < 0 || ms < best_cublas)) {
+    if (index < cublas_count && (best_cublas < 0 || ms < best_cublas)) {
       best_cublas = ms;
       plan.algo = plan.cublas_candidates[index];
     }
-    if (best < 0 || ms < best) {
-      best = ms;
-      if (is_cublas) {
-        plan.small_m_splits = 0;
-        plan.name = "cuBLASLt, candidate " + std::to_string(index + 1) + " of " +
-                    std::to_string(cublas_count);
-      } else {
-        const int split = plan.split_candidates[index - cublas_count];
-        plan.small_m_splits = split;
-        plan.name = "small-m, " + std::to_string(split) + (split == 1 ? " split" : " splits");
-      }
+    if (best_ms < 0 || ms < best_ms) {
+      best_ms = ms;
+      best = static_cast<int>(index);
     }
   }
+  if (best < 0) return;
+  const cublasLtMatmulAlgo_t fallback = plan.algo;
+  Apply(plan, best);
+  if (plan.small_m_splits > 0) plan.algo = fallback;
 }
 
 void GemmRunner::Settle(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w,
                         int64_t ldx, int64_t ldo, bool out_f32, bool accumulate, bool capturing) {
   plan.settled = true;
+  plan.shape = std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k) +
+               (out_f32 ? " (f32 out)" : "") + (accumulate ? " (+=)" : "");
+  if (plan.chosen >= 0) {
+    // Step tuning's options: the pick, then the candidates within kTuningMargin of it alone.
+    const float best = CandidateTime(plan, static_cast<size_t>(plan.chosen));
+    std::vector<std::pair<float, int>> near;
+    for (size_t index = 0; index < plan.medians.size(); ++index) {
+      const float ms = CandidateTime(plan, index);
+      if (ms >= 0 && static_cast<int>(index) != plan.chosen && ms <= best * (1 + tuning_margin_)) {
+        near.emplace_back(ms, static_cast<int>(index));
+      }
+    }
+    std::sort(near.begin(), near.end());
+    plan.options = {plan.chosen};
+    for (const auto& [ms, index] : near) {
+      if (plan.options.size() < tuning_options_) plan.options.push_back(index);
+    }
+  }
   if (plan.small_m_splits > 1 && !SmallMGemmHasClusters()) EnsureSplitBuffers();
   if (plan.small_m_splits == 0) plan.name += Describe(plan.algo);
   if (plan.small_m_splits == 0 && plan.has_cublas && m <= kMaxProbedRows && !capturing &&
@@ -601,8 +752,12 @@ void GemmRunner::Run(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, in
                      const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32,
                      bool accumulate) {
   if (m == 0 || n == 0) return;
-  const Plan& plan = PlanFor(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate);
+  Plan& plan = PlanFor(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate);
   last_plan_ = &plan;
+  if (plan.options.size() > 1 && !plan.closed &&
+      std::find(scope_.begin(), scope_.end(), &plan) == scope_.end()) {
+    scope_.push_back(&plan);
+  }
   if (plan.small_m_splits > 0) {
     SmallMGemmArgs args = MakeSmallMGemmArgs(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
     args.splits = plan.small_m_splits;
@@ -624,6 +779,56 @@ void GemmRunner::Run(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, in
   SIEVE_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.op, &alpha, w, plan.a, x, plan.b, &beta, out, plan.c,
                                     out, plan.c, &plan.algo, workspace_, kWorkspaceBytes, stream_));
   NoteNonTriggeringLaunch(stream_);  // pdl.cuh: the kernel after it launches plainly
+}
+
+std::vector<GemmRunner::OpenPlan> GemmRunner::OpenPlans() const {
+  std::vector<OpenPlan> open;
+  for (const Plan* plan : scope_) {
+    if (plan->closed) continue;
+    OpenPlan entry{plan->shape, {}};
+    for (const int option : plan->options) {
+      entry.options.push_back(CandidateName(*plan, static_cast<size_t>(option)) +
+                              (static_cast<size_t>(option) < plan->cublas_candidates.size()
+                                   ? Describe(plan->cublas_candidates[static_cast<size_t>(option)])
+                                   : ""));
+    }
+    open.push_back(std::move(entry));
+  }
+  return open;
+}
+
+// The index-th plan of scope_ that is still open.
+GemmRunner::Plan& GemmRunner::OpenPlanAt(int index) {
+  int seen = 0;
+  for (Plan* plan : scope_) {
+    if (!plan->closed && seen++ == index) return *plan;
+  }
+  SIEVE_CHECK(false) << "no open GEMM plan " << index << " (" << seen << " open)";
+  std::abort();
+}
+
+void GemmRunner::SetOpenPlanOption(int index, int option) {
+  Plan& plan = OpenPlanAt(index);
+  SIEVE_CHECK(option >= 0 && static_cast<size_t>(option) < plan.options.size())
+      << "plan " << plan.shape << " has " << plan.options.size() << " options, not " << option;
+  const cublasLtMatmulAlgo_t fallback = plan.algo;
+  Apply(plan, plan.options[static_cast<size_t>(option)]);
+  if (plan.small_m_splits > 0) {
+    plan.algo = fallback;  // a cuBLASLt algo stays for operands the small-m kernel refuses
+    if (plan.small_m_splits > 1 && !SmallMGemmHasClusters()) EnsureSplitBuffers();
+  } else {
+    plan.name += Describe(plan.algo);
+  }
+  plan.pdl.clear();  // probed for the previous choice (SIEVE_GRAPH_PDL)
+}
+
+void GemmRunner::CloseOpenPlan(int index) {
+  Plan& plan = OpenPlanAt(index);
+  plan.closed = true;
+  if (verbose_) {
+    std::fprintf(stderr, "GEMM plan %s after step tuning: %s\n", plan.shape.c_str(),
+                 plan.name.c_str());
+  }
 }
 
 }  // namespace sieve::cuda

@@ -17,6 +17,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -53,6 +54,27 @@ class GemmRunner {
   // of 8".
   const std::string& last_plan() const { return last_plan_->name; }
 
+  // Step tuning (runtime/step_tuning.h). A settled plan whose next-fastest candidates timed within
+  // 3% of its pick alone keeps up to 3 of them as options: which one makes a whole decode step
+  // fastest is then found by timing captured steps. The open plans are those run since the last
+  // MarkTuningScope() that have options and are not closed, in the order of their first run.
+  void MarkTuningScope() { scope_.clear(); }
+  struct OpenPlan {
+    std::string shape;                 // "64 x 28672 x 4096", "(+=)" when accumulating
+    std::vector<std::string> options;  // option 0: the plan's pick alone
+  };
+  std::vector<OpenPlan> OpenPlans() const;
+  // Makes option `option` of open plan `index` the plan's choice (before a capture).
+  void SetOpenPlanOption(int index, int option);
+  // Closes open plan `index` with its current choice: no later scope reopens it.
+  void CloseOpenPlan(int index);
+  // Tests: every candidate a plan times (and does not refuse) becomes an option of plans settled
+  // from now on, so that each can be set and checked.
+  void KeepEveryCandidateAsOption() {
+    tuning_options_ = static_cast<size_t>(-1);
+    tuning_margin_ = 1e30f;
+  }
+
  private:
   struct Plan {
     int small_m_splits = 0;   // > 0: the small-m kernel with this many k-splits; 0: cuBLASLt
@@ -71,6 +93,13 @@ class GemmRunner {
     std::vector<std::vector<float>> medians;  // [candidate][weight]
     std::vector<const void*> timed_weights;
     bool settled = false;
+    size_t heuristic_count = 0;  // cublas_candidates[0, heuristic_count): the heuristic's own
+    int chosen = -1;             // the candidate picked, or -1 (untimed)
+    // Step tuning: candidates within kTuningMargin of the pick alone, the pick first, set when
+    // the plan settles; `closed` once a step chose among them.
+    std::vector<int> options;
+    bool closed = false;
+    std::string shape;  // for logs
   };
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, bool>;
 
@@ -99,8 +128,19 @@ class GemmRunner {
                          const __nv_bfloat16* w, int64_t ldw, const __nv_bfloat16* x, int64_t ldx,
                          void* out, int64_t ldo, bool out_f32,
                          const cublasLtMatmulAlgo_t* fallback);
+  // cuBLASLt's heuristic's first configuration with other tiles and split-k counts (gemm.cc).
+  std::vector<cublasLtMatmulAlgo_t> RetiledCandidates(
+      const Plan& plan, int64_t m, int64_t n, const cublasLtMatmulHeuristicResult_t* heuristic,
+      int heuristic_count);
+  Plan& OpenPlanAt(int index);
   static float CandidateTime(const Plan& plan, size_t index);
+  // "cuBLASLt, candidate 2 of 8" (", re-tiled" past the heuristic's own), "small-m, 4 splits".
+  static std::string CandidateName(const Plan& plan, size_t index);
+  // Picks the fastest candidate so far (cuBLASLt's fastest stays in `algo` as the fallback of a
+  // small-m pick).
   static void Choose(Plan& plan);
+  // Makes candidate `index` the plan's choice.
+  static void Apply(Plan& plan, int index);
   // Makes the choice final: split buffers, the programmatic-edge probe, the verbose report.
   void Settle(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldx,
               int64_t ldo, bool out_f32, bool accumulate, bool capturing);
@@ -137,6 +177,9 @@ class GemmRunner {
   cudaEvent_t start_ = nullptr;
   cudaEvent_t stop_ = nullptr;
   const Plan* last_plan_ = nullptr;  // map nodes do not move
+  std::vector<Plan*> scope_;         // plans with options run since MarkTuningScope()
+  size_t tuning_options_;            // kTuningOptions (gemm.cc) but in tests
+  float tuning_margin_;              // kTuningMargin but in tests
 };
 
 }  // namespace sieve::cuda
