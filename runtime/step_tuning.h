@@ -32,9 +32,10 @@ struct StepTuningOutcome {
 
 // Decides the open choices one at a time, first to last (one pass of coordinate descent; a choice
 // that opens meanwhile, e.g. a GEMM first planned inside a capture, comes after): each option of
-// the choice is captured, the graphs are timed round-robin `rounds` times after one warm-up
-// sample each, and the option with the lowest lower median is kept (a tie keeps the earlier,
-// option 0 being the pick alone); then the choice is closed. Returns what was decided, in order.
+// the choice is captured, the graphs are timed `rounds` times each (a round visits them in a
+// shuffled order) after one warm-up sample each, and the option with the lowest lower median is
+// kept if it beats option 0, the pick alone, by more than 0.2%; then the choice is closed.
+// Returns what was decided, in order.
 std::vector<StepTuningOutcome> TuneStep(const StepTuningHooks& hooks, int rounds);
 
 // `step` (ops on `backend` only, no host work) captured as a graph. The backend's choices opened

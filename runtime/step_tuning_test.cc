@@ -119,6 +119,16 @@ TEST(StepTuningTest, KeepsTheFastestOptionOfEveryChoiceAndFreesItsGraphs) {
   EXPECT_NE(DescribeStepTuning(outcomes).find("gate_up:"), std::string::npos);
 }
 
+TEST(StepTuningTest, AGainWithinTheNoiseKeepsThePickAlone) {
+  std::random_device seed;
+  // Option 1 is 0.1% faster (within the 0.2% margin), option 2 of the second choice 1%.
+  FakeChoices fake({{"o", {0.005, 0.0}}, {"down", {0.05, 0.03, 0.0}}}, seed());
+  const std::vector<StepTuningOutcome> outcomes = TuneStep(fake.Hooks(), 5);
+  ASSERT_EQ(outcomes.size(), 2u);
+  EXPECT_EQ(outcomes[0].chosen, 0);
+  EXPECT_EQ(outcomes[1].chosen, 2);
+}
+
 TEST(StepTuningTest, ATieKeepsThePickAloneAndOneOptionNeedsNoCapture) {
   std::random_device seed;
   FakeChoices fake({{"o", {0.0, 0.0}}, {"single", {0.0}}}, seed());

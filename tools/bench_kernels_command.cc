@@ -260,13 +260,15 @@ int Run(const KernelsFlags& flags) {
       set("SIEVE_FOLD_NORMS", variant.fold_norms);
       set("SIEVE_GRAPH_PDL", variant.graph_pdl);
       cuda::SetPdlEnabled(variant.pdl && given_pdl);
-      auto step_backend = MakeCudaBackend(0);
-      if (!step_backend.ok()) {
-        std::fprintf(stderr, "error: %s\n", step_backend.status().message().c_str());
-        return 1;
-      }
       const bool headline = variant.label[0] == '\0';
       for (const double kept : {1.0, 0.1}) {
+        // A fresh backend for each step, as an engine serving it would have: its GEMM choices
+        // are tuned on this step (runtime/step_tuning.h), not on the one before.
+        auto step_backend = MakeCudaBackend(0);
+        if (!step_backend.ok()) {
+          std::fprintf(stderr, "error: %s\n", step_backend.status().message().c_str());
+          return 1;
+        }
         DecodeStepBenchOptions options;
         options.batch = flags.batch;
         options.context = flags.context;
