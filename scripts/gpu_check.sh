@@ -137,7 +137,7 @@ for line in sys.stdin:
         picks[(m.group(1), m.group(2))] = "c%st%ss%s" % m.group(4, 5, 6)
 print(" ".join("%sx%s:%s" % (n, k, v) for (n, k), v in picks.items()))')
   if [ -n "$picks" ]; then echo "$2: GEMM picks $picks" >> "$summary"; fi
-  grep -A6 "^  step tuning:" "$LOGS/step_$2.log" | head -14 | sed "s/^/$2: /" >> "$summary"
+  grep -A6 "^  step tuning" "$LOGS/step_$2.log" | head -14 | sed "s/^/$2: /" >> "$summary"
 }
 
 if has step; then

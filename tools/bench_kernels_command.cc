@@ -300,7 +300,10 @@ int Run(const KernelsFlags& flags) {
             : ratio <= 1.3        ? "target <= 1.3x: MET"
                                   : "target <= 1.3x: MISSED");
         if (!r.attention_trace.empty()) std::printf("%s", r.attention_trace.c_str());
-        if (!r.tuning.empty()) std::printf("  step tuning:\n%s", Indent(r.tuning, "    ").c_str());
+        if (!r.tuning.empty()) {
+          std::printf("  step tuning (%.2f s with the final capture):\n%s", r.tuning_s,
+                      Indent(r.tuning, "    ").c_str());
+        }
         for (const DecodeStepPart& part : r.parts) {
           const double bound_ms = copy > 0 ? part.bytes / copy * 1e3 : 0;
           std::printf("    %-28s %7.3f ms  %5.1f%% of the step   bound %7.3f ms   %.2fx\n",

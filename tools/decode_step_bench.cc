@@ -250,9 +250,12 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
     // choices left open decided by timing the captured step. (The warm-up above planned them;
     // on a backend whose shapes were tuned by an earlier step, nothing is open.)
     std::vector<StepTuningOutcome> tuning;
+    const auto start = std::chrono::steady_clock::now();
     graph = CaptureTunedGraph(
         backend, [&] { model->Forward(step, pool, workspace, logits); },
         /*replays_allowed=*/true, &tuning);
+    result.tuning_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     result.tuning = DescribeStepTuning(tuning);
   }
   const auto run = [&] {

@@ -64,6 +64,7 @@ struct DecodeStepBenchResult {
   double achieved_bandwidth = 0;
   std::string attention_trace;  // with options.trace_attention
   std::string tuning;           // the step tuning's decisions (runtime/step_tuning.h), if any
+  double tuning_s = 0;          // wall time of the tuned capture
 };
 
 DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& config,

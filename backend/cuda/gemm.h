@@ -4,7 +4,9 @@
 // of a shape outside graph capture time every candidate with cold weights (the L2 refilled with
 // other data before each timed call, as in a decode step whose weights never fit the L2), on the
 // weights of up to 4 calls (a step's first layers), and keep the fastest on average; later calls,
-// captured or not, reuse that plan.
+// captured or not, reuse that plan. Up to 256 rows the candidates also include cuBLASLt's first
+// configuration re-tiled (gemm.cc). Candidates within 3% of the pick stay options, which step
+// tuning (runtime/step_tuning.h) decides by timing the captured decode step (README_gemm.md).
 //
 // The default is cuBLASLt alone. Measured on the H200 (docs/benchmark_results.md), the small-m
 // kernel (mma.sync, no wgmma) loses to cuBLASLt's wgmma kernels at m = 64 (a whole decode step
