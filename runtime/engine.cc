@@ -129,6 +129,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<LlamaModel> model
   runner_options.max_model_len = options.max_model_len;
   runner_options.pad_decode_batches = pad;
   runner_options.use_graphs = options.cuda_graphs;
+  runner_options.step_tuning = options.step_tuning;
   runner_options.score_pool = score_pool;
   runner_options.position_pool = position_pool;
   engine->runner_ = std::make_unique<ModelRunner>(*engine->model_, *engine->kv_, runner_options);

@@ -41,6 +41,8 @@ struct EngineOptions {
   std::string kv_policy = "full";
   KvPolicyOptions kv_policy_options;
   bool cuda_graphs = true;          // decode steps as CUDA graphs where the backend has them
+  bool step_tuning = true;          // decide near-equal GEMM choices on each bucket's captured
+                                    // step (runtime/step_tuning.h)
   bool pad_decode_batches = false;  // pad decode batches to graph buckets even without graphs
                                     // (tests of the padding path on the CPU)
 };

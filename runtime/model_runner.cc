@@ -316,7 +316,7 @@ const Tensor& ModelRunner::Run(const StepPlan& plan, const Scheduler& scheduler,
       std::vector<StepTuningOutcome> tuning;
       graph.graph = CaptureTunedGraph(
           backend, [&] { model_.Forward(graph.step, pool_, workspace_, logits_view_); },
-          /*replays_allowed=*/!pool_.scores.defined(), &tuning);
+          /*replays_allowed=*/options_.step_tuning && !pool_.scores.defined(), &tuning);
       if (!tuning.empty()) {
         spdlog::debug("step tuning, decode bucket {}:\n{}", bucket, DescribeStepTuning(tuning));
       }

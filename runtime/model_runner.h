@@ -34,6 +34,9 @@ struct ModelRunnerOptions {
   // the backend has graphs; tests turn it on for the CPU to check the padding path.
   bool pad_decode_batches = false;
   bool use_graphs = true;
+  // Decide the GEMM choices a bucket's first step left open by timing its captured graph
+  // (runtime/step_tuning.h); off: they keep their pick alone and the capture is not replayed.
+  bool step_tuning = true;
 };
 
 class ModelRunner {

@@ -29,6 +29,10 @@ void AddEngineFlags(CLI::App& app, EngineFlags& flags) {
   app.add_option("--threads", flags.threads, "CPU threads (0: all cores; also SIEVE_NUM_THREADS)");
   app.add_flag("--enforce-eager", flags.enforce_eager,
                "Run decode steps eagerly instead of as CUDA graphs (for debugging and profiling)");
+  app.add_flag("--no-step-tuning", flags.no_step_tuning,
+               "Capture each decode batch size's graph without timing the captured step to choose "
+               "between near-equal GEMM kernels (saves ~1-3 s on its first step, at up to 2% of "
+               "the step's speed)");
   app.add_option("--max-model-len", flags.engine.max_model_len,
                  "Context length: prompt + generated tokens (0: the model's, at most 8192)")
       ->capture_default_str();
@@ -154,6 +158,7 @@ Result<EngineBundle> BuildEngine(EngineFlags& flags) {
   flags.engine.kv_policy_options.decode_cap_by_score = flags.kv_decode_cap_by == "score";
   flags.engine.enable_chunked_prefill = !flags.no_chunked_prefill;
   flags.engine.cuda_graphs = !flags.enforce_eager;
+  flags.engine.step_tuning = !flags.no_step_tuning;
   flags.load.max_model_len = flags.engine.max_model_len;
   spdlog::info("loading {} on {}",
                flags.load.model_dir.empty() ? "the embedded model" : flags.load.model_dir,

@@ -25,6 +25,7 @@ struct EngineFlags {
   std::string kv_decode_cap_by = "score";
   int threads = 0;
   bool enforce_eager = false;
+  bool no_step_tuning = false;
 };
 
 void AddEngineFlags(CLI::App& app, EngineFlags& flags);
