@@ -312,10 +312,6 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
                                                     preference, static_cast<int>(results.size()),
                                                     results.data(), &cublas_count));
   cublasLtMatmulPreferenceDestroy(preference);
-  const std::vector<cublasLtMatmulAlgo_t> retiled =
-      m <= kMaxRetiledRows && cublas_count > 0
-          ? RetiledCandidates(plan, m, n, results.data(), cublas_count)
-          : std::vector<cublasLtMatmulAlgo_t>{};
 
   if (ReusePlanOfBucket(plan, key, m, n, k, w, ldw, x, ldx, out, ldo, out_f32,
                         cublas_count > 0 ? &results[0].algo : nullptr)) {
@@ -354,10 +350,13 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
   for (int candidate = 0; use_cublas && candidate < cublas_count; ++candidate) {
     plan.cublas_candidates.push_back(results[candidate].algo);
   }
-  for (const cublasLtMatmulAlgo_t& algo : retiled) {
-    if (use_cublas) plan.cublas_candidates.push_back(algo);
+  plan.heuristic_count = plan.cublas_candidates.size();
+  if (use_cublas && cublas_count > 0 && m <= kMaxRetiledRows) {
+    for (const cublasLtMatmulAlgo_t& algo :
+         RetiledCandidates(plan, m, n, results.data(), cublas_count)) {
+      plan.cublas_candidates.push_back(algo);
+    }
   }
-  plan.heuristic_count = use_cublas ? cublas_count : 0;
   plan.split_candidates = splits;
   plan.medians.resize(plan.cublas_candidates.size() + splits.size());
   if (!splits.empty()) {
@@ -575,6 +574,11 @@ std::string GemmRunner::CandidateName(const Plan& plan, size_t index) {
   return "small-m, " + std::to_string(split) + (split == 1 ? " split" : " splits");
 }
 
+std::string GemmRunner::OptionName(const Plan& plan, size_t index) {
+  return CandidateName(plan, index) +
+         (index < plan.cublas_candidates.size() ? Describe(plan.cublas_candidates[index]) : "");
+}
+
 void GemmRunner::Apply(Plan& plan, int index) {
   const size_t cublas_count = plan.cublas_candidates.size();
   const size_t at = static_cast<size_t>(index);
@@ -605,10 +609,7 @@ void GemmRunner::Choose(Plan& plan) {
       best = static_cast<int>(index);
     }
   }
-  if (best < 0) return;
-  const cublasLtMatmulAlgo_t fallback = plan.algo;
-  Apply(plan, best);
-  if (plan.small_m_splits > 0) plan.algo = fallback;
+  if (best >= 0) Apply(plan, best);  // a small-m pick keeps cuBLASLt's fastest in `algo`
 }
 
 void GemmRunner::Settle(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w,
@@ -639,30 +640,22 @@ void GemmRunner::Settle(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_
     plan.pdl = ProbeProgrammaticEdge(plan, m, n, k, w, ldx, ldo, out_f32, accumulate);
   }
   if (!verbose_) return;
-  const size_t cublas_count = plan.cublas_candidates.size();
   for (size_t index = 0; index < plan.medians.size() && !plan.timed_weights.empty(); ++index) {
-    const bool is_cublas = index < cublas_count;
-    std::string label =
-        is_cublas
-            ? "cuBLASLt" + Describe(plan.cublas_candidates[index])
-            : "small-m, " + std::to_string(plan.split_candidates[index - cublas_count]) + " splits";
-    label += ", per weight";
+    std::string label = OptionName(plan, index) + ", per weight";
     for (const float median : plan.medians[index]) {
       char text[16];
       std::snprintf(text, sizeof(text), " %.4f", median);
       label += text;
     }
-    std::fprintf(stderr, "  %lld x %lld x %lld candidate %zu: %.4f ms, %s\n",
-                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
-                 index + 1, CandidateTime(plan, index), label.c_str());
+    std::fprintf(stderr, "  %s: %.4f ms, %s\n", plan.shape.c_str(), CandidateTime(plan, index),
+                 label.c_str());
   }
   const std::string timed =
       plan.timed_weights.empty()
           ? ""
           : " (" + std::to_string(plan.timed_weights.size()) + " weights timed)";
-  std::fprintf(stderr, "GEMM plan %lld x %lld x %lld%s%s: %s%s%s\n", static_cast<long long>(m),
-               static_cast<long long>(n), static_cast<long long>(k), out_f32 ? " (f32 out)" : "",
-               accumulate ? " (+=)" : "", plan.name.c_str(), timed.c_str(), plan.pdl.c_str());
+  std::fprintf(stderr, "GEMM plan %s: %s%s%s\n", plan.shape.c_str(), plan.name.c_str(),
+               timed.c_str(), plan.pdl.c_str());
 }
 
 std::string GemmRunner::ProbeProgrammaticEdge(const Plan& plan, int64_t m, int64_t n, int64_t k,
@@ -787,10 +780,7 @@ std::vector<GemmRunner::OpenPlan> GemmRunner::OpenPlans() const {
     if (plan->closed) continue;
     OpenPlan entry{plan->shape, {}};
     for (const int option : plan->options) {
-      entry.options.push_back(CandidateName(*plan, static_cast<size_t>(option)) +
-                              (static_cast<size_t>(option) < plan->cublas_candidates.size()
-                                   ? Describe(plan->cublas_candidates[static_cast<size_t>(option)])
-                                   : ""));
+      entry.options.push_back(OptionName(*plan, static_cast<size_t>(option)));
     }
     open.push_back(std::move(entry));
   }
@@ -811,14 +801,10 @@ void GemmRunner::SetOpenPlanOption(int index, int option) {
   Plan& plan = OpenPlanAt(index);
   SIEVE_CHECK(option >= 0 && static_cast<size_t>(option) < plan.options.size())
       << "plan " << plan.shape << " has " << plan.options.size() << " options, not " << option;
-  const cublasLtMatmulAlgo_t fallback = plan.algo;
-  Apply(plan, plan.options[static_cast<size_t>(option)]);
-  if (plan.small_m_splits > 0) {
-    plan.algo = fallback;  // a cuBLASLt algo stays for operands the small-m kernel refuses
-    if (plan.small_m_splits > 1 && !SmallMGemmHasClusters()) EnsureSplitBuffers();
-  } else {
-    plan.name += Describe(plan.algo);
-  }
+  const int candidate = plan.options[static_cast<size_t>(option)];
+  Apply(plan, candidate);
+  plan.name = OptionName(plan, static_cast<size_t>(candidate));
+  if (plan.small_m_splits > 1 && !SmallMGemmHasClusters()) EnsureSplitBuffers();
   plan.pdl.clear();  // probed for the previous choice (SIEVE_GRAPH_PDL)
 }
 

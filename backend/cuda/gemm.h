@@ -138,10 +138,12 @@ class GemmRunner {
   static float CandidateTime(const Plan& plan, size_t index);
   // "cuBLASLt, candidate 2 of 8" (", re-tiled" past the heuristic's own), "small-m, 4 splits".
   static std::string CandidateName(const Plan& plan, size_t index);
+  // CandidateName plus cuBLASLt's configuration, e.g. " (algo 66, tile 164, ...)".
+  static std::string OptionName(const Plan& plan, size_t index);
   // Picks the fastest candidate so far (cuBLASLt's fastest stays in `algo` as the fallback of a
   // small-m pick).
   static void Choose(Plan& plan);
-  // Makes candidate `index` the plan's choice.
+  // Makes candidate `index` the plan's choice; a small-m one leaves `algo` (the fallback) as it is.
   static void Apply(Plan& plan, int index);
   // Makes the choice final: split buffers, the programmatic-edge probe, the verbose report.
   void Settle(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldx,
