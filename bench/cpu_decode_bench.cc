@@ -96,8 +96,8 @@ int main() {
       "CPU decode, %d threads, measured read bandwidth %.1f GB/s (the bound streams the "
       "f32 weights once per token)\n",
       ThreadPool::Default().num_threads(), bandwidth / 1e9);
-  Run("embedded tiny (random)", EmbeddedModelConfig(), 0.08f, bandwidth);
-  ModelConfig medium = EmbeddedModelConfig();
+  Run("tiny (random)", TinyRandomModelConfig(), 0.08f, bandwidth);
+  ModelConfig medium = TinyRandomModelConfig();
   medium.vocab_size = 32000;
   medium.hidden_size = 768;
   medium.intermediate_size = 2048;

@@ -28,6 +28,7 @@ EngineParts MakeEngine(int max_num_seqs = 16) {
   EngineParts parts;
   parts.backend = MakeCpuBackend();
   LoadModelOptions load;
+  load.tiny_random = true;  // fast, and its byte vocabulary is what the tests' ids assume
   load.max_model_len = 1024;
   auto loaded = LoadModel(load, *parts.backend);
   EXPECT_TRUE(loaded.ok()) << loaded.status().ToString();

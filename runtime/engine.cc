@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <span>
 #include <sstream>
 
 #include "core/logging.h"
@@ -82,8 +83,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<LlamaModel> model
   // KV memory: every page holds page_size entries of K and V for all KV heads of one layer.
   Backend& backend = engine->model_->backend();
   const int64_t entries_per_page = options.page_size;
-  const bool score_pool = default_policy.NeedsScorePool();
-  const bool position_pool = default_policy.NeedsPositionPool();
+  const bool score_pool = default_policy.NeedsScorePool() || options.eviction_pools;
+  const bool position_pool = default_policy.NeedsPositionPool() || options.eviction_pools;
   int64_t bytes_per_page = 2 * entries_per_page * config.num_kv_heads * config.head_dim *
                            static_cast<int64_t>(DTypeSize(backend.activation_dtype()));
   if (score_pool) bytes_per_page += entries_per_page * config.num_kv_heads * 4;
@@ -161,17 +162,28 @@ Result<RequestId> Engine::Add(Request request) {
                                   " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
     }
   }
+  for (const int32_t token : request.forced_tokens) {
+    if (token < 0 || token >= vocab) {
+      return InvalidArgumentError("forced token id " + std::to_string(token) +
+                                  " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+  }
+  if (!request.forced_tokens.empty()) {
+    request.sampling.max_tokens =
+        std::min(request.sampling.max_tokens, static_cast<int>(request.forced_tokens.size()));
+  }
   if (!request.sampling.stop.empty() && tokenizer_ == nullptr) {
     return InvalidArgumentError("stop strings need a tokenizer");
   }
   std::unique_ptr<KvPolicy> own_policy;
-  if (!request.kv_policy.empty()) {
-    auto parsed =
-        KvPolicy::Parse(request.kv_policy, model_->config().num_layers, default_policy_->options());
+  if (!request.kv_policy.empty() || request.kv_policy_options) {
+    const std::string& spec = request.kv_policy.empty() ? options_.kv_policy : request.kv_policy;
+    auto parsed = KvPolicy::Parse(spec, model_->config().num_layers,
+                                  request.kv_policy_options.value_or(default_policy_->options()));
     if (!parsed.ok()) return parsed.status().WithContext("kv_policy");
     if ((parsed->NeedsScorePool() && !runner_->pool().scores.defined()) ||
         (parsed->NeedsPositionPool() && !runner_->pool().positions.defined())) {
-      return InvalidArgumentError("kv_policy '" + request.kv_policy +
+      return InvalidArgumentError("kv_policy '" + spec +
                                   "' evicts during decode, which this server was not started "
                                   "for (start it with such a --kv-policy)");
     }
@@ -199,6 +211,7 @@ Result<RequestId> Engine::Add(Request request) {
   seq.max_total_tokens = max_total;
   seq.policy = &policy;
   state.own_policy = std::move(own_policy);
+  state.forced_tokens = std::move(request.forced_tokens);
   requests_.emplace(id, std::move(state));
   scheduler_->Add(std::move(seq));
   return id;
@@ -236,11 +249,15 @@ RequestOutput Engine::Advance(RequestState& state, Sequence& seq, const SampleRe
   RequestOutput output;
   output.id = state.id;
   output.new_tokens.push_back(token);
-  if (params.logprobs >= 0) output.new_logprobs.push_back(sample);
+  const bool forced = !state.forced_tokens.empty();
+  if (params.logprobs >= 0 || forced) output.new_logprobs.push_back(sample);
 
-  const bool is_eos = std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
-  const bool is_stop_token = std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(),
-                                       token) != params.stop_token_ids.end();
+  // Forced text is scored to its end: its EOS or stop tokens are just tokens.
+  const bool is_eos =
+      !forced && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
+  const bool is_stop_token =
+      !forced && std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), token) !=
+                     params.stop_token_ids.end();
   size_t search_from = state.text.size();
   if (state.decoder && !(is_eos && !params.ignore_eos)) state.text += state.decoder->Push(token);
   if (is_eos && !params.ignore_eos) {
@@ -255,7 +272,7 @@ RequestOutput Engine::Advance(RequestState& state, Sequence& seq, const SampleRe
     for (const std::string& stop : params.stop) longest = std::max(longest, stop.size());
     search_from = search_from >= longest ? search_from - longest + 1 : 0;
     size_t first_match = std::string::npos;
-    for (const std::string& stop : params.stop) {
+    for (const std::string& stop : forced ? std::span<const std::string>() : params.stop) {
       const size_t position = state.text.find(stop, search_from);
       if (position != std::string::npos && position < first_match) {
         first_match = position;
@@ -340,7 +357,7 @@ std::vector<SampleResult> Engine::SampleRows(const Tensor& logits) {
     const RequestState& state = requests_.at(id);
     const SamplingParams& p = state.sampling;
     if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f ||
-        p.logprobs > 0) {
+        p.logprobs > 0 || !state.forced_tokens.empty()) {
       on_device = false;
       break;
     }
@@ -366,8 +383,15 @@ std::vector<SampleResult> Engine::SampleRows(const Tensor& logits) {
     const SeqId id = sample_ids_[row];
     const Sequence& seq = *scheduler_->Find(id);
     RequestState& state = requests_.at(id);
-    samples[row] = Sampler::Sample(std::span<float>(host_logits_.data() + row * vocab, vocab),
-                                   state.sampling, seq.tokens, seq.num_prompt_tokens, state.rng);
+    const std::span<float> row_logits(host_logits_.data() + row * vocab, vocab);
+    if (!state.forced_tokens.empty()) {
+      const int32_t token = state.forced_tokens[static_cast<size_t>(seq.num_generated())];
+      samples[row].token = token;
+      samples[row].logprob = Sampler::RawLogprob(row_logits, token);
+      continue;
+    }
+    samples[row] =
+        Sampler::Sample(row_logits, state.sampling, seq.tokens, seq.num_prompt_tokens, state.rng);
   }
   return samples;
 }

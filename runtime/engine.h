@@ -45,6 +45,10 @@ struct EngineOptions {
                                     // step (runtime/step_tuning.h)
   bool pad_decode_batches = false;  // pad decode batches to graph buckets even without graphs
                                     // (tests of the padding path on the CPU)
+  // Allocate the side pools of decode-time eviction (H2O's scores, positions) even when
+  // kv_policy does not evict, so that requests may carry a policy that does (sieve eval runs
+  // every policy on one engine). Costs 8 bytes per entry and KV head, and H2O's score updates.
+  bool eviction_pools = false;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort };
@@ -54,12 +58,22 @@ struct Request {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
   std::string kv_policy;  // "" : the engine's policy
+  // The knobs (budget, window, ...) of this request's policy: `kv_policy`, or the engine's policy
+  // string when that is empty. Unset: the engine's. A policy is a per-request object already
+  // (own_policy), so one loaded model can serve or evaluate any number of budgets.
+  std::optional<KvPolicyOptions> kv_policy_options;
+  // Teacher forcing: when not empty, generated token t is forced_tokens[t] instead of a sample,
+  // and each comes with its log-probability under the raw distribution (log_softmax of the
+  // logits at temperature 1) in RequestOutput::new_logprobs. The request ends after the last one
+  // (or at max_tokens); EOS, stop tokens and stop strings do not end it. Scores held-out text
+  // through whatever cache the policy left (sieve eval's perplexity).
+  std::vector<int32_t> forced_tokens;
 };
 
 struct RequestOutput {
   RequestId id = 0;
   std::vector<int32_t> new_tokens;
-  std::vector<SampleResult> new_logprobs;  // when requested: one per new token
+  std::vector<SampleResult> new_logprobs;  // when requested or forced: one per new token
   std::string new_text;                    // complete UTF-8; stop strings held back until sure
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
@@ -121,6 +135,7 @@ class Engine {
     SamplingParams sampling;
     int num_prompt_tokens = 0;
     std::unique_ptr<KvPolicy> own_policy;  // a per-request policy, if any
+    std::vector<int32_t> forced_tokens;    // teacher forcing (Request::forced_tokens)
     std::mt19937_64 rng;                   // host sampling
     uint64_t device_seed = 0;              // device sampling: draw t of the request uses (seed, t)
     std::optional<StreamingDecoder> decoder;

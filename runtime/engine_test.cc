@@ -1,10 +1,13 @@
 // Engine behaviour on the CPU backend: greedy continuations equal transformers', batching and
 // chunking never change greedy output, sparse policies whose budget covers the prompt are
-// bitwise dense, real compression cuts KV entries as expected, and bad requests are refused.
+// bitwise dense, real compression cuts KV entries as expected, bad requests are refused, teacher
+// forcing scores tokens as a dense prefill does, and requests carry their own policy knobs.
 #include "runtime/engine.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <numeric>
@@ -19,7 +22,7 @@ namespace sieve {
 namespace {
 
 ModelConfig SmallConfig() {
-  ModelConfig config = EmbeddedModelConfig();
+  ModelConfig config = TinyRandomModelConfig();
   config.hidden_size = 64;
   config.intermediate_size = 128;
   config.num_layers = 3;
@@ -380,6 +383,159 @@ TEST(EngineTest, RandomTrafficKeepsInvariants) {
   RecordProperty("preemptions", std::to_string(preemptions));
   std::printf("%lld preemptions over the rounds\n", static_cast<long long>(preemptions));
   EXPECT_GT(preemptions, 0) << "the pool was never tight enough to preempt";
+}
+
+// Logits [n][V] of every position of `ids`, one prefill of the whole sequence straight through
+// the model (no engine, no scheduler): the dense reference of teacher forcing.
+std::vector<float> PrefillAllRows(LlamaModel& model, const std::vector<int32_t>& ids) {
+  Backend& backend = model.backend();
+  const ModelConfig& config = model.config();
+  const int n = static_cast<int>(ids.size());
+  const int layers = config.num_layers;
+  const auto i32 = [&](std::vector<int32_t> values, std::vector<int64_t> shape = {}) {
+    if (shape.empty()) shape = {static_cast<int64_t>(values.size())};
+    Tensor tensor = backend.Allocate(std::move(shape), DType::kI32);
+    backend.CopyFromHost(values.data(), values.size() * sizeof(int32_t), tensor);
+    return tensor;
+  };
+  std::vector<int32_t> rows(n);
+  std::iota(rows.begin(), rows.end(), 0);
+  StepMeta step;
+  step.num_tokens = step.num_prefill_tokens = n;
+  step.num_seqs = step.num_prefill_seqs = 1;
+  step.num_layers = layers;
+  step.max_query_len = step.max_kv_len = n;
+  step.num_prefill_keys = n;
+  step.num_sample_rows = n;
+  step.token_ids = i32(ids);
+  step.positions = i32(rows);
+  step.query_start = i32({0, n});
+  step.key_start = i32({0, n});
+  step.context_lens = i32({0});
+  step.seq_slots = i32({0});
+  step.write_start = i32(std::vector<int32_t>(layers, 0));
+  step.sample_rows = i32(rows);
+  step.compression_jobs = i32({0});
+  step.eviction_jobs = i32({0});
+  step.job_begin.assign(layers + 1, 0);
+  step.eviction_begin.assign(layers + 1, 0);
+  KvPool pool;
+  pool.page_size = 16;
+  pool.max_seqs = 1;
+  pool.max_pages_per_seq = (n + 15) / 16;
+  pool.num_pages = pool.max_pages_per_seq * layers;
+  pool.num_kv_heads = config.num_kv_heads;
+  pool.head_dim = config.head_dim;
+  pool.k = backend.Allocate({pool.num_pages, 16, config.num_kv_heads, config.head_dim},
+                            backend.activation_dtype());
+  pool.v = backend.Allocate(pool.k.shape(), backend.activation_dtype());
+  std::vector<int32_t> table(pool.num_pages);
+  std::iota(table.begin(), table.end(), 0);
+  pool.page_table = i32(table, {layers, 1, pool.max_pages_per_seq});
+  pool.kv_lens = i32(std::vector<int32_t>(layers, n), {layers, 1});
+  ForwardWorkspace workspace;
+  model.EnsureWorkspace(workspace, n, n, n, 1, 1);
+  Tensor logits = backend.Allocate({n, config.vocab_size}, DType::kF32);
+  model.Forward(step, pool, workspace, logits);
+  std::vector<float> host(static_cast<size_t>(n) * config.vocab_size);
+  backend.CopyToHost(logits, host.data());
+  return host;
+}
+
+// Teacher forcing: each forced token comes out in order (an EOS among them does not stop the
+// request), and its logprob equals the log-softmax of a dense prefill of the whole sequence at the
+// position before it. Batched with other requests, chunked, dense policy.
+TEST(EngineTest, ForcedTokensAreEmittedWithDenseLogprobs) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  const uint64_t seed = rng();
+  EngineOptions options;
+  options.max_num_batched_tokens = 40;  // the prompts prefill in chunks
+  TestEngine t = MakeEngine(config, options, seed);
+  const std::vector<int32_t> prompt = RandomPrompt(rng, 50 + static_cast<int>(rng() % 40));
+  std::vector<int32_t> forced = RandomPrompt(rng, 16);
+  forced[5] = 257;  // an EOS id of the engine: forced text is scored to its end
+  Request request{prompt, Greedy(100), ""};
+  request.sampling.logprobs = -1;  // forced logprobs come without asking
+  request.sampling.ignore_eos = false;
+  request.forced_tokens = forced;
+  const RequestId id = *t.engine->Add(request);
+  for (int other = 0; other < 3; ++other) {
+    ASSERT_TRUE(t.engine->Add({RandomPrompt(rng, 30), Greedy(8), ""}).ok());
+  }
+  const auto done = RunToEnd(*t.engine);
+  const Completion& result = done.at(id);
+  EXPECT_EQ(result.tokens, forced);
+  EXPECT_EQ(result.reason, FinishReason::kLength);
+  ASSERT_EQ(result.logprobs.size(), forced.size());
+
+  auto backend = MakeCpuBackend();
+  std::vector<int32_t> whole = prompt;
+  whole.insert(whole.end(), forced.begin(), forced.end() - 1);
+  auto model = LlamaModel::Random(config, *backend, seed, config.max_position_embeddings, 0.08f);
+  const std::vector<float> logits = PrefillAllRows(*model, whole);
+  const int vocab = config.vocab_size;
+  // Decode attention and prefill attention sum in different orders: f32 rounding only.
+  constexpr double kTolerance = 1e-4;
+  for (size_t index = 0; index < forced.size(); ++index) {
+    const float* row = logits.data() + (prompt.size() - 1 + index) * vocab;
+    const float max = *std::max_element(row, row + vocab);
+    double sum = 0;
+    for (int token = 0; token < vocab; ++token) sum += std::exp(double(row[token]) - max);
+    const double expected = row[forced[index]] - max - std::log(sum);
+    EXPECT_NEAR(result.logprobs[index], expected, kTolerance) << "forced token " << index;
+  }
+}
+
+// A request may carry its own policy knobs: one engine (created dense, with eviction pools)
+// runs SnapKV at two budgets and H2O; entries kept follow each request's budget.
+TEST(EngineTest, PerRequestPolicyOptions) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  const int n = 100 + static_cast<int>(rng() % 50);
+  {
+    EngineOptions options;
+    TestEngine plain = MakeEngine(config, options);
+    Request h2o{RandomPrompt(rng, n), Greedy(4), "h2o"};
+    EXPECT_FALSE(plain.engine->Add(h2o).ok()) << "no eviction pools: H2O is refused";
+  }
+  EngineOptions options;
+  options.eviction_pools = true;
+  TestEngine t = MakeEngine(config, options);
+  const auto kept_after = [&](Request request) {
+    const std::vector<int64_t> before = t.engine->Stats().entries_kept_by_layer;
+    EXPECT_TRUE(t.engine->Add(std::move(request)).ok());
+    RunToEnd(*t.engine);
+    const std::vector<int64_t> after = t.engine->Stats().entries_kept_by_layer;
+    return after[0] - before[0];
+  };
+  KvPolicyOptions small = t.engine->default_policy().options();
+  small.budget = 24;
+  small.window = 4;
+  KvPolicyOptions large = small;
+  large.budget = 64;
+  Request dense{RandomPrompt(rng, n), Greedy(4), ""};
+  Request snap_small{RandomPrompt(rng, n), Greedy(4), "snapkv"};
+  snap_small.kv_policy_options = small;
+  Request snap_large{RandomPrompt(rng, n), Greedy(4), "snapkv"};
+  snap_large.kv_policy_options = large;
+  KvPolicyOptions heavy = small;
+  heavy.heavy = 10;
+  heavy.recent = 10;
+  Request h2o{RandomPrompt(rng, n), Greedy(4), "h2o"};
+  h2o.kv_policy_options = heavy;
+  EXPECT_EQ(kept_after(dense), n);
+  EXPECT_EQ(kept_after(snap_small), 24);
+  EXPECT_EQ(kept_after(snap_large), 64);
+  EXPECT_EQ(kept_after(h2o), 20);
+  KvPolicyOptions bad = small;
+  bad.budget = 4;  // not above the window
+  Request refused{RandomPrompt(rng, n), Greedy(4), "snapkv"};
+  refused.kv_policy_options = bad;
+  const auto status = t.engine->Add(refused).status();
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("window"), std::string::npos) << status.message();
+  EXPECT_EQ(t.engine->Stats().num_pages_used, 0);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "runtime/model_loader.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 
 #include "core/logging.h"
@@ -9,7 +10,7 @@
 
 namespace sieve {
 
-ModelConfig EmbeddedModelConfig() {
+ModelConfig TinyRandomModelConfig() {
   ModelConfig config;
   config.architecture = "LlamaForCausalLM";
   config.model_type = "llama";
@@ -36,6 +37,35 @@ int DefaultMaxModelLen(const ModelConfig& config) {
   return std::min(limit, 8192);
 }
 
+Result<std::string> FindDefaultModelDir() {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (const char* from_env = std::getenv("SIEVE_DEFAULT_MODEL"); from_env && *from_env) {
+    if (!fs::is_directory(from_env, error)) {
+      return NotFoundError(std::string("SIEVE_DEFAULT_MODEL='") + from_env +
+                           "' is not a model directory");
+    }
+    return std::string(from_env);
+  }
+  std::vector<fs::path> candidates;
+  const fs::path executable = fs::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    candidates.push_back(executable.parent_path().parent_path() / "share" / "sieve" / "models" /
+                         kDefaultModelName);
+  }
+#ifdef SIEVE_SOURCE_MODELS_DIR
+  candidates.push_back(fs::path(SIEVE_SOURCE_MODELS_DIR) / kDefaultModelName);
+#endif
+  std::string looked;
+  for (const fs::path& candidate : candidates) {
+    if (fs::is_regular_file(candidate / "config.json", error)) return candidate.string();
+    looked += (looked.empty() ? "" : ", ") + candidate.string();
+  }
+  return NotFoundError(std::string("the default model ") + kDefaultModelName +
+                       " was not found (looked in " + looked +
+                       "); pass --model DIR or set SIEVE_DEFAULT_MODEL");
+}
+
 namespace {
 
 void AddUnique(std::vector<int32_t>& ids, int32_t id) {
@@ -47,16 +77,24 @@ void AddUnique(std::vector<int32_t>& ids, int32_t id) {
 Result<LoadedModel> LoadModel(const LoadModelOptions& options, Backend& backend) {
   LoadedModel loaded;
   ModelConfig config;
-  if (options.model_dir.empty()) {
-    config = EmbeddedModelConfig();
-    loaded.embedded = true;
+  if (options.tiny_random) {
+    config = TinyRandomModelConfig();
     loaded.tokenizer = MakeEmbeddedByteTokenizer();
     const int positions =
         options.max_model_len > 0 ? options.max_model_len : DefaultMaxModelLen(config);
-    loaded.model = LlamaModel::Random(config, backend, kEmbeddedModelSeed, positions, 0.08f);
+    loaded.model = LlamaModel::Random(config, backend, kTinyRandomModelSeed, positions, 0.08f);
     loaded.description =
-        "embedded tiny random-weight Llama (4 layers, hidden 128, byte vocabulary; NOT a "
-        "trained model: its output is noise)";
+        "tiny random-weight Llama (4 layers, hidden 128, byte vocabulary; its output is noise)";
+  } else if (options.model_dir.empty()) {
+    SIEVE_ASSIGN_OR_RETURN(std::string dir, FindDefaultModelDir());
+    LoadModelOptions from_dir = options;
+    from_dir.model_dir = dir;
+    SIEVE_ASSIGN_OR_RETURN(loaded, LoadModel(from_dir, backend));
+    loaded.default_model = true;
+    loaded.description = std::string("Sieve's default model ") + kDefaultModelName + " (" + dir +
+                         "): a 10M-parameter Llama trained on long-context retrieval tasks, not "
+                         "a chat model; pass --model for another";
+    return loaded;
   } else {
     namespace fs = std::filesystem;
     std::error_code error;

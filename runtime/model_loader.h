@@ -16,7 +16,9 @@
 namespace sieve {
 
 struct LoadModelOptions {
-  std::string model_dir;             // "" : the embedded default model
+  std::string model_dir;             // "" : the default model (FindDefaultModelDir)
+  bool tiny_random = false;          // the in-memory tiny random-weight model instead (tests that
+                                     // need a fast model whatever the default is)
   std::string load_format = "auto";  // auto | safetensors | dummy (random weights, config only)
   std::string tokenizer_path;        // "" : the model directory
   std::string chat_template;         // "" : detect; else llama3 | llama2 | mistral
@@ -29,14 +31,23 @@ struct LoadedModel {
   std::unique_ptr<Tokenizer> tokenizer;  // null when a dummy model has none
   std::vector<int32_t> eos_ids;
   GenerationConfig generation_config;
-  std::string description;  // what was loaded, for logs and output headers
-  bool embedded = false;
+  std::string description;     // what was loaded, for logs and output headers
+  bool default_model = false;  // no --model was given
 };
 
-// The embedded default: a tiny Llama (4 layers, hidden 128, GQA 4/2, byte-level vocabulary of
-// 261) with deterministic random weights. It is NOT a trained model: its text is noise.
-ModelConfig EmbeddedModelConfig();
-inline constexpr uint64_t kEmbeddedModelSeed = 20261130;
+// The default model, run when no model directory is given: Sieve's own long-context Llama
+// (models/sieve-tiny-10m: 8 layers, hidden 256, 10.5M parameters, trained by scripts/train/ on
+// retrieval tasks; not a chat model). Its directory is $SIEVE_DEFAULT_MODEL when set, else
+// share/sieve/models/sieve-tiny-10m beside an installed binary (<prefix>/bin/sieve), else the
+// models/ folder of the source tree the binary was built from.
+inline constexpr char kDefaultModelName[] = "sieve-tiny-10m";
+Result<std::string> FindDefaultModelDir();
+
+// The tiny random-weight model (LoadModelOptions::tiny_random): 4 layers, hidden 128, GQA 4/2,
+// a byte-level vocabulary of 261, deterministic random weights built in memory. Its text is
+// noise; tests use it where they need a model that runs in milliseconds.
+ModelConfig TinyRandomModelConfig();
+inline constexpr uint64_t kTinyRandomModelSeed = 20261130;
 
 // Positions a model is prepared for when the engine options leave max_model_len at 0.
 int DefaultMaxModelLen(const ModelConfig& config);

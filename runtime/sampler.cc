@@ -53,6 +53,13 @@ void LogSoftmax(std::span<const float> logits, std::vector<float>& out) {
 
 }  // namespace
 
+float Sampler::RawLogprob(std::span<const float> logits, int32_t token) {
+  const float max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (const float logit : logits) sum += std::exp(static_cast<double>(logit - max));
+  return logits[static_cast<size_t>(token)] - (max + static_cast<float>(std::log(sum)));
+}
+
 SampleResult Sampler::Sample(std::span<float> logits, const SamplingParams& params,
                              std::span<const int32_t> history, int num_prompt,
                              std::mt19937_64& rng) {

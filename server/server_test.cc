@@ -1,7 +1,7 @@
-// The HTTP server end to end on the CPU backend with the embedded model: real sockets, a small
-// synchronous Beast client, and `sieve serve` itself for the signal test. The embedded model's
-// text is noise, so tests compare the server with itself (stream vs. not, text vs. token ids,
-// a run with a stop string vs. one without) rather than with expected words.
+// The HTTP server end to end on the CPU backend with the tiny random-weight model: real sockets,
+// a small synchronous Beast client, and `sieve serve` itself (default model) for the signal test.
+// The tiny model's text is noise, so tests compare the server with itself (stream vs. not, text vs.
+// token ids, a run with a stop string vs. one without) rather than with expected words.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -57,6 +57,7 @@ class TestServer {
   explicit TestServer(ServerConfig config = {}) {
     backend_ = MakeCpuBackend();
     LoadModelOptions load;
+    load.tiny_random = true;  // fast; these tests check the protocol, not the text
     load.max_model_len = config.max_model_len;
     auto loaded = LoadModel(load, *backend_);
     SIEVE_CHECK(loaded.ok()) << loaded.status().ToString();
@@ -794,7 +795,7 @@ TEST(ServerTest, SigtermShutsDownSieveServeCleanly) {
     close(pipe_fds[1]);
     execl(SIEVE_BINARY_PATH, "sieve", "serve", "--device", "cpu", "--port", "0", "--kv-memory",
           "32M", "--max-model-len", "4096", "--shutdown-timeout", "0.5", "--threads", "1",
-          static_cast<char*>(nullptr));
+          "--served-model-name", kModel, static_cast<char*>(nullptr));
     _exit(127);
   }
   close(pipe_fds[1]);

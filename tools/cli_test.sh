@@ -74,6 +74,15 @@ expect_fail "prompt longer than the context" "longer than the context|context ho
 expect_fail "bad flag value" "kv-pool|max, avg or none" gen --prompt hi --kv-pool median
 expect_fail "bad kv policy" "unknown policy|policy" gen --prompt hi --kv-policy "magic:0-3"
 
+evl() { "$sieve" eval --device cpu --kv-memory 64M --log-level warn --no-progress "$@"; }
+expect_fail "eval unknown task" "unknown task 'needle'" evl --task needle
+expect_fail "eval depth outside [0, 1]" "depths must be in \[0, 1\]" evl --depths 0,2
+expect_fail "eval budget below the window" "observation window" evl --kv-policy snapkv --kv-budget 16
+expect_fail "eval missing haystack" "haystack.*does not exist" evl --task niah --haystack "$work/nope"
+printf '{"context": "c", "input": "q", "answers": ["a"]}\n{"context": "c"}\n' > "$work/data.jsonl"
+expect_fail "eval malformed jsonl" "data.jsonl:2: missing \"input\"" evl --task jsonl --data "$work/data.jsonl"
+expect_fail "eval length over the context" "max model length" evl --model "$model" --lengths 4096
+
 printf 'This is a test sentence.' > "$work/text"
 STDIN="$work/text" expect_ok "tokenize" "$sieve" tokenize --tokenizer "$model" --no-bos
 grep -q '^\[' "$work/out" || { echo "FAIL tokenize: output is not a JSON array"; failures=$((failures + 1)); }

@@ -14,6 +14,8 @@ CommandRunner AddGenerateCommand(CLI::App& app);
 CommandRunner AddTokenizeCommand(CLI::App& app);
 CommandRunner AddInspectCommand(CLI::App& app);
 CommandRunner AddServeCommand(CLI::App& app);
+// `sieve eval`: accuracy of KV policies on long-context tasks.
+CommandRunner AddEvalCommand(CLI::App& app);
 // `sieve bench` has its own subcommands (serve, sweep, kernels, ...).
 CommandRunner AddBenchCommand(CLI::App& app);
 // `sieve bench kernels` (GPU kernels and the decode step against PERF.md's bounds).

@@ -11,10 +11,11 @@
 
 namespace sieve {
 
-void AddEngineFlags(CLI::App& app, EngineFlags& flags) {
+void AddEngineFlags(CLI::App& app, EngineFlags& flags, bool policy_flags) {
   app.add_option("--model", flags.load.model_dir,
                  "Hugging Face model directory (config.json, *.safetensors, tokenizer). Without "
-                 "it: the embedded tiny random-weight model (noise, for trying Sieve out)");
+                 "it: Sieve's default model sieve-tiny-10m (a 10M-parameter long-context "
+                 "retrieval model, models/sieve-tiny-10m)");
   app.add_option("--tokenizer", flags.load.tokenizer_path,
                  "Tokenizer to use instead of the model's: a directory, tokenizer.json or "
                  "tokenizer.model");
@@ -51,13 +52,15 @@ void AddEngineFlags(CLI::App& app, EngineFlags& flags) {
   app.add_option("--gpu-memory-utilization", flags.engine.memory_fraction,
                  "Fraction of the device's free memory (after weights) given to the KV cache")
       ->capture_default_str();
-  app.add_option("--kv-policy", flags.engine.kv_policy,
-                 "KV-cache policy per layer range: full | snapkv | pyramidkv | streamingllm | "
-                 "h2o, e.g. \"full:0-2,pyramidkv:3-31\"")
-      ->capture_default_str();
   KvPolicyOptions& kv = flags.engine.kv_policy_options;
-  app.add_option("--kv-budget", kv.budget, "Entries kept per sparse layer (PyramidKV: average)")
-      ->capture_default_str();
+  if (policy_flags) {
+    app.add_option("--kv-policy", flags.engine.kv_policy,
+                   "KV-cache policy per layer range: full | snapkv | pyramidkv | streamingllm | "
+                   "h2o, e.g. \"full:0-2,pyramidkv:3-31\"")
+        ->capture_default_str();
+    app.add_option("--kv-budget", kv.budget, "Entries kept per sparse layer (PyramidKV: average)")
+        ->capture_default_str();
+  }
   app.add_option("--kv-window", kv.window, "Observation window: last prompt tokens scored and kept")
       ->capture_default_str();
   app.add_option("--kv-pool", flags.kv_pool, "Pooling of window scores: max | avg | none")
@@ -160,9 +163,10 @@ Result<EngineBundle> BuildEngine(EngineFlags& flags) {
   flags.engine.cuda_graphs = !flags.enforce_eager;
   flags.engine.step_tuning = !flags.no_step_tuning;
   flags.load.max_model_len = flags.engine.max_model_len;
-  spdlog::info("loading {} on {}",
-               flags.load.model_dir.empty() ? "the embedded model" : flags.load.model_dir,
-               bundle.backend->name());
+  spdlog::info(
+      "loading {} on {}",
+      flags.load.model_dir.empty() ? std::string("the default model") : flags.load.model_dir,
+      bundle.backend->name());
   SIEVE_ASSIGN_OR_RETURN(bundle.loaded, LoadModel(flags.load, *bundle.backend));
   spdlog::info("model: {}", bundle.loaded.description);
   auto engine = Engine::Create(std::move(bundle.loaded.model), bundle.loaded.tokenizer.get(),

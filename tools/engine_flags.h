@@ -28,7 +28,9 @@ struct EngineFlags {
   bool no_step_tuning = false;
 };
 
-void AddEngineFlags(CLI::App& app, EngineFlags& flags);
+// `policy_flags` false leaves out --kv-policy and --kv-budget, for a command that takes lists of
+// them (sieve eval).
+void AddEngineFlags(CLI::App& app, EngineFlags& flags, bool policy_flags = true);
 
 // Parses a byte count like "512M", "4G", "1073741824".
 Result<int64_t> ParseByteSize(const std::string& text);

@@ -93,7 +93,7 @@ int Run(GenerateFlags& flags) {
     std::cerr << "error: the model has no tokenizer; pass --tokenizer\n";
     return 1;
   }
-  if (bundle->loaded.embedded) {
+  if (bundle->loaded.default_model) {
     std::fprintf(stderr, "note: %s\n", bundle->loaded.description.c_str());
   }
   std::map<RequestId, size_t> index_of;

@@ -14,13 +14,19 @@ namespace sieve {
 CommandRunner AddInspectCommand(CLI::App& app) {
   auto model_dir = std::make_shared<std::string>();
   app.add_option("--model", *model_dir,
-                 "Hugging Face model directory (default: the embedded model)");
+                 "Hugging Face model directory (default: Sieve's default model)");
   return [model_dir]() {
-    ModelConfig config;
-    std::string checkpoint_line = "embedded (random weights built in memory)";
     if (model_dir->empty()) {
-      config = EmbeddedModelConfig();
-    } else {
+      auto found = FindDefaultModelDir();
+      if (!found.ok()) {
+        std::cerr << "error: " << found.status().message() << "\n";
+        return 1;
+      }
+      *model_dir = *found;
+    }
+    ModelConfig config;
+    std::string checkpoint_line;
+    {
       auto parsed = LoadModelConfig(*model_dir);
       if (!parsed.ok()) {
         std::cerr << "error: " << parsed.status().message() << "\n";

@@ -34,7 +34,7 @@ SamplingParams SamplingDefaults(const GenerationConfig& config) {
 }
 
 std::vector<std::string> DefaultModelNames(const std::string& model_dir) {
-  if (model_dir.empty()) return {"sieve-embedded"};
+  if (model_dir.empty()) return {kDefaultModelName};
   std::string base = std::filesystem::path(model_dir).lexically_normal().filename().string();
   if (base.empty()) base = std::filesystem::path(model_dir).parent_path().filename().string();
   if (base.empty() || base == model_dir) return {model_dir};
@@ -61,7 +61,7 @@ int Run(ServeFlags& flags) {
     std::cerr << "error: " << bundle.status().message() << "\n";
     return 1;
   }
-  if (bundle->loaded.embedded) spdlog::warn("{}", bundle->loaded.description);
+  if (bundle->loaded.default_model) spdlog::info("{}", bundle->loaded.description);
   ServerOptions options = flags.server;
   options.max_body_bytes = *max_body;
   options.served_model_names = flags.served_model_names.empty()
@@ -102,7 +102,7 @@ CommandRunner AddServeCommand(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--served-model-name", flags->served_model_names,
                  "Model name(s) clients send in \"model\" (the first is reported). Default: the "
-                 "--model directory's basename (its path is accepted too), or sieve-embedded");
+                 "--model directory's basename (its path is accepted too), or sieve-tiny-10m");
   app.add_option("--api-key", server.api_key,
                  "Require 'Authorization: Bearer KEY' on /v1/* (401 otherwise); /health and "
                  "/metrics stay open")

@@ -7,10 +7,12 @@
 #include <string>
 
 #include "core/logging.h"
+#include "tools/command_line.h"
 #include "tools/commands.h"
 
 int main(int argc, char** argv) {
   sieve::InitLogging();
+  sieve::SetCommandLine(argc, argv);
   CLI::App app{
       "Sieve: an LLM inference server for Llama-family models with per-layer KV-cache "
       "sparsity (SnapKV, PyramidKV, StreamingLLM, H2O).",
@@ -32,6 +34,10 @@ int main(int argc, char** argv) {
       sieve::AddInspectCommand);
   add("serve", "Serve the OpenAI-compatible HTTP API (completions, chat, models, metrics)",
       sieve::AddServeCommand);
+  add("eval",
+      "Accuracy of KV policies on long-context tasks (passkey, needles, RULER-style, perplexity, "
+      "jsonl), dense and per policy x budget",
+      sieve::AddEvalCommand);
   add("bench", "Benchmarks: a serving load generator for any OpenAI-compatible server, and more",
       sieve::AddBenchCommand);
   try {

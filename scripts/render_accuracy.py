@@ -1,0 +1,437 @@
+#!/usr/bin/env python3
+"""Renders docs/accuracy.md from the `sieve eval --result-json` records in bench/results/accuracy/.
+
+Every number on the page comes from those records; nothing is typed by hand. A record NAME.json
+may have a hand-written sidecar NAME.md next to it (the command that produced it, the machine),
+included verbatim under the record's section, and charts in docs/accuracy/NAME/ (a
+`sieve eval --plot-dir` folder, copied there with --copy-plots NAME=PLOT_DIR), shown as images.
+Records are listed newest first by file name.
+
+  python3 scripts/render_accuracy.py                                   # write docs/accuracy.md
+  python3 scripts/render_accuracy.py --copy-plots NAME=/tmp/plots      # copy charts, then write
+  python3 scripts/render_accuracy.py --check                           # CI: exit 1 when stale
+"""
+import argparse
+import difflib
+import glob
+import json
+import os
+import shutil
+import sys
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+PERPLEXITY = "perplexity"
+TRANSPOSE_ABOVE = 8  # summary tables with more configurations than this have a row per config
+
+
+def pct(value):
+    return f"{100.0 * value:.1f}"
+
+
+def fmt_number(value):
+    """1000 -> 1000, 0.5 -> 0.5, 1.0 -> 1 (lengths, depths)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def cell_text(cell):
+    """A cell's or a summary's value as the page shows it: score in %, perplexity as is."""
+    if cell is None or not cell.get("samples"):
+        return "–"
+    if "perplexity" in cell:
+        text = f"{cell['perplexity']:.2f}"
+    else:
+        text = pct(cell.get("score", 0.0))
+    return text + ("*" if cell.get("errors") else "")
+
+
+def table(header, rows, align=None):
+    """A Markdown table; `align` is "l" or "r" per column (default: first left, rest right)."""
+    align = align or ["l"] + ["r"] * (len(header) - 1)
+    out = ["| " + " | ".join(header) + " |",
+           "| " + " | ".join("---:" if a == "r" else "---" for a in align) + " |"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def sanitize_file_name(text):
+    """As tools/eval_command.cc names chart files: other characters than [A-Za-z0-9-_.] -> _."""
+    return "".join(c if (c.isascii() and c.isalnum()) or c in "-_." else "_" for c in text)
+
+
+class Record:
+    def __init__(self, path):
+        self.path = path
+        self.stem = os.path.splitext(os.path.basename(path))[0]
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        self.settings = data.get("settings", {})
+        self.configs = data.get("configs", [])
+        self.cells = data.get("cells", [])
+        self.summary = data.get("summary", [])
+        labels = [c["label"] for c in self.configs]
+        # Tasks in the order the run names them, then any others the cells hold.
+        self.tasks = list(self.settings.get("tasks", []))
+        for cell in self.summary + self.cells:
+            if cell["task"] not in self.tasks:
+                self.tasks.append(cell["task"])
+        self.tasks = [t for t in self.tasks if any(s["task"] == t for s in self.summary)]
+        for cell in self.summary + self.cells:
+            if cell["config"] not in labels:
+                labels.append(cell["config"])
+                self.configs.append({"label": cell["config"], "policy": cell["config"],
+                                     "budget": None})
+        self.labels = labels
+        self.dense = next((c["label"] for c in self.configs
+                           if c.get("policy") == "full" and c.get("budget") is None), None)
+
+    def summary_of(self, task, label):
+        return next((s for s in self.summary if s["task"] == task and s["config"] == label), None)
+
+    def budgets(self):
+        return sorted({c["budget"] for c in self.configs if c.get("budget") is not None})
+
+    def policies(self):
+        out = []
+        for c in self.configs:
+            if c.get("budget") is not None and c["policy"] not in out:
+                out.append(c["policy"])
+        return out
+
+
+def render_settings(record):
+    s = record.settings
+    out = []
+    model = s.get("model") or s.get("served_model_name") or "?"
+    extra = []
+    if s.get("max_model_len"):
+        extra.append(f"max_model_len {s['max_model_len']}")
+    if s.get("sieve_version"):
+        extra.append(f"Sieve {s['sieve_version']}"
+                     + (f" (commit `{s['sieve_commit']}`)" if s.get("sieve_commit") else ""))
+    out.append(f"- **Model:** {model}" + (f"; {'; '.join(extra)}" if extra else ""))
+    device = s.get("device") or (f"server at {s['base_url']}" if s.get("base_url") else "?")
+    out.append(f"- **Device:** {device}")
+    needles = any(c.get("depth") is not None for c in record.cells)
+    line = f"- **Tasks:** {', '.join(record.tasks) or '–'}"
+    if s.get("lengths"):
+        line += f"; **lengths:** {', '.join(fmt_number(x) for x in s['lengths'])} tokens"
+    if s.get("depths") and needles:
+        line += f"; **depths:** {', '.join(fmt_number(x) for x in s['depths'])}"
+    out.append(line)
+    line = f"- **Samples:** {s.get('samples', '?')} per cell; **seed:** {s.get('seed', '?')}"
+    if s.get("haystack") and any(t not in (PERPLEXITY, "jsonl") for t in record.tasks):
+        line += f"; **haystack:** `{s['haystack']}`"
+    if s.get("window") is not None:
+        line += f"; **KV window:** {s['window']}"
+    options = s.get("kv_options") or {}
+    knobs = [f"{k.replace('_', ' ')} {options[k]}" for k in ("sinks", "kernel", "beta",
+                                                             "decode_cap") if k in options]
+    if knobs:
+        line += f" ({', '.join(knobs)})"
+    out.append(line)
+    if s.get("text"):
+        out.append(f"- **Perplexity text:** `{s['text']}`, {s.get('ppl_tokens', '?')} tokens "
+                   "scored after each context")
+    if s.get("data"):
+        out.append(f"- **Data:** `{s['data']}`; metric {s.get('metric', '?')}; max tokens "
+                   f"{s.get('max_tokens', '?')}; prompts truncated: {s.get('truncated', 0)}")
+    if s.get("base_url"):
+        out.append(f"- **Server:** {s['base_url']} (model name `{s.get('served_model_name', '')}`)")
+    if s.get("command"):
+        out.append(f"- **Command:** `{s['command']}`")
+    return out
+
+
+def kv_columns(record):
+    """(header, {label: cells}) of the KV entries kept and the time, or None (a remote run)."""
+    if not any(c.get("kv") for c in record.configs):
+        return None
+    preempt = any((c.get("kv") or {}).get("preemptions") for c in record.configs)
+    header = ["KV kept", "time"] + (["preemptions"] if preempt else [])
+    columns = {}
+    for c in record.configs:
+        kv = c.get("kv")
+        if not kv:
+            columns[c["label"]] = ["–"] * len(header)
+            continue
+        columns[c["label"]] = ([f"{100.0 * kv.get('kept_fraction', 1.0):.1f}%",
+                                f"{kv.get('seconds', 0.0):.1f} s"]
+                               + ([kv.get("preemptions", 0)] if preempt else []))
+    return header, columns
+
+
+KV_NOTE = ("KV kept: the KV entries kept after the prompts, all layers, as a share of dense; "
+           "time: the configuration's whole run.")
+
+
+def render_summary(record):
+    names = [f"{task} (lower is better)" if task == PERPLEXITY else task for task in record.tasks]
+    notes = []
+    if any(task != PERPLEXITY for task in record.tasks):
+        notes.append("Score: % of the expected values found in the greedy answer, averaged over "
+                     "lengths and depths (each cell weighs the same).")
+    if PERPLEXITY in record.tasks:
+        notes.append("Perplexity: exp(mean NLL) over every scored token, lower is better.")
+    columns = kv_columns(record)
+    if columns:
+        notes.append(KV_NOTE)
+    out = ["### Summary", "", " ".join(notes), ""]
+    if len(record.labels) <= TRANSPOSE_ABOVE:
+        header = ["task", "samples"] + [f"`{label}`" for label in record.labels]
+        rows = []
+        for task, name in zip(record.tasks, names):
+            first = record.summary_of(task, record.labels[0]) or {}
+            rows.append([name, first.get("samples", "–")]
+                        + [cell_text(record.summary_of(task, label)) for label in record.labels])
+        if columns:
+            for index, what in enumerate(columns[0]):
+                rows.append([f"*{what}*", ""] + [columns[1][label][index]
+                                                   for label in record.labels])
+    else:  # many configurations: one row each, so the table stays narrow
+        header = ["configuration"] + names + (columns[0] if columns else [])
+        rows = [[f"`{label}`"] + [cell_text(record.summary_of(task, label))
+                                  for task in record.tasks]
+                + (columns[1][label] if columns else []) for label in record.labels]
+    out += table(header, rows)
+    for key, text in (("errors", "\\* requests that failed and were scored 0"),
+                      ("truncated", "Prompts cut in the middle to fit")):
+        counts = {}
+        for item in record.summary:
+            if item.get(key):
+                counts[item["config"]] = counts.get(item["config"], 0) + item[key]
+        if counts:
+            out += ["", f"{text}: " + ", ".join(f"`{label}` {n}" for label, n in counts.items())
+                    + "."]
+    return out + [""]
+
+
+def render_budgets(record):
+    budgets = record.budgets()
+    policies = record.policies()
+    if len(budgets) < 2 or not policies:
+        return []
+    out = ["### Score against KV budget", "",
+           "Budget: KV entries a sparse layer keeps (SnapKV C = B, PyramidKV average C = B, "
+           "StreamingLLM sinks + recent = B, H2O heavy = recent = B / 2)"
+           + (f"; `{record.dense}` is dense, the baseline." if record.dense else "."), ""]
+    for task in record.tasks:
+        unit = "perplexity, lower is better" if task == PERPLEXITY else "score %"
+        header = ["policy"] + [str(b) for b in budgets]
+        if record.dense:
+            header.append(f"dense (`{record.dense}`)")
+        rows = []
+        dense_text = cell_text(record.summary_of(task, record.dense)) if record.dense else None
+        for policy in policies:
+            row = [f"`{policy}`"]
+            for budget in budgets:
+                label = next((c["label"] for c in record.configs
+                              if c["policy"] == policy and c.get("budget") == budget), None)
+                row.append(cell_text(record.summary_of(task, label)) if label else "–")
+            if record.dense:
+                row.append(dense_text)
+            rows.append(row)
+        out += [f"**{task}** ({unit})", ""] + table(header, rows) + [""]
+    return out
+
+
+def render_dense_grid(record):
+    if not record.dense:
+        return []
+    lengths = sorted({c["length"] for c in record.cells if c.get("length")})
+    if not lengths:
+        return []
+    rows = []
+    needles = any(c.get("depth") is not None for c in record.cells)
+    for task in record.tasks:
+        cells = [c for c in record.cells if c["task"] == task and c["config"] == record.dense]
+        depths = sorted({c.get("depth") for c in cells}, key=lambda d: (d is not None, d or 0.0))
+        for index, depth in enumerate(depths):
+            row = [task if index == 0 else ""]
+            if needles:
+                row.append("–" if depth is None else fmt_number(depth))
+            for length in lengths:
+                cell = next((c for c in cells
+                             if c.get("length") == length and c.get("depth") == depth), None)
+                row.append(cell_text(cell))
+            rows.append(row)
+    if not rows:
+        return []
+    header = ["task"] + (["depth"] if needles else []) + [str(length) for length in lengths]
+    units = []
+    if any(task != PERPLEXITY for task in record.tasks):
+        units.append("score %")
+    if PERPLEXITY in record.tasks:
+        units.append("perplexity for the perplexity task" if units else
+                     "perplexity, lower is better")
+    title = f"### Dense (`{record.dense}`) by prompt length (tokens)"
+    note = "; ".join(units).capitalize() + "."
+    if needles:
+        title += " and needle depth"
+        if any(c.get("depth") is None for c in record.cells):
+            note += " Depth –: the task has no needle depth."
+    return [title, "", note, ""] + table(header, rows) + [""]
+
+
+def render_charts(record, plots_dir, link_prefix):
+    folder = os.path.join(plots_dir, record.stem)
+    files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, "*.svg")))
+    if not files:
+        return []
+
+    def link(name):
+        return f"{link_prefix}/{record.stem}/{name}"
+
+    used = set()
+    out = ["### Charts", ""]
+    budget = [f"budget_{task}.svg" for task in record.tasks if f"budget_{task}.svg" in files]
+    if budget:
+        out += [" ".join(f"![{name[len('budget_'):-4]}: score vs KV budget]({link(name)})"
+                         for name in budget), ""]
+        used.update(budget)
+    # needle_<task>_<sanitized label>.svg: a heatmap of score by length and depth.
+    heatmaps = {}
+    for task in record.tasks:
+        for label in record.labels:
+            name = f"needle_{task}_{sanitize_file_name(label)}.svg"
+            if name in files:
+                heatmaps.setdefault(task, []).append((label, name))
+    dense = [(task, name) for task, items in heatmaps.items()
+             for label, name in items if label == record.dense]
+    if dense:
+        out += [f"Needle heatmaps, dense (`{record.dense}`): score by prompt length and depth.", "",
+                " ".join(f"![{task}: {record.dense}]({link(name)})" for task, name in dense), ""]
+        used.update(name for _, name in dense)
+    rows = []
+    for task, items in heatmaps.items():
+        others = [(label, name) for label, name in items if label != record.dense]
+        if others:
+            rows.append([task, " · ".join(f"[{label}]({link(name)})" for label, name in others)])
+            used.update(name for _, name in others)
+    if rows:
+        out += ["Needle heatmaps of the other configurations:", ""]
+        out += table(["task", "configuration"], rows, ["l", "l"]) + [""]
+    rest = [name for name in files if name not in used]
+    if rest:
+        out += ["Other charts: " + " · ".join(f"[{name}]({link(name)})" for name in rest), ""]
+    return out
+
+
+def render_record(record, plots_dir, link_prefix):
+    out = [f"## {record.stem}", ""]
+    out += render_settings(record) + [""]
+    sidecar = os.path.splitext(record.path)[0] + ".md"
+    if os.path.exists(sidecar):
+        with open(sidecar, encoding="utf-8") as f:
+            notes = f.read().strip("\n")
+        if notes:
+            out += [notes, ""]
+    out += render_summary(record)
+    out += render_budgets(record)
+    out += render_dense_grid(record)
+    out += render_charts(record, plots_dir, link_prefix)
+    return out
+
+
+INTRO = [
+    "<!-- Generated by scripts/render_accuracy.py from bench/results/accuracy/*.json; "
+    "do not edit by hand. -->",
+    "# Accuracy of KV policies",
+    "",
+    "How much long-context accuracy each KV-cache policy keeps at each budget, measured with "
+    "`sieve eval`: dense (`full`) first as the baseline, then every `--kv-policy` x `--kv-budget` "
+    "on the same samples. A sample is a synthetic RULER-style prompt (passkey, needles in a "
+    "haystack, key-value retrieval, variable tracking, common words) built to a target length "
+    "with a needle at a given depth; its score is the share of expected values found in the "
+    "greedy answer. Perplexity forces held-out text through decode steps, so the compressed "
+    "cache is what predicts it. To reproduce a record, run the command given in its section "
+    "with "
+    "`--result-json bench/results/accuracy/NAME.json --plot-dir PLOTS`, then "
+    "`python3 scripts/render_accuracy.py --copy-plots NAME=PLOTS`. How samples are built and "
+    "scored: [tools/eval/README.md](../tools/eval/README.md). This page is generated from the "
+    "records by `scripts/render_accuracy.py`.",
+    "",
+]
+
+
+def render(results_dir, plots_dir, out_path):
+    link_prefix = os.path.relpath(plots_dir, os.path.dirname(os.path.abspath(out_path)))
+    link_prefix = link_prefix.replace(os.sep, "/")
+    lines = list(INTRO)
+    paths = sorted(glob.glob(os.path.join(results_dir, "*.json")), reverse=True)
+    if not paths:
+        lines += ["No records yet.", ""]
+    for path in paths:
+        lines += render_record(Record(path), plots_dir, link_prefix)
+    while lines and lines[-1] == "":
+        lines.pop()
+    return "\n".join(lines) + "\n"
+
+
+def copy_plots(specs, results_dir, plots_dir):
+    for spec in specs:
+        stem, sep, source = spec.partition("=")
+        if not sep or not stem or not source:
+            sys.exit(f"error: --copy-plots takes RECORD_STEM=PLOT_DIR, not {spec!r}")
+        if not os.path.exists(os.path.join(results_dir, stem + ".json")):
+            sys.exit(f"error: --copy-plots {stem}: no record {stem}.json in {results_dir}")
+        charts = sorted(glob.glob(os.path.join(source, "*.svg")))
+        if not charts:
+            sys.exit(f"error: --copy-plots {stem}: no .svg files in {source}")
+        dest = os.path.join(plots_dir, stem)
+        os.makedirs(dest, exist_ok=True)
+        for old in glob.glob(os.path.join(dest, "*.svg")):
+            os.remove(old)
+        for chart in charts:
+            shutil.copyfile(chart, os.path.join(dest, os.path.basename(chart)))
+        shown = os.path.relpath(dest)
+        print(f"copied {len(charts)} charts to {dest if shown.startswith('..') else shown}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results-dir",
+                        default=os.path.join(ROOT, "bench", "results", "accuracy"),
+                        help="the records, *.json (default: bench/results/accuracy)")
+    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "accuracy.md"),
+                        help="the page (default: docs/accuracy.md)")
+    parser.add_argument("--plots-dir",
+                        help="charts, one folder per record (default: the page's path without "
+                        ".md, i.e. docs/accuracy)")
+    parser.add_argument("--copy-plots", action="append", default=[], metavar="STEM=PLOT_DIR",
+                        help="copy a `sieve eval --plot-dir` folder's charts to PLOTS_DIR/STEM "
+                        "(replacing the .svg files there) before rendering; repeatable")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if the page is not what would be written")
+    args = parser.parse_args()
+    plots_dir = args.plots_dir or os.path.splitext(args.out)[0]
+    if args.check and args.copy_plots:
+        parser.error("--check writes nothing: drop --copy-plots")
+    if args.copy_plots:
+        copy_plots(args.copy_plots, args.results_dir, plots_dir)
+    text = render(args.results_dir, plots_dir, args.out)
+    if args.check:
+        try:
+            with open(args.out, encoding="utf-8") as f:
+                current = f.read()
+        except FileNotFoundError:
+            current = ""
+        if current != text:
+            diff = list(difflib.unified_diff(current.splitlines(), text.splitlines(),
+                                             args.out, "rendered", lineterm=""))
+            print("\n".join(diff[:60]))
+            print(f"{args.out} is stale: run python3 scripts/render_accuracy.py", file=sys.stderr)
+            return 1
+        print(f"{args.out} is up to date")
+        return 0
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
