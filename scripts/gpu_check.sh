@@ -5,7 +5,7 @@
 #
 #   scripts/gpu_check.sh [stage ...]     stages: build [tests_only] golden test sanitize
 #                                        sanitize_engine bench step ab profile timeline sdpa
-#                                        serve
+#                                        serve accuracy
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
@@ -194,6 +194,25 @@ if has timeline; then
   fi
   grep -E "^(dense|1/10 kept)|kernel_timeline" "$LOGS/timeline.log" | tee -a "$summary"
   python3 scripts/timeline_gaps.py "$trace" 2>&1 | head -80 | tee -a "$summary"
+fi
+
+if has accuracy; then
+  # docs/accuracy.md's GPU records: the default model at 4k, dense against every policy at every
+  # budget, on every task (the held-out haystack and text come from the carried .data/eval, made
+  # by scripts/train/fetch_data.sh). ACCURACY_SAMPLES samples per cell (default 4).
+  samples="${ACCURACY_SAMPLES:-4}"
+  policies=(--kv-policy snapkv --kv-policy pyramidkv --kv-policy streamingllm --kv-policy h2o
+            --kv-policy "full:0-2,pyramidkv:3-7" --kv-budget 64,128,256,512,1024)
+  ./build/gpu/sieve eval --device cuda --lengths 1000,2000,4000 --depths 0,0.25,0.5,0.75,1 \
+    --samples "$samples" --seed 0 --haystack .data/eval/haystack --no-progress "${policies[@]}" \
+    --result-json "$OUT/accuracy-tasks-gpu.json" --plot-dir "$LOGS/accuracy-tasks-plots" \
+    > "$LOGS/accuracy_tasks.log" 2>&1 || note "accuracy tasks FAILED (rc $?)"
+  ./build/gpu/sieve eval --device cuda --task perplexity --lengths 1000,2000,3840 \
+    --samples "$samples" --seed 0 --text .data/eval/text --ppl-tokens 256 --no-progress \
+    "${policies[@]}" --result-json "$OUT/accuracy-perplexity-gpu.json" \
+    > "$LOGS/accuracy_perplexity.log" 2>&1 || note "accuracy perplexity FAILED (rc $?)"
+  grep -A12 "^summary" "$LOGS/accuracy_tasks.log" "$LOGS/accuracy_perplexity.log" | cut -c1-200 \
+    >> "$summary"
 fi
 
 if has sdpa; then
