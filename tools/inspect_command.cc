@@ -46,7 +46,13 @@ CommandRunner AddInspectCommand(CLI::App& app) {
     }
     const int64_t params = config.NumParameters();
     std::printf("architecture:      %s\n", config.architecture.c_str());
-    std::printf("parameters:        %lld (%.2f B)\n", static_cast<long long>(params), params / 1e9);
+    if (params >= 1'000'000'000) {
+      std::printf("parameters:        %lld (%.2f B)\n", static_cast<long long>(params),
+                  params / 1e9);
+    } else {
+      std::printf("parameters:        %lld (%.1f M)\n", static_cast<long long>(params),
+                  params / 1e6);
+    }
     std::printf("dtype:             %s\n", std::string(DTypeName(config.dtype)).c_str());
     std::printf("layers:            %d\n", config.num_layers);
     std::printf("hidden / ffn:      %d / %d\n", config.hidden_size, config.intermediate_size);
