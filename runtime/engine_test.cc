@@ -14,6 +14,7 @@
 #include <set>
 
 #include "core/testing.h"
+#include "model/full_prefill.h"
 #include "model/safetensors.h"
 #include "runtime/model_loader.h"
 #include "runtime/model_runner.h"
@@ -385,63 +386,6 @@ TEST(EngineTest, RandomTrafficKeepsInvariants) {
   EXPECT_GT(preemptions, 0) << "the pool was never tight enough to preempt";
 }
 
-// Logits [n][V] of every position of `ids`, one prefill of the whole sequence straight through
-// the model (no engine, no scheduler): the dense reference of teacher forcing.
-std::vector<float> PrefillAllRows(LlamaModel& model, const std::vector<int32_t>& ids) {
-  Backend& backend = model.backend();
-  const ModelConfig& config = model.config();
-  const int n = static_cast<int>(ids.size());
-  const int layers = config.num_layers;
-  const auto i32 = [&](std::vector<int32_t> values, std::vector<int64_t> shape = {}) {
-    if (shape.empty()) shape = {static_cast<int64_t>(values.size())};
-    Tensor tensor = backend.Allocate(std::move(shape), DType::kI32);
-    backend.CopyFromHost(values.data(), values.size() * sizeof(int32_t), tensor);
-    return tensor;
-  };
-  std::vector<int32_t> rows(n);
-  std::iota(rows.begin(), rows.end(), 0);
-  StepMeta step;
-  step.num_tokens = step.num_prefill_tokens = n;
-  step.num_seqs = step.num_prefill_seqs = 1;
-  step.num_layers = layers;
-  step.max_query_len = step.max_kv_len = n;
-  step.num_prefill_keys = n;
-  step.num_sample_rows = n;
-  step.token_ids = i32(ids);
-  step.positions = i32(rows);
-  step.query_start = i32({0, n});
-  step.key_start = i32({0, n});
-  step.context_lens = i32({0});
-  step.seq_slots = i32({0});
-  step.write_start = i32(std::vector<int32_t>(layers, 0));
-  step.sample_rows = i32(rows);
-  step.compression_jobs = i32({0});
-  step.eviction_jobs = i32({0});
-  step.job_begin.assign(layers + 1, 0);
-  step.eviction_begin.assign(layers + 1, 0);
-  KvPool pool;
-  pool.page_size = 16;
-  pool.max_seqs = 1;
-  pool.max_pages_per_seq = (n + 15) / 16;
-  pool.num_pages = pool.max_pages_per_seq * layers;
-  pool.num_kv_heads = config.num_kv_heads;
-  pool.head_dim = config.head_dim;
-  pool.k = backend.Allocate({pool.num_pages, 16, config.num_kv_heads, config.head_dim},
-                            backend.activation_dtype());
-  pool.v = backend.Allocate(pool.k.shape(), backend.activation_dtype());
-  std::vector<int32_t> table(pool.num_pages);
-  std::iota(table.begin(), table.end(), 0);
-  pool.page_table = i32(table, {layers, 1, pool.max_pages_per_seq});
-  pool.kv_lens = i32(std::vector<int32_t>(layers, n), {layers, 1});
-  ForwardWorkspace workspace;
-  model.EnsureWorkspace(workspace, n, n, n, 1, 1);
-  Tensor logits = backend.Allocate({n, config.vocab_size}, DType::kF32);
-  model.Forward(step, pool, workspace, logits);
-  std::vector<float> host(static_cast<size_t>(n) * config.vocab_size);
-  backend.CopyToHost(logits, host.data());
-  return host;
-}
-
 // Teacher forcing: each forced token comes out in order (an EOS among them does not stop the
 // request), and its logprob equals the log-softmax of a dense prefill of the whole sequence at the
 // position before it. Batched with other requests, chunked, dense policy.
@@ -473,7 +417,7 @@ TEST(EngineTest, ForcedTokensAreEmittedWithDenseLogprobs) {
   std::vector<int32_t> whole = prompt;
   whole.insert(whole.end(), forced.begin(), forced.end() - 1);
   auto model = LlamaModel::Random(config, *backend, seed, config.max_position_embeddings, 0.08f);
-  const std::vector<float> logits = PrefillAllRows(*model, whole);
+  const std::vector<float> logits = testing::FullPrefillLogits(*model, whole);
   const int vocab = config.vocab_size;
   // Decode attention and prefill attention sum in different orders: f32 rounding only.
   constexpr double kTolerance = 1e-4;

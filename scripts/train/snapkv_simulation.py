@@ -54,12 +54,7 @@ def generate(model, ids, keep, max_tokens, eos):
 
     def forward(self, x, cos, sin):
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        q = q * cos + train.rotate_half(q) * sin
-        k = k * cos + train.rotate_half(k) * sin
-        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        q, k, v = self.project(x, cos, sin)
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(c.head_dim)
         allowed = ~torch.ones(t, t, dtype=torch.bool).triu(1)
         allowed = allowed.expand(c.num_attention_heads, t, t).clone()

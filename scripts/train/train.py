@@ -99,7 +99,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin):
+    def project(self, x, cos, sin):
+        """q, k, v [B][H][T][D]: RoPE applied, each KV head repeated for its query heads."""
         c = self.c
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
@@ -108,8 +109,12 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         group = c.num_attention_heads // c.num_key_value_heads
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
+        return q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+    def forward(self, x, cos, sin):
+        c = self.c
+        b, t, _ = x.shape
+        q, k, v = self.project(x, cos, sin)
         if hasattr(F, "scaled_dot_product_attention"):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:  # old PyTorch (CPU smoke tests)

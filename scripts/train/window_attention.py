@@ -50,13 +50,7 @@ def attention_probabilities(model, ids):
     def forward(self, x, cos, sin):
         c = self.c
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        q = q * cos + train.rotate_half(q) * sin
-        k = k * cos + train.rotate_half(k) * sin
-        group = c.num_attention_heads // c.num_key_value_heads
-        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        q, k, v = self.project(x, cos, sin)
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(c.head_dim)
         mask = torch.ones(t, t, dtype=torch.bool).triu(1)
         p = scores.masked_fill(mask, float("-inf")).softmax(-1)
