@@ -57,9 +57,14 @@ int UnitTokens(const Tokenizer& tokenizer, const std::string& task,
       if (sentence.size() > unit.size()) unit = sentence;
     }
   }
-  if (task == "kv-retrieval")
-    unit = Fill(spec.Text("kv_retrieval", "pair"), {{"key", "0123abcd"}, {"value", "4567cdef"}}) +
-           ",\n ";
+  if (task == "kv-retrieval") {
+    // Random hex keys tokenize into anywhere from a few tokens to one a character: bound a pair
+    // by its bytes (no byte-level BPE makes more tokens than bytes).
+    const std::string pair =
+        Fill(spec.Text("kv_retrieval", "pair"), {{"key", "0123abcd"}, {"value", "4567cdef"}}) +
+        ",\n ";
+    return static_cast<int>(pair.size()) + 4;
+  }
   // common-words grows by a line and, every few lines, one more repeat of each common word.
   if (task == "common-words") unit = std::string(120, 'w');
   return static_cast<int>(tokenizer.Encode(unit, false)->size()) + 4;
