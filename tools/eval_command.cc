@@ -13,6 +13,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/logging.h"
+#include "model/model_config.h"
+#include "runtime/model_loader.h"
+#include "sparsity/kv_policy.h"
 #include "tokenizer/tokenizer_loader.h"
 #include "tools/bench/progress_bar.h"
 #include "tools/bench/server_info.h"
@@ -171,6 +174,40 @@ Result<std::vector<EvalConfig>> MakeConfigs(const EvalFlags& flags, const KvPoli
   return configs;
 }
 
+// The in-process configurations, each checked against the model before anything loads or runs:
+// its budget's knobs, its policy parsed for the model's layers, and what it asks of the engine.
+struct CheckedConfigs {
+  std::vector<EvalConfig> configs;
+  std::vector<std::optional<KvPolicyOptions>> options;  // [configs]; dense: none
+  bool evicts_during_decode = false;
+  int final_chunk_rows = 0;  // the most prompt rows one configuration scores in one step
+};
+
+Result<CheckedConfigs> CheckConfigs(const EvalFlags& flags, int longest_sequence) {
+  std::string dir = flags.engine.load.model_dir;
+  if (dir.empty()) {
+    SIEVE_ASSIGN_OR_RETURN(dir, FindDefaultModelDir());
+  }
+  SIEVE_ASSIGN_OR_RETURN(const ModelConfig model, LoadModelConfig(dir));
+  const KvPolicyOptions& base = flags.engine.engine.kv_policy_options;
+  CheckedConfigs checked;
+  SIEVE_ASSIGN_OR_RETURN(checked.configs, MakeConfigs(flags, base));
+  for (const EvalConfig& config : checked.configs) {
+    KvPolicyOptions options = base;
+    if (config.budget) {
+      SIEVE_ASSIGN_OR_RETURN(options, eval::OptionsForBudget(config.policy, base, *config.budget));
+    }
+    auto policy = KvPolicy::Parse(config.policy, model.num_layers, options);
+    if (!policy.ok()) return policy.status().WithContext("--kv-policy " + config.label);
+    checked.evicts_during_decode =
+        checked.evicts_during_decode || policy->NeedsScorePool() || policy->NeedsPositionPool();
+    checked.final_chunk_rows =
+        std::max(checked.final_chunk_rows, policy->FinalChunkRows(longest_sequence));
+    checked.options.push_back(config.budget ? std::optional(options) : std::nullopt);
+  }
+  return checked;
+}
+
 int MaxTaskTokens(const EvalFlags& flags) {
   const eval::TaskSpec& spec = eval::TaskSpec::Embedded();
   int most = 1;
@@ -317,6 +354,9 @@ int Run(EvalFlags& flags) {
 
   // The model (in process) or the server, and a tokenizer.
   std::optional<EngineBundle> bundle;
+  std::vector<EvalConfig> configs;
+  std::vector<std::optional<KvPolicyOptions>> config_options;  // [configs]; dense: none
+  int checked_rows = 0;
   std::unique_ptr<Tokenizer> own_tokenizer;
   const Tokenizer* tokenizer = nullptr;
   eval::RemoteOptions remote_options;
@@ -357,16 +397,17 @@ int Run(EvalFlags& flags) {
   } else {
     EngineOptions& options = flags.engine.engine;
     options.kv_policy = "full";  // requests carry the configuration's policy
-    for (const std::string& policy : flags.policies) {
-      options.eviction_pools = options.eviction_pools ||
-                               eval::PolicyEvictsDuringDecode(policy, options.kv_policy_options);
-      // H2O scores every prompt row in one step: let the longest prompt fit unless told otherwise.
-      for (const std::string& kind : eval::PolicyKinds(policy)) {
-        if (kind == "h2o" && flags.max_batched_option->count() == 0) {
-          options.max_num_batched_tokens =
-              std::max(options.max_num_batched_tokens, longest + max_task_tokens);
-        }
-      }
+    auto checked = CheckConfigs(flags, longest + max_task_tokens - 1);
+    if (!checked.ok()) return Fail(2, checked.status().message());
+    configs = std::move(checked->configs);
+    config_options = std::move(checked->options);
+    checked_rows = checked->final_chunk_rows;
+    // The policies decide what the engine is created with: eviction pools when one evicts during
+    // decode, and steps that hold the prompt rows one scores at once (unless told otherwise).
+    options.eviction_pools = options.eviction_pools || checked->evicts_during_decode;
+    if (flags.max_batched_option->count() == 0) {
+      options.max_num_batched_tokens =
+          std::max(options.max_num_batched_tokens, checked->final_chunk_rows);
     }
     auto built = BuildEngine(flags.engine);
     if (!built.ok()) return Fail(1, built.status().message());
@@ -387,29 +428,16 @@ int Run(EvalFlags& flags) {
                          std::to_string(max_len) + " (see --max-model-len)");
     }
   }
-  auto configs = MakeConfigs(flags, base_options);
-  if (!configs.ok()) return Fail(2, configs.status().message());
-  // Every configuration is checked before anything runs.
-  std::vector<std::optional<KvPolicyOptions>> config_options;
-  for (const EvalConfig& config : *configs) {
-    if (!config.budget) {
-      config_options.push_back(std::nullopt);
-      continue;
-    }
-    auto options = eval::OptionsForBudget(config.policy, base_options, *config.budget);
-    if (!options.ok()) return Fail(2, options.status().message());
-    const Engine& engine = *bundle->engine;
-    auto policy = KvPolicy::Parse(config.policy, engine.model().config().num_layers, *options);
-    if (!policy.ok()) {
-      return Fail(2, "--kv-policy " + config.label + ": " + policy.status().message());
-    }
-    const int rows = policy->FinalChunkRows(longest + max_task_tokens - 1);
-    if (engine.options().enable_chunked_prefill && rows > engine.options().max_num_batched_tokens) {
-      return Fail(2, config.label + " scores " + std::to_string(rows) +
-                         " prompt rows in one step but --max-num-batched-tokens is " +
-                         std::to_string(engine.options().max_num_batched_tokens));
-    }
-    config_options.push_back(*options);
+  if (remote) {
+    auto made = MakeConfigs(flags, base_options);
+    if (!made.ok()) return Fail(2, made.status().message());
+    configs = std::move(made).value();
+    config_options.assign(configs.size(), std::nullopt);
+  } else if (bundle->engine->options().enable_chunked_prefill &&
+             checked_rows > bundle->engine->options().max_num_batched_tokens) {
+    return Fail(2, "a configuration scores " + std::to_string(checked_rows) +
+                       " prompt rows in one step but --max-num-batched-tokens is " +
+                       std::to_string(bundle->engine->options().max_num_batched_tokens));
   }
 
   // The samples: the same for every configuration.
@@ -470,12 +498,12 @@ int Run(EvalFlags& flags) {
                  "in the middle\n",
                  truncated, records.size(), longest);
   }
-  std::fprintf(stderr, "%zu samples x %zu configurations\n", sample_list.size(), configs->size());
+  std::fprintf(stderr, "%zu samples x %zu configurations\n", sample_list.size(), configs.size());
 
-  eval::EvalResults results(flags.tasks, *configs);
+  eval::EvalResults results(flags.tasks, configs);
   nlohmann::json config_json = nlohmann::json::array();
-  for (size_t index = 0; index < configs->size(); ++index) {
-    const EvalConfig& config = (*configs)[index];
+  for (size_t index = 0; index < configs.size(); ++index) {
+    const EvalConfig& config = configs[index];
     bench::ProgressBar bar(config.label, static_cast<int>(sample_list.size()), !flags.no_progress);
     const auto progress = [&bar](int done) { bar.Update(done, 0, 0); };
     nlohmann::json item = {

@@ -7,6 +7,10 @@
 
 namespace sieve::eval {
 
+namespace {
+
+// The kinds named in a policy string ("full:0-2,h2o:3-7" -> full, h2o), unvalidated: budgets
+// are mapped to knobs before a model (and so its layer count, which KvPolicy::Parse needs) loads.
 std::vector<std::string> PolicyKinds(const std::string& policy) {
   std::vector<std::string> kinds;
   size_t begin = 0;
@@ -20,13 +24,7 @@ std::vector<std::string> PolicyKinds(const std::string& policy) {
   return kinds;
 }
 
-bool PolicyEvictsDuringDecode(const std::string& policy, const KvPolicyOptions& options) {
-  if (options.decode_cap > 0) return true;
-  for (const std::string& kind : PolicyKinds(policy)) {
-    if (kind == "h2o" || kind == "streamingllm") return true;
-  }
-  return false;
-}
+}  // namespace
 
 Result<KvPolicyOptions> OptionsForBudget(const std::string& policy, KvPolicyOptions base,
                                          int budget) {

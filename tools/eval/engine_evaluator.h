@@ -20,12 +20,6 @@
 
 namespace sieve::eval {
 
-// The kinds named in a policy string ("full:0-2,h2o:3-7" -> full, h2o), unvalidated.
-std::vector<std::string> PolicyKinds(const std::string& policy);
-// Whether a policy string may evict entries during decode (H2O, StreamingLLM, or a decode cap):
-// the engine then needs its eviction pools.
-bool PolicyEvictsDuringDecode(const std::string& policy, const KvPolicyOptions& options);
-
 // `base` with one --kv-budget B applied to every kind the policy uses: SnapKV / PyramidKV keep
 // C = B; StreamingLLM keeps sinks + recent = B; H2O keeps heavy = B / 2 and recent = B - B / 2
 // (its paper's even split). InvalidArgument when B is not above the observation window (or, for
