@@ -5,7 +5,8 @@ Every number on the page comes from those records; nothing is typed by hand. A r
 may have a hand-written sidecar NAME.md next to it (the command that produced it, the machine),
 included verbatim under the record's section, and charts in docs/accuracy/NAME/ (a
 `sieve eval --plot-dir` folder, copied there with --copy-plots NAME=PLOT_DIR), shown as images.
-Records are listed newest first by file name.
+Records are listed in the order of page_order.txt in the records' folder (one file stem a line),
+then the others newest first by file name; records in its subfolders (history/) are not rendered.
 
   python3 scripts/render_accuracy.py                                   # write docs/accuracy.md
   python3 scripts/render_accuracy.py --copy-plots NAME=/tmp/plots      # copy charts, then write
@@ -89,6 +90,22 @@ class Record:
     def summary_of(self, task, label):
         return next((s for s in self.summary if s["task"] == task and s["config"] == label), None)
 
+    def lengths(self):
+        return sorted({c["length"] for c in self.cells if c.get("length")})
+
+    def at_length(self, task, label, length):
+        """The summary of one (task, configuration) at one prompt length: the mean score over
+        that length's depths (each weighs the same), or its perplexity cell."""
+        cells = [c for c in self.cells
+                 if c["task"] == task and c["config"] == label and c.get("length") == length]
+        if not cells:
+            return None
+        if task == PERPLEXITY or "perplexity" in cells[0]:
+            return cells[0]
+        return {"score": sum(c.get("score", 0.0) for c in cells) / len(cells),
+                "samples": sum(c.get("samples", 0) for c in cells),
+                "errors": sum(c.get("errors", 0) for c in cells)}
+
     def budgets(self):
         return sorted({c["budget"] for c in self.configs if c.get("budget") is not None})
 
@@ -131,6 +148,9 @@ def render_settings(record):
     if knobs:
         line += f" ({', '.join(knobs)})"
     out.append(line)
+    if s.get("prompt_suffix"):
+        out.append(f"- **Prompt suffix:** {json.dumps(s['prompt_suffix'])} appended to every "
+                   "prompt (`--prompt-suffix`)")
     if s.get("text"):
         out.append(f"- **Perplexity text:** `{s['text']}`, {s.get('ppl_tokens', '?')} tokens "
                    "scored after each context")
@@ -212,27 +232,40 @@ def render_budgets(record):
     policies = record.policies()
     if len(budgets) < 2 or not policies:
         return []
+    # At several lengths, the longest: a budget near or above a shorter prompt's length keeps
+    # that prompt whole, which an average over lengths would mix in.
+    lengths = record.lengths()
+    longest = lengths[-1] if len(lengths) > 1 else None
     out = ["### Score against KV budget", "",
            "Budget: KV entries a sparse layer keeps (SnapKV C = B, PyramidKV average C = B, "
            "StreamingLLM sinks + recent = B, H2O heavy = recent = B / 2)"
-           + (f"; `{record.dense}` is dense, the baseline." if record.dense else "."), ""]
+           + (f"; `{record.dense}` is dense, the baseline." if record.dense else ".")
+           + (f" At {longest} tokens, the longest prompts here (the summary above averages "
+              "every length)." if longest else ""), ""]
+
+    def summary(task, label):
+        if label is None:
+            return None
+        return record.at_length(task, label, longest) if longest else record.summary_of(task, label)
+
     for task in record.tasks:
         unit = "perplexity, lower is better" if task == PERPLEXITY else "score %"
         header = ["policy"] + [str(b) for b in budgets]
         if record.dense:
             header.append(f"dense (`{record.dense}`)")
         rows = []
-        dense_text = cell_text(record.summary_of(task, record.dense)) if record.dense else None
+        dense_text = cell_text(summary(task, record.dense)) if record.dense else None
         for policy in policies:
             row = [f"`{policy}`"]
             for budget in budgets:
                 label = next((c["label"] for c in record.configs
                               if c["policy"] == policy and c.get("budget") == budget), None)
-                row.append(cell_text(record.summary_of(task, label)) if label else "–")
+                row.append(cell_text(summary(task, label)) if label else "–")
             if record.dense:
                 row.append(dense_text)
             rows.append(row)
-        out += [f"**{task}** ({unit})", ""] + table(header, rows) + [""]
+        where = f", {longest} tokens" if longest else ""
+        out += [f"**{task}** ({unit}{where})", ""] + table(header, rows) + [""]
     return out
 
 
@@ -355,15 +388,35 @@ INTRO = [
 ]
 
 
+def ordered_records(results_dir):
+    """The records' paths: page_order.txt's stems first, in its order, then newest name first."""
+    paths = sorted(glob.glob(os.path.join(results_dir, "*.json")), reverse=True)
+    order_path = os.path.join(results_dir, "page_order.txt")
+    order = []
+    if os.path.exists(order_path):
+        with open(order_path, encoding="utf-8") as f:
+            order = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    stem = lambda p: os.path.splitext(os.path.basename(p))[0]  # noqa: E731
+    missing = [name for name in order if name not in {stem(p) for p in paths}]
+    if missing:
+        sys.exit(f"error: page_order.txt names records that do not exist: {', '.join(missing)}")
+    rank = {name: index for index, name in enumerate(order)}
+    return sorted(paths, key=lambda p: rank.get(stem(p), len(order)))
+
+
 def render(results_dir, plots_dir, out_path):
     link_prefix = os.path.relpath(plots_dir, os.path.dirname(os.path.abspath(out_path)))
     link_prefix = link_prefix.replace(os.sep, "/")
     lines = list(INTRO)
-    paths = sorted(glob.glob(os.path.join(results_dir, "*.json")), reverse=True)
+    paths = ordered_records(results_dir)
     if not paths:
         lines += ["No records yet.", ""]
-    for path in paths:
-        lines += render_record(Record(path), plots_dir, link_prefix)
+    records = [Record(path) for path in paths]
+    if len(records) > 1:
+        lines += ["Records on this page:", ""]
+        lines += [f"- [{r.stem}](#{r.stem})" for r in records] + [""]
+    for record in records:
+        lines += render_record(record, plots_dir, link_prefix)
     while lines and lines[-1] == "":
         lines.pop()
     return "\n".join(lines) + "\n"

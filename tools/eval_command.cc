@@ -61,6 +61,7 @@ struct EvalFlags {
   std::string plot_dir;
   bool no_progress = false;
   std::string haystack;
+  std::string prompt_suffix;
   std::string text;
   int ppl_tokens = 256;
   std::string data;
@@ -444,6 +445,7 @@ int Run(EvalFlags& flags) {
   std::vector<std::unique_ptr<EvalSample>> samples;
   {
     eval::TaskGenerator generator(eval::TaskSpec::Embedded(), *tokenizer, sentences);
+    generator.set_prompt_suffix(flags.prompt_suffix);
     std::optional<eval::PerplexityText> perplexity;
     if (has("perplexity")) {
       auto made = eval::PerplexityText::Create(ppl_text, *tokenizer);
@@ -574,6 +576,7 @@ int Run(EvalFlags& flags) {
     settings["samples"] = flags.samples;
     settings["seed"] = flags.seed;
     settings["haystack"] = sentences.empty() ? "noise" : flags.haystack;
+    settings["prompt_suffix"] = flags.prompt_suffix;
     settings["policies"] = flags.policies;
     settings["budgets"] = flags.budgets;
     settings["sieve_version"] = SIEVE_VERSION;
@@ -664,6 +667,11 @@ CommandRunner AddEvalCommand(CLI::App& app) {
   app.add_option("--haystack", flags->haystack,
                  "niah haystack: a text file or a directory of .txt files, cut into sentences "
                  "(default: the noise sentence)");
+  app.add_option("--prompt-suffix", flags->prompt_suffix,
+                 "Synthetic tasks: text appended to every prompt after its question, within "
+                 "its length. \" \" ends each prompt with the space before the answer, so the "
+                 "token whose query retrieves the answer is in the prompt (and in a policy's "
+                 "observation window)");
   app.add_option("--text", flags->text,
                  "perplexity: held-out text, a file or a directory of .txt files");
   app.add_option("--ppl-tokens", flags->ppl_tokens,

@@ -16,7 +16,7 @@ the record's settings.command when it has one, else --dense-command / --perplexi
 
 Placeholders, {{name}} (an unknown one is an error):
   blocks:    architecture_table, training_table, data_table, task_weights_table,
-             validation_table, dense_eval, perplexity_eval
+             validation_table, dense_eval, perplexity_eval, ci_eval
   config:    parameters, context, dtype
   run.json:  model, tokenizer, trained_steps, planned_steps, stop_reason, tokens_trained,
              training_tokens_in_corpus, heldout_tokens_in_corpus, text_fraction
@@ -449,6 +449,22 @@ def perplexity_eval(record, path, command):
     return out, f"{summary['perplexity']:.2f}"
 
 
+def ci_eval(record, path):
+    """The scores of the record CI re-runs (tools/eval/default_model_check.sh), every
+    configuration: CI wants each of its cells again, exactly."""
+    s = record.get("settings", {})
+    if not record.get("summary"):
+        fail(f"{path}: no summary")
+    parts = [f"`{x['config']}` {pct(x['score'])}% ({x['samples']} samples)"
+             for x in record["summary"] if "score" in x]
+    named = [grouped(n) for n in s.get("lengths", [])]
+    lengths = " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
+    return (f"CI checks it on every build: `default_model_eval_check` runs `sieve eval --task "
+            f"{','.join(s.get('tasks', ['?']))}` on the CPU at {lengths} tokens and wants every "
+            f"cell equal to `{os.path.relpath(path, ROOT)}`, whose scores are "
+            + ", ".join(parts) + ".")
+
+
 # ---------------------------------------------------------------------------------------------
 
 def render(args):
@@ -481,7 +497,10 @@ def render(args):
               file=sys.stderr)
         ppl_block, ppl_value = ["No perplexity evaluation was given."], "not measured"
 
+    ci_block = ci_eval(load_json(args.ci_eval), args.ci_eval) if args.ci_eval else \
+        "No CI record was given."
     values = {
+        "ci_eval": ci_block,
         "model": run.get("model", os.path.basename(os.path.normpath(model_dir))),
         "parameters": short(params),
         "context": grouped(config["max_position_embeddings"]),
@@ -545,6 +564,8 @@ def main():
                         "configuration: the card's scores per task and length")
     parser.add_argument("--dense-command", help="its command, when the record has no "
                         "settings.command")
+    parser.add_argument("--ci-eval", metavar="PATH",
+                        help="the record CI re-runs (default_model_eval_check)")
     parser.add_argument("--perplexity-eval", metavar="PATH",
                         help="a record with the perplexity task (default: the dense record, "
                         "when it has one)")

@@ -5,13 +5,16 @@
 # the model, the engine or a policy changed what it computes.
 #   default_model_check.sh SIEVE_BINARY SOURCE_DIR           # the test (CTest runs it)
 #   default_model_check.sh SIEVE_BINARY SOURCE_DIR --update  # rewrite the record
+# SIEVE_EVAL_DEVICE=cuda runs the same samples on the GPU backend (scripts/gpu_check.sh accuracy),
+# which compares the backends: bf16 activations may flip a greedy answer on a near tie.
 set -euo pipefail
 sieve="$1"
 source_dir="$2"
 record="$source_dir/bench/results/accuracy/sieve-tiny-10m-ci-passkey-cpu.json"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-flags=(eval --device cpu --threads 2 --task passkey --lengths 512,1024 --depths 0,0.5,1
+device="${SIEVE_EVAL_DEVICE:-cpu}"
+flags=(eval --device "$device" --threads 2 --task passkey --lengths 512,1024 --depths 0,0.5,1
        --samples 2 --seed 0 --kv-memory 256M --kv-policy snapkv --kv-policy streamingllm
        --kv-budget 64 --no-progress --log-level warn)
 if [ "${3:-}" = "--update" ]; then

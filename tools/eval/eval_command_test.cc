@@ -98,8 +98,9 @@ TEST_F(EvalCommandTest, EveryTaskDenseAndSparse) {
   ASSERT_EQ(run.exit_code, 0) << run.err;
   EXPECT_NE(run.out.find("summary"), std::string::npos) << run.out;
   const nlohmann::json json = nlohmann::json::parse(ReadAll(json_path));
-  for (const char* key : {"model", "device", "tasks", "lengths", "depths", "samples", "seed",
-                          "haystack", "policies", "budgets", "window", "sieve_version"}) {
+  for (const char* key :
+       {"model", "device", "tasks", "lengths", "depths", "samples", "seed", "haystack",
+        "prompt_suffix", "policies", "budgets", "window", "sieve_version"}) {
     EXPECT_TRUE(json["settings"].contains(key)) << key;
   }
   const std::vector<std::string> labels = {"full", "snapkv@48", "snapkv@96", "full:0,h2o:1@48",

@@ -104,6 +104,28 @@ TEST(TaskGeneratorTest, TooShortATargetIsAnError) {
   EXPECT_FALSE(generator.Generate("nonsense", 1024, 0.5, 0, 1).ok());
 }
 
+// A prompt suffix ends every synthetic prompt, inside its length, and leaves the sample's
+// randomness (values, keys) as it was.
+TEST(TaskGeneratorTest, PromptSuffixEndsThePromptWithinItsLength) {
+  auto rng = testing::MakeRng();
+  auto tokenizer = MakeEmbeddedByteTokenizer();
+  TaskGenerator plain(TaskSpec::Embedded(), *tokenizer, {});
+  TaskGenerator suffixed(TaskSpec::Embedded(), *tokenizer, {});
+  const std::string suffix = std::uniform_int_distribution<int>(0, 1)(rng) ? " " : " (answer)";
+  suffixed.set_prompt_suffix(suffix);
+  const uint64_t seed = rng();
+  const int length = std::uniform_int_distribution<int>(600, 1500)(rng);
+  for (const std::string task : {"passkey", "niah", "kv-retrieval", "variable-tracking"}) {
+    auto a = plain.Generate(task, length, 0.5, 1, seed);
+    auto b = suffixed.Generate(task, length, 0.5, 1, seed);
+    ASSERT_TRUE(a.ok() && b.ok()) << task;
+    EXPECT_TRUE(b->prompt.ends_with(suffix)) << task;
+    EXPECT_FALSE(a->prompt.ends_with(suffix)) << task;
+    EXPECT_LE(static_cast<int>(b->prompt_ids.size()), length) << task;
+    EXPECT_EQ(a->expected, b->expected) << task;
+  }
+}
+
 // The needle sits before unit round(depth * n) of the n noise sentences; its value appears
 // as often as the needle holds it, and nowhere else.
 TEST(TaskGeneratorTest, NeedleAtTheRequestedDepth) {

@@ -105,7 +105,7 @@ Result<TaskGenerator::Fitted> TaskGenerator::Fit(const std::function<std::string
   int hi = -1;  // does not fit (-1: none seen yet)
   // Tokenizing is the cost here: a few probes near an estimate, then bisection.
   const auto probe = [&](int n) -> Status {
-    std::string prompt = build(n);
+    std::string prompt = build(n) + prompt_suffix_;
     SIEVE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer_.Encode(prompt, /*add_bos=*/true));
     if (static_cast<int>(ids.size()) <= length) {
       if (n >= lo) {

@@ -55,6 +55,11 @@ class TaskGenerator {
 
   bool natural_haystack() const { return !haystack_.empty(); }
 
+  // Text appended to every prompt after the question, counted in its length (e.g. " ": the
+  // space that this tokenizer splits off the answer's first digits, so the query that retrieves
+  // the answer is a prompt token and a policy's observation window holds it). Default: none.
+  void set_prompt_suffix(std::string suffix) { prompt_suffix_ = std::move(suffix); }
+
  private:
   struct Fitted {
     int units = 0;
@@ -70,6 +75,7 @@ class TaskGenerator {
   const TaskSpec& spec_;
   const Tokenizer& tokenizer_;
   std::vector<std::string> haystack_;
+  std::string prompt_suffix_;
 };
 
 }  // namespace sieve::eval
