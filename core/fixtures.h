@@ -1,6 +1,7 @@
-// Where the third-party test fixtures (tokenizers, haystack text) and Sieve's own committed test
-// data live. Fixtures are never committed: they are read from $SIEVE_FIXTURES or
-// <project>/../shared/fixtures, and callers skip with a clear message when they are absent.
+// Where test data lives. testdata/ is committed: Sieve's own generated fixtures and the tokenizers
+// whose licences allow redistribution (testdata/tokenizers), so a fresh clone runs every test.
+// Third-party texts (the haystack essays, Shakespeare) may not be committed: they are read from
+// $SIEVE_FIXTURES or <project>/../shared/fixtures, and what needs them is skipped without them.
 #pragma once
 
 #include <optional>

@@ -15,15 +15,6 @@
 
 namespace sieve::testing {
 
-// The fixtures dir, or "" after calling GTEST_SKIP-compatible code: use the macro below.
-#define SIEVE_REQUIRE_FIXTURES(dir_var)                                                     \
-  auto dir_var##_opt = ::sieve::FindFixturesDir();                                          \
-  if (!dir_var##_opt) {                                                                     \
-    GTEST_SKIP() << "fixtures not found: set SIEVE_FIXTURES or provide ../shared/fixtures " \
-                    "next to the project (they are third-party data, never committed)";     \
-  }                                                                                         \
-  const std::string dir_var = *dir_var##_opt
-
 // A generator seeded from the test's name and a fresh random device value, logged so that a
 // failure can be replayed with SIEVE_TEST_SEED.
 std::mt19937_64 MakeRng();

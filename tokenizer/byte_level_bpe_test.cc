@@ -27,7 +27,7 @@ constexpr std::string_view kSpecialString =
 class Llama3Test : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(Llama3Test, MatchesTiktokenOnEveryFixtureString) {
-  SIEVE_REQUIRE_FIXTURES(fixtures);
+  const std::string fixtures = TestDataDir();  // testdata/tokenizers, committed
   const Tokenizer* tokenizer = FixtureTokenizer(fixtures, GetParam());
   ASSERT_NE(tokenizer, nullptr);
   const testing::TokenizerFixtures expected = ReadTokenizerFixtures(fixtures);
@@ -45,7 +45,7 @@ TEST_P(Llama3Test, MatchesTiktokenOnEveryFixtureString) {
 }
 
 TEST_P(Llama3Test, DecodeRoundTripsEveryFixtureString) {
-  SIEVE_REQUIRE_FIXTURES(fixtures);
+  const std::string fixtures = TestDataDir();  // testdata/tokenizers, committed
   const Tokenizer* tokenizer = FixtureTokenizer(fixtures, GetParam());
   ASSERT_NE(tokenizer, nullptr);
   for (const std::string& text : ReadTokenizerFixtures(fixtures).strings) {
@@ -60,7 +60,7 @@ TEST_P(Llama3Test, DecodeRoundTripsEveryFixtureString) {
 }
 
 TEST_P(Llama3Test, KnownSentenceBosAndSpecials) {
-  SIEVE_REQUIRE_FIXTURES(fixtures);
+  const std::string fixtures = TestDataDir();  // testdata/tokenizers, committed
   const Tokenizer* tokenizer = FixtureTokenizer(fixtures, GetParam());
   ASSERT_NE(tokenizer, nullptr);
   EXPECT_THAT(EncodeOk(*tokenizer, "This is a test sentence."),
@@ -105,7 +105,7 @@ TEST_P(Llama3Test, KnownSentenceBosAndSpecials) {
 }
 
 TEST_P(Llama3Test, RejectsInvalidUtf8NamingTheOffset) {
-  SIEVE_REQUIRE_FIXTURES(fixtures);
+  const std::string fixtures = TestDataDir();  // testdata/tokenizers, committed
   const Tokenizer* tokenizer = FixtureTokenizer(fixtures, GetParam());
   ASSERT_NE(tokenizer, nullptr);
   for (const std::string_view bad : {std::string_view("abc\xff"), std::string_view("abc\xc3"),
@@ -124,7 +124,7 @@ INSTANTIATE_TEST_SUITE_P(Files, Llama3Test,
                          });
 
 TEST(ByteLevelBpeTest, TiktokenAndTokenizerJsonAgreeOnLongText) {
-  SIEVE_REQUIRE_FIXTURES(fixtures);
+  const std::string fixtures = TestDataDir();  // testdata/tokenizers, committed
   const Tokenizer* tiktoken = FixtureTokenizer(fixtures, "llama3/tokenizer.model");
   const Tokenizer* json = FixtureTokenizer(fixtures, "llama3/tokenizer.json");
   ASSERT_NE(tiktoken, nullptr);
@@ -278,6 +278,27 @@ TEST(HfTokenizerJsonTest, UnsupportedAndCorruptFilesAreErrors) {
                   "pre_tokenizer": {"type": "Metaspace"}})",
                StatusCode::kUnimplemented, "Metaspace");
   expect_error(R"([1, 2])", StatusCode::kDataLoss, "model");
+}
+
+// UBSan on ids that are not 32-bit integers: nlohmann's get<int32_t> converted 1e300 with
+// undefined behaviour (fuzz/corpus/tokenizer_files_fuzzer/regression_float_token_id).
+TEST(HfTokenizerJsonTest, TokenIdsMustBe32BitIntegers) {
+  const std::string json = SmallTokenizerJson();
+  for (const std::string id : {"1e300", "7.5", "4294967303", "\"7\""}) {
+    Result<std::unique_ptr<Tokenizer>> tokenizer = ParseHfTokenizerJson(Replaced(
+        json, R"({"id": 7, "content": "<eos>")", R"({"id": )" + id + R"(, "content": "<eos>")"));
+    ASSERT_FALSE(tokenizer.ok()) << id;
+    EXPECT_EQ(tokenizer.status().code(), StatusCode::kDataLoss) << tokenizer.status().ToString();
+    EXPECT_NE(tokenizer.status().message().find("added token id"), std::string::npos)
+        << tokenizer.status().ToString();
+  }
+  Result<std::unique_ptr<Tokenizer>> tokenizer =
+      ParseHfTokenizerJson(Replaced(json, R"("post_processor": {"type": "ByteLevel"})",
+                                    R"("post_processor": {"type": "TemplateProcessing",
+                   "single": [{"SpecialToken": {"id": "<bos>"}}, {"Sequence": {"id": "A"}}],
+                   "special_tokens": {"<bos>": {"id": "<bos>", "ids": [-1e300], "tokens": ["<bos>"]}}})"));
+  ASSERT_FALSE(tokenizer.ok());
+  EXPECT_EQ(tokenizer.status().code(), StatusCode::kDataLoss) << tokenizer.status().ToString();
 }
 
 TEST(HfTokenizerJsonTest, TemplateProcessingGivesBos) {

@@ -170,7 +170,7 @@ TEST(SentencePieceBpeTest, UnsupportedAndCorruptModelsAreErrors) {
 }
 
 TEST(SentencePieceBpeTest, Llama2MatchesSentencepieceOnEveryFixtureString) {
-  SIEVE_REQUIRE_FIXTURES(fixtures);
+  const std::string fixtures = TestDataDir();  // testdata/tokenizers, committed
   const Tokenizer* tokenizer = FixtureTokenizer(fixtures, "llama2/tokenizer.model");
   ASSERT_NE(tokenizer, nullptr);
   const testing::TokenizerFixtures expected = ReadTokenizerFixtures(fixtures);
@@ -188,7 +188,7 @@ TEST(SentencePieceBpeTest, Llama2MatchesSentencepieceOnEveryFixtureString) {
 }
 
 TEST(SentencePieceBpeTest, Llama2SpecialsBosAndChatPrompt) {
-  SIEVE_REQUIRE_FIXTURES(fixtures);
+  const std::string fixtures = TestDataDir();  // testdata/tokenizers, committed
   const Tokenizer* tokenizer = FixtureTokenizer(fixtures, "llama2/tokenizer.model");
   ASSERT_NE(tokenizer, nullptr);
   EXPECT_EQ(tokenizer->vocab_size(), 32000);

@@ -99,7 +99,7 @@ TEST(StreamingDecoderTest, EmbeddedTokenizerRandomSequencesEqualDecode) {
 }
 
 TEST(StreamingDecoderTest, Llama3RandomSequencesEqualDecode) {
-  SIEVE_REQUIRE_FIXTURES(fixtures);
+  const std::string fixtures = TestDataDir();  // testdata/tokenizers, committed
   const Tokenizer* tokenizer = FixtureTokenizer(fixtures, "llama3/tokenizer.model");
   ASSERT_NE(tokenizer, nullptr);
   const std::vector<int32_t> byte_ids = ByteLevelByteIds(*tokenizer);
@@ -109,7 +109,7 @@ TEST(StreamingDecoderTest, Llama3RandomSequencesEqualDecode) {
 }
 
 TEST(StreamingDecoderTest, Llama2RandomSequencesEqualDecodeWithLeadingSpaceRule) {
-  SIEVE_REQUIRE_FIXTURES(fixtures);
+  const std::string fixtures = TestDataDir();  // testdata/tokenizers, committed
   const Tokenizer* tokenizer = FixtureTokenizer(fixtures, "llama2/tokenizer.model");
   ASSERT_NE(tokenizer, nullptr);
   std::vector<int32_t> byte_ids;

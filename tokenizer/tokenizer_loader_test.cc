@@ -58,7 +58,7 @@ constexpr std::string_view kLlama3InstructConfig = R"({
 })";
 
 TEST(TokenizerLoaderTest, FindsEachFormat) {
-  SIEVE_REQUIRE_FIXTURES(fixtures);
+  const std::string fixtures = TestDataDir();  // testdata/tokenizers, committed
   const std::string tokenizers = fixtures + "/tokenizers";
   const auto kind_of = [](const std::string& path) {
     Result<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(path);
@@ -73,7 +73,7 @@ TEST(TokenizerLoaderTest, FindsEachFormat) {
 }
 
 TEST(TokenizerLoaderTest, TiktokenDefaultsAreMetasLlama3) {
-  SIEVE_REQUIRE_FIXTURES(fixtures);
+  const std::string fixtures = TestDataDir();  // testdata/tokenizers, committed
   const Tokenizer* tokenizer = testing::FixtureTokenizer(fixtures, "llama3/tokenizer.model");
   ASSERT_NE(tokenizer, nullptr);
   EXPECT_THAT(tokenizer->eos_ids(), ElementsAre(128001, 128009));
@@ -136,7 +136,7 @@ TEST(TokenizerLoaderTest, TinyTiktokenFileWorks) {
 }
 
 TEST(TokenizerLoaderTest, UnsupportedTokenizerJsonFallsBackToTokenizerModel) {
-  SIEVE_REQUIRE_FIXTURES(fixtures);
+  const std::string fixtures = TestDataDir();  // testdata/tokenizers, committed
   TempDir dir;
   dir.Write("tokenizer.json",
             R"({"model": {"type": "BPE", "vocab": {}, "merges": [], "byte_fallback": true},
@@ -154,7 +154,7 @@ TEST(TokenizerLoaderTest, UnsupportedTokenizerJsonFallsBackToTokenizerModel) {
 }
 
 TEST(TokenizerLoaderTest, TokenizerConfigSetsTemplateEosAndBos) {
-  SIEVE_REQUIRE_FIXTURES(fixtures);
+  const std::string fixtures = TestDataDir();  // testdata/tokenizers, committed
   TempDir dir;
   dir.Link("tokenizer.json", fixtures + "/tokenizers/llama3/tokenizer.json");
   dir.Write("tokenizer_config.json", kLlama3InstructConfig);

@@ -388,7 +388,7 @@ TEST(RandomDatasetTest, LengthsInRangeAndExactWithByteTokenizer) {
 }
 
 TEST(RandomDatasetTest, BpeTokenizerLengthsAreReTokenised) {
-  SIEVE_REQUIRE_FIXTURES(fixtures);
+  const std::string fixtures = TestDataDir();  // testdata/tokenizers, committed
   const std::string path = fixtures + "/tokenizers/llama3/tokenizer.json";
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "no Llama 3 tokenizer fixture at " << path;
   auto tokenizer = LoadTokenizer(path);
