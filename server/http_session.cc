@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <vector>
 
@@ -33,8 +34,57 @@ constexpr auto kWriteTimeout = std::chrono::seconds(60);
 // read the response instead of a connection reset.
 constexpr auto kLingerTimeout = std::chrono::seconds(2);
 constexpr size_t kHeaderLimit = 64 * 1024;
+// Request bytes held unparsed at once: a header up to kHeaderLimit plus one read (Beast reads at
+// most 64 KiB at a time). The parser moves body bytes out as they arrive, and --max-body-bytes
+// counts only a chunked body's data, so this is what bounds the rest of a chunked body: a
+// chunk-size line with its extensions, or the trailer section, must fit in it.
+constexpr size_t kReadBufferLimit = kHeaderLimit + 64 * 1024;
 
 double Seconds(Clock::duration duration) { return std::chrono::duration<double>(duration).count(); }
+
+// Beast frames a request body by Content-Length or by a Transfer-Encoding whose last coding is
+// chunked, and decodes only chunked: another coding before it (gzip, chunked) reaches the JSON
+// parser still encoded, and a Transfer-Encoding that does not end with chunked is taken to mean
+// "no body", so the body's bytes would be read as the next request on the connection (request
+// smuggling). RFC 9112: that is a 400 and the connection closes (6.3); a transfer coding the
+// server does not implement is a 501 (6.1).
+std::optional<ApiError> TransferEncodingError(const http::request_header<>& request) {
+  const auto [first, last] = request.equal_range(http::field::transfer_encoding);
+  if (first == last) return std::nullopt;
+  std::vector<std::string> codings;  // in the order they were applied
+  std::string listed;                // the field values as sent, for the message
+  for (auto field = first; field != last; ++field) {
+    const std::string value(field->value());
+    listed += (listed.empty() ? "" : ", ") + value;
+    for (size_t start = 0; start <= value.size();) {
+      const size_t end = std::min(value.find(',', start), value.size());
+      // A coding is a token, maybe with parameters (";name=value"); lists may hold empty items.
+      std::string coding = value.substr(start, std::min(value.find(';', start), end) - start);
+      start = end + 1;
+      const size_t begin = coding.find_first_not_of(" \t");
+      if (begin == std::string::npos) continue;
+      coding = coding.substr(begin, coding.find_last_not_of(" \t") + 1 - begin);
+      std::transform(coding.begin(), coding.end(), coding.begin(),
+                     [](unsigned char byte) { return static_cast<char>(std::tolower(byte)); });
+      codings.push_back(std::move(coding));
+    }
+  }
+  if (codings.empty() || codings.back() != "chunked") {
+    return MakeApiError(400, "Transfer-Encoding '" + listed +
+                                 "' does not end with chunked, so the body's length is unknown: "
+                                 "send the body chunked or with a Content-Length");
+  }
+  if (std::find(codings.begin(), codings.end() - 1, "chunked") != codings.end() - 1) {
+    return MakeApiError(400, "Transfer-Encoding '" + listed + "' applies chunked twice");
+  }
+  if (codings.size() > 1) {
+    return MakeApiError(501, "transfer coding '" + codings.front() +
+                                 "' is not supported (Transfer-Encoding '" + listed +
+                                 "'): send the body chunked without other codings, or with a "
+                                 "Content-Length");
+  }
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -76,7 +126,7 @@ struct HttpSession::Generation {
 };
 
 HttpSession::HttpSession(tcp::socket socket, ServerContext& context)
-    : stream_(std::move(socket)), context_(context) {}
+    : stream_(std::move(socket)), context_(context), buffer_(kReadBufferLimit) {}
 
 HttpSession::~HttpSession() {
   // Only when the server stopped its I/O threads mid-request: nobody will read the rest.
@@ -105,6 +155,10 @@ void HttpSession::OnReadHeader(beast::error_code error) {
   if (error) return OnReadError(error);
   const Request& request = parser_->get();
   keep_alive_ = request.keep_alive();
+  if (const std::optional<ApiError> refused = TransferEncodingError(request)) {
+    // Where this body ends cannot be known, so the connection cannot carry another request.
+    return SendError(*refused, /*close=*/true, /*linger=*/true);
+  }
   const boost::optional<uint64_t> length = parser_->content_length();
   if (length && *length > static_cast<uint64_t>(context_.options.max_body_bytes)) {
     return SendError(MakeApiError(413, "the request body of " + std::to_string(*length) +
@@ -146,6 +200,28 @@ void HttpSession::OnReadError(beast::error_code error) {
     return SendError(MakeApiError(413, "the request body is larger than the limit of " +
                                            std::to_string(context_.options.max_body_bytes) +
                                            " bytes (--max-body-bytes)"),
+                     /*close=*/true, /*linger=*/true);
+  }
+  // The read buffer filled up: only a chunked body's chunk-size line or trailer section can do
+  // that (a header hits kHeaderLimit first).
+  if (error == http::error::buffer_overflow) {
+    return SendError(MakeApiError(413,
+                                  "a chunk-size line (with its extensions) or the trailer "
+                                  "section of the chunked request body is longer than " +
+                                      std::to_string(kReadBufferLimit) + " bytes"),
+                     /*close=*/true, /*linger=*/true);
+  }
+  // Beast refuses a header with both Content-Length and Transfer-Encoding (the shape of request
+  // smuggling; RFC 9112 6.3 lets a server refuse it), naming whichever field came second. The
+  // first is in the header parsed so far.
+  const Request& partial = parser_->get();
+  if ((error == http::error::bad_content_length &&
+       partial.count(http::field::transfer_encoding) > 0) ||
+      (error == http::error::bad_transfer_encoding &&
+       partial.count(http::field::content_length) > 0)) {
+    return SendError(MakeApiError(400,
+                                  "the request has both Content-Length and "
+                                  "Transfer-Encoding: send one of them"),
                      /*close=*/true, /*linger=*/true);
   }
   // Beast's HTTP errors are malformed requests; anything else (end of stream, timeout, reset)

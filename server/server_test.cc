@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -157,6 +158,62 @@ Response Post(int port, const std::string& target, const json& body, const Heade
 
 Response Get(int port, const std::string& target, const Headers& headers = {}) {
   return Send(port, http::verb::get, target, "", headers);
+}
+
+// The head of a raw POST (request line, fields, blank line); `fields` are "Name: value\r\n" lines.
+std::string RawPost(const std::string& target, const std::string& fields) {
+  return "POST " + target + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + fields +
+         "\r\n";
+}
+
+// `body` in the chunked transfer coding, `chunk_size` bytes a chunk, each size followed by
+// `extension` (";name=value"); `trailer` ("Name: value\r\n" lines) follows the last chunk.
+std::string Chunked(const std::string& body, size_t chunk_size, const std::string& extension = "",
+                    const std::string& trailer = "") {
+  std::string coded;
+  for (size_t start = 0; start < body.size(); start += chunk_size) {
+    const std::string chunk = body.substr(start, chunk_size);
+    char size[32];
+    std::snprintf(size, sizeof(size), "%zx", chunk.size());
+    coded += size + extension + "\r\n" + chunk + "\r\n";
+  }
+  return coded + "0\r\n" + trailer + "\r\n";
+}
+
+// Writes `raw` in pieces of `piece_size` bytes, pausing between them so that the server reads
+// the request in parts (mid-field, mid-chunk-size), then reads responses until the server closes
+// the connection: every response the connection carried. A status of -1 ends the list when the
+// connection failed otherwise.
+std::vector<Response> Converse(int port, const std::string& raw, size_t piece_size = 0) {
+  std::vector<Response> responses;
+  try {
+    net::io_context io_context;
+    tcp::socket socket(io_context);
+    Connect(socket, port);
+    if (piece_size == 0) piece_size = raw.size();
+    for (size_t start = 0; start < raw.size(); start += piece_size) {
+      if (start > 0) std::this_thread::sleep_for(1ms);
+      net::write(socket, net::buffer(raw.data() + start, std::min(piece_size, raw.size() - start)));
+    }
+    beast::flat_buffer buffer;
+    while (true) responses.push_back(ReadResponse(socket, buffer));
+  } catch (const beast::system_error& error) {
+    if (error.code() != http::error::end_of_stream) {
+      responses.push_back({.status = -1, .body = error.what()});
+    }
+  } catch (const std::exception& error) {
+    responses.push_back({.status = -1, .body = error.what()});
+  }
+  return responses;
+}
+
+// The statuses of `responses`, for messages.
+std::string Statuses(const std::vector<Response>& responses) {
+  std::string statuses;
+  for (const Response& response : responses) {
+    statuses += std::to_string(response.status) + " " + response.body.substr(0, 200) + "\n";
+  }
+  return statuses;
 }
 
 // The JSON payloads of an SSE body, "[DONE]" excluded; `done` says whether it was there last.
@@ -562,23 +619,37 @@ TEST(ServerTest, BodiesOverTheLimitGet413) {
   TestServer server(config);
   ExpectError(Post(server.port(), "/v1/completions", Completion(std::string(4000, 'a'), 4)), 413,
               "limit");
-  // A chunked body carries no length up front: it is cut off while read.
-  try {
-    net::io_context io_context;
-    tcp::socket socket(io_context);
-    Connect(socket, server.port());
-    const std::string body = Completion(std::string(4000, 'b'), 4).dump();
-    char size[32];
-    std::snprintf(size, sizeof(size), "%zx", body.size());
-    const std::string raw =
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
-        std::string(size) + "\r\n" + body + "\r\n0\r\n\r\n";
-    net::write(socket, net::buffer(raw));
-    beast::flat_buffer buffer;
-    ExpectError(ReadResponse(socket, buffer), 413, "limit");
-  } catch (const std::exception& error) {
-    ADD_FAILURE() << error.what();
+  // A chunked body carries no length up front: it is cut off while read, whether it comes in
+  // one chunk over the limit or in chunks each under it; then the connection closes.
+  const std::string large = Completion(std::string(4000, 'b'), 4).dump();
+  for (const size_t chunk_size : {large.size(), size_t{100}}) {
+    SCOPED_TRACE("chunks of " + std::to_string(chunk_size) + " bytes");
+    const std::vector<Response> responses =
+        Converse(server.port(), RawPost("/v1/completions", "Transfer-Encoding: chunked\r\n") +
+                                    Chunked(large, chunk_size));
+    ASSERT_EQ(responses.size(), 1u) << Statuses(responses);
+    ExpectError(responses[0], 413, "larger than the limit of 1024 bytes");
   }
+  // --max-body-bytes counts only the chunks' data: what bounds a chunk-size line's extensions and
+  // the trailer section is the session's read buffer (128 KiB), not the memory a client can fill.
+  const std::string small = Completion("Hi", 2).dump();
+  const std::string huge(300 * 1024, 'x');
+  for (const auto& [what, coded] :
+       {std::pair{"chunk extension", Chunked(small, 64, ";name=" + huge)},
+        std::pair{"trailer", Chunked(small, 64, "", "X-Padding: " + huge + "\r\n")}}) {
+    SCOPED_TRACE(what);
+    const std::vector<Response> responses = Converse(
+        server.port(), RawPost("/v1/completions", "Transfer-Encoding: chunked\r\n") + coded);
+    ASSERT_EQ(responses.size(), 1u) << Statuses(responses);
+    ExpectError(responses[0], 413, "chunked request body is longer than 131072 bytes");
+  }
+  // Under the limit, in small chunks, extensions and a trailer included: served.
+  const std::vector<Response> served =
+      Converse(server.port(),
+               RawPost("/v1/completions", "Transfer-Encoding: chunked\r\nConnection: close\r\n") +
+                   Chunked(small, 10, ";part=1", "X-Checksum: none\r\n"));
+  ASSERT_EQ(served.size(), 1u) << Statuses(served);
+  EXPECT_EQ(served[0].status, 200) << served[0].body;
   // curl's way: headers with "Expect: 100-continue", the body only after "100 Continue", so a
   // body too large is refused before it is sent.
   const auto send_expecting = [&](const std::string& body, bool send_body) {
@@ -609,6 +680,95 @@ TEST(ServerTest, BodiesOverTheLimitGet413) {
     ADD_FAILURE() << error.what();
   }
   EXPECT_EQ(Post(server.port(), "/v1/completions", Completion("Hi", 2)).status, 200);
+}
+
+TEST(ServerTest, ChunkedBodiesAreRead) {
+  TestServer server;
+  const int port = server.port();
+  const json request = Completion("Hello", 8);
+  const Response plain = Post(port, "/v1/completions", request);
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const std::string text = plain.Json()["choices"][0]["text"];
+  const std::string body = request.dump();
+  // 7-byte chunks with an extension and a trailer, arriving 5 bytes at a time; then, on the same
+  // connection, a request with a Content-Length: answered only if the chunked body was read to
+  // exactly its end.
+  std::vector<Response> responses = Converse(
+      port,
+      RawPost("/v1/completions", "Transfer-Encoding: chunked\r\n") +
+          Chunked(body, 7, ";piece=yes", "X-Checksum: none\r\n") +
+          RawPost("/v1/completions",
+                  "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n") +
+          body,
+      5);
+  ASSERT_EQ(responses.size(), 2u) << Statuses(responses);
+  for (const Response& response : responses) {
+    ASSERT_EQ(response.status, 200) << response.body;
+    EXPECT_EQ(response.Json()["choices"][0]["text"], text);
+  }
+  // Streamed, the coding's name in any case, the body in one chunk.
+  json streamed = request;
+  streamed["stream"] = true;
+  responses = Converse(
+      port, RawPost("/v1/completions", "transfer-encoding: Chunked\r\nConnection: close\r\n") +
+                Chunked(streamed.dump(), 4096));
+  ASSERT_EQ(responses.size(), 1u) << Statuses(responses);
+  ASSERT_EQ(responses[0].status, 200) << responses[0].body;
+  bool done = false;
+  EXPECT_EQ(StreamedText(SseEvents(responses[0].body, &done))[0], text);
+  EXPECT_TRUE(done);
+  // curl sends a chunked upload with "Expect: 100-continue": "100 Continue", then the answer.
+  responses = Converse(port, RawPost("/v1/chat/completions",
+                                     "Transfer-Encoding: chunked\r\nExpect: 100-continue\r\n"
+                                     "Connection: close\r\n") +
+                                 Chunked(Chat("Hi", 4).dump(), 16));
+  ASSERT_EQ(responses.size(), 2u) << Statuses(responses);
+  EXPECT_EQ(responses[0].status, 100);
+  EXPECT_EQ(responses[1].status, 200) << responses[1].body;
+  EXPECT_EQ(responses[1].Json()["object"], "chat.completion");
+}
+
+TEST(ServerTest, TransferCodingsOtherThanChunkedAreRefused) {
+  TestServer server;
+  const int port = server.port();
+  const std::string body = Completion("Hello", 4).dump();
+  // A request smuggled in the body: served only if the server took the body for no body.
+  const std::string smuggled = "GET /v2/smuggled HTTP/1.1\r\nHost: x\r\n\r\n";
+  struct Case {
+    std::string fields;
+    std::string payload;
+    int status;
+    std::string message;
+  };
+  const Case cases[] = {
+      // Only chunked is decoded: a gzip body would reach the JSON parser compressed.
+      {"Transfer-Encoding: gzip, chunked\r\n", Chunked(body, 64), 501,
+       "transfer coding 'gzip' is not supported"},
+      // Not ending with chunked, the body's length is unknown (RFC 9112 6.3).
+      {"Transfer-Encoding: chunked, gzip\r\n", smuggled, 400, "does not end with chunked"},
+      {"Transfer-Encoding: identity\r\n", smuggled, 400, "does not end with chunked"},
+      {"Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n", Chunked(body, 64), 501,
+       "'gzip, chunked'"},
+      {"Transfer-Encoding: chunked, chunked\r\n", Chunked(Chunked(body, 64), 64), 400,
+       "applies chunked twice"},
+      // Both framings at once: the shape of request smuggling, refused whichever comes first.
+      {"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", Chunked(body, 64), 400,
+       "both Content-Length and Transfer-Encoding"},
+      {"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", Chunked(body, 64), 400,
+       "both Content-Length and Transfer-Encoding"},
+  };
+  for (const Case& refused : cases) {
+    SCOPED_TRACE(refused.fields);
+    // One response, then the connection closes: what followed the head is never served.
+    const std::vector<Response> responses =
+        Converse(port, RawPost("/v1/completions", refused.fields) + refused.payload + smuggled);
+    ASSERT_EQ(responses.size(), 1u) << Statuses(responses);
+    ExpectError(responses[0], refused.status, refused.message);
+  }
+  const std::string metrics = Get(port, "/metrics").body;
+  EXPECT_EQ(Metric(metrics, "sieve:http_requests_total", "status=\"404\""), -1.0)
+      << "a smuggled request was served";
+  EXPECT_EQ(Post(port, "/v1/completions", Completion("Hi", 2)).status, 200);
 }
 
 TEST(ServerTest, ApiKeyIsRequiredOnV1) {
