@@ -142,6 +142,15 @@ class Backend {
   // one. Needs the positions side pool (and scores for kLowestScore).
   virtual void EvictEntries(const StepMeta& step, int layer, KvPool& pool) = 0;
 
+  // ---- capabilities ----
+  // Whether this backend's kernels serve attention of this shape, checked when a model loads so
+  // that a model the kernels cannot run is a clear error there, never an abort mid-forward:
+  // an error naming what is unsupported and what is. The CPU backend serves every shape.
+  virtual Status CheckAttentionShape(int head_dim, int num_heads, int num_kv_heads) const {
+    (void)head_dim, (void)num_heads, (void)num_kv_heads;
+    return Status::Ok();
+  }
+
   // ---- graphs ----
   // Records the ops issued between BeginCapture and EndCapture into a graph; ReplayGraph runs it
   // again on the same buffers (whose contents may have changed). No allocation or host copy may

@@ -177,5 +177,26 @@ TEST_F(GpuEngineTest, SparsePoliciesGreedyMatchesCpu) {
   }
 }
 
+// A model whose head dim the CUDA kernels lack is refused when it loads, with an error naming
+// what is supported; the CPU backend loads it. (Before, prefill attention aborted the process.)
+TEST_F(GpuEngineTest, UnsupportedHeadDimIsAnErrorAtLoad) {
+  LoadModelOptions load;
+  load.tiny_random = true;  // head_dim 32
+  auto on_gpu = LoadModel(load, *gpu_);
+  ASSERT_FALSE(on_gpu.ok());
+  EXPECT_EQ(on_gpu.status().code(), StatusCode::kUnimplemented);
+  const std::string message = on_gpu.status().message();
+  EXPECT_NE(message.find("head_dim 64 and 128"), std::string::npos) << message;
+  EXPECT_NE(message.find("is 32"), std::string::npos) << message;
+  EXPECT_TRUE(LoadModel(load, *cpu_).ok());
+  for (const int head_dim : {64, 128}) {
+    EXPECT_TRUE(gpu_->CheckAttentionShape(head_dim, 8, 2).ok()) << head_dim;
+  }
+  for (const int head_dim : {32, 80, 96, 256}) {
+    EXPECT_EQ(gpu_->CheckAttentionShape(head_dim, 8, 2).code(), StatusCode::kUnimplemented)
+        << head_dim;
+  }
+}
+
 }  // namespace
 }  // namespace sieve

@@ -77,8 +77,14 @@ void AddUnique(std::vector<int32_t>& ids, int32_t id) {
 Result<LoadedModel> LoadModel(const LoadModelOptions& options, Backend& backend) {
   LoadedModel loaded;
   ModelConfig config;
+  // Before any weight is read or memory allocated: a model the backend's kernels cannot run.
+  const auto check_backend = [&backend](const ModelConfig& shape) {
+    return backend.CheckAttentionShape(shape.head_dim, shape.num_heads, shape.num_kv_heads)
+        .WithContext(backend.name() + " cannot run this model");
+  };
   if (options.tiny_random) {
     config = TinyRandomModelConfig();
+    SIEVE_RETURN_IF_ERROR(check_backend(config));
     loaded.tokenizer = MakeEmbeddedByteTokenizer();
     const int positions =
         options.max_model_len > 0 ? options.max_model_len : DefaultMaxModelLen(config);
@@ -102,6 +108,7 @@ Result<LoadedModel> LoadModel(const LoadModelOptions& options, Backend& backend)
       return NotFoundError("model directory '" + options.model_dir + "' does not exist");
     }
     SIEVE_ASSIGN_OR_RETURN(config, LoadModelConfig(options.model_dir));
+    SIEVE_RETURN_IF_ERROR(check_backend(config));
     SIEVE_ASSIGN_OR_RETURN(loaded.generation_config, LoadGenerationConfig(options.model_dir));
     const int positions =
         options.max_model_len > 0 ? options.max_model_len : DefaultMaxModelLen(config);
