@@ -59,12 +59,14 @@ class CudaBackend final : public Backend {
   // decode_attention.cu); the score, select and compact kernels take any multiple of 8 to 256.
   Status CheckAttentionShape(int head_dim, int num_heads, int num_kv_heads) const override {
     if (head_dim != 64 && head_dim != 128) {
-      return UnimplementedError("the CUDA backend's attention kernels support head_dim 64 and "
-                                "128; this model's is " +
-                                std::to_string(head_dim) + " (--device cpu runs any head_dim)");
+      return UnimplementedError(
+          "the CUDA backend's attention kernels support head_dim 64 and "
+          "128; this model's is " +
+          std::to_string(head_dim) + " (--device cpu runs any head_dim)");
     }
     if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) {
-      return InvalidArgumentError(std::to_string(num_heads) + " query heads are not a multiple of " +
+      return InvalidArgumentError(std::to_string(num_heads) +
+                                  " query heads are not a multiple of " +
                                   std::to_string(num_kv_heads) + " KV heads");
     }
     return Status::Ok();
