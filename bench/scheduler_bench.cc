@@ -2,6 +2,7 @@
 // of 16): scheduling (Plan + Commit + Complete) and building + uploading the step's metadata
 // (ModelRunner::PrepareStep), without the forward pass. Target: far below a GPU decode step
 // (PERF.md: 5.7-19 ms); under 0.2 ms.
+//   scheduler_bench [STEPS [POLICY]]   (default: 200 steps, both policies below)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -11,14 +12,17 @@
 #include "runtime/model_runner.h"
 #include "sched/scheduler.h"
 
-int main() {
+int main(int argc, char** argv) {
   using namespace sieve;
   constexpr int kSeqs = 256;
   constexpr int kLayers = 32;
   constexpr int kPrompt = 4000;
   constexpr double kTargetMs = 0.2;
-  const int kSteps =
-      std::getenv("SIEVE_BENCH_STEPS") ? std::atoi(std::getenv("SIEVE_BENCH_STEPS")) : 200;
+  const int kSteps = argc > 1 ? std::atoi(argv[1]) : 200;
+  if (kSteps <= 0) {
+    std::fprintf(stderr, "usage: scheduler_bench [STEPS [POLICY]]: STEPS must be positive\n");
+    return 2;
+  }
   ModelConfig config;  // the shapes the runner sizes buffers for; a thin model keeps memory low
   config.architecture = "LlamaForCausalLM";
   config.vocab_size = 256;
@@ -31,7 +35,7 @@ int main() {
   config.max_position_embeddings = 8192;
   auto backend = MakeCpuBackend();
   auto model = LlamaModel::Random(config, *backend, 1, 8192);
-  const char* only = std::getenv("SIEVE_BENCH_POLICY");
+  const char* only = argc > 2 ? argv[2] : nullptr;
   for (const std::string spec : {"full", "full:0-2,pyramidkv:3-31"}) {
     if (only && spec != only) continue;
     KvPolicyOptions policy_options;

@@ -16,7 +16,8 @@ constexpr int kReplaysPerSample = 2;
 constexpr int kRounds = 7;
 // Another option replaces option 0 when its step is faster by more than this share: between the
 // options of one choice the sparse step's lower medians differ by 0.01-0.2% where the options
-// are alike (session 11, device run 4); a kernel misplaced among its neighbours costs 2%.
+// are alike (bench/results/2026-12-01-s11-h200-step-tuning-first.json); a kernel misplaced among
+// its neighbours costs 2%.
 constexpr double kMargin = 0.002;
 // A backend opens a bounded number of choices; this only stops a backend that keeps reopening.
 constexpr int kMaxChoices = 256;

@@ -2,7 +2,8 @@
 // backend: a decode GEMM's cuBLASLt configurations within 3% of each other) are decided by timing
 // the whole step they serve, captured as a graph. Alone, gate_up's third configuration timed
 // 0.0600 ms against the second's 0.0604, yet it made the sparse decode step 0.12 ms slower
-// (session 11, device run 3): what a kernel costs among its neighbours is not what it costs alone.
+// (bench/results/2026-12-01-s11-h200-retile-broad.json): what a kernel costs among its neighbours
+// is not what it costs alone.
 #pragma once
 
 #include <functional>

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Runs the CPU benchmarks (decode speed of the reference backend, scheduler overhead per step)
-# and records their output in bench/results/NAME.json for docs/benchmark_results.md.
+# and records their output in bench/results/NAME.json; name that record in bench/results/headline.txt
+# (kind cpu) to show it on docs/benchmarks.md.
 #   scripts/bench_cpu.sh [NAME]       (needs a release build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name="${1:-$(date +%F)-cpu}"
-out=$( { ./build/release/bench/cpu_decode_bench; SIEVE_BENCH_STEPS=1000 ./build/release/bench/scheduler_bench; } 2>&1 )
+out=$( { ./build/release/bench/cpu_decode_bench; ./build/release/bench/scheduler_bench 1000; } 2>&1 )
 echo "$out"
 python3 - "$name" "$out" <<'PY'
 import datetime, json, os, platform, subprocess, sys
@@ -19,7 +20,7 @@ for line in open("/proc/cpuinfo"):
 record = {"name": name, "commit": commit, "recorded": datetime.date.today().isoformat(),
           "gpu": f"none (CPU: {cpu}, {os.cpu_count()} cores)",
           "command": "scripts/bench_cpu.sh (build/release/bench/cpu_decode_bench; "
-                     "SIEVE_BENCH_STEPS=1000 build/release/bench/scheduler_bench)",
+                     "build/release/bench/scheduler_bench 1000)",
           "cpu": text}
 json.dump(record, open(os.path.join("bench", "results", name + ".json"), "w"), indent=1)
 print("wrote bench/results/" + name + ".json")

@@ -1,179 +1,231 @@
 #!/usr/bin/env python3
-"""Renders docs/benchmark_results.md from bench/results/*.json (written by
-scripts/record_gpu_results.py and the CPU benchmark script). Numbers come only from those files."""
-import glob
+"""Renders docs/benchmarks.md, the results page, from the records bench/results/headline.txt names.
+
+Every number on the page comes from a record (bench/results/NAME.json, written by
+scripts/record_gpu_results.py or scripts/bench_cpu.sh); nothing is typed by hand. headline.txt names
+one record per benchmark kind (serve, decode-step, kernels, cpu) and the command that reproduces
+it; bench/results/headline_methods.md, hand-written, follows the tables verbatim. The charts are
+SVG files in docs/benchmarks/ (scripts/svg_bars.py). Every other record in bench/results/ is the
+history of experiments: kept there, not rendered.
+
+  python3 scripts/render_benchmarks.py            # write docs/benchmarks.md and its charts
+  python3 scripts/render_benchmarks.py --check    # CI: exit 1 when the page or a chart is stale
+"""
+import argparse
+import difflib
 import json
 import os
 import re
+import sys
 
-ROOT = os.path.join(os.path.dirname(__file__), "..")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import svg_bars  # noqa: E402
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+RESULTS = os.path.join(ROOT, "bench", "results")
+PAGE = os.path.join("docs", "benchmarks.md")
+CHARTS = os.path.join("docs", "benchmarks")
+KINDS = ("serve", "decode-step", "kernels", "cpu")
 
 
 def fmt(value, digits=0):
     return f"{value:,.{digits}f}" if isinstance(value, (int, float)) else str(value)
 
 
-def render(record):
-    out = [f"## {record['name']}", ""]
-    out.append(f"- GPU: {record.get('gpu', '?')}; commit `{record['commit']}`; recorded "
-               f"{record['recorded']}")
-    out.append(f"- Command: `{record['command']}`")
-    out.append("")
-    kernels = record.get("kernels")
-    sdpa = {}
-    if record.get("sdpa"):
-        for row in record["sdpa"]["results"]:
-            if "tflops" in row:
-                sdpa[(row["backend"], row["n"])] = row["tflops"]
-    if kernels:
-        out += ["### Ceilings measured in the same run", "",
-                "| what | measured | PERF.md |", "| --- | --- | --- |",
-                f"| device-to-device copy | {fmt(kernels['copy_bandwidth_gbs'])} GB/s | ~4,194 GB/s |",
-                f"| bf16 GEMM 8192^3 (cuBLASLt) | {fmt(kernels['gemm_tflops'])} TFLOP/s | ~790 TFLOP/s |",
-                ""]
-        if kernels.get("attention"):  # a run with --skip-attention has none
-            out += ["### Attention kernels", "",
-                    "| kernel | time | achieved | target | vs target | PyTorch SDPA same shape |",
-                    "| --- | --- | --- | --- | --- | --- |"]
-        for row in kernels.get("attention", []):
-            reference = ""
-            match = re.match(r"prefill causal n=(\d+)", row["name"])
-            if match:
-                n = int(match.group(1))
-                parts = []
-                for backend in ("flash", "cudnn"):
-                    if (backend, n) in sdpa:
-                        parts.append(f"{backend} {fmt(sdpa[(backend, n)])} "
-                                     f"(ours {row['value'] / sdpa[(backend, n)]:.0%})")
-                reference = "; ".join(parts)
-            target = f"{fmt(row['target'])} {row['unit']}" if row["target"] else "—"
-            versus = f"{row['value'] / row['target']:.0%}" if row["target"] else \
-                f"{row['value'] / row['bound']:.0%} of bound"
-            out.append(f"| {row['name']} | {row['median_ms']:.3f} ms | {fmt(row['value'])} "
-                       f"{row['unit']} | {target} | {versus} | {reference} |")
-        if kernels.get("attention"):
-            out.append("")
-        for key, label in (("decode_step_dense", "dense"), ("decode_step_sparse", "1/10 kept")):
-            step = kernels.get(key)
-            if not step:
-                continue
-            if label == "dense":
-                out += ["### Whole decode step (Llama-3-8B shape, dummy weights, CUDA graph)", "",
-                        "| KV | batch x context | step | bound (bytes / copy rate) | ratio | tok/s |"
-                        " target |", "| --- | --- | --- | --- | --- | --- | --- |"]
-            # Runs from session 4 on also time one replay's launch + run + synchronise on the host.
-            host = (f" (host {step['step_wall_ms']:.2f})" if 'step_wall_ms' in step else "")
-            out.append(f"| {label} | {step['batch']} x {step['context']} | {step['step_ms']:.2f} ms"
-                       f"{host} | {step['bound_ms']:.2f} ms | {step['ratio']:.2f}x | "
-                       f"{fmt(step['tokens_per_second'])} | <= 1.3x: "
-                       f"{'met' if step['ratio'] <= 1.3 else 'missed'} |")
-        out.append("")
-        variants = [(key, step) for key, step in kernels.items()
-                    if key.startswith("decode_step_") and key not in
-                    ("decode_step_dense", "decode_step_sparse")]
-        if variants:
-            out += ["Variants in the same run (each on a backend of its own):", "",
-                    "| variant | step | ratio to the bound |", "| --- | --- | --- |"]
-            for key, step in variants:
-                name = key.replace("decode_step_", "").replace("sparse", "1/10 kept")
-                host = (f" (host {step['step_wall_ms']:.2f})" if 'step_wall_ms' in step else "")
-                out.append(f"| {name.replace('_', ' ')} | {step['step_ms']:.2f} ms{host} | "
-                           f"{step['ratio']:.2f}x |")
-            out.append("")
-        dense_parts = (kernels.get("decode_step_dense") or {}).get("parts")
-        sparse_parts = (kernels.get("decode_step_sparse") or {}).get("parts")
-        if dense_parts and sparse_parts:
-            copy = kernels["copy_bandwidth_gbs"] * 1e9
-            out += ["Where a step's time goes: each kind of op, for all layers, captured alone in a "
-                    "graph (the parts need not add up to the step: neighbours change them).", "",
-                    "| op | dense | 1/10 kept | bytes / copy rate (1/10 kept) | 1/10 kept vs that |",
-                    "| --- | --- | --- | --- | --- |"]
-            for dense_part, part in zip(dense_parts, sparse_parts):
-                bound_ms = part["bytes"] / copy * 1e3
-                out.append(f"| {part['name']} | {dense_part['ms']:.3f} ms | {part['ms']:.3f} ms | "
-                           f"{bound_ms:.3f} ms | {part['ms'] / bound_ms:.2f}x |")
-            out.append(f"| sum of the parts | {sum(p['ms'] for p in dense_parts):.3f} ms | "
-                       f"{sum(p['ms'] for p in sparse_parts):.3f} ms | | |")
-            out.append("")
-        gemm = kernels.get("gemm")
-        if gemm:
-            copy = kernels["copy_bandwidth_gbs"]
-            out += ["### GEMMs at decode batch sizes", "",
-                    "Weights streamed cold (rotating copies larger than the L2), calls back to back "
-                    "in a CUDA graph; GB/s of weights and the fraction of the copy rate.", "",
-                    "| m | GEMM | n x k | cuBLASLt (the default) | small-m kernel | its split |",
-                    "| --- | --- | --- | --- | --- | --- |"]
-            for r in gemm:
-                out.append(f"| {r['m']} | {r['name']} | {r['n']} x {r['k']} | "
-                           f"{r['cublas_ms'] * 1e3:.1f} us, {fmt(r['cublas_gbs'])} GB/s "
-                           f"({r['cublas_gbs'] / copy:.0%}) | {r['small_m_ms'] * 1e3:.1f} us, "
-                           f"{fmt(r['small_m_gbs'])} GB/s ({r['small_m_gbs'] / copy:.0%}) | "
-                           f"{r['small_m_plan']} |")
-            out.append("")
-    summary = record.get("summary", "")
-    checks = [line for line in summary.splitlines()
-              if re.match(r"(gpu tests|cuda_test|compute-sanitizer|engine memcheck|rep \d)", line)]
-    if checks:
-        out += ["### Checks", "", "```", *checks, "```", ""]
-    steps = [line[len("this: "):] for line in summary.splitlines()
-             if re.match(r"this: (dense|1/10 kept)", line)]
-    if steps and not (kernels and kernels.get("decode_step_sparse")):
-        out += ["### Decode step, Llama-3-8B shape, batch 64 x 4096 (`sieve bench kernels`)", "",
-                "```", *steps, "```", ""]
-    steps = [line for line in summary.splitlines()
-             if re.match(r"(dense|1/10 kept|round) ", line)]
-    if steps and not (kernels and kernels.get("decode_step_sparse")):
-        out += ["### Decode step rows of the run", "", "```", *steps, "```", ""]
-    probes = [line for line in summary.splitlines() if line.startswith("GEMM plan")]
-    if probes:
-        out += ["### GEMM plans and the programmatic-edge probe (backend/cuda/graph_pdl.h)", "",
-                "```", *probes, "```", ""]
-    timeline = [line for line in summary.splitlines()
-                if re.match(r"timeline (step|kernel|gap|:)", line)]
-    if timeline:
-        out += ["### Sparse step kernel timeline (`gpu_check.sh timeline`)", "", "```", *timeline,
-                "```", ""]
-    block = re.search(r"(KV-sparsity pass.*?)(?:\n\n|\Z)", summary, re.S)
-    if block:
-        out += ["### Score + select + compact (one layer, against the prefill it follows)", "",
-                "```", block.group(1).strip(), "```", ""]
-    sampling = re.search(r"(GPU sampling.*?)(?:\n==|\nsdpa|\Z)", summary, re.S)
-    if sampling:
-        out += ["### GPU sampling", "", "```", sampling.group(1).strip(), "```", ""]
-    serve = record.get("serve")
-    if serve:
-        out += ["### Serving: `sieve bench serve` against `sieve serve`", "",
-                "| run | requests | output tok/s | TTFT P50 | TTFT P99 | TPOT P50 | TPOT P99 |"
-                " ITL P99 |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for name, result in serve.items():
-            if not result:
-                continue
-            m = result["metrics"]
-            out.append(f"| {name} | {m.get('completed')} | {fmt(m['output_throughput'])} | "
-                       f"{fmt(m['median_ttft_ms'])} ms | {fmt(m['p99_ttft_ms'])} ms | "
-                       f"{m['median_tpot_ms']:.1f} ms | {m['p99_tpot_ms']:.1f} ms | "
-                       f"{m['p99_itl_ms']:.1f} ms |")
-        if serve.get("dense") and serve.get("sparse"):
-            ratio = serve["sparse"]["metrics"]["output_throughput"] / \
-                serve["dense"]["metrics"]["output_throughput"]
-            out += ["", f"Sparse / dense output throughput: **{ratio:.2f}x**."]
-        out.append("")
-    cpu = record.get("cpu")
-    if cpu:
-        out += ["### CPU", "", "```", cpu.strip(), "```", ""]
+def read_headline():
+    """[(kind, record name, command)] in the file's order; exits on an unknown kind or record."""
+    entries = []
+    for number, line in enumerate(open(os.path.join(RESULTS, "headline.txt")), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        kind, name, command = (line.split(None, 2) + ["", ""])[:3]
+        if kind not in KINDS or not os.path.exists(os.path.join(RESULTS, name + ".json")):
+            sys.exit(f"bench/results/headline.txt:{number}: expected KIND RECORD COMMAND with KIND "
+                     f"one of {', '.join(KINDS)} and bench/results/RECORD.json present")
+        entries.append((kind, name, command))
+    return entries
+
+
+def provenance(record, name, command):
+    gpu = record.get("gpu") or "not recorded"
+    return [f"Record `bench/results/{name}.json`: commit `{record['commit']}`, recorded "
+            f"{record['recorded']}, device {gpu}.", f"Reproduce: `{command}`.", ""]
+
+
+def serve_section(record, charts):
+    out = ["## Serving: `sieve bench serve` against `sieve serve`", ""]
+    runs = {name: result for name, result in record["serve"].items() if result}
+    config = next(iter(runs.values()))["config"]
+    dataset = config["dataset"]
+    out += [f"Llama-3-8B shape with dummy weights, {dataset['num_prompts']} random prompts of "
+            f"{dataset['input_len']} tokens, {dataset['output_len']} output tokens each "
+            f"(`--ignore-eos`), at most {config['max_concurrency']} requests in flight; dense "
+            "(`--kv-policy full`) against sparse (`full:0-2,pyramidkv:3-31`, budget 400, window "
+            "32).", "",
+            "| KV | requests | output tok/s | TTFT P50 | TTFT P99 | TPOT P50 | TPOT P99 | ITL P99 |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, result in runs.items():
+        m = result["metrics"]
+        out.append(f"| {name} | {m.get('completed')} | {fmt(m['output_throughput'])} | "
+                   f"{fmt(m['median_ttft_ms'])} ms | {fmt(m['p99_ttft_ms'])} ms | "
+                   f"{m['median_tpot_ms']:.1f} ms | {m['p99_tpot_ms']:.1f} ms | "
+                   f"{m['p99_itl_ms']:.1f} ms |")
+    if runs.get("dense") and runs.get("sparse"):
+        ratio = runs["sparse"]["metrics"]["output_throughput"] / \
+            runs["dense"]["metrics"]["output_throughput"]
+        out += ["", f"Sparse / dense output throughput: **{ratio:.2f}x**."]
+    charts["serve.svg"] = svg_bars.bar_chart(
+        "Serving: output tokens/s", "output tokens/s", list(runs), ["output tok/s"],
+        [[result["metrics"]["output_throughput"]] for result in runs.values()])
+    out += ["", "![output tokens/s, dense and sparse](benchmarks/serve.svg)", ""]
     return out
 
 
+STEP_ROW = re.compile(r"^(?:this: )?(dense|1/10 kept)\s+step\s+([\d.]+) ms \(host\s+([\d.]+)\)\s+"
+                      r"bound\s+([\d.]+) ms \(([\d.]+) GB at the copy rate\)\s+([\d.]+)x the bound"
+                      r"\s+(\d+) tok/s")
+
+
+def decode_step_section(record, charts):
+    rows = []
+    for line in record["summary"].splitlines():
+        match = STEP_ROW.match(line)
+        if match and match.group(1) not in [row[0] for row in rows]:
+            rows.append(match.groups())
+    out = ["## The decode step: `sieve bench kernels`", "",
+           "Llama-3-8B shape with dummy weights, batch 64, 4096 entries of context per sequence "
+           "(dense) or 1/10 of them kept in every layer, captured as a CUDA graph and step-tuned "
+           "as the engine does; device time by CUDA events. The bound is the bytes the step must "
+           "read (weights except the embedding table, plus the KV entries) at the copy rate "
+           "measured in the same run.", "",
+           "| KV | step (device) | host replay | bound | step / bound | tok/s | target |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, step, host, bound, gigabytes, ratio, tokens in rows:
+        met = "met" if float(ratio) <= 1.3 else "missed"
+        out.append(f"| {name} | {step} ms | {host} ms | {bound} ms ({gigabytes} GB) | {ratio}x | "
+                   f"{fmt(int(tokens))} | <= 1.3x: {met} |")
+    charts["decode_step.svg"] = svg_bars.bar_chart(
+        "Decode step, batch 64: time against its bound", "milliseconds",
+        [row[0] for row in rows], ["step", "bound"],
+        [[float(row[1]), float(row[3])] for row in rows], number=lambda v: f"{v:.2f} ms")
+    out += ["", "![decode step time beside its bound](benchmarks/decode_step.svg)", ""]
+    return out
+
+
+def kernels_section(record, charts):
+    kernels = record["kernels"]
+    copy = kernels["copy_bandwidth_gbs"]
+    out = ["## Kernels: `sieve bench kernels`", "",
+           "| ceiling measured in the same run | value |", "| --- | --- |",
+           f"| device-to-device copy (read + write) | {fmt(copy)} GB/s |",
+           f"| bf16 GEMM 8192^3 (cuBLASLt) | {fmt(kernels['gemm_tflops'])} TFLOP/s |", "",
+           "| kernel | time | achieved | bar (PERF.md) | vs bar |", "| --- | --- | --- | --- | --- |"]
+    prefill = []
+    for row in kernels.get("attention", []):
+        if row["target"]:
+            bar = f"{fmt(row['target'])} {row['unit']} ({row['target_note']})"
+            versus = f"{row['value'] / row['target']:.0%}"
+        else:
+            bar, versus = "—", f"{row['value'] / row['bound']:.0%} of the ceiling"
+        out.append(f"| {row['name']} | {row['median_ms']:.3f} ms | {fmt(row['value'])} "
+                   f"{row['unit']} | {bar} | {versus} |")
+        match = re.match(r"prefill causal n=(\d+)", row["name"])
+        if match:
+            prefill.append((f"causal n={match.group(1)}", row["value"], row["target"]))
+    if prefill:
+        charts["prefill_attention.svg"] = svg_bars.bar_chart(
+            "Prefill attention (32 q / 8 kv heads, d 128)", "TFLOP/s", [p[0] for p in prefill],
+            ["ours", "bar: 80% of FlashAttention-2"], [[p[1], p[2]] for p in prefill])
+        out += ["", "![prefill attention TFLOP/s beside its bar](benchmarks/prefill_attention.svg)"]
+    gemm = kernels.get("gemm")
+    if gemm:
+        out += ["", "GEMMs at decode batch sizes: weights streamed cold, calls back to back in a "
+                "CUDA graph; GB/s of weights and the fraction of the copy rate. cuBLASLt is the "
+                "backend's default.", "",
+                "| m | GEMM | n x k | cuBLASLt | small-m kernel (best split) |",
+                "| --- | --- | --- | --- | --- |"]
+        for r in gemm:
+            out.append(f"| {r['m']} | {r['name']} | {r['n']} x {r['k']} | "
+                       f"{r['cublas_ms'] * 1e3:.1f} us, {fmt(r['cublas_gbs'])} GB/s "
+                       f"({r['cublas_gbs'] / copy:.0%}) | {r['small_m_ms'] * 1e3:.1f} us, "
+                       f"{fmt(r['small_m_gbs'])} GB/s ({r['small_m_gbs'] / copy:.0%}) |")
+    summary = record.get("summary", "")
+    for title, pattern in (("Score + select + compact (one layer, against the prefill it follows)",
+                            r"(KV-sparsity pass.*?)(?:\n\n|\Z)"),
+                           ("GPU sampling", r"(GPU sampling.*?)(?:\n==|\nsdpa|\Z)")):
+        block = re.search(pattern, summary, re.S)
+        if block:
+            out += ["", f"{title}:", "", "```", block.group(1).strip(), "```"]
+    out.append("")
+    return out
+
+
+def cpu_section(record, charts):
+    return ["## CPU: `scripts/bench_cpu.sh`", "",
+            "The reference backend's decode speed beside the bound of streaming its f32 weights "
+            "once per token, and the host time of one engine step (scheduling + building the "
+            "step's metadata) with 256 decoding sequences x 32 layers.", "",
+            "```", record["cpu"].strip(), "```", ""]
+
+
+SECTIONS = {"serve": serve_section, "decode-step": decode_step_section,
+            "kernels": kernels_section, "cpu": cpu_section}
+
+
+def render():
+    """The page's text and {chart file name: SVG text}."""
+    charts = {}
+    lines = ["# Benchmarks", "",
+             "<!-- Generated by scripts/render_benchmarks.py from the records named in "
+             "bench/results/headline.txt; do not edit. -->", "",
+             "The current numbers, one record per kind of benchmark. Each section names its record "
+             "in `bench/results/` (the JSON holds the commit, the device and the full output) and "
+             "the command that reproduces it. The other records there are the history of "
+             "experiments; code comments cite them by file name.", ""]
+    for kind, name, command in read_headline():
+        record = json.load(open(os.path.join(RESULTS, name + ".json")))
+        section = SECTIONS[kind](record, charts)
+        lines += section[:2] + provenance(record, name, command) + section[2:]
+    with open(os.path.join(RESULTS, "headline_methods.md")) as f:
+        methods = f.read()
+    if methods.startswith("<!--"):  # the file's own note on what it is
+        methods = methods[methods.index("-->") + 3:]
+    lines.append(methods.strip("\n"))
+    return "\n".join(lines) + "\n", charts
+
+
 def main():
-    lines = ["# Benchmark results", "",
-             "Generated by `scripts/render_benchmarks.py` from `bench/results/*.json`; do not edit.",
-             "How each number is measured: docs/benchmarks.md.", ""]
-    for path in sorted(glob.glob(os.path.join(ROOT, "bench", "results", "*.json")), reverse=True):
-        lines += render(json.load(open(path)))
-    with open(os.path.join(ROOT, "docs", "benchmark_results.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("wrote docs/benchmark_results.md")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 when docs/benchmarks.md or a chart differs "
+                        "from what the records render to")
+    args = parser.parse_args()
+    page, charts = render()
+    files = {PAGE: page, **{os.path.join(CHARTS, name): svg for name, svg in charts.items()}}
+    if args.check:
+        stale = []
+        for path, text in files.items():
+            current = open(os.path.join(ROOT, path)).read() if os.path.exists(
+                os.path.join(ROOT, path)) else ""
+            if current != text:
+                stale.append(path)
+                sys.stdout.writelines(difflib.unified_diff(
+                    current.splitlines(True), text.splitlines(True), path, path + " (rendered)",
+                    n=1))
+        if stale:
+            print(f"stale: {', '.join(stale)}; run python3 scripts/render_benchmarks.py")
+            return 1
+        print(f"{PAGE} and {len(charts)} charts match their records")
+        return 0
+    os.makedirs(os.path.join(ROOT, CHARTS), exist_ok=True)
+    for path, text in files.items():
+        with open(os.path.join(ROOT, path), "w") as f:
+            f.write(text)
+    print(f"wrote {PAGE} and {len(charts)} charts in {CHARTS}/")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -137,7 +137,8 @@ CommandRunner AddSweepBenchmark(CLI::App& app) {
                  "Requests per level (0: max(10, 2 x concurrency))")
       ->capture_default_str();
   app.add_option("--plot", config->plot,
-                 "Draw output tokens/s and TTFT P50/P99 against concurrency into this PNG");
+                 "Draw output tokens/s and TTFT P50/P99 against concurrency into this SVG file "
+                 "(*.svg)");
   CLI::App* parsed = &app;
   return [config, parsed] {
     ApplyJsonlDefaults(config->dataset, *parsed, /*with_num_prompts=*/false);
@@ -151,7 +152,7 @@ CommandRunner AddPlotBenchmark(CLI::App& app) {
                  "A `sieve bench sweep` result (repeatable: one curve per file, named by its "
                  "--label)")
       ->required();
-  app.add_option("--plot", config->plot, "The PNG to write")->required();
+  app.add_option("--plot", config->plot, "The SVG file to write (*.svg)")->required();
   app.add_option("--title", config->title, "Chart title (default: the workload)");
   return Runner<bench::PlotConfig>(config, bench::RunBenchPlot);
 }

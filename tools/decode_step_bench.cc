@@ -30,7 +30,7 @@ double Median(std::vector<double> times) {
 
 // Replays per device-timed sample: back-to-back replays between one pair of events, so that
 // event records sit between few graphs (one pair per replay read the same within the noise on
-// the H200: session 4, device runs 4 and 5).
+// the H200: bench/results/2026-11-30-s4-h200-kernels.json against 2026-11-30-s4-h200-step.json).
 constexpr int kReplaysPerSample = 5;
 
 // The device time of one replay (PERF.md: CUDA events, median of many samples of

@@ -15,7 +15,8 @@ namespace sieve {
 // decode attention sizes its launch; the sequences' true lengths are the same in all three.
 enum class StepLengthBounds {
   kTrue,                // this step's true length
-  kModelLenEveryLayer,  // max_model_len + 1 for every layer (the engine's graphs before session 4)
+  kModelLenEveryLayer,  // max_model_len + 1 for every layer (the engine's graphs before per-layer
+                        // bounds)
   kEngineLayerBounds,   // max_model_len + 1, and each layer's bound as ModelRunner sets it
 };
 

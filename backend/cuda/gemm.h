@@ -8,11 +8,12 @@
 // configuration re-tiled (gemm.cc). Candidates within 3% of the pick stay options, which step
 // tuning (runtime/step_tuning.h) decides by timing the captured decode step (README_gemm.md).
 //
-// The default is cuBLASLt alone. Measured on the H200 (docs/benchmark_results.md), the small-m
-// kernel (mma.sync, no wgmma) loses to cuBLASLt's wgmma kernels at m = 64 (a whole decode step
-// 8.1 ms against 6.0), and at m = 1 it wins for some shapes but the one-call timing above
-// sometimes prefers it where back-to-back calls in a graph are slower (gate_up: 67% against 90%
-// of the copy rate). So "auto" and "small_m" are opt-in until the planner times in a graph.
+// The default is cuBLASLt alone. Measured on the H200
+// (bench/results/2026-11-30-s2-h200-kernels.json, the `small_m` step variant), the small-m kernel
+// (mma.sync, no wgmma) loses to cuBLASLt's wgmma kernels at m = 64 (a whole decode step 8.2 ms
+// against 6.05), and at m = 1 it wins for some shapes but the one-call timing above sometimes
+// prefers it where back-to-back calls in a graph are slower (gate_up: 67% against 90% of the copy
+// rate). So "auto" and "small_m" are opt-in until the planner times in a graph.
 #pragma once
 
 #include <cublasLt.h>

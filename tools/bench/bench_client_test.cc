@@ -1,5 +1,5 @@
 // Tests of the load generator: metrics math against hand-computed values, SSE parsing at random
-// byte boundaries, arrival statistics, datasets, the PNG encoder (decoded back), the chart, and
+// byte boundaries, arrival statistics, datasets, the SVG chart, and
 // whole runs against a fake OpenAI-compatible server with known delays.
 #include <gtest/gtest.h>
 
@@ -17,17 +17,16 @@
 #include "tokenizer/tokenizer_loader.h"
 #include "tools/bench/arrivals.h"
 #include "tools/bench/bench_commands.h"
-#include "tools/bench/bitmap_font.h"
 #include "tools/bench/dataset.h"
 #include "tools/bench/fake_openai_server.h"
 #include "tools/bench/http_client.h"
 #include "tools/bench/metrics.h"
 #include "tools/bench/openai_protocol.h"
 #include "tools/bench/plot.h"
-#include "tools/bench/png_writer.h"
 #include "tools/bench/report.h"
 #include "tools/bench/serving_benchmark.h"
 #include "tools/bench/sse_parser.h"
+#include "tools/bench/svg_writer.h"
 
 namespace sieve::bench {
 namespace {
@@ -446,138 +445,35 @@ TEST(JsonlDatasetTest, ReadsDefaultsRepeatsAndNamesBadLines) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// PNG and the chart
+// The SVG chart
 
-uint32_t BigEndian32(const std::string& bytes, size_t offset) {
-  return (static_cast<uint32_t>(static_cast<uint8_t>(bytes[offset])) << 24) |
-         (static_cast<uint32_t>(static_cast<uint8_t>(bytes[offset + 1])) << 16) |
-         (static_cast<uint32_t>(static_cast<uint8_t>(bytes[offset + 2])) << 8) |
-         static_cast<uint32_t>(static_cast<uint8_t>(bytes[offset + 3]));
+int CountOf(const std::string& text, const std::string& what) {
+  int count = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++count;
+  return count;
 }
 
-struct DecodedPng {
-  int width = 0;
-  int height = 0;
-  std::vector<uint8_t> rgb;
-};
-
-// A decoder for exactly what EncodePng writes, checking everything a real decoder checks.
-DecodedPng DecodeStoredPng(const std::string& png) {
-  DecodedPng decoded;
-  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
-  size_t offset = 8;
-  std::string idat;
-  std::vector<std::string> types;
-  while (offset + 12 <= png.size()) {
-    const uint32_t length = BigEndian32(png, offset);
-    const std::string type = png.substr(offset + 4, 4);
-    const std::string data = png.substr(offset + 8, length);
-    const uint32_t crc = BigEndian32(png, offset + 8 + length);
-    EXPECT_EQ(crc, Crc32(png.substr(offset + 4, 4 + length))) << "chunk " << type;
-    types.push_back(type);
-    if (type == "IHDR") {
-      EXPECT_EQ(length, 13u);
-      decoded.width = static_cast<int>(BigEndian32(data, 0));
-      decoded.height = static_cast<int>(BigEndian32(data, 4));
-      EXPECT_EQ(data[8], 8);  // bit depth
-      EXPECT_EQ(data[9], 2);  // RGB
-      EXPECT_EQ(data.substr(10), std::string(3, '\0'));
-    } else if (type == "IDAT") {
-      idat += data;
-    }
-    offset += 12 + length;
-  }
-  EXPECT_EQ(offset, png.size());
-  EXPECT_EQ(types.front(), "IHDR");
-  EXPECT_EQ(types.back(), "IEND");
-  // zlib header, stored blocks, Adler-32.
-  const auto cmf = static_cast<uint8_t>(idat[0]);
-  const auto flg = static_cast<uint8_t>(idat[1]);
-  EXPECT_EQ(cmf & 0x0F, 8);  // deflate
-  EXPECT_EQ((cmf * 256 + flg) % 31, 0);
-  std::string raw;
-  size_t pos = 2;
-  int blocks = 0;
-  for (bool final_block = false; !final_block;) {
-    const auto header = static_cast<uint8_t>(idat[pos]);
-    final_block = header & 1;
-    EXPECT_EQ(header >> 1, 0) << "not a stored block";
-    const uint16_t len = static_cast<uint16_t>(static_cast<uint8_t>(idat[pos + 1]) |
-                                               (static_cast<uint8_t>(idat[pos + 2]) << 8));
-    const uint16_t nlen = static_cast<uint16_t>(static_cast<uint8_t>(idat[pos + 3]) |
-                                                (static_cast<uint8_t>(idat[pos + 4]) << 8));
-    EXPECT_EQ(static_cast<uint16_t>(~len), nlen);
-    raw += idat.substr(pos + 5, len);
-    pos += 5 + len;
-    ++blocks;
-  }
-  EXPECT_EQ(BigEndian32(idat, pos), Adler32(raw));
-  EXPECT_EQ(pos + 4, idat.size());
-  const size_t row_bytes = static_cast<size_t>(decoded.width) * 3;
-  EXPECT_EQ(raw.size(), (row_bytes + 1) * decoded.height);
-  EXPECT_GE(blocks, static_cast<int>(raw.size() / 65535));
-  for (int row = 0; row < decoded.height; ++row) {
-    const size_t start = static_cast<size_t>(row) * (row_bytes + 1);
-    EXPECT_EQ(raw[start], '\0');  // filter: none
-    decoded.rgb.insert(decoded.rgb.end(), raw.begin() + start + 1,
-                       raw.begin() + start + 1 + row_bytes);
-  }
-  return decoded;
+TEST(SvgWriterTest, EscapesTextAndClosesTheDocument) {
+  EXPECT_EQ(XmlEscape("a<b & \"c\">"), "a&lt;b &amp; &quot;c&quot;&gt;");
+  const std::string text = SvgText(10, 20, "x < y", 11, "start");
+  EXPECT_NE(text.find("x &lt; y"), std::string::npos);
+  EXPECT_NE(text.find("text-anchor=\"start\""), std::string::npos);
+  EXPECT_NE(SvgHeader(300, 200).find("viewBox=\"0 0 300 200\""), std::string::npos);
+  EXPECT_STRNE(SeriesColor(0), SeriesColor(1));
+  EXPECT_STREQ(SeriesColor(0), SeriesColor(8));  // the palette cycles
 }
 
-TEST(PngWriterTest, ChecksumsMatchKnownValues) {
-  EXPECT_EQ(Crc32("123456789"), 0xCBF43926u);
-  EXPECT_EQ(Crc32("IEND"), 0xAE426082u);
-  EXPECT_EQ(Adler32("Wikipedia"), 0x11E60398u);
-  EXPECT_EQ(Adler32(""), 1u);
-}
-
-TEST(PngWriterTest, RandomImageDecodesBackExactly) {
-  std::mt19937_64 rng = sieve::testing::MakeRng();
-  std::uniform_int_distribution<int> size(150, 260);
-  std::uniform_int_distribution<int> byte(0, 255);
-  RgbImage image(size(rng), size(rng), Rgb{});
-  for (int y = 0; y < image.height(); ++y) {
-    for (int x = 0; x < image.width(); ++x) {
-      image.Set(x, y,
-                Rgb{static_cast<uint8_t>(byte(rng)), static_cast<uint8_t>(byte(rng)),
-                    static_cast<uint8_t>(byte(rng))});
-    }
-  }
-  const DecodedPng decoded = DecodeStoredPng(EncodePng(image));
-  EXPECT_EQ(decoded.width, image.width());
-  EXPECT_EQ(decoded.height, image.height());
-  EXPECT_EQ(decoded.rgb, image.pixels());
-  const DecodedPng tiny = DecodeStoredPng(EncodePng(RgbImage(1, 1, Rgb{1, 2, 3})));
-  EXPECT_EQ(tiny.rgb, (std::vector<uint8_t>{1, 2, 3}));
-}
-
-TEST(RgbImageTest, LinesAndText) {
-  RgbImage image(40, 20, Rgb{255, 255, 255});
-  const Rgb red{255, 0, 0};
-  image.DrawLine(0, 0, 39, 19, red);
-  EXPECT_EQ(image.Get(0, 0), red);
-  EXPECT_EQ(image.Get(39, 19), red);
-  image.DrawLine(-10, 5, 100, 5, red, 3);  // clipped, not a crash
-  EXPECT_EQ(image.Get(20, 4), red);
-  EXPECT_EQ(image.Get(20, 6), red);
-  RgbImage text(RgbImage::TextWidth("10", 2), RgbImage::TextHeight(2), Rgb{255, 255, 255});
-  text.DrawText(0, 0, "10", Rgb{}, 2);
-  int ink = 0;
-  for (int y = 0; y < text.height(); ++y) {
-    for (int x = 0; x < text.width(); ++x) ink += text.Get(x, y) == Rgb{} ? 1 : 0;
-  }
-  EXPECT_GT(ink, 20);
-}
-
-TEST(BitmapFontTest, EveryPrintableCharacterHasItsOwnGlyph) {
-  const auto question = GlyphRows('?');
-  for (char c = '!'; c <= '~'; ++c) {
-    if (c == '?') continue;
-    EXPECT_NE(GlyphRows(c), question) << "no glyph for '" << c << "'";
-  }
-  EXPECT_EQ(GlyphRows(' '), (std::array<uint8_t, kGlyphHeight>{}));
-  EXPECT_EQ(GlyphRows('\x01'), question);
+TEST(SvgWriterTest, PanelDrawsOnePolylinePerCurveAndSkipsMissingPoints) {
+  const std::vector<double> x = {1, 10, 100};
+  const std::string svg = LinePanelSvg({50, 50, 400, 300}, "t", "concurrency", x, true,
+                                       {{"a", "#111111", false, {1, 2, 3}},
+                                        {"b", "#222222", true, {4, NAN, 6}},
+                                        {"", "#333333", false, {7, 8, 9}}});
+  EXPECT_EQ(CountOf(svg, "class=\"series\""), 3);
+  EXPECT_EQ(CountOf(svg, "<circle"), 3 + 2 + 3);
+  EXPECT_EQ(CountOf(svg, "stroke-dasharray"), 2);  // b's curve and its legend sample
+  EXPECT_NE(svg.find("concurrency (log scale)"), std::string::npos);
+  EXPECT_EQ(svg.find(">nan<"), std::string::npos);
 }
 
 std::vector<SweepLevel> FakeLevels(double scale) {
@@ -594,19 +490,20 @@ std::vector<SweepLevel> FakeLevels(double scale) {
   return levels;
 }
 
-TEST(PlotTest, ChartIsAValidPngWithEveryCurve) {
-  const RgbImage chart = DrawSweepChart({{"dense", FakeLevels(1.0)}, {"snapkv", FakeLevels(1.6)}},
-                                        "4000 in / 500 out");
-  const DecodedPng decoded = DecodeStoredPng(EncodePng(chart));
-  EXPECT_EQ(decoded.width, 1200);
-  EXPECT_EQ(decoded.height, 560);
-  std::map<std::tuple<int, int, int>, int> colours;
-  for (size_t index = 0; index < decoded.rgb.size(); index += 3) {
-    ++colours[{decoded.rgb[index], decoded.rgb[index + 1], decoded.rgb[index + 2]}];
+TEST(PlotTest, ChartIsSvgWithEveryCurve) {
+  const std::string chart =
+      SweepChartSvg({{"dense", FakeLevels(1.0)}, {"snapkv", FakeLevels(1.6)}}, "4000 in / 500 out");
+  EXPECT_EQ(chart.rfind("<?xml", 0), 0u);
+  EXPECT_NE(chart.find("width=\"1200\" height=\"560\""), std::string::npos);
+  EXPECT_EQ(chart.substr(chart.size() - 7), "</svg>\n");
+  // Throughput per series, TTFT P50 and P99 per series.
+  EXPECT_EQ(CountOf(chart, "class=\"series\""), 2 + 4);
+  EXPECT_GE(CountOf(chart, "#1f77b4"), 3);  // first series
+  EXPECT_GE(CountOf(chart, "#ff7f0e"), 3);  // second series
+  for (const char* text : {"4000 in / 500 out", "output tokens/s", "TTFT (ms)", "dense P99",
+                           "snapkv", "concurrency (log scale)", ">128<"}) {
+    EXPECT_NE(chart.find(text), std::string::npos) << text;
   }
-  EXPECT_GT((colours[{31, 119, 180}]), 300);  // first series
-  EXPECT_GT((colours[{255, 127, 14}]), 300);  // second series
-  EXPECT_GT((colours[{0, 0, 0}]), 2000);      // axes and labels
 }
 
 TEST(PlotTest, SeriesFromSweepJson) {
@@ -882,6 +779,9 @@ TEST(BenchSweepTest, TableJsonAndPlot) {
   config.client.progress = false;
   config.client.result_json = TempPath("sweep.json");
   config.plot = TempPath("sweep.png");
+  EXPECT_FALSE(RunBenchSweep(config).ok());  // the chart is SVG: a .png name is refused first
+  EXPECT_EQ(server.generation_requests(), 0);
+  config.plot = TempPath("sweep.svg");
   config.concurrency = {1, 4};
   config.dataset.input_len = 16;
   config.dataset.output_len = 3;
@@ -897,13 +797,14 @@ TEST(BenchSweepTest, TableJsonAndPlot) {
   EXPECT_EQ((*json)["levels"][1]["concurrency"], 4);
   EXPECT_EQ((*json)["levels"][1]["metrics"]["completed"], 6);
   EXPECT_LE((*json)["levels"][1]["metrics"]["max_concurrent_requests"].get<int>(), 4);
-  std::ifstream png_file(config.plot, std::ios::binary);
-  const std::string png((std::istreambuf_iterator<char>(png_file)), {});
-  EXPECT_EQ(DecodeStoredPng(png).width, 1200);
+  std::ifstream svg_file(config.plot, std::ios::binary);
+  const std::string svg((std::istreambuf_iterator<char>(svg_file)), {});
+  EXPECT_EQ(svg.rfind("<?xml", 0), 0u);
+  EXPECT_EQ(CountOf(svg, "class=\"series\""), 3);
   // `sieve bench plot` redraws it, here with a second copy overlaid.
   PlotConfig plot;
   plot.result_jsons = {config.client.result_json, config.client.result_json};
-  plot.plot = TempPath("replot.png");
+  plot.plot = TempPath("replot.svg");
   ASSERT_TRUE(RunBenchPlot(plot).ok());
   EXPECT_TRUE(std::filesystem::exists(plot.plot));
   plot.result_jsons = {TempPath("missing.json")};

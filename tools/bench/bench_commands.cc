@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <limits>
 #include <memory>
 
@@ -14,7 +15,6 @@
 #include "tokenizer/tokenizer_loader.h"
 #include "tools/bench/dataset.h"
 #include "tools/bench/plot.h"
-#include "tools/bench/png_writer.h"
 #include "tools/bench/progress_bar.h"
 #include "tools/bench/report.h"
 #include "tools/bench/server_info.h"
@@ -240,6 +240,24 @@ std::string WorkloadTitle(const nlohmann::json& sweep) {
                      dataset.value("output_len", 0));
 }
 
+// --plot writes SVG; a name ending in anything else (an old script's .png) is refused before the
+// load runs rather than producing a file its name misdescribes.
+Status CheckPlotPath(const std::string& path) {
+  if (path.empty() || (path.size() > 4 && path.compare(path.size() - 4, 4, ".svg") == 0)) {
+    return Status::Ok();
+  }
+  return InvalidArgumentError("--plot " + path + ": the chart is SVG; name the file *.svg");
+}
+
+Status WriteSvg(const std::string& path, const std::string& svg) {
+  std::ofstream file(path, std::ios::binary);
+  file << svg;
+  file.close();
+  if (!file) return UnavailableError("cannot write " + path);
+  std::fprintf(stderr, "wrote %s\n", path.c_str());
+  return Status::Ok();
+}
+
 }  // namespace
 
 int PromptsForLevel(const SweepConfig& config, int concurrency) {
@@ -295,6 +313,7 @@ Status RunBenchSweep(const SweepConfig& config) {
   for (int level : config.concurrency) {
     if (level <= 0) return InvalidArgumentError("--concurrency levels must be positive");
   }
+  SIEVE_RETURN_IF_ERROR(CheckPlotPath(config.plot));
   SIEVE_ASSIGN_OR_RETURN(BenchSetup setup, Prepare(config.client, config.dataset));
   std::vector<SweepLevel> levels;
   nlohmann::json json = ResultHeader("sieve_bench_sweep", config.client, setup);
@@ -348,8 +367,7 @@ Status RunBenchSweep(const SweepConfig& config) {
     const std::string title = fmt::format(
         "{}{} in / {} out tokens", config.client.label.empty() ? "" : config.client.label + ": ",
         config.dataset.input_len, config.dataset.output_len);
-    SIEVE_RETURN_IF_ERROR(WritePng(config.plot, DrawSweepChart({{"", levels}}, title)));
-    std::fprintf(stderr, "wrote %s\n", config.plot.c_str());
+    SIEVE_RETURN_IF_ERROR(WriteSvg(config.plot, SweepChartSvg({{"", levels}}, title)));
   }
   const bool any_completed = std::any_of(
       levels.begin(), levels.end(), [](const SweepLevel& l) { return l.metrics.completed > 0; });
@@ -360,6 +378,7 @@ Status RunBenchSweep(const SweepConfig& config) {
 Status RunBenchPlot(const PlotConfig& config) {
   if (config.result_jsons.empty()) return InvalidArgumentError("--result-json is required");
   if (config.plot.empty()) return InvalidArgumentError("--plot is required");
+  SIEVE_RETURN_IF_ERROR(CheckPlotPath(config.plot));
   std::vector<SweepSeries> series;
   std::string title = config.title;
   for (const std::string& path : config.result_jsons) {
@@ -372,8 +391,7 @@ Status RunBenchPlot(const PlotConfig& config) {
     }
     series.push_back(std::move(one).value());
   }
-  SIEVE_RETURN_IF_ERROR(WritePng(config.plot, DrawSweepChart(series, title)));
-  std::fprintf(stderr, "wrote %s\n", config.plot.c_str());
+  SIEVE_RETURN_IF_ERROR(WriteSvg(config.plot, SweepChartSvg(series, title)));
   return Status::Ok();
 }
 

@@ -1,5 +1,5 @@
 // The flows behind `sieve bench serve`, `sieve bench sweep` and `sieve bench plot`: settings in,
-// tables on stdout, progress on stderr, results in JSON and PNG files. tools/bench_command.cc
+// tables on stdout, progress on stderr, results in JSON and SVG files. tools/bench_command.cc
 // maps flags onto these structs; tests call the functions directly.
 #pragma once
 
@@ -57,12 +57,12 @@ struct SweepConfig {
   ClientConfig client;
   std::vector<int> concurrency = kPerfConcurrencyLevels;
   int num_prompts_per_level = 0;  // 0: max(10, 2 x concurrency)
-  std::string plot;               // PNG path, "" for none
+  std::string plot;               // SVG path (*.svg), "" for none
 };
 
 struct PlotConfig {
   std::vector<std::string> result_jsons;  // sweep results, one curve each
-  std::string plot;
+  std::string plot;                       // SVG path (*.svg)
   std::string title;
 };
 

@@ -5,55 +5,9 @@
 
 #include <fmt/format.h>
 
+#include "tools/bench/svg_writer.h"
+
 namespace sieve::eval {
-
-namespace {
-
-constexpr const char* kFont = "font-family=\"sans-serif\"";
-const char* const kSeriesColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
-                                     "#9467bd", "#8c564b", "#e377c2", "#17becf"};
-
-std::string Text(double x, double y, const std::string& text, int size,
-                 const char* anchor = "middle", const std::string& extra = "") {
-  return fmt::format(
-      "<text x=\"{:.1f}\" y=\"{:.1f}\" {} font-size=\"{}\" text-anchor=\"{}\"{}>{}"
-      "</text>\n",
-      x, y, kFont, size, anchor, extra, XmlEscape(text));
-}
-
-std::string Header(int width, int height) {
-  return fmt::format(
-      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" "
-      "viewBox=\"0 0 {0} {1}\">\n<rect x=\"0\" y=\"0\" width=\"{0}\" height=\"{1}\" "
-      "fill=\"white\"/>\n",
-      width, height);
-}
-
-}  // namespace
-
-std::string XmlEscape(const std::string& text) {
-  std::string out;
-  for (const char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
 
 std::string ScoreColor(double score) {
   // Red -> yellow -> green, the needle-in-a-haystack charts' scale.
@@ -84,12 +38,12 @@ std::string NeedleHeatmapSvg(const std::string& title, const std::vector<int>& l
   const int plot_h = cell_h * static_cast<int>(depths.size());
   const int width = left + plot_w + 100;
   const int height = top + plot_h + 60;
-  std::string svg = Header(width, height);
-  svg += Text(width / 2.0, 28, title, 16, "middle", " font-weight=\"bold\"");
+  std::string svg = bench::SvgHeader(width, height);
+  svg += bench::SvgText(width / 2.0, 28, title, 16, "middle", " font-weight=\"bold\"");
   for (size_t row = 0; row < depths.size(); ++row) {
     const double y = top + static_cast<double>(row) * cell_h;
-    svg +=
-        Text(left - 8, y + cell_h / 2.0 + 4, fmt::format("{:.0f}%", depths[row] * 100), 11, "end");
+    svg += bench::SvgText(left - 8, y + cell_h / 2.0 + 4, fmt::format("{:.0f}%", depths[row] * 100),
+                          11, "end");
     for (size_t column = 0; column < lengths.size(); ++column) {
       const double x = left + static_cast<double>(column) * cell_w;
       const std::optional<double> score =
@@ -103,12 +57,12 @@ std::string NeedleHeatmapSvg(const std::string& title, const std::vector<int>& l
     }
   }
   for (size_t column = 0; column < lengths.size(); ++column) {
-    svg += Text(left + (static_cast<double>(column) + 0.5) * cell_w, top + plot_h + 16,
-                std::to_string(lengths[column]), 11);
+    svg += bench::SvgText(left + (static_cast<double>(column) + 0.5) * cell_w, top + plot_h + 16,
+                          std::to_string(lengths[column]), 11);
   }
-  svg += Text(left + plot_w / 2.0, top + plot_h + 40, "context length (tokens)", 13);
-  svg += Text(20, top + plot_h / 2.0, "needle depth", 13, "middle",
-              fmt::format(" transform=\"rotate(-90 20 {:.1f})\"", top + plot_h / 2.0));
+  svg += bench::SvgText(left + plot_w / 2.0, top + plot_h + 40, "context length (tokens)", 13);
+  svg += bench::SvgText(20, top + plot_h / 2.0, "needle depth", 13, "middle",
+                        fmt::format(" transform=\"rotate(-90 20 {:.1f})\"", top + plot_h / 2.0));
   // The colour scale: 0% at the bottom, 100% at the top.
   const int scale_x = left + plot_w + 30;
   constexpr int kSteps = 20;
@@ -120,10 +74,10 @@ std::string NeedleHeatmapSvg(const std::string& title, const std::vector<int>& l
         scale_x, top + step * plot_h / static_cast<double>(kSteps), scale_w,
         plot_h / static_cast<double>(kSteps) + 0.5, ScoreColor(score));
   }
-  svg += Text(scale_x + scale_w + 4, top + 10, "100%", 10, "start");
-  svg += Text(scale_x + scale_w + 4, top + plot_h, "0%", 10, "start");
-  svg += Text(scale_x + scale_w / 2.0, top - 8, "score", 10);
-  svg += "</svg>\n";
+  svg += bench::SvgText(scale_x + scale_w + 4, top + 10, "100%", 10, "start");
+  svg += bench::SvgText(scale_x + scale_w + 4, top + plot_h, "0%", 10, "start");
+  svg += bench::SvgText(scale_x + scale_w / 2.0, top - 8, "score", 10);
+  svg += bench::kSvgEnd;
   return svg;
 }
 
@@ -132,8 +86,8 @@ std::string BudgetChartSvg(const std::string& title, const std::string& y_label,
                            std::optional<double> dense, bool percent) {
   const int width = 640, height = 400, left = 70, right = 170, top = 50, bottom = 60;
   const int plot_w = width - left - right, plot_h = height - top - bottom;
-  std::string svg = Header(width, height);
-  svg += Text(width / 2.0, 28, title, 16, "middle", " font-weight=\"bold\"");
+  std::string svg = bench::SvgHeader(width, height);
+  svg += bench::SvgText(width / 2.0, 28, title, 16, "middle", " font-weight=\"bold\"");
   double y_max = percent ? 100.0 : 0.0;
   for (const ChartSeries& line : series) {
     for (const auto& value : line.values) {
@@ -162,15 +116,16 @@ std::string BudgetChartSvg(const std::string& title, const std::string& y_label,
     const double y = y_of(value);
     svg += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>\n",
                        left, y, left + plot_w, y);
-    svg += Text(left - 6, y + 4,
-                percent ? fmt::format("{:.0f}", value) : fmt::format("{:.3g}", value), 11, "end");
+    svg += bench::SvgText(left - 6, y + 4,
+                          percent ? fmt::format("{:.0f}", value) : fmt::format("{:.3g}", value), 11,
+                          "end");
   }
   for (const int budget : budgets) {
-    svg += Text(x_of(budget), top + plot_h + 16, std::to_string(budget), 11);
+    svg += bench::SvgText(x_of(budget), top + plot_h + 16, std::to_string(budget), 11);
   }
-  svg += Text(left + plot_w / 2.0, height - 18, "KV budget (entries per layer)", 13);
-  svg += Text(18, top + plot_h / 2.0, y_label, 13, "middle",
-              fmt::format(" transform=\"rotate(-90 18 {:.1f})\"", top + plot_h / 2.0));
+  svg += bench::SvgText(left + plot_w / 2.0, height - 18, "KV budget (entries per layer)", 13);
+  svg += bench::SvgText(18, top + plot_h / 2.0, y_label, 13, "middle",
+                        fmt::format(" transform=\"rotate(-90 18 {:.1f})\"", top + plot_h / 2.0));
   double legend_y = top + 10;
   if (dense) {
     svg += fmt::format(
@@ -181,11 +136,11 @@ std::string BudgetChartSvg(const std::string& title, const std::string& y_label,
         "<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#000\" "
         "stroke-dasharray=\"6,4\"/>\n",
         left + plot_w + 10, legend_y, left + plot_w + 30, legend_y);
-    svg += Text(left + plot_w + 34, legend_y + 4, "dense (full)", 11, "start");
+    svg += bench::SvgText(left + plot_w + 34, legend_y + 4, "dense (full)", 11, "start");
     legend_y += 18;
   }
   for (size_t index = 0; index < series.size(); ++index) {
-    const char* color = kSeriesColors[index % std::size(kSeriesColors)];
+    const char* color = bench::SeriesColor(index);
     std::string points;
     std::string markers;
     for (size_t at = 0; at < budgets.size() && at < series[index].values.size(); ++at) {
@@ -205,10 +160,10 @@ std::string BudgetChartSvg(const std::string& title, const std::string& y_label,
         "<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"{}\" "
         "stroke-width=\"2\"/>\n",
         left + plot_w + 10, legend_y, left + plot_w + 30, legend_y, color);
-    svg += Text(left + plot_w + 34, legend_y + 4, series[index].name, 11, "start");
+    svg += bench::SvgText(left + plot_w + 34, legend_y + 4, series[index].name, 11, "start");
     legend_y += 18;
   }
-  svg += "</svg>\n";
+  svg += bench::kSvgEnd;
   return svg;
 }
 

@@ -1,7 +1,6 @@
-// Charts of `sieve eval` as plain SVG text (no image library, no fonts of our own: the viewer
-// draws the text): the needle heatmap (length x depth, coloured by score, as gkamradt's
-// needle-in-a-haystack charts) and the score-vs-budget chart (a line per policy, dense as a
-// horizontal reference).
+// Charts of `sieve eval` as plain SVG text, drawn with tools/bench/svg_writer.h's pieces: the
+// needle heatmap (length x depth, coloured by score, as gkamradt's needle-in-a-haystack charts) and
+// the score-vs-budget chart (a line per policy, dense as a horizontal reference).
 #pragma once
 
 #include <optional>
@@ -30,7 +29,5 @@ std::string BudgetChartSvg(const std::string& title, const std::string& y_label,
 
 // The colour of a score in [0, 1] on the heatmap's scale, "#rrggbb".
 std::string ScoreColor(double score);
-// Text made safe for SVG: & < > " escaped.
-std::string XmlEscape(const std::string& text);
 
 }  // namespace sieve::eval
