@@ -141,15 +141,14 @@ def kernels_section(record, charts):
     gemm = kernels.get("gemm")
     if gemm:
         out += ["", "GEMMs at decode batch sizes: weights streamed cold, calls back to back in a "
-                "CUDA graph; GB/s of weights and the fraction of the copy rate. cuBLASLt is the "
-                "backend's default.", "",
-                "| m | GEMM | n x k | cuBLASLt | small-m kernel (best split) |",
-                "| --- | --- | --- | --- | --- |"]
+                "CUDA graph; GB/s of weights and the fraction of the copy rate, as the backend's GEMM "
+                "runner (cuBLASLt) plans them.", "",
+                "| m | GEMM | n x k | cuBLASLt |",
+                "| --- | --- | --- | --- |"]
         for r in gemm:
             out.append(f"| {r['m']} | {r['name']} | {r['n']} x {r['k']} | "
                        f"{r['cublas_ms'] * 1e3:.1f} us, {fmt(r['cublas_gbs'])} GB/s "
-                       f"({r['cublas_gbs'] / copy:.0%}) | {r['small_m_ms'] * 1e3:.1f} us, "
-                       f"{fmt(r['small_m_gbs'])} GB/s ({r['small_m_gbs'] / copy:.0%}) |")
+                       f"({r['cublas_gbs'] / copy:.0%}) |")
     summary = record.get("summary", "")
     for title, pattern in (("Score + select + compact (one layer, against the prefill it follows)",
                             r"(KV-sparsity pass.*?)(?:\n\n|\Z)"),

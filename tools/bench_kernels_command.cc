@@ -5,9 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,7 +61,6 @@ struct KernelsFlags {
   bool no_graph = false;
   bool profile_step = false;
   bool no_step_variants = false;
-  bool pages_by_layer = false;
   bool pages_in_order = false;
 };
 
@@ -173,9 +170,7 @@ int Run(const KernelsFlags& flags) {
                               {"k", r.k},
                               {"cublas_ms", r.cublas_ms},
                               {"cublas_gbs", r.cublas_gbs},
-                              {"small_m_ms", r.small_m_ms},
-                              {"small_m_gbs", r.small_m_gbs},
-                              {"small_m_plan", r.small_m_plan}});
+                              {"plan", r.plan}});
     }
   }
   if (!flags.skip_decode_step) {
@@ -184,81 +179,32 @@ int Run(const KernelsFlags& flags) {
         " of 5 steps, %s; host = one step's launch + run + synchronise, median of 100)\n",
         dir.c_str(), flags.batch, flags.context, flags.no_graph ? "no graph" : "CUDA graph",
         flags.no_graph ? "host time" : "device time by CUDA events");
-    if (flags.pages_by_layer) {
-      std::printf("pages: each layer's in a range of the pool of their own (--pages-by-layer)\n");
-    }
     if (flags.pages_in_order) {
       std::printf("pages: in order, each sequence's adjacent (--pages-in-order)\n");
     }
-    // The defaults first, then variants for comparison, each on a backend of its own: the
-    // choices are read from the environment when a backend starts (GEMMs, fused RoPE), when the
-    // model is made (folded norms) or per call (decode attention CTA shape). A choice set in the
-    // environment when the command starts holds for every row, variants change only their own
-    // (the first row is then not the defaults, and says so).
+    // The defaults first, then variants for comparison, each on a backend of its own. SIEVE_PDL=0
+    // when the command starts holds for every row (the first row is then not the defaults, and
+    // says so).
     struct Variant {
       const char* label;
       const char* key;
-      const char* gemm;                  // SIEVE_GEMM
-      bool pdl;                          // SetPdlEnabled (false: off; true: as the environment)
-      const char* attention;             // SIEVE_DECODE_ATTENTION
-      const char* fused_rope;            // SIEVE_FUSED_ROPE
-      const char* reduction = nullptr;   // SIEVE_GEMM_REDUCTION
-      const char* fold_norms = nullptr;  // SIEVE_FOLD_NORMS
+      bool pdl;  // SetPdlEnabled (false: off; true: as the environment)
       StepLengthBounds length_bounds = StepLengthBounds::kTrue;
-      const char* graph_pdl = nullptr;  // SIEVE_GRAPH_PDL
     };
     const Variant variants[] = {
-        {"", "", nullptr, true, nullptr, nullptr},
-        {", auto GEMM plans", "_auto", "auto", true, nullptr, nullptr},
-        {", small-m GEMMs", "_small_m", "small_m", true, nullptr, nullptr},
-        {", no PDL", "_no_pdl", nullptr, false, nullptr, nullptr},
-        {", programmatic edges into cuBLASLt", "_graph_pdl", nullptr, true, nullptr, nullptr,
-         nullptr, nullptr, StepLengthBounds::kTrue, "1"},
-        {", wide attention CTAs", "_wide", nullptr, true, "wide", nullptr},
-        {", RoPE not fused", "_unfused_rope", nullptr, true, nullptr, "0"},
-        {", no split-k GEMMs", "_no_split_k", nullptr, true, nullptr, nullptr, "none"},
-        {", norms not folded", "_unfolded_norms", nullptr, true, nullptr, nullptr, nullptr, "0"},
-        {", every layer max_model_len", "_padded", nullptr, true, nullptr, nullptr, nullptr,
-         nullptr, StepLengthBounds::kModelLenEveryLayer},
-        {", engine's layer bounds", "_engine_bounds", nullptr, true, nullptr, nullptr, nullptr,
-         nullptr, StepLengthBounds::kEngineLayerBounds},
+        {"", "", true},
+        {", no PDL", "_no_pdl", false},
+        {", every layer max_model_len", "_padded", true, StepLengthBounds::kModelLenEveryLayer},
+        {", engine's layer bounds", "_engine_bounds", true, StepLengthBounds::kEngineLayerBounds},
     };
-    constexpr const char* kChoices[] = {"SIEVE_GEMM",       "SIEVE_DECODE_ATTENTION",
-                                        "SIEVE_FUSED_ROPE", "SIEVE_GEMM_REDUCTION",
-                                        "SIEVE_FOLD_NORMS", "SIEVE_GRAPH_PDL"};
-    std::map<std::string, std::string> given;  // the environment's choices at the start
-    std::string given_text;
-    for (const char* name : kChoices) {
-      if (const char* value = std::getenv(name); value != nullptr) {
-        given[name] = value;
-        given_text += std::string(" ") + name + "=" + value;
-      }
-    }
     const bool given_pdl = cuda::PdlSetting().load() != 0;
-    if (!given_pdl) given_text += " SIEVE_PDL=0";
+    const std::string given_text = given_pdl ? "" : " SIEVE_PDL=0";
     if (!given_text.empty()) {
       std::printf("environment (every row, variants change only their own):%s\n",
                   given_text.c_str());
     }
-    // A variant's own choice, else the environment's.
-    const auto set = [&given](const char* name, const char* value) {
-      const auto found = given.find(name);
-      if (value != nullptr) {
-        setenv(name, value, 1);
-      } else if (found != given.end()) {
-        setenv(name, found->second.c_str(), 1);
-      } else {
-        unsetenv(name);
-      }
-    };
     for (const Variant& variant : variants) {
       if (flags.no_step_variants && variant.label[0] != '\0') continue;
-      set("SIEVE_GEMM", variant.gemm);
-      set("SIEVE_DECODE_ATTENTION", variant.attention);
-      set("SIEVE_FUSED_ROPE", variant.fused_rope);
-      set("SIEVE_GEMM_REDUCTION", variant.reduction);
-      set("SIEVE_FOLD_NORMS", variant.fold_norms);
-      set("SIEVE_GRAPH_PDL", variant.graph_pdl);
       cuda::SetPdlEnabled(variant.pdl && given_pdl);
       const bool headline = variant.label[0] == '\0';
       for (const double kept : {1.0, 0.1}) {
@@ -277,9 +223,7 @@ int Run(const KernelsFlags& flags) {
         options.use_graph = !flags.no_graph;
         // The engine's default max_model_len: the model's, capped at 8192 (runtime/engine.h).
         options.length_bounds = variant.length_bounds;
-        options.page_order = flags.pages_by_layer   ? PageOrder::kByLayer
-                             : flags.pages_in_order ? PageOrder::kInOrder
-                                                    : PageOrder::kShuffled;
+        options.page_order = flags.pages_in_order ? PageOrder::kInOrder : PageOrder::kShuffled;
         if (config->max_position_embeddings > 0) {
           options.max_model_len = std::min(config->max_position_embeddings, 8192);
         }
@@ -329,7 +273,6 @@ int Run(const KernelsFlags& flags) {
       }
     }
     cuda::SetPdlEnabled(given_pdl);
-    for (const char* name : kChoices) set(name, nullptr);
   }
   if (!flags.result_json.empty()) {
     std::ofstream out(flags.result_json);
@@ -366,13 +309,9 @@ CommandRunner AddBenchKernelsCommand(CLI::App& app) {
                "`ncu --profile-from-start off` or tools/kernel_timeline");
   app.add_flag("--no-step-variants", flags->no_step_variants,
                "Time the decode step's defaults only, not its variants for comparison");
-  app.add_flag("--pages-by-layer", flags->pages_by_layer,
-               "Decode step: every row with each layer's KV pages in a range of the pool of "
-               "their own (default: shuffled over the whole pool)");
   app.add_flag("--pages-in-order", flags->pages_in_order,
                "Decode step: every row with the KV pages in order, each sequence's adjacent (as "
-               "a fresh server hands them out; default: shuffled over the whole pool)")
-      ->excludes("--pages-by-layer");
+               "a fresh server hands them out; default: shuffled over the whole pool)");
   return [flags]() { return Run(*flags); };
 }
 

@@ -221,16 +221,10 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
   pool.v = backend.Allocate(pool.k.shape(), backend.activation_dtype());
   backend.FillRandom(pool.k, 3, 1.0f);
   backend.FillRandom(pool.v, 4, 1.0f);
-  // pages[layer][seq][i]: its own index (kInOrder), shuffled within the layer's range or over
-  // the whole pool.
+  // pages[layer][seq][i]: its own index (kInOrder) or shuffled over the whole pool.
   std::vector<int32_t> pages(num_pages);
   std::iota(pages.begin(), pages.end(), 0);
-  if (options.page_order == PageOrder::kByLayer) {
-    const int64_t per_layer = static_cast<int64_t>(batch) * pages_per_seq;
-    for (int layer = 0; layer < layers; ++layer) {
-      std::shuffle(pages.begin() + layer * per_layer, pages.begin() + (layer + 1) * per_layer, rng);
-    }
-  } else if (options.page_order == PageOrder::kShuffled) {
+  if (options.page_order == PageOrder::kShuffled) {
     std::shuffle(pages.begin(), pages.end(), rng);
   }
   pool.page_table = ints(pages, {layers, batch, pages_per_seq});

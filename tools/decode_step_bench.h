@@ -24,7 +24,6 @@ enum class StepLengthBounds {
 enum class PageOrder {
   kShuffled,  // shuffled over the whole pool: every layer's pages spread over all of it, as a
               // long-running server's free list hands them out
-  kByLayer,   // each layer's pages in a range of the pool of their own, shuffled within it
   kInOrder,   // unshuffled: each sequence's pages of a layer adjacent, layer after layer (as a
               // fresh server hands them out); tells what the shuffle costs
 };

@@ -2,8 +2,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -11,7 +9,6 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
-#include "backend/cuda/graph_pdl.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sampling_kernels.h"
 
@@ -35,8 +32,6 @@ class CudaBackend final : public Backend {
     SIEVE_CUDA_CHECK(cudaGetDeviceProperties(&props_, device));
     SIEVE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     gemm_ = std::make_unique<cuda::GemmRunner>(stream_);
-    const char* fused = std::getenv("SIEVE_FUSED_ROPE");
-    fused_rope_ = fused == nullptr || std::strcmp(fused, "0") != 0;
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
@@ -200,11 +195,12 @@ class CudaBackend final : public Backend {
                           attention_workspace_bytes_, stream_);
   }
   // One kernel (RoPE of the decode tokens inside decode attention) unless H2O needs rotated q in
-  // memory for its score pass, or SIEVE_FUSED_ROPE=0.
+  // memory for its score pass. Two kernels made the dense decode step 13.62 ms against 13.37
+  // (bench/results/2026-12-01-s6-h200-step.json, "RoPE not fused").
   void RopeDecodeAttention(Tensor& qkv, const Tensor& rope_table, int num_heads,
                            const StepMeta& step, int layer, KvPool& pool, Tensor& out,
                            RowRms norm) override {
-    if (!fused_rope_ || pool.scores.defined()) {
+    if (pool.scores.defined()) {
       Backend::RopeDecodeAttention(qkv, rope_table, num_heads, step, layer, pool, out, norm);
       return;
     }
@@ -254,15 +250,6 @@ class CudaBackend final : public Backend {
   int EndCapture() override {
     cudaGraph_t graph = nullptr;
     SIEVE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-    // cuBLASLt's GEMMs were captured with plain edges; those whose kernels were shown to wait on
-    // the grid dependency (graph_pdl.h) may start while the kernel before them drains.
-    if (cuda::GraphPdlEnabled()) {
-      const int changed = cuda::MakeEdgesProgrammatic(graph);
-      if (std::getenv("SIEVE_GEMM_VERBOSE") != nullptr) {
-        std::fprintf(stderr, "graph %zu: %d edges into cuBLASLt kernels made programmatic\n",
-                     graphs_.size(), changed);
-      }
-    }
     cudaGraphExec_t exec = nullptr;
     SIEVE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     SIEVE_CUDA_CHECK(cudaGraphDestroy(graph));
@@ -432,7 +419,6 @@ class CudaBackend final : public Backend {
   std::vector<cudaGraphExec_t> graphs_;
   void* sample_buffer_ = nullptr;
   size_t sample_buffer_bytes_ = 0;
-  bool fused_rope_ = true;  // SIEVE_FUSED_ROPE ("0": RoPE and decode attention as two kernels)
 };
 
 void CudaBackend::RunLinear(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) {

@@ -1,4 +1,4 @@
-// The GEMM paths of the CUDA backend (small_m_gemm.cu and the planner of gemm.cc) against a
+// The GEMMs of the CUDA backend (the planner of gemm.cc over cuBLASLt's candidates) against a
 // double-precision host product of the same bf16 inputs, on fresh random data. Tolerances are
 // relative L2 errors: 1e-5 for f32 outputs (f32 accumulation over k <= 4096), 1e-2 for bf16
 // outputs (one bf16 rounding of each output is ~4e-3 alone).
@@ -15,9 +15,6 @@
 
 #include "backend/cuda/cuda_test_util.h"
 #include "backend/cuda/gemm.h"
-#include "backend/cuda/graph_pdl.h"
-#include "backend/cuda/pdl.cuh"
-#include "backend/cuda/small_m_gemm.h"
 
 namespace sieve::cuda {
 namespace {
@@ -52,19 +49,6 @@ struct Problem {
         expected[static_cast<size_t>(row) * n + col] = sum;
       }
     }
-  }
-
-  // The small-m kernel's operands for this problem on device copies of x and w, into `out`.
-  SmallMGemmArgs Args(const __nv_bfloat16* w_device, const __nv_bfloat16* x_device, void* out,
-                      bool out_f32) const {
-    return MakeSmallMGemmArgs(m, n, k, w_device, ldw, x_device, ldx, out, ldo, out_f32);
-  }
-
-  // "MxNxK splits S f32|bf16 cluster|atomics", for failure messages.
-  std::string Describe(int splits, bool out_f32, SmallMSplitReduce reduce) const {
-    return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " splits " +
-           std::to_string(splits) + (out_f32 ? " f32" : " bf16") +
-           (reduce == SmallMSplitReduce::kCluster ? " cluster" : " atomics");
   }
 
   // Relative L2 error of a downloaded [m][ldo] output (f32 or bf16 bits) against `expected`, plus
@@ -104,129 +88,29 @@ class CudaGemmTest : public ::testing::Test {
   cudaStream_t stream_ = nullptr;
 };
 
-// Shapes with ragged edges: n not a multiple of the 128-row slab, k not a multiple of the
-// 64-wide stage, m at and around the 16/32/64 token tiles.
+// Shapes with ragged edges: n and k not multiples of the usual tiles, m at and around 16/32/64.
 const std::vector<std::tuple<int, int, int>> kShapes = {
     {1, 200, 264},    {5, 4096, 512},  {16, 384, 4096}, {17, 130, 72},
     {33, 1000, 1024}, {64, 640, 2048}, {48, 128, 8}};
 
-TEST_F(CudaGemmTest, SmallMKernelMatchesHostProductAtEverySplit) {
-  DeviceBuffer<float> sums(static_cast<size_t>(kSmallMGemmMaxRows) * 4096);
-  DeviceBuffer<int> counters(64);
-  SIEVE_CUDA_CHECK(cudaMemset(sums.get(), 0, sums.size() * sizeof(float)));
-  SIEVE_CUDA_CHECK(cudaMemset(counters.get(), 0, counters.size() * sizeof(int)));
-  for (const auto& [m, n, k] : kShapes) {
-    const Problem problem(m, n, k, rng_);
-    DeviceBuffer<__nv_bfloat16> x(testing::ToBf16(problem.x));
-    DeviceBuffer<__nv_bfloat16> w(testing::ToBf16(problem.w));
-    std::vector<SmallMSplitReduce> reduces = {SmallMSplitReduce::kAtomics};
-    if (SmallMGemmHasClusters()) reduces.push_back(SmallMSplitReduce::kCluster);
-    for (int variant = 0; variant < 2 * static_cast<int>(reduces.size()); ++variant) {
-      const bool out_f32 = variant % 2 == 0;
-      const SmallMSplitReduce reduce = reduces[variant / 2];
-      for (const int splits : {1, 3, 5, 8}) {
-        const size_t out_count = static_cast<size_t>(m) * problem.ldo;
-        DeviceBuffer<float> out_f(out_f32 ? out_count : 1);
-        DeviceBuffer<__nv_bfloat16> out_b(out_f32 ? 1 : out_count);
-        SmallMGemmArgs args = problem.Args(
-            w.get(), x.get(),
-            out_f32 ? static_cast<void*>(out_f.get()) : static_cast<void*>(out_b.get()), out_f32);
-        args.splits = splits;
-        args.reduce = reduce;
-        args.split_sums = sums.get();
-        args.split_counters = counters.get();
-        ASSERT_TRUE(SmallMGemmSupports(args));
-        // Twice: the split buffers must come back zero, as graph replays need.
-        for (int call = 0; call < 2; ++call) {
-          SmallMGemm(args, stream_);
-          SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-          const std::string what =
-              problem.Describe(splits, out_f32, reduce) + " call " + std::to_string(call);
-          if (out_f32) {
-            EXPECT_LE(problem.Error(out_f.ToHost()), kF32Tolerance) << what;
-          } else {
-            EXPECT_LE(problem.Error(out_b.ToHost()), kBf16Tolerance) << what;
-          }
-        }
-      }
-    }
-  }
-  for (const float value : sums.ToHost()) ASSERT_EQ(value, 0.0f);
-  for (const int value : counters.ToHost()) ASSERT_EQ(value, 0);
-}
-
-// out += x w^T: every output adds the product to what it held once, whichever way the splits
-// add up (one CTA or one cluster rank writes each output; atomics meet in the split buffer first).
-TEST_F(CudaGemmTest, SmallMKernelAccumulatesOnce) {
-  DeviceBuffer<float> sums(static_cast<size_t>(kSmallMGemmMaxRows) * 4096);
-  DeviceBuffer<int> counters(64);
-  SIEVE_CUDA_CHECK(cudaMemset(sums.get(), 0, sums.size() * sizeof(float)));
-  SIEVE_CUDA_CHECK(cudaMemset(counters.get(), 0, counters.size() * sizeof(int)));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const auto& [m, n, k] :
-       {std::tuple{5, 4096, 512}, std::tuple{33, 1000, 1024}, std::tuple{64, 640, 2048}}) {
-    const Problem problem(m, n, k, rng_);
-    DeviceBuffer<__nv_bfloat16> x(testing::ToBf16(problem.x));
-    DeviceBuffer<__nv_bfloat16> w(testing::ToBf16(problem.w));
-    std::vector<float> base(static_cast<size_t>(m) * problem.ldo);
-    for (float& value : base) value = normal(rng_);
-    testing::RoundToBf16(base);
-    std::vector<SmallMSplitReduce> reduces = {SmallMSplitReduce::kAtomics};
-    if (SmallMGemmHasClusters()) reduces.push_back(SmallMSplitReduce::kCluster);
-    for (const SmallMSplitReduce reduce : reduces) {
-      for (const bool out_f32 : {true, false}) {
-        for (const int splits : {1, 3, 8}) {
-          DeviceBuffer<float> out_f(base);
-          DeviceBuffer<__nv_bfloat16> out_b(testing::ToBf16(base));
-          SmallMGemmArgs args = problem.Args(
-              w.get(), x.get(),
-              out_f32 ? static_cast<void*>(out_f.get()) : static_cast<void*>(out_b.get()), out_f32);
-          args.accumulate = true;
-          args.splits = splits;
-          args.reduce = reduce;
-          args.split_sums = sums.get();
-          args.split_counters = counters.get();
-          SmallMGemm(args, stream_);
-          SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-          const std::string what = problem.Describe(splits, out_f32, reduce);
-          if (out_f32) {
-            EXPECT_LE(problem.Error(out_f.ToHost(), &base), kF32Tolerance) << what;
-          } else {
-            EXPECT_LE(problem.Error(out_b.ToHost(), &base), kBf16Tolerance) << what;
-          }
-        }
-      }
-    }
-  }
-  for (const float value : sums.ToHost()) ASSERT_EQ(value, 0.0f);
-  for (const int value : counters.ToHost()) ASSERT_EQ(value, 0);
-}
-
 // The runner's accumulating calls (Backend::LinearAdd): planning times its candidates on a
 // scratch output, so the first call also adds exactly once, and so does a call on the plan.
-TEST_F(CudaGemmTest, RunnerAccumulatesOnceForEveryChoice) {
+TEST_F(CudaGemmTest, RunnerAccumulatesOnce) {
   GemmRunner runner(stream_);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const GemmChoice choice : {GemmChoice::kAuto, GemmChoice::kCublasLt, GemmChoice::kSmallM}) {
-    runner.set_choice(choice);
-    for (const auto& [m, n, k] : {std::tuple{16, 384, 4096}, std::tuple{64, 640, 2048}}) {
-      const Problem problem(m, n, k, rng_);
-      DeviceBuffer<__nv_bfloat16> x(testing::ToBf16(problem.x));
-      DeviceBuffer<__nv_bfloat16> w(testing::ToBf16(problem.w));
-      for (int call = 0; call < 2; ++call) {
-        std::vector<float> base(static_cast<size_t>(m) * problem.ldo);
-        for (float& value : base) value = normal(rng_);
-        DeviceBuffer<float> out(base);
-        runner.Run(m, n, k, w.get(), problem.ldw, x.get(), problem.ldx, out.get(), problem.ldo,
-                   true, /*accumulate=*/true);
-        SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-        EXPECT_LE(problem.Error(out.ToHost(), &base), kF32Tolerance)
-            << m << "x" << n << "x" << k << " choice " << static_cast<int>(choice) << " call "
-            << call << ": " << runner.last_plan();
-      }
-      if (choice == GemmChoice::kSmallM) {
-        EXPECT_EQ(runner.last_plan().rfind("small-m", 0), 0u) << runner.last_plan();
-      }
+  for (const auto& [m, n, k] : {std::tuple{16, 384, 4096}, std::tuple{64, 640, 2048}}) {
+    const Problem problem(m, n, k, rng_);
+    DeviceBuffer<__nv_bfloat16> x(testing::ToBf16(problem.x));
+    DeviceBuffer<__nv_bfloat16> w(testing::ToBf16(problem.w));
+    for (int call = 0; call < 2; ++call) {
+      std::vector<float> base(static_cast<size_t>(m) * problem.ldo);
+      for (float& value : base) value = normal(rng_);
+      DeviceBuffer<float> out(base);
+      runner.Run(m, n, k, w.get(), problem.ldw, x.get(), problem.ldx, out.get(), problem.ldo, true,
+                 /*accumulate=*/true);
+      SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      EXPECT_LE(problem.Error(out.ToHost(), &base), kF32Tolerance)
+          << m << "x" << n << "x" << k << " call " << call << ": " << runner.last_plan();
     }
   }
 }
@@ -272,8 +156,8 @@ TEST_F(CudaGemmTest, PlanningOverSeveralWeightsKeepsEveryCallRight) {
 }
 
 // Every candidate a plan times is right, set as a step-tuning option (runtime/step_tuning.h):
-// cuBLASLt's heuristic configurations, the re-tiled ones and the small-m kernel's splits, for
-// plain and accumulating calls; the names agree, and a closed plan is no longer open.
+// cuBLASLt's heuristic configurations and the re-tiled ones, for plain and accumulating calls; the
+// names agree, and a closed plan is no longer open.
 TEST_F(CudaGemmTest, EveryTuningOptionMatchesHostProduct) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const auto& [m, n, k] : {std::tuple{64, 4096, 1024}, std::tuple{16, 4096, 512}}) {
@@ -281,7 +165,6 @@ TEST_F(CudaGemmTest, EveryTuningOptionMatchesHostProduct) {
     DeviceBuffer<__nv_bfloat16> x(testing::ToBf16(problem.x)), w(testing::ToBf16(problem.w));
     for (const bool accumulate : {false, true}) {
       GemmRunner runner(stream_);
-      runner.set_choice(GemmChoice::kAuto);
       runner.KeepEveryCandidateAsOption();
       std::vector<float> base(static_cast<size_t>(m) * problem.ldo);
       for (float& value : base) value = normal(rng_);
@@ -323,9 +206,8 @@ TEST_F(CudaGemmTest, EveryTuningOptionMatchesHostProduct) {
 // bucket. Prints how long a timed first call and a reusing one took.
 TEST_F(CudaGemmTest, ShapesOfOneRowBucketShareTheTimedChoice) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const GemmChoice choice : {GemmChoice::kCublasLt, GemmChoice::kAuto}) {
+  {
     GemmRunner runner(stream_);
-    runner.set_choice(choice);
     const int n = 1024, k = 2048;
     for (const auto& [m, reuses_from] :
          {std::pair{100, 0}, std::pair{120, 100}, std::pair{65, 100}, std::pair{200, 0},
@@ -347,8 +229,8 @@ TEST_F(CudaGemmTest, ShapesOfOneRowBucketShareTheTimedChoice) {
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
                   .count();
           if (call == 0) {
-            std::printf("m %d%s, choice %d: first call %.2f ms, %s\n", m, accumulate ? " (+=)" : "",
-                        static_cast<int>(choice), ms, runner.last_plan().c_str());
+            std::printf("m %d%s: first call %.2f ms, %s\n", m, accumulate ? " (+=)" : "", ms,
+                        runner.last_plan().c_str());
           }
           EXPECT_LE(problem.Error(out.ToHost(), accumulate ? &base : nullptr), kF32Tolerance)
               << m << (accumulate ? " +=" : "") << " call " << call << ": " << runner.last_plan();
@@ -365,140 +247,21 @@ TEST_F(CudaGemmTest, ShapesOfOneRowBucketShareTheTimedChoice) {
   }
 }
 
-TEST_F(CudaGemmTest, SmallMKernelRefusesWhatItCannotTake) {
-  SmallMGemmArgs args;
-  DeviceBuffer<__nv_bfloat16> buffer(4096);
-  args.w = buffer.get();
-  args.x = buffer.get();
-  args.ldw = args.ldx = 64;
-  args.m = 4;
-  args.n = 16;
-  args.k = 64;
-  EXPECT_TRUE(SmallMGemmSupports(args));
-  args.m = kSmallMGemmMaxRows + 1;
-  EXPECT_FALSE(SmallMGemmSupports(args));
-  args.m = 4;
-  args.k = 60;  // not whole 16-byte chunks
-  EXPECT_FALSE(SmallMGemmSupports(args));
-  args.k = 64;
-  args.x = buffer.get() + 1;  // misaligned rows
-  EXPECT_FALSE(SmallMGemmSupports(args));
-}
-
-TEST_F(CudaGemmTest, RunnerMatchesHostProductForEveryChoice) {
+TEST_F(CudaGemmTest, RunnerMatchesHostProduct) {
   GemmRunner runner(stream_);
   std::vector<std::tuple<int, int, int>> shapes = kShapes;
-  shapes.emplace_back(100, 300, 256);  // m > 64: cuBLASLt whatever the choice
-  for (const GemmChoice choice : {GemmChoice::kAuto, GemmChoice::kCublasLt, GemmChoice::kSmallM}) {
-    runner.set_choice(choice);
-    for (const auto& [m, n, k] : shapes) {
-      const Problem problem(m, n, k, rng_);
-      DeviceBuffer<__nv_bfloat16> x(testing::ToBf16(problem.x));
-      DeviceBuffer<__nv_bfloat16> w(testing::ToBf16(problem.w));
-      DeviceBuffer<float> out(static_cast<size_t>(m) * problem.ldo);
-      // Twice: the first call plans (timing every candidate), the second reuses the plan.
-      for (int call = 0; call < 2; ++call) {
-        runner.Run(m, n, k, w.get(), problem.ldw, x.get(), problem.ldx, out.get(), problem.ldo,
-                   true);
-        SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-        EXPECT_LE(problem.Error(out.ToHost()), kF32Tolerance)
-            << m << "x" << n << "x" << k << " choice " << static_cast<int>(choice) << ": "
-            << runner.last_plan();
-      }
-      const bool small = runner.last_plan().rfind("small-m", 0) == 0;
-      if (choice == GemmChoice::kCublasLt || m > kSmallMGemmMaxRows) {
-        EXPECT_FALSE(small) << runner.last_plan();
-      } else if (choice == GemmChoice::kSmallM) {
-        EXPECT_TRUE(small) << runner.last_plan();
-      }
-    }
-  }
-}
-
-// graph_pdl.h's probe on kernels whose behaviour is known: a copy that reads before it waits
-// must come out stale (else the probe would pass anything), one that waits must come out right.
-TEST_F(CudaGemmTest, ProgrammaticEdgeProbeTellsAKernelThatWaitsFromOneThatDoesNot) {
-  if (!PdlActive()) GTEST_SKIP() << "programmatic edges need sm_90+ (and SIEVE_PDL not 0)";
-  std::uniform_int_distribution<int32_t> uniform(1, 1 << 30);
-  std::vector<int32_t> values(1 << 16);
-  for (int32_t& value : values) value = uniform(rng_);
-  const size_t bytes = values.size() * sizeof(int32_t);
-  DeviceBuffer<int32_t> source(values);
-  DeviceBuffer<int32_t> input(values.size());
-  DeviceBuffer<int32_t> output(values.size());
-  for (const bool wait : {false, true}) {
-    SIEVE_CUDA_CHECK(cudaMemset(output.get(), 0, bytes));
-    const std::vector<const void*> kernels = ProbeProgrammaticEdge(
-        [&] { CopyBytesForProbeTest(input.get(), output.get(), bytes, wait, stream_); },
-        {{source.get(), input.get(), bytes}}, stream_);
-    ASSERT_EQ(kernels.size(), 1u);
-    const std::vector<int32_t> copied = output.ToHost();
-    if (wait) {
-      EXPECT_EQ(copied, values) << "the copy that waits read stale input";
-    } else {
-      EXPECT_NE(copied, values) << "the copy that does not wait read fresh input";
-    }
-  }
-}
-
-// A captured GEMM (the runner's cuBLASLt plan, probed when it was made) whose incoming edge is
-// made programmatic where its kernel was marked still computes the product of what the kernel
-// before it wrote, plain or accumulating.
-TEST_F(CudaGemmTest, CapturedGemmBehindProgrammaticEdgeMatchesHostProduct) {
-  if (!PdlActive()) GTEST_SKIP() << "programmatic edges need sm_90+ (and SIEVE_PDL not 0)";
-  const sieve::testing::ScopedEnvironment graph_pdl("SIEVE_GRAPH_PDL", "1");  // the runner probes
-  ASSERT_TRUE(GraphPdlEnabled());
-  GemmRunner runner(stream_);
-  runner.set_choice(GemmChoice::kCublasLt);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const auto& [m, n, k] : {std::tuple{64, 4096, 4096}, std::tuple{64, 640, 2048}}) {
-    for (const bool accumulate : {false, true}) {
-      const Problem problem(m, n, k, rng_);
-      DeviceBuffer<__nv_bfloat16> x_source(testing::ToBf16(problem.x));
-      DeviceBuffer<__nv_bfloat16> x(problem.x.size());
-      DeviceBuffer<__nv_bfloat16> w(testing::ToBf16(problem.w));
-      std::vector<float> base(static_cast<size_t>(m) * problem.ldo, 0.0f);
-      if (accumulate) {
-        for (float& value : base) value = normal(rng_);
-        testing::RoundToBf16(base);
-      }
-      DeviceBuffer<__nv_bfloat16> out(testing::ToBf16(base));
-      const auto gemm = [&] {
-        runner.Run(m, n, k, w.get(), problem.ldw, x.get(), problem.ldx, out.get(), problem.ldo,
-                   false, accumulate);
-      };
-      gemm();  // plans (and probes) outside capture; `out` is reset below
+  shapes.emplace_back(100, 300, 256);
+  for (const auto& [m, n, k] : shapes) {
+    const Problem problem(m, n, k, rng_);
+    DeviceBuffer<__nv_bfloat16> x(testing::ToBf16(problem.x));
+    DeviceBuffer<__nv_bfloat16> w(testing::ToBf16(problem.w));
+    DeviceBuffer<float> out(static_cast<size_t>(m) * problem.ldo);
+    // Twice: the first call plans (timing every candidate), the second reuses the plan.
+    for (int call = 0; call < 2; ++call) {
+      runner.Run(m, n, k, w.get(), problem.ldw, x.get(), problem.ldx, out.get(), problem.ldo, true);
       SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      SIEVE_CUDA_CHECK(cudaMemcpy(out.get(), testing::ToBf16(base).data(),
-                                  base.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
-      SIEVE_CUDA_CHECK(cudaMemset(x.get(), 0, problem.x.size() * sizeof(__nv_bfloat16)));
-
-      SIEVE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      CopyBytesForProbeTest(x_source.get(), x.get(), problem.x.size() * sizeof(__nv_bfloat16),
-                            false, stream_);
-      gemm();
-      cudaGraph_t graph = nullptr;
-      SIEVE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-      size_t count = 0;
-      SIEVE_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
-      std::vector<cudaGraphNode_t> nodes(count);
-      SIEVE_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
-      int marked = 0;
-      for (const cudaGraphNode_t node : nodes)
-        marked += HonorsProgrammaticEdges(KernelOfNode(node));
-      const int changed = MakeEdgesProgrammatic(graph);
-      EXPECT_LE(changed, marked);
-      cudaGraphExec_t exec = nullptr;
-      SIEVE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      SIEVE_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-      SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      EXPECT_LE(problem.Error(out.ToHost(), accumulate ? &base : nullptr), kBf16Tolerance)
-          << m << "x" << n << "x" << k << (accumulate ? " +=" : "") << ", " << changed
-          << " edges made programmatic: " << runner.last_plan();
-      std::printf("%dx%dx%d%s: %d of %zu graph nodes marked, %d edges made programmatic\n", m, n, k,
-                  accumulate ? " (+=)" : "", marked, count, changed);
-      SIEVE_CUDA_CHECK(cudaGraphExecDestroy(exec));
-      SIEVE_CUDA_CHECK(cudaGraphDestroy(graph));
+      EXPECT_LE(problem.Error(out.ToHost()), kF32Tolerance)
+          << m << "x" << n << "x" << k << ": " << runner.last_plan();
     }
   }
 }

@@ -37,7 +37,6 @@
 #include "backend/cuda/cuda_test_util.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sampling_kernels.h"
-#include "backend/cuda/sparsity_bench.h"
 #include "core/testing.h"
 
 namespace sieve::cuda {
@@ -1289,16 +1288,6 @@ TEST(CudaSamplingTest, DrawsFollowTheFilteredDistribution) {
         vocab, knobs.temperature, knobs.top_k, knobs.top_p, knobs.min_p, chi_square, bins, limit);
     EXPECT_LE(chi_square, limit) << "vocab " << vocab;
   }
-}
-
-// The sparsity benchmark (sparsity_bench.h), when asked for: SIEVE_SPARSITY_BENCH=1.
-TEST(CudaSparsityBench, Llama3LayerAgainstPrefillBound) {
-  SIEVE_REQUIRE_GPU();
-  const char* wanted = std::getenv("SIEVE_SPARSITY_BENCH");
-  if (wanted == nullptr || std::string(wanted) != "1") {
-    GTEST_SKIP() << "set SIEVE_SPARSITY_BENCH=1 to run the sparsity benchmark";
-  }
-  EXPECT_EQ(RunSparsityBenchmarks(SparsityBenchOptions{}), 0);
 }
 
 }  // namespace

@@ -189,8 +189,8 @@ __device__ __forceinline__ int64_t EntryInPool(const DecodeParams& params, int32
 // between two layers' attention ~450 MB of weights stream through the 50 MB L2: with default
 // eviction it comes from memory every layer, two dependent round trips before the first K/V tile
 // can be asked for. Loads with an evict-last policy keep these few KB in the L2 from layer to
-// layer and step to step (device run 3 of session 9: page ids in shared memory 2.0 us after entry
-// against 2.85; the kernel 36.1 us a layer against 36.6).
+// layer and step to step (bench/results/2026-12-01-s9-h200-metadata-eager.json: page ids in shared
+// memory 2.0 us after entry against 2.85; the kernel 36.1 us a layer against 36.6).
 __device__ __forceinline__ uint64_t EvictLastPolicy() {
   uint64_t policy;
   asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
@@ -383,8 +383,9 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   // Entries past `end` are zero-filled and masked, never read: their page-table slots may hold
   // anything. The common case, page ids in shared memory and a power-of-two page size, takes few
   // instructions a copy: this lambda is inlined five times, and in a decode step the kernel's code
-  // is evidently fetched from memory anew (README_attention.md, session 8: with this the key loop
-  // runs in the step as fast as alone). Anything else takes the general loop, not unrolled.
+  // is evidently fetched from memory anew (README_attention.md;
+  // bench/results/2026-12-01-s8-h200-attention-code-size.json: with this the key loop runs in the
+  // step as fast as alone). Anything else takes the general loop, not unrolled.
   const bool fast_pages = cached && params.page_shift >= 0;
   // Copy `step` of this thread in the tile that starts at entry `first`: its row of the tile, its
   // 16-byte piece of the row, and the entry.
@@ -921,13 +922,6 @@ size_t DecodeAttentionWorkspaceBytes(int num_decode_seqs, int num_heads, int hea
 }
 
 DecodeCta ChooseDecodeCta(int num_decode_seqs, int num_heads, int num_kv_heads) {
-  const char* setting = std::getenv("SIEVE_DECODE_ATTENTION");
-  if (setting != nullptr && *setting != '\0' && std::strcmp(setting, "auto") != 0) {
-    if (std::strcmp(setting, "wide") == 0) return DecodeCta::kWide;
-    if (std::strcmp(setting, "narrow") == 0) return DecodeCta::kNarrow;
-    std::fprintf(stderr, "SIEVE_DECODE_ATTENTION=%s: expected auto, wide or narrow\n", setting);
-    std::exit(2);
-  }
   if (num_kv_heads <= 0) return DecodeCta::kWide;
   return CtasPerSplit(num_decode_seqs, num_heads, num_kv_heads) > TargetCtas() ? DecodeCta::kNarrow
                                                                                : DecodeCta::kWide;

@@ -31,8 +31,7 @@ size_t DecodeAttentionWorkspaceBytesForSplits(int num_decode_seqs, int num_heads
 // up to 4 x SMs (sequence, KV head) CTAs runs in one wave where wide would need two.
 enum class DecodeCta { kAuto, kWide, kNarrow };
 
-// What kAuto resolves to, read on every call: SIEVE_DECODE_ATTENTION=wide or narrow forces it;
-// unset, empty or "auto": narrow when the CTAs of one split are more than one wide wave
+// What kAuto resolves to: narrow when the CTAs of one split are more than one wide wave
 // (2 x SMs), else wide. The split count does not enter: in a CUDA graph it is sized for the
 // longest context the graph may see, not for the sequences it runs (each sequence uses its own
 // count). Never returns kAuto.

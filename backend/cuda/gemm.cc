@@ -1,7 +1,6 @@
 #include "backend/cuda/gemm.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -10,12 +9,9 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/graph_pdl.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
-#include "backend/cuda/small_m_gemm.h"
 #include "core/check.h"
-#include "core/dtype.h"
 
 #define SIEVE_CUBLAS_CHECK(call)                                                       \
   do {                                                                                 \
@@ -31,56 +27,41 @@ namespace sieve::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
-// k-splits only pay where n / 128 slabs leave SMs idle, so split shapes are bounded: the f32
-// sums buffer holds 64 x 65536 values (16 MiB) and there is a counter per slab.
-constexpr int64_t kMaxSplitN = 65536;
-constexpr int kMaxSlabs = static_cast<int>(kMaxSplitN / kSmallMGemmTileN);
-// Splits timed per plan: with clusters (sm_90) every count up to the cluster limit, since the
-// count that fills the SMs best is shape-specific (48 qkv slabs x 5 = 240 CTAs, 32 o slabs x 8 =
-// 256, against 264 CTA slots on an H200); with atomics a wider, sparser range.
-constexpr int kClusterSplitCandidates[] = {1, 2, 3, 4, 5, 6, 7, 8};
-constexpr int kAtomicSplitCandidates[] = {1, 2, 3, 4, 6, 8, 12, 16};
-static_assert(kSmallMGemmMaxClusterSplits == 8);
-constexpr int kDefaultCublasCandidates = 8;
-constexpr int kMaxCublasCandidates = 64;
-
-// How many of cuBLASLt's heuristic candidates a plan times: SIEVE_GEMM_CANDIDATES, default 8.
-int CublasCandidates() {
-  const char* value = std::getenv("SIEVE_GEMM_CANDIDATES");
-  const int count = value != nullptr ? std::atoi(value) : 0;
-  return count > 0 ? std::min(count, kMaxCublasCandidates) : kDefaultCublasCandidates;
-}
+// How many of cuBLASLt's heuristic candidates a plan times. 16 or 32 picked the same plans of the
+// decode step and did not make it faster (bench/results/2026-12-01-s9-h200-pdl-candidates.json,
+// 2026-12-01-s10-h200-silu-order.json).
+constexpr int kCublasCandidates = 8;
 // Timed calls per candidate and weight. With 3 calls each, one after another, and the best of them
 // kept, the gate_up GEMM's six leading candidates (59-63 us apart by 2 us of noise) were ranked
-// differently from run to run, and the ones picked in some runs cost the decode step 0.1 ms
-// (session 9, README_gemm.md). Two per weight over four weights: 8 calls a candidate, about the 7
-// on one weight of session 9, so the planning wait of a new shape (prefill chunks of each new
-// size up to 1024 rows plan this way too) stays where it was.
+// differently from run to run, and the ones picked in some processes cost the decode step 0.1 ms
+// (bench/results/2026-12-01-s9-h200-planner-warm-x.json, README_gemm.md). Two per weight over
+// four weights: 8 calls a candidate, so the planning wait of a new shape (prefill chunks of each
+// new size up to 1024 rows plan this way too) stays short.
 constexpr int kTimedRounds = 2;
 // How many of a decode shape's weights (one per layer) its candidates are timed on. Some kernels'
 // speed depends on which layer's weights they read: cuBLASLt's third gate_up candidate took
-// 0.0598-0.0643 ms on the first four layers' weights, the second 0.0590-0.0615 (session 10,
-// device run 3). Timed on layer 0 alone, the third won in 2 of 31 processes (runs 1-2) and, 5%
-// slower over the step's 32 layers, cost those steps 0.07-0.1 ms. So planning goes on through
-// the first layers' calls of the eager step before a capture, and a candidate's time is its mean
-// over the weights.
+// 0.0598-0.0643 ms on the first four layers' weights, the second 0.0590-0.0615
+// (bench/results/2026-12-01-s10-h200-planner-weights.json); timed on layer 0 alone, the third
+// sometimes won and, 5% slower over the step's 32 layers, cost the step 0.07-0.1 ms. So planning
+// goes on through the first layers' calls of the eager step before a capture, and a candidate's
+// time is its mean over the weights.
 constexpr int kPlannedWeights = 4;
-// Shapes up to this many rows (a decode step's batch) are probed for programmatic edges: graphs
-// hold decode steps only. Larger ones (prefill chunks, planned on the first step of each new token
-// count, with the request waiting) are compute-bound, where the candidates are far apart: 3 calls
-// each, as before session 9, keep that wait where it was.
-constexpr int64_t kMaxProbedRows = 1024;
+// Shapes up to this many rows are decode batches (or small prefill chunks) and are timed as above.
+// Larger ones (prefill chunks, planned on the first step of each new token count, with the request
+// waiting) are compute-bound, where the candidates are far apart: one weight, 3 calls each.
+constexpr int64_t kMaxDecodeRows = 1024;
 constexpr int kTimedRoundsPrefill = 3;
 
-// Re-tiled candidates (session 11). cuBLASLt's heuristic offers 8 configurations of its one
-// Hopper algo, and for the down GEMM at m = 64 none without a split-k (whose f32 reduction is a
-// kernel more, 3 us a layer). The same algo re-tiled fills the GPU otherwise: 32 x 64 tiles give
-// the down GEMM 128 CTAs unsplit, 0.0346 ms against the heuristic's best 0.0355 alone and 1.06
-// against 1.11-1.15 ms a step (device run 2). So decode shapes (m <= kMaxRetiledRows) also time
-// the heuristic's first configuration with each tile below (rows of w x rows of x, the
+// Re-tiled candidates. cuBLASLt's heuristic offers 8 configurations of its one Hopper algo, and
+// for the down GEMM at m = 64 none without a split-k (whose f32 reduction is a kernel more, 3 us a
+// layer). The same algo re-tiled fills the GPU otherwise: 32 x 64 tiles give the down GEMM 128
+// CTAs unsplit, 0.0349 ms against the heuristic's best 0.0355 alone and 1.06 against 1.11-1.15 ms
+// a step (bench/results/2026-12-01-s11-h200-retile.json). So decode shapes (m <= kMaxRetiledRows)
+// also time the heuristic's first configuration with each tile below (rows of w x rows of x, the
 // cublasLtMatmulTile_t ids) and split-k 1-4, wherever the grid comes to half a wave to one wave
 // (60-132 CTAs) or two full waves (232-264) on the H200's 132 SMs, and cublasLtMatmulAlgoCheck
-// takes it. (All grids of 48-264 CTAs, 90-100 candidates a shape, picked no faster a step: run 3.)
+// takes it. (All grids of 48-264 CTAs, 90-100 candidates a shape, picked no faster a step:
+// bench/results/2026-12-01-s11-h200-retile-broad.json.)
 struct TileShape {
   uint32_t id;
   int rows;
@@ -119,7 +100,7 @@ bool RetiledGridFits(int64_t ctas) {
 // Above the fastest candidate by at most this much (alone), a plan's next candidates stay options
 // for step tuning (runtime/step_tuning.h), at most kTuningOptions in all: alone, gate_up's
 // candidate 3 timed 0.0600 ms against candidate 2's 0.0604, yet made the step 0.12 ms slower (5.65
-// against 5.53 ms; session 11, device run 3).
+// against 5.53 ms; bench/results/2026-12-01-s11-h200-retile-broad.json).
 constexpr float kTuningMargin = 0.03f;
 constexpr size_t kTuningOptions = 3;
 
@@ -129,17 +110,6 @@ std::pair<const void*, size_t> AlignedInside(const void* data, int64_t bytes) {
   const uintptr_t end =
       (reinterpret_cast<uintptr_t>(data) + static_cast<uintptr_t>(bytes)) / 16 * 16;
   return {reinterpret_cast<const void*>(begin), end > begin ? end - begin : 0};
-}
-
-uint32_t ReductionMaskFromEnvironment() {
-  const char* value = std::getenv("SIEVE_GEMM_REDUCTION");
-  if (value == nullptr || *value == '\0' || std::strcmp(value, "any") == 0) {
-    return CUBLASLT_REDUCTION_SCHEME_MASK;
-  }
-  if (std::strcmp(value, "inplace") == 0) return CUBLASLT_REDUCTION_SCHEME_INPLACE;
-  if (std::strcmp(value, "none") == 0) return CUBLASLT_REDUCTION_SCHEME_NONE;
-  std::fprintf(stderr, "SIEVE_GEMM_REDUCTION=%s: expected any, inplace or none\n", value);
-  std::exit(2);
 }
 
 // One attribute of an algo's configuration, or -1.
@@ -182,23 +152,8 @@ std::string Describe(const cublasLtMatmulAlgo_t& algo) {
 
 }  // namespace
 
-GemmChoice GemmChoiceFromEnvironment() {
-  const char* value = std::getenv("SIEVE_GEMM");
-  if (value == nullptr || *value == '\0' || std::strcmp(value, "cublaslt") == 0) {
-    return GemmChoice::kCublasLt;
-  }
-  if (std::strcmp(value, "auto") == 0) return GemmChoice::kAuto;
-  if (std::strcmp(value, "small_m") == 0) return GemmChoice::kSmallM;
-  std::fprintf(stderr, "SIEVE_GEMM=%s: expected auto, cublaslt or small_m\n", value);
-  std::exit(2);
-}
-
 GemmRunner::GemmRunner(cudaStream_t stream)
-    : stream_(stream),
-      choice_(GemmChoiceFromEnvironment()),
-      reduction_mask_(ReductionMaskFromEnvironment()),
-      tuning_options_(kTuningOptions),
-      tuning_margin_(kTuningMargin) {
+    : stream_(stream), tuning_options_(kTuningOptions), tuning_margin_(kTuningMargin) {
   const char* verbose = std::getenv("SIEVE_GEMM_VERBOSE");
   verbose_ = verbose != nullptr && std::strcmp(verbose, "0") != 0 && *verbose != '\0';
   SIEVE_CUBLAS_CHECK(cublasLtCreate(&lt_));
@@ -221,21 +176,10 @@ GemmRunner::~GemmRunner() {
     if (plan.c != nullptr) cublasLtMatrixLayoutDestroy(plan.c);
   }
   cudaFree(workspace_);
-  cudaFree(split_sums_);
-  cudaFree(split_counters_);
   cudaFree(flush_);
   cudaEventDestroy(start_);
   cudaEventDestroy(stop_);
   cublasLtDestroy(lt_);
-}
-
-void GemmRunner::EnsureSplitBuffers() {
-  if (split_sums_ != nullptr) return;
-  const size_t sums = static_cast<size_t>(kSmallMGemmMaxRows) * kMaxSplitN * sizeof(float);
-  SIEVE_CUDA_CHECK(cudaMalloc(&split_sums_, sums));
-  SIEVE_CUDA_CHECK(cudaMalloc(&split_counters_, kMaxSlabs * sizeof(int)));
-  SIEVE_CUDA_CHECK(cudaMemsetAsync(split_sums_, 0, sums, stream_));
-  SIEVE_CUDA_CHECK(cudaMemsetAsync(split_counters_, 0, kMaxSlabs * sizeof(int), stream_));
 }
 
 std::vector<float> GemmRunner::TimeLaunches(const std::vector<std::function<bool()>>& launches,
@@ -266,8 +210,8 @@ std::vector<float> GemmRunner::TimeLaunches(const std::vector<std::function<bool
     if (times[index].empty()) continue;
     std::sort(times[index].begin(), times[index].end());
     // The lower median: of 2 calls, the faster. Interference only ever slows a call down; with the
-    // upper one, a single 0.0707 ms call of gate_up's candidate 2 (0.060-0.062 otherwise) made it
-    // lose to candidate 3 in one process (session 10, device run 9).
+    // upper one, a single slowed call of gate_up's candidate 2 made it lose to candidate 3 in one
+    // process, 0.1 ms slower a step (bench/results/2026-12-01-s10-h200-silu-order.json).
     medians[index] = times[index][(times[index].size() - 1) / 2];
   }
   return medians;
@@ -276,12 +220,11 @@ std::vector<float> GemmRunner::TimeLaunches(const std::vector<std::function<bool
 GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w,
                                       int64_t ldw, const __nv_bfloat16* x, int64_t ldx, void* out,
                                       int64_t ldo, bool out_f32, bool accumulate) {
-  const Key key{m, n, k, ldw, ldx, ldo, out_f32, static_cast<int>(choice_), accumulate};
+  const Key key{m, n, k, ldw, ldx, ldo, out_f32, accumulate};
   const auto found = plans_.find(key);
   if (found != plans_.end()) {
     Plan& plan = found->second;
-    if (!plan.settled)
-      ContinuePlanning(plan, m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate);
+    if (!plan.settled) ContinuePlanning(plan, m, n, k, w, x, ldx, out, ldo, out_f32, accumulate);
     return plan;
   }
   Plan plan;
@@ -303,70 +246,45 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
   const size_t workspace = kWorkspaceBytes;
   SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+  // Any split-k reduction: with none, the sparse decode step read 6.77 ms against 5.87
+  // (bench/results/2026-12-01-s6-h200-step.json, "no split-k GEMMs").
+  const uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_MASK;
   SIEVE_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                           &reduction_mask_, sizeof(reduction_mask_)));
-  std::vector<cublasLtMatmulHeuristicResult_t> results(CublasCandidates());
+                                           &reduction_mask, sizeof(reduction_mask)));
+  std::vector<cublasLtMatmulHeuristicResult_t> results(kCublasCandidates);
   int cublas_count = 0;
   SIEVE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.c, plan.c,
                                                     preference, static_cast<int>(results.size()),
                                                     results.data(), &cublas_count));
   cublasLtMatmulPreferenceDestroy(preference);
 
-  if (ReusePlanOfBucket(plan, key, m, n, k, w, ldw, x, ldx, out, ldo, out_f32,
+  if (ReusePlanOfBucket(plan, key, m, n, k, out_f32,
                         cublas_count > 0 ? &results[0].algo : nullptr)) {
     return plans_.emplace(key, std::move(plan)).first->second;
   }
-
-  SmallMGemmArgs args = MakeSmallMGemmArgs(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
-  const bool small_m_fits =
-      SmallMGemmSupports(args) && n < (int64_t{1} << 31) && k < (int64_t{1} << 31);
-  std::vector<int> splits;
-  const bool clusters = SmallMGemmHasClusters();
-  if (choice_ != GemmChoice::kCublasLt && small_m_fits) {
-    const auto add = [&](int split) {
-      if (split == 1 || (split <= SmallMGemmMaxSplits(args.k) && (clusters || n <= kMaxSplitN))) {
-        splits.push_back(split);
-      }
-    };
-    if (clusters) {
-      for (const int split : kClusterSplitCandidates) add(split);
-    } else {
-      for (const int split : kAtomicSplitCandidates) add(split);
-    }
-  }
-  const bool use_cublas = choice_ != GemmChoice::kSmallM || splits.empty();
-  if (use_cublas && cublas_count == 0 && splits.empty()) {
+  if (cublas_count == 0) {
     std::fprintf(stderr, "no GEMM for %lldx%lldx%lld\n", static_cast<long long>(m),
                  static_cast<long long>(n), static_cast<long long>(k));
     std::abort();
   }
 
-  // Defaults without timing: the small-m kernel unsplit where it is allowed, else cuBLASLt's
-  // first pick. The plan keeps a cuBLASLt algo whenever there is one: it also serves calls whose
-  // operands the small-m kernel refuses (misaligned pointers of a planned shape).
-  plan.has_cublas = cublas_count > 0;
-  if (plan.has_cublas) plan.algo = results[0].algo;
-  for (int candidate = 0; use_cublas && candidate < cublas_count; ++candidate) {
+  // Without timing (inside a capture): cuBLASLt's first pick.
+  plan.algo = results[0].algo;
+  for (int candidate = 0; candidate < cublas_count; ++candidate) {
     plan.cublas_candidates.push_back(results[candidate].algo);
   }
   plan.heuristic_count = plan.cublas_candidates.size();
-  if (use_cublas && cublas_count > 0 && m <= kMaxRetiledRows) {
+  if (m <= kMaxRetiledRows) {
     for (const cublasLtMatmulAlgo_t& algo :
          RetiledCandidates(plan, m, n, results.data(), cublas_count)) {
       plan.cublas_candidates.push_back(algo);
     }
   }
-  plan.split_candidates = splits;
-  plan.medians.resize(plan.cublas_candidates.size() + splits.size());
-  if (!splits.empty()) {
-    plan.small_m_splits = 1;
-    plan.name = "small-m, 1 split";
-  } else {
-    plan.name = "cuBLASLt, candidate 1 of " + std::to_string(plan.cublas_candidates.size());
-  }
+  plan.medians.resize(plan.cublas_candidates.size());
+  plan.name = "cuBLASLt, candidate 1 of " + std::to_string(plan.cublas_candidates.size());
   Plan& stored = plans_.emplace(key, std::move(plan)).first->second;
-  ContinuePlanning(stored, m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate);
+  ContinuePlanning(stored, m, n, k, w, x, ldx, out, ldo, out_f32, accumulate);
   // The bucket's source: its own m once that is timed (a decode batch padded to it), else the
   // first m timed in it. A plan made inside a capture (untimed) is no source.
   if (!stored.timed_weights.empty()) {
@@ -392,7 +310,6 @@ std::vector<cublasLtMatmulAlgo_t> GemmRunner::RetiledCandidates(
       if (!RetiledGridFits(ctas)) continue;
       const uint32_t scheme =
           split > 1 ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE : CUBLASLT_REDUCTION_SCHEME_NONE;
-      if (split > 1 && (reduction_mask_ & scheme) == 0) continue;
       bool offered = false;  // by the heuristic already
       for (int index = 0; index < heuristic_count && !offered; ++index) {
         offered = AlgoConfig(heuristic[index].algo, CUBLASLT_ALGO_CONFIG_TILE_ID) ==
@@ -433,9 +350,7 @@ int64_t GemmRunner::BucketRows(int64_t m) {
 }
 
 bool GemmRunner::ReusePlanOfBucket(Plan& plan, const Key& key, int64_t m, int64_t n, int64_t k,
-                                   const __nv_bfloat16* w, int64_t ldw, const __nv_bfloat16* x,
-                                   int64_t ldx, void* out, int64_t ldo, bool out_f32,
-                                   const cublasLtMatmulAlgo_t* fallback) {
+                                   bool out_f32, const cublasLtMatmulAlgo_t* fallback) {
   if (m == BucketRows(m)) return false;  // decode batches are padded to these: timed themselves
   Key bucket = key;
   std::get<0>(bucket) = BucketRows(m);
@@ -444,66 +359,50 @@ bool GemmRunner::ReusePlanOfBucket(Plan& plan, const Key& key, int64_t m, int64_
   const auto source = plans_.find(source_key->second);
   if (source == plans_.end() || !source->second.settled) return false;
   const Plan& timed = source->second;
-  // cuBLASLt's pick must also take this m (its tile and split-k are checked against the shape),
-  // the small-m kernel these operands.
+  // cuBLASLt's pick must also take this m (its tile and split-k are checked against the shape).
   cublasLtMatmulHeuristicResult_t check{};
   const bool timed_algo_fits =
-      timed.has_cublas &&
       cublasLtMatmulAlgoCheck(lt_, plan.op, plan.a, plan.b, plan.c, plan.c, &timed.algo, &check) ==
           CUBLAS_STATUS_SUCCESS &&
       check.workspaceSize <= kWorkspaceBytes;
-  SmallMGemmArgs args = MakeSmallMGemmArgs(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
-  args.splits = timed.small_m_splits;
-  const bool small_m_fits = timed.small_m_splits > 0 && SmallMGemmSupports(args);
-  if (!timed_algo_fits && fallback == nullptr && !small_m_fits) return false;  // plan it afresh
+  if (!timed_algo_fits && fallback == nullptr) return false;  // plan it afresh
 
-  plan.has_cublas = timed_algo_fits || fallback != nullptr;
-  if (plan.has_cublas) plan.algo = timed_algo_fits ? timed.algo : *fallback;
-  plan.small_m_splits = small_m_fits ? timed.small_m_splits : 0;
+  plan.algo = timed_algo_fits ? timed.algo : *fallback;
   const std::string from = "the plan of m = " + std::to_string(std::get<0>(source_key->second));
-  plan.name = small_m_fits      ? timed.name + ", " + from
-              : timed_algo_fits ? "cuBLASLt, " + from
-                                : "cuBLASLt, heuristic's first (" + from + " does not fit)";
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  SIEVE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
-  const bool accumulate = std::get<8>(key);
-  Settle(plan, m, n, k, w, ldx, ldo, out_f32, accumulate, capture != cudaStreamCaptureStatusNone);
+  plan.name = timed_algo_fits ? "cuBLASLt, " + from
+                              : "cuBLASLt, heuristic's first (" + from + " does not fit)";
+  const bool accumulate = std::get<7>(key);
+  Settle(plan, m, n, k, out_f32, accumulate);
   return true;
 }
 
 void GemmRunner::ContinuePlanning(Plan& plan, int64_t m, int64_t n, int64_t k,
-                                  const __nv_bfloat16* w, int64_t ldw, const __nv_bfloat16* x,
-                                  int64_t ldx, void* out, int64_t ldo, bool out_f32,
-                                  bool accumulate) {
+                                  const __nv_bfloat16* w, const __nv_bfloat16* x, int64_t ldx,
+                                  void* out, int64_t ldo, bool out_f32, bool accumulate) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   SIEVE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
   const bool capturing = capture != cudaStreamCaptureStatusNone;
   const bool comes_round = std::find(plan.timed_weights.begin(), plan.timed_weights.end(), w) !=
                            plan.timed_weights.end();
-  const int weights_to_time = m <= kMaxProbedRows ? kPlannedWeights : 1;
+  const int weights_to_time = m <= kMaxDecodeRows ? kPlannedWeights : 1;
   if (!capturing && !comes_round && plan.medians.size() > 1) {
-    TimeCandidates(plan, m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate);
+    TimeCandidates(plan, m, k, w, x, ldx, out, ldo, out_f32, accumulate);
     plan.timed_weights.push_back(w);
   }
   Choose(plan);
   if (capturing || comes_round || plan.medians.size() <= 1 ||
       static_cast<int>(plan.timed_weights.size()) >= weights_to_time) {
-    Settle(plan, m, n, k, w, ldx, ldo, out_f32, accumulate, capturing);
+    Settle(plan, m, n, k, out_f32, accumulate);
   }
 }
 
-void GemmRunner::TimeCandidates(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w,
-                                int64_t ldw, const __nv_bfloat16* x, int64_t ldx, void* out,
-                                int64_t ldo, bool out_f32, bool accumulate) {
+void GemmRunner::TimeCandidates(Plan& plan, int64_t m, int64_t k, const __nv_bfloat16* w,
+                                const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo,
+                                bool out_f32, bool accumulate) {
   if (flush_ == nullptr && cudaMalloc(&flush_, flush_bytes_) != cudaSuccess) {
     cudaGetLastError();  // no room for the flush buffer: time with warm caches instead
     flush_ = nullptr;
   }
-  const bool clusters = SmallMGemmHasClusters();
-  if (!plan.split_candidates.empty() && !clusters) EnsureSplitBuffers();
-  SmallMGemmArgs args = MakeSmallMGemmArgs(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
-  args.split_sums = split_sums_;
-  args.split_counters = split_counters_;
   const float alpha = 1.0f;
   const float beta = accumulate ? 1.0f : 0.0f;
   // An accumulating GEMM must not add its timing calls into `out` (the residual stream): they
@@ -516,7 +415,6 @@ void GemmRunner::TimeCandidates(Plan& plan, int64_t m, int64_t n, int64_t k, con
     SIEVE_CUDA_CHECK(cudaMemsetAsync(scratch, 0, bytes, stream_));
     target = scratch;
   }
-  // The candidates: cuBLASLt's algos, then the small-m kernel's split counts.
   std::vector<std::function<bool()>> launches;
   for (const cublasLtMatmulAlgo_t& algo : plan.cublas_candidates) {
     launches.push_back([&, algo] {
@@ -525,23 +423,13 @@ void GemmRunner::TimeCandidates(Plan& plan, int64_t m, int64_t n, int64_t k, con
                             stream_) == CUBLAS_STATUS_SUCCESS;
     });
   }
-  args.out = target;
-  args.accumulate = accumulate;
-  for (const int split : plan.split_candidates) {
-    launches.push_back([&, split] {
-      SmallMGemmArgs split_args = args;
-      split_args.splits = split;
-      SmallMGemm(split_args, stream_);
-      return true;
-    });
-  }
   // In a decode step x, the kernel before's output, sits in the L2 and the weights do not. The
   // output is not warmed: the residual stream the down GEMM adds into was last touched before
-  // the 235 MB gate_up weights went through (warming it too, the down GEMM's pick cost the step
-  // up to 0.1 ms; session 9, device run 5).
+  // the 235 MB gate_up weights went through (warming it too moved the down GEMM's pick and cost
+  // the step up to 0.1 ms: bench/results/2026-12-01-s9-h200-final-ab.json, the appended run).
   const std::vector<float> medians =
       TimeLaunches(launches, AlignedInside(x, ((m - 1) * ldx + k) * 2),
-                   m <= kMaxProbedRows ? kTimedRounds : kTimedRoundsPrefill);
+                   m <= kMaxDecodeRows ? kTimedRounds : kTimedRoundsPrefill);
   for (size_t index = 0; index < medians.size(); ++index) {
     plan.medians[index].push_back(medians[index]);
   }
@@ -565,55 +453,38 @@ float GemmRunner::CandidateTime(const Plan& plan, size_t index) {
 }
 
 std::string GemmRunner::CandidateName(const Plan& plan, size_t index) {
-  const size_t cublas_count = plan.cublas_candidates.size();
-  if (index < cublas_count) {
-    return "cuBLASLt, candidate " + std::to_string(index + 1) + " of " +
-           std::to_string(cublas_count) + (index >= plan.heuristic_count ? ", re-tiled" : "");
-  }
-  const int split = plan.split_candidates[index - cublas_count];
-  return "small-m, " + std::to_string(split) + (split == 1 ? " split" : " splits");
+  return "cuBLASLt, candidate " + std::to_string(index + 1) + " of " +
+         std::to_string(plan.cublas_candidates.size()) +
+         (index >= plan.heuristic_count ? ", re-tiled" : "");
 }
 
 std::string GemmRunner::OptionName(const Plan& plan, size_t index) {
-  return CandidateName(plan, index) +
-         (index < plan.cublas_candidates.size() ? Describe(plan.cublas_candidates[index]) : "");
+  return CandidateName(plan, index) + Describe(plan.cublas_candidates[index]);
 }
 
 void GemmRunner::Apply(Plan& plan, int index) {
-  const size_t cublas_count = plan.cublas_candidates.size();
   const size_t at = static_cast<size_t>(index);
   plan.chosen = index;
-  if (at < cublas_count) {
-    plan.small_m_splits = 0;
-    plan.algo = plan.cublas_candidates[at];
-  } else {
-    plan.small_m_splits = plan.split_candidates[at - cublas_count];
-  }
+  plan.algo = plan.cublas_candidates[at];
   plan.name = CandidateName(plan, at);
 }
 
 void GemmRunner::Choose(Plan& plan) {
-  const size_t cublas_count = plan.cublas_candidates.size();
   int best = -1;
   float best_ms = -1.0f;
-  float best_cublas = -1.0f;
   for (size_t index = 0; index < plan.medians.size(); ++index) {
     const float ms = CandidateTime(plan, index);
     if (ms < 0) continue;
-    if (index < cublas_count && (best_cublas < 0 || ms < best_cublas)) {
-      best_cublas = ms;
-      plan.algo = plan.cublas_candidates[index];
-    }
     if (best_ms < 0 || ms < best_ms) {
       best_ms = ms;
       best = static_cast<int>(index);
     }
   }
-  if (best >= 0) Apply(plan, best);  // a small-m pick keeps cuBLASLt's fastest in `algo`
+  if (best >= 0) Apply(plan, best);
 }
 
-void GemmRunner::Settle(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w,
-                        int64_t ldx, int64_t ldo, bool out_f32, bool accumulate, bool capturing) {
+void GemmRunner::Settle(Plan& plan, int64_t m, int64_t n, int64_t k, bool out_f32,
+                        bool accumulate) {
   plan.settled = true;
   plan.shape = std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k) +
                (out_f32 ? " (f32 out)" : "") + (accumulate ? " (+=)" : "");
@@ -633,12 +504,7 @@ void GemmRunner::Settle(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_
       if (plan.options.size() < tuning_options_) plan.options.push_back(index);
     }
   }
-  if (plan.small_m_splits > 1 && !SmallMGemmHasClusters()) EnsureSplitBuffers();
-  if (plan.small_m_splits == 0) plan.name += Describe(plan.algo);
-  if (plan.small_m_splits == 0 && plan.has_cublas && m <= kMaxProbedRows && !capturing &&
-      !(accumulate && out_f32) && GraphPdlEnabled()) {
-    plan.pdl = ProbeProgrammaticEdge(plan, m, n, k, w, ldx, ldo, out_f32, accumulate);
-  }
+  plan.name += Describe(plan.algo);
   if (!verbose_) return;
   for (size_t index = 0; index < plan.medians.size() && !plan.timed_weights.empty(); ++index) {
     std::string label = OptionName(plan, index) + ", per weight";
@@ -654,91 +520,8 @@ void GemmRunner::Settle(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_
       plan.timed_weights.empty()
           ? ""
           : " (" + std::to_string(plan.timed_weights.size()) + " weights timed)";
-  std::fprintf(stderr, "GEMM plan %s: %s%s%s\n", plan.shape.c_str(), plan.name.c_str(),
-               timed.c_str(), plan.pdl.c_str());
-}
-
-std::string GemmRunner::ProbeProgrammaticEdge(const Plan& plan, int64_t m, int64_t n, int64_t k,
-                                              const __nv_bfloat16* w, int64_t ldx, int64_t ldo,
-                                              bool out_f32, bool accumulate) {
-  const size_t x_bytes = static_cast<size_t>(m) * ldx * 2;
-  const size_t out_count = static_cast<size_t>(m) * ldo;
-  const DType out_type = out_f32 ? DType::kF32 : DType::kBF16;
-  const size_t out_bytes = out_count * DTypeSize(out_type);
-  // The probe's sources (x and, when accumulating, the output's prior values: bf16, since
-  // accumulating f32 outputs are not probed) and the copies of them that the GEMM reads.
-  void* x_source = nullptr;
-  void* out_source = nullptr;
-  __nv_bfloat16* x = nullptr;
-  void* out = nullptr;
-  SIEVE_CUDA_CHECK(cudaMalloc(&x_source, x_bytes));
-  SIEVE_CUDA_CHECK(cudaMalloc(&x, x_bytes));
-  SIEVE_CUDA_CHECK(cudaMalloc(&out, out_bytes));
-  FillRandomBf16(static_cast<bf16*>(x_source), static_cast<int64_t>(x_bytes / 2), 0x5eed + n + k,
-                 1.0f, stream_);
-  std::vector<ProbeInput> inputs = {{x_source, x, x_bytes}};
-  if (accumulate) {
-    SIEVE_CUDA_CHECK(cudaMalloc(&out_source, out_bytes));
-    FillRandomBf16(static_cast<bf16*>(out_source), static_cast<int64_t>(out_count), 0xacc + n, 1.0f,
-                   stream_);
-    inputs.push_back({out_source, out, out_bytes});
-  }
-  const float alpha = 1.0f;
-  const float beta = accumulate ? 1.0f : 0.0f;
-  const auto matmul = [&] {
-    SIEVE_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.op, &alpha, w, plan.a, x, plan.b, &beta, out,
-                                      plan.c, out, plan.c, &plan.algo, workspace_, kWorkspaceBytes,
-                                      stream_));
-  };
-  const auto download = [&] {
-    std::vector<unsigned char> bytes(out_bytes);
-    SIEVE_CUDA_CHECK(cudaMemcpy(bytes.data(), out, out_bytes, cudaMemcpyDeviceToHost));
-    std::vector<float> values(out_count);
-    ConvertToFloat(bytes.data(), out_type, out_count, values.data());
-    return values;
-  };
-  // The reference: the same plan in plain stream order, on the same inputs.
-  for (const ProbeInput& input : inputs) {
-    SIEVE_CUDA_CHECK(cudaMemcpyAsync(input.target, input.source, input.bytes,
-                                     cudaMemcpyDeviceToDevice, stream_));
-  }
-  matmul();
-  SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  const std::vector<float> reference = download();
-  std::vector<std::string> names;
-  const std::vector<const void*> kernels =
-      sieve::cuda::ProbeProgrammaticEdge(matmul, inputs, stream_, &names);
-  const std::vector<float> probed = download();
-  for (void* buffer : {x_source, out_source, static_cast<void*>(x), out}) {
-    if (buffer != nullptr) SIEVE_CUDA_CHECK(cudaFree(buffer));
-  }
-  if (kernels.empty()) return "; programmatic edges: none (no kernel right after its input)";
-
-  // Agree within a few bf16 roundings of each value (split-k sums may be ordered differently);
-  // a stale read is off by the size of the values themselves.
-  double sum_squares = 0;
-  for (int64_t row = 0; row < m; ++row) {
-    for (int64_t col = 0; col < n; ++col) {
-      const double r = reference[row * ldo + col];
-      sum_squares += r * r;
-    }
-  }
-  const double rms = std::sqrt(sum_squares / static_cast<double>(m * n));
-  bool agree = true;
-  for (int64_t row = 0; row < m && agree; ++row) {
-    for (int64_t col = 0; col < n && agree; ++col) {
-      const double r = reference[row * ldo + col];
-      agree = std::fabs(probed[row * ldo + col] - r) <= 0.02 * std::fabs(r) + 0.02 * rms;
-    }
-  }
-  std::string found =
-      agree ? "; programmatic edges honoured by" : "; programmatic edges NOT honoured by";
-  for (const std::string& name : names) {
-    found.push_back(' ');
-    found.append(name, 0, 60);
-  }
-  if (agree) MarkHonorsProgrammaticEdges(kernels);
-  return found;
+  std::fprintf(stderr, "GEMM plan %s: %s%s\n", plan.shape.c_str(), plan.name.c_str(),
+               timed.c_str());
 }
 
 void GemmRunner::Run(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldw,
@@ -750,22 +533,6 @@ void GemmRunner::Run(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, in
   if (plan.options.size() > 1 && !plan.closed &&
       std::find(scope_.begin(), scope_.end(), &plan) == scope_.end()) {
     scope_.push_back(&plan);
-  }
-  if (plan.small_m_splits > 0) {
-    SmallMGemmArgs args = MakeSmallMGemmArgs(m, n, k, w, ldw, x, ldx, out, ldo, out_f32);
-    args.splits = plan.small_m_splits;
-    args.accumulate = accumulate;
-    args.split_sums = split_sums_;
-    args.split_counters = split_counters_;
-    if (SmallMGemmSupports(args)) {
-      SmallMGemm(args, stream_);
-      return;
-    }
-    if (!plan.has_cublas) {
-      std::fprintf(stderr, "GEMM %lldx%lldx%lld: misaligned operands and no cuBLASLt algo\n",
-                   static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
-      std::abort();
-    }
   }
   const float alpha = 1.0f;
   const float beta = accumulate ? 1.0f : 0.0f;
@@ -804,8 +571,6 @@ void GemmRunner::SetOpenPlanOption(int index, int option) {
   const int candidate = plan.options[static_cast<size_t>(option)];
   Apply(plan, candidate);
   plan.name = OptionName(plan, static_cast<size_t>(candidate));
-  if (plan.small_m_splits > 1 && !SmallMGemmHasClusters()) EnsureSplitBuffers();
-  plan.pdl.clear();  // probed for the previous choice (SIEVE_GRAPH_PDL)
 }
 
 void GemmRunner::CloseOpenPlan(int index) {

@@ -1,19 +1,11 @@
 // Every GEMM of the CUDA backend: out[m][n] = x[m][k] . w[n][k]^T, bf16 in, f32 accumulation,
-// bf16 or f32 out. The candidates of a shape: cuBLASLt's heuristic picks and, for m <= 64 when
-// SIEVE_GEMM allows it, the small-m kernel of small_m_gemm.h at several k-splits. The first calls
-// of a shape outside graph capture time every candidate with cold weights (the L2 refilled with
-// other data before each timed call, as in a decode step whose weights never fit the L2), on the
-// weights of up to 4 calls (a step's first layers), and keep the fastest on average; later calls,
-// captured or not, reuse that plan. Up to 256 rows the candidates also include cuBLASLt's first
-// configuration re-tiled (gemm.cc). Candidates within 3% of the pick stay options, which step
-// tuning (runtime/step_tuning.h) decides by timing the captured decode step (README_gemm.md).
-//
-// The default is cuBLASLt alone. Measured on the H200
-// (bench/results/2026-11-30-s2-h200-kernels.json, the `small_m` step variant), the small-m kernel
-// (mma.sync, no wgmma) loses to cuBLASLt's wgmma kernels at m = 64 (a whole decode step 8.2 ms
-// against 6.05), and at m = 1 it wins for some shapes but the one-call timing above sometimes
-// prefers it where back-to-back calls in a graph are slower (gate_up: 67% against 90% of the copy
-// rate). So "auto" and "small_m" are opt-in until the planner times in a graph.
+// bf16 or f32 out, through cuBLASLt. The candidates of a shape: cuBLASLt's heuristic picks and, up
+// to 256 rows, its first configuration re-tiled (gemm.cc). The first calls of a shape outside
+// graph capture time every candidate with cold weights (the L2 refilled with other data before
+// each timed call, as in a decode step whose weights never fit the L2), on the weights of up to 4
+// calls (a step's first layers), and keep the fastest on average; later calls, captured or not,
+// reuse that plan. Candidates within 3% of the pick stay options, which step tuning
+// (runtime/step_tuning.h) decides by timing the captured decode step (README_gemm.md).
 #pragma once
 
 #include <cublasLt.h>
@@ -31,13 +23,6 @@
 
 namespace sieve::cuda {
 
-// Which implementations a plan may choose from. The SIEVE_GEMM environment variable
-// ("cublaslt", the default; "auto"; "small_m") sets it; benchmarks set it to compare.
-enum class GemmChoice { kAuto, kCublasLt, kSmallM };
-
-// Parses SIEVE_GEMM; unset means kCublasLt. Exits with a message on an unknown value.
-GemmChoice GemmChoiceFromEnvironment();
-
 class GemmRunner {
  public:
   explicit GemmRunner(cudaStream_t stream);
@@ -51,10 +36,7 @@ class GemmRunner {
            const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32,
            bool accumulate = false);
 
-  // Applies to shapes planned from now on (plans are kept per choice).
-  void set_choice(GemmChoice choice) { choice_ = choice; }
-  // The plan the last Run used (call after one), e.g. "small-m, 4 splits" or "cuBLASLt, candidate 2
-  // of 8".
+  // The plan the last Run used (call after one), e.g. "cuBLASLt, candidate 2 of 8 (algo 66, ...)".
   const std::string& last_plan() const { return last_plan_->name; }
 
   // Step tuning (runtime/step_tuning.h). A settled plan whose next-fastest candidates timed within
@@ -80,19 +62,15 @@ class GemmRunner {
 
  private:
   struct Plan {
-    int small_m_splits = 0;   // > 0: the small-m kernel with this many k-splits; 0: cuBLASLt
-    bool has_cublas = false;  // `algo` holds cuBLASLt's best (the fallback of a small-m plan)
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr;
     cublasLtMatrixLayout_t b = nullptr;
     cublasLtMatrixLayout_t c = nullptr;
     cublasLtMatmulAlgo_t algo{};
     std::string name;
-    std::string pdl;  // what the programmatic-edge probe found (cuBLASLt plans), for logs
-    // Planning: the candidates (cuBLASLt's heuristic algos, then the small-m kernel's k-splits),
-    // each one's median per weight it was timed on, those weights, and whether the choice is final.
+    // Planning: the candidates (cuBLASLt's heuristic algos, then the re-tiled ones), each one's
+    // median per weight it was timed on, those weights, and whether the choice is final.
     std::vector<cublasLtMatmulAlgo_t> cublas_candidates;
-    std::vector<int> split_candidates;
     std::vector<std::vector<float>> medians;  // [candidate][weight]
     std::vector<const void*> timed_weights;
     bool settled = false;
@@ -104,7 +82,7 @@ class GemmRunner {
     bool closed = false;
     std::string shape;  // for logs
   };
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, bool>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
 
   Plan& PlanFor(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldw,
                 const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32,
@@ -113,23 +91,21 @@ class GemmRunner {
   // the plan) and picks the fastest so far; settles the plan after kPlannedWeights weights (one
   // for prefill shapes), when a timed weight comes round again, or inside a capture.
   void ContinuePlanning(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w,
-                        int64_t ldw, const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo,
-                        bool out_f32, bool accumulate);
-  void TimeCandidates(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w,
-                      int64_t ldw, const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo,
-                      bool out_f32, bool accumulate);
+                        const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32,
+                        bool accumulate);
+  void TimeCandidates(Plan& plan, int64_t m, int64_t k, const __nv_bfloat16* w,
+                      const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32,
+                      bool accumulate);
   // Rows rounded up to a power of two. A shape whose m is not one shares the timed choice of its
   // bucket (prefill chunks and unpadded decode batches come in every size): the bucket's own m if
   // that was timed, else the first m timed in it. A power-of-two m (a padded decode batch, which
   // graphs replay) is always timed itself.
   static int64_t BucketRows(int64_t m);
   // Gives a new plan (descriptors made) the settled choice of its bucket's timed plan, if there is
-  // one, and settles it: the small-m kernel's splits if it takes these operands, cuBLASLt's algo
-  // if cublasLtMatmulAlgoCheck accepts it for this m, else `fallback` (the heuristic's first for
-  // this m). False when there is no such plan or nothing of it fits: the shape is planned afresh.
-  bool ReusePlanOfBucket(Plan& plan, const Key& key, int64_t m, int64_t n, int64_t k,
-                         const __nv_bfloat16* w, int64_t ldw, const __nv_bfloat16* x, int64_t ldx,
-                         void* out, int64_t ldo, bool out_f32,
+  // one, and settles it: its cuBLASLt algo if cublasLtMatmulAlgoCheck accepts it for this m, else
+  // `fallback` (the heuristic's first for this m). False when there is no such plan or nothing of
+  // it fits: the shape is planned afresh.
+  bool ReusePlanOfBucket(Plan& plan, const Key& key, int64_t m, int64_t n, int64_t k, bool out_f32,
                          const cublasLtMatmulAlgo_t* fallback);
   // cuBLASLt's heuristic's first configuration with other tiles and split-k counts (gemm.cc).
   std::vector<cublasLtMatmulAlgo_t> RetiledCandidates(
@@ -137,47 +113,30 @@ class GemmRunner {
       int heuristic_count);
   Plan& OpenPlanAt(int index);
   static float CandidateTime(const Plan& plan, size_t index);
-  // "cuBLASLt, candidate 2 of 8" (", re-tiled" past the heuristic's own), "small-m, 4 splits".
+  // "cuBLASLt, candidate 2 of 8" (", re-tiled" past the heuristic's own).
   static std::string CandidateName(const Plan& plan, size_t index);
   // CandidateName plus cuBLASLt's configuration, e.g. " (algo 66, tile 164, ...)".
   static std::string OptionName(const Plan& plan, size_t index);
-  // Picks the fastest candidate so far (cuBLASLt's fastest stays in `algo` as the fallback of a
-  // small-m pick).
+  // Picks the fastest candidate so far.
   static void Choose(Plan& plan);
-  // Makes candidate `index` the plan's choice; a small-m one leaves `algo` (the fallback) as it is.
+  // Makes candidate `index` the plan's choice.
   static void Apply(Plan& plan, int index);
-  // Makes the choice final: split buffers, the programmatic-edge probe, the verbose report.
-  void Settle(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldx,
-              int64_t ldo, bool out_f32, bool accumulate, bool capturing);
+  // Makes the choice final: step tuning's options, the verbose report.
+  void Settle(Plan& plan, int64_t m, int64_t n, int64_t k, bool out_f32, bool accumulate);
   // Each launch's (lower) median milliseconds as a decode step meets it: its weights cold (a buffer
   // twice the L2 read before every call), its input (`warm`, 16-byte aligned bytes) read after the
   // flush. The launches are timed round-robin, `rounds` calls each, so drift (clocks,
   // temperature) falls on all of them alike. Negative for a launch that refused.
   std::vector<float> TimeLaunches(const std::vector<std::function<bool()>>& launches,
                                   std::pair<const void*, size_t> warm, int rounds);
-  void EnsureSplitBuffers();
-  // Whether the plan's cuBLASLt kernels honour a programmatic edge into them (graph_pdl.h): runs
-  // the plan once behind the probe's upstream, on inputs of the same layout, against a plain run
-  // of it, and marks the kernels if the outputs agree. Returns what it found, for logs.
-  std::string ProbeProgrammaticEdge(const Plan& plan, int64_t m, int64_t n, int64_t k,
-                                    const __nv_bfloat16* w, int64_t ldx, int64_t ldo, bool out_f32,
-                                    bool accumulate);
 
   cudaStream_t stream_;
-  GemmChoice choice_;
-  // SIEVE_GEMM_REDUCTION: which cuBLASLt split-k reductions a plan may use ("any", the default;
-  // "inplace": in the output, one kernel; "none": no split-k). The other two schemes add a
-  // reduction kernel after the GEMM.
-  uint32_t reduction_mask_;
   bool verbose_;  // SIEVE_GEMM_VERBOSE=1: print each plan as it is made
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   std::map<Key, Plan> plans_;
   std::map<Key, Key> bucket_sources_;  // (m rounded by BucketRows, ...) -> the plan timed for it
-  // Allocated once at a fixed size and never moved: captured graphs keep their addresses.
-  float* split_sums_ = nullptr;
-  int* split_counters_ = nullptr;
-  void* flush_ = nullptr;  // twice the L2, read before each timed call
+  void* flush_ = nullptr;              // twice the L2, read before each timed call
   size_t flush_bytes_ = 0;
   cudaEvent_t start_ = nullptr;
   cudaEvent_t stop_ = nullptr;

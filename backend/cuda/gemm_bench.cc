@@ -23,11 +23,10 @@ struct Timing {
 // `weights` (together larger than the L2, so every call streams its weight from memory as in a
 // decode step); the median of 5 replays. A graph, as decode steps run, so that host launch costs
 // are not counted.
-Timing TimeRunner(GemmChoice choice, cudaStream_t stream, int m, const GemmBenchShape& shape,
+Timing TimeRunner(cudaStream_t stream, int m, const GemmBenchShape& shape,
                   const std::vector<bf16*>& weights, const bf16* x, void* out, bool out_f32,
                   int iterations) {
   GemmRunner runner(stream);
-  runner.set_choice(choice);
   for (bf16* w : weights) {  // plans on the first call, then warms up
     runner.Run(m, shape.n, shape.k, w, shape.k, x, shape.k, out, shape.n, out_f32);
   }
@@ -78,12 +77,10 @@ int RunGemmBenchmarks(const GemmBenchOptions& options) {
       "GEMMs at decode batch sizes: bf16 weights streamed cold (rotating copies > 3x the L2), "
       "%d calls back to back in a CUDA graph, median of 5 replays; %% of the copy rate\n",
       options.iterations);
-  std::printf(
-      "   m  gemm         n x k      |  cuBLASLt (the default, best of 8) |"
-      "     small-m kernel (best split)     | plan\n");
+  std::printf("   m  gemm         n x k      |         cuBLASLt (the runner)      | plan\n");
   // The plans are made (timed) per runner before capture; cuBLASLt keeps its own launches.
   for (const int m : options.rows) {
-    double cublas_total_ms = 0, small_m_total_ms = 0, total_bytes = 0;
+    double cublas_total_ms = 0, total_bytes = 0;
     for (const GemmBenchShape& shape : options.shapes) {
       const size_t count = static_cast<size_t>(shape.n) * shape.k;
       const double bytes = 2.0 * static_cast<double>(count);
@@ -100,10 +97,8 @@ int RunGemmBenchmarks(const GemmBenchOptions& options) {
       const bool out_f32 = shape.name == "lm_head";  // logits are f32
       void* out = nullptr;
       SIEVE_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(m) * shape.n * 4));
-      const Timing cublas = TimeRunner(GemmChoice::kCublasLt, stream, m, shape, weights, x, out,
-                                       out_f32, options.iterations);
-      const Timing small_m = TimeRunner(GemmChoice::kSmallM, stream, m, shape, weights, x, out,
-                                        out_f32, options.iterations);
+      const Timing cublas =
+          TimeRunner(stream, m, shape, weights, x, out, out_f32, options.iterations);
       for (bf16* w : weights) cudaFree(w);
       cudaFree(x);
       cudaFree(out);
@@ -114,27 +109,17 @@ int RunGemmBenchmarks(const GemmBenchOptions& options) {
       result.k = shape.k;
       result.cublas_ms = cublas.ms;
       result.cublas_gbs = bytes / (cublas.ms * 1e-3) / 1e9;
-      result.small_m_ms = small_m.ms;
-      result.small_m_gbs = bytes / (small_m.ms * 1e-3) / 1e9;
-      result.small_m_plan = small_m.plan;
-      std::printf(
-          "%4d  %-8s %6d x %-6d | %8.3f ms %6.0f GB/s (%3.0f%%) | %8.3f ms %6.0f GB/s "
-          "(%3.0f%%) | %s\n",
-          m, shape.name.c_str(), shape.n, shape.k, cublas.ms, result.cublas_gbs,
-          percent(result.cublas_gbs), small_m.ms, result.small_m_gbs, percent(result.small_m_gbs),
-          small_m.plan.c_str());
+      result.plan = cublas.plan;
+      std::printf("%4d  %-8s %6d x %-6d | %8.3f ms %6.0f GB/s (%3.0f%%) | %s\n", m,
+                  shape.name.c_str(), shape.n, shape.k, cublas.ms, result.cublas_gbs,
+                  percent(result.cublas_gbs), cublas.plan.c_str());
       cublas_total_ms += cublas.ms;
-      small_m_total_ms += small_m.ms;
       total_bytes += bytes;
       if (options.results != nullptr) options.results->push_back(result);
     }
     const double cublas_gbs = total_bytes / (cublas_total_ms * 1e-3) / 1e9;
-    const double small_m_gbs = total_bytes / (small_m_total_ms * 1e-3) / 1e9;
-    std::printf(
-        "%4d  %-8s %15s | %8.3f ms %6.0f GB/s (%3.0f%%) | %8.3f ms %6.0f GB/s (%3.0f%%) |"
-        " small-m %.2fx cuBLASLt's speed\n",
-        m, "all", "", cublas_total_ms, cublas_gbs, percent(cublas_gbs), small_m_total_ms,
-        small_m_gbs, percent(small_m_gbs), cublas_total_ms / small_m_total_ms);
+    std::printf("%4d  %-8s %15s | %8.3f ms %6.0f GB/s (%3.0f%%) |\n", m, "all", "", cublas_total_ms,
+                cublas_gbs, percent(cublas_gbs));
   }
   cudaStreamDestroy(stream);
   return 0;

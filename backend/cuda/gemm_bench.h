@@ -1,8 +1,7 @@
 // Timing of the GEMMs of one decoder layer and the lm_head at decode batch sizes, for
-// `sieve bench kernels`: cuBLASLt (the backend's default: the fastest of its heuristic's
-// candidates) against the small-m kernel (small_m_gemm.h, at its fastest k-split), each as GB/s
-// of weights streamed, beside the measured copy rate. PERF.md's anchor: cuBLAS reaches ~72% of
-// copy at M = 1..128 when timed one call at a time.
+// `sieve bench kernels`: the backend's GemmRunner (cuBLASLt, the fastest of its candidates) as
+// GB/s of weights streamed, beside the measured copy rate. PERF.md's anchor: cuBLAS reaches ~72%
+// of copy at M = 1..128 when timed one call at a time.
 #pragma once
 
 #include <string>
@@ -19,9 +18,8 @@ struct GemmBenchShape {
 struct GemmBenchResult {
   std::string name;
   int m = 0, n = 0, k = 0;
-  double cublas_ms = 0, cublas_gbs = 0;    // cuBLASLt alone
-  double small_m_ms = 0, small_m_gbs = 0;  // the small-m kernel
-  std::string small_m_plan;                // its split
+  double cublas_ms = 0, cublas_gbs = 0;
+  std::string plan;  // the runner's plan, e.g. "cuBLASLt, candidate 2 of 8 (...)"
 };
 
 struct GemmBenchOptions {

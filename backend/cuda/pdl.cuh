@@ -6,7 +6,8 @@
 // launched this way calls PdlWait() on every path before it reads or writes anything another
 // kernel touches, and before it exits: that keeps the ordering transitive along the stream. They
 // also call PdlLaunchDependents() early, which lets the next kernel be scheduled.
-// On devices before sm_90, or with SIEVE_PDL=0, launches are plain and both calls are no-ops.
+// On devices before sm_90, or with SIEVE_PDL=0 (a documented option, README_gemm.md), launches
+// are plain and both calls are no-ops.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -52,7 +53,8 @@ inline bool PdlActive() { return PdlSetting().load() != 0 && DeviceComputeMajor(
 // A kernel that never triggers its dependents early (cuBLASLt's: README_gemm.md) lets nothing
 // overlap it, and the launch after it costs more with the programmatic attribute than without: in
 // a decode step the gaps from the qkv GEMM to attention and from gate_up to SiLU were 0.82 and
-// 0.79 us with it, 0.35 and 0.26 us without (device run 7 of session 9). GemmRunner notes each
+// 0.79 us with it, 0.35 and 0.26 us without (kernel timelines of
+// bench/results/2026-12-01-s9-h200-pdl-candidates.json). GemmRunner notes each
 // cuBLASLt launch here; the next LaunchWithPdl on that stream (from this host thread) is plain.
 // A plain launch is always correct: PdlWait() then returns at once.
 struct NonTriggeringLaunch {

@@ -30,9 +30,8 @@ __device__ __forceinline__ float WarpRowInvRms(const RowRmsView& view, int row) 
   const int lane = static_cast<int>(threadIdx.x % 32);
   const auto* chunks =
       reinterpret_cast<const uint4*>(view.rows + static_cast<int64_t>(row) * view.stride);
-  // Chunks lane, lane + 32, ... in order, kBatch loads issued before any is used. (Against one
-  // load per iteration this changed the sparse decode step by less than the run-to-run noise,
-  // device runs 6 -> 7.) Chunks past the row read as zeros, which add exactly nothing.
+  // Chunks lane, lane + 32, ... in order, kBatch loads issued before any is used. Chunks past the
+  // row read as zeros, which add exactly nothing.
   constexpr int kBatch = 8;
   const int count = view.width / 8;
   float sum = 0.0f;
