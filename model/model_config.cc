@@ -279,6 +279,21 @@ Status ModelConfig::Validate() const {
                                   std::to_string(value));
     }
   }
+  // NumParameters and KvBytesPerToken count in int64: sizes whose products overflow it describe
+  // no model (the largest have ~1e12 parameters) but damage. Estimated in double, whose rounding
+  // is far below the margin to INT64_MAX (9.2e18).
+  constexpr double kMaxCount = 4e18;
+  const double d = hidden_size;
+  const double q_width = static_cast<double>(num_heads) * head_dim;
+  const double kv_width = static_cast<double>(num_kv_heads) * head_dim;
+  const double per_layer = 2 * d * q_width + 2 * d * kv_width + 3 * d * intermediate_size + 2 * d;
+  const double parameters = 2 * static_cast<double>(vocab_size) * d + num_layers * per_layer + d;
+  const double kv_bytes = 2 * static_cast<double>(num_layers) * kv_width * 8;
+  if (!(parameters < kMaxCount) || !(kv_bytes < kMaxCount)) {
+    return InvalidArgumentError("sizes give " + FormatNumber(parameters, 3) + " parameters and " +
+                                FormatNumber(kv_bytes, 3) +
+                                " KV bytes per token, beyond what 64-bit counts hold");
+  }
   if (num_heads % num_kv_heads != 0) {
     return InvalidArgumentError("num_heads (" + std::to_string(num_heads) +
                                 ") must be a multiple of num_kv_heads (" +
@@ -510,16 +525,19 @@ Result<ModelConfig> ParseMetaParams(const json& params, std::string_view source)
                            fields.OptionalNumber("ffn_dim_multiplier"));
     const int64_t multiple = multiple_of.value_or(256);
     if (multiple <= 0) return fields.Error("multiple_of", "must be positive");
-    // hidden = int(2 * (4 * dim) / 3) in Python: true division, then truncation.
-    auto hidden = static_cast<int64_t>(static_cast<double>(8 * int64_t{config.hidden_size}) / 3.0);
-    if (ffn_dim_multiplier) {
-      hidden = static_cast<int64_t>(*ffn_dim_multiplier * static_cast<double>(hidden));
+    // hidden = int(2 * (4 * dim) / 3) in Python: true division, then truncation; then
+    // int(ffn_dim_multiplier * hidden), rounded up to a multiple of multiple_of.
+    double hidden = std::trunc(static_cast<double>(8 * int64_t{config.hidden_size}) / 3.0);
+    if (ffn_dim_multiplier) hidden = std::trunc(*ffn_dim_multiplier * hidden);
+    // Checked before the conversion to an integer, which is undefined for NaN and out of range.
+    if (!(hidden > 0.0 && hidden <= std::numeric_limits<int32_t>::max())) {
+      return fields.Error("ffn_dim_multiplier", "gives an FFN width of " + FormatNumber(hidden));
     }
-    hidden = multiple * ((hidden + multiple - 1) / multiple);
-    if (hidden <= 0 || hidden > std::numeric_limits<int32_t>::max()) {
-      return fields.Error("ffn_dim_multiplier", "gives an FFN width of " + std::to_string(hidden));
+    const int64_t rounded = multiple * ((static_cast<int64_t>(hidden) + multiple - 1) / multiple);
+    if (rounded > std::numeric_limits<int32_t>::max()) {
+      return fields.Error("ffn_dim_multiplier", "gives an FFN width of " + std::to_string(rounded));
     }
-    config.intermediate_size = static_cast<int>(hidden);
+    config.intermediate_size = static_cast<int>(rounded);
   }
 
   SIEVE_ASSIGN_OR_RETURN(std::optional<double> norm_eps, fields.OptionalNumber("norm_eps"));

@@ -390,6 +390,38 @@ TEST(ModelConfigTest, ParsesMetaParams) {
   EXPECT_EQ(config->vocab_size, 32000);
 }
 
+// Undefined behaviour that UBSan reported on these inputs (fuzz/corpus/model_config_fuzzer/
+// regression_*): sizes whose parameter count overflowed int64 in NumParameters, and an FFN
+// multiplier whose product overflowed the conversion to an integer. Both are InvalidArgument now.
+TEST(ModelConfigTest, SizesBeyond64BitCountsAreRefused) {
+  json config = json::parse(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 2147483647,
+      "hidden_size": 2147483647, "intermediate_size": 2147483647,
+      "num_hidden_layers": 2147483647, "num_attention_heads": 2147483647,
+      "head_dim": 2147483646, "rms_norm_eps": 1e-5, "max_position_embeddings": 2147483647})");
+  Result<ModelConfig> parsed = ParseHfConfig(config);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(parsed.status().message().find("64-bit"), std::string::npos)
+      << parsed.status().message();
+
+  // A head count that only overflows the KV bytes per token.
+  config = json::parse(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 10,
+      "hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2147483647,
+      "num_attention_heads": 2147483647, "head_dim": 2147483646, "rms_norm_eps": 1e-5,
+      "max_position_embeddings": 16})");
+  EXPECT_EQ(ParseHfConfig(config).status().code(), StatusCode::kInvalidArgument);
+
+  for (const char* multiplier : {"1e300", "-1e300", "1e-300", "-2"}) {
+    const Result<ModelConfig> meta =
+        ParseMetaParams(json::parse(std::string(R"({"dim": 256, "n_layers": 1, "n_heads": 4,
+            "vocab_size": 10, "ffn_dim_multiplier": )") +
+                                    multiplier + "}"));
+    ASSERT_FALSE(meta.ok()) << multiplier;
+    EXPECT_NE(meta.status().message().find("ffn_dim_multiplier"), std::string::npos)
+        << meta.status().message();
+  }
+}
+
 TEST(ModelConfigTest, MissingConfigIsNotFound) {
   TempDir dir;
   EXPECT_EQ(LoadModelConfig(dir.path()).status().code(), StatusCode::kNotFound);

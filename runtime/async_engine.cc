@@ -77,10 +77,11 @@ int AsyncEngine::Drain(std::chrono::milliseconds grace) {
   std::unique_lock lock(mutex_);
   if (!thread_.joinable()) return 0;
   const int64_t aborted_before = num_aborted_;
-  if (!drained_.wait_for(lock, grace, [this] { return num_in_flight_ == 0; })) {
+  const auto drained = [this] { return num_in_flight_ == 0 && num_releasing_ == 0; };
+  if (!drained_.wait_for(lock, grace, drained)) {
     abort_all_ = true;
     wake_.notify_one();
-    drained_.wait(lock, [this] { return num_in_flight_ == 0; });
+    drained_.wait(lock, drained);
   }
   return static_cast<int>(num_aborted_ - aborted_before);
 }
@@ -169,6 +170,7 @@ void AsyncEngine::AddPending(std::vector<Pending>& pending) {
     }
     events.emplace_back(item.sink, std::move(event));
   }
+  pending.clear();  // Notify must hold the last engine-side copies of the rejected ones' sinks
   Notify(events, finals);
 }
 
@@ -215,9 +217,20 @@ void AsyncEngine::Notify(std::vector<std::pair<std::shared_ptr<RequestSink>, Req
   if (finals > 0) {
     std::lock_guard lock(mutex_);
     num_in_flight_ -= finals;
+    num_releasing_ += finals;
   }
   for (auto& [sink, event] : events) (*sink)(std::move(event));
-  if (finals > 0) drained_.notify_all();
+  // A finished request's sink may hold the last reference to its owner (the server's holds the
+  // connection), which must be gone before Drain returns: what Drain's caller destroys next (the
+  // server's io_context) must outlive it.
+  events.clear();
+  if (finals > 0) {
+    {
+      std::lock_guard lock(mutex_);
+      num_releasing_ -= finals;
+    }
+    drained_.notify_all();
+  }
 }
 
 void AsyncEngine::Publish() {

@@ -73,7 +73,8 @@ class AsyncEngine {
   // Aborts every request in flight, and any submitted later, without waiting.
   void AbortAll();
   // Waits up to `grace` for requests in flight to finish, aborts what is left, and waits until
-  // every sink has had its final event. Returns the number of requests aborted.
+  // every sink has had its final event and the engine thread holds none of them any more (a sink
+  // may keep its owner alive). Returns the number of requests aborted.
   int Drain(std::chrono::milliseconds grace);
   // StopAccepting, Drain(grace), and joins the engine thread. Idempotent.
   void Shutdown(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
@@ -107,7 +108,8 @@ class AsyncEngine {
   void AbortTicket(Ticket ticket);
   void AbortActive();
   void Deliver(std::vector<RequestOutput>& outputs);
-  // Hands out `events` (`finals` of them final) after updating the in-flight count.
+  // Hands out `events` (`finals` of them final) after updating the in-flight count, and lets go
+  // of their sinks before Drain may return.
   void Notify(std::vector<std::pair<std::shared_ptr<RequestSink>, RequestEvent>>& events,
               int finals);
   void Publish();
@@ -134,6 +136,7 @@ class AsyncEngine {
   Ticket next_ticket_ = 1;
   int num_queued_ = 0;
   int num_in_flight_ = 0;
+  int num_releasing_ = 0;  // finished requests whose sinks the engine thread still holds
   int64_t num_aborted_ = 0;
   EngineStats stats_;
   std::thread thread_;  // last: starts after everything above exists

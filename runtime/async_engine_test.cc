@@ -200,6 +200,35 @@ TEST(AsyncEngineTest, DrainLetsShortRequestsFinish) {
   EXPECT_EQ(collector.tokens.size(), 8u);
 }
 
+// A sink may hold the last reference to its owner (the server's holds the connection), and
+// Drain's caller may then destroy what that owner needs (the server's io_context): ASan saw a
+// connection destroyed by the engine thread after its io_context, because Drain returned while
+// the engine thread still held the sink it had just called. Here the sink dawdles after its final
+// event, when the request is no longer in flight; Drain must still wait for the sink to be gone,
+// for a finished request and for a rejected one.
+TEST(AsyncEngineTest, DrainReturnsOnlyOnceTheSinksAreReleased) {
+  EngineParts parts = MakeEngine();
+  AsyncEngine engine(std::move(parts.engine), {});
+  for (const std::vector<int32_t>& prompt :
+       std::vector<std::vector<int32_t>>{{256, 1}, {256, 5000}}) {
+    auto owner = std::make_shared<int>(0);
+    const std::weak_ptr<int> watch = owner;
+    auto final_event = std::make_shared<std::promise<void>>();
+    std::future<void> final_seen = final_event->get_future();
+    auto sink = [owner = std::move(owner), final_event](RequestEvent event) {
+      if (event.kind == RequestEvent::Kind::kRejected || event.output.finished) {
+        final_event->set_value();
+        std::this_thread::sleep_for(100ms);
+      }
+    };
+    ASSERT_TRUE(engine.Submit({Greedy(prompt, 4)}, std::move(sink)).ok());
+    final_seen.wait();
+    EXPECT_EQ(engine.Drain(10s), 0);
+    EXPECT_TRUE(watch.expired()) << "prompt ending in " << prompt.back();
+  }
+  engine.Shutdown();
+}
+
 TEST(AsyncEngineTest, ManyThreadsSubmitAtOnce) {
   EngineParts parts = MakeEngine(/*max_num_seqs=*/8);
   AsyncEngine engine(std::move(parts.engine), {});

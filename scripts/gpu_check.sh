@@ -5,6 +5,7 @@
 #
 #   scripts/gpu_check.sh [stage ...]     stages: build [tests_only] golden test sanitize
 #                                        sanitize_engine bench step ab profile timeline sdpa
+#                                        soak
 #                                        serve accuracy
 #                                        (default: build golden test bench sdpa)
 #
@@ -96,9 +97,7 @@ if has test; then
 fi
 
 if has sanitize; then
-  # Small cases only: under the sanitizers kernels run 10-100x slower. Not the probe test: half of
-  # it needs a kernel to overlap the one before (a stale read), which memcheck may serialise away
-  # (it read fresh input there in session 10, device run 5; memcheck found 0 errors).
+  # Small cases only: under the sanitizers kernels run 10-100x slower.
   scripts/sanitize_gpu_tests.sh "$LOGS/sanitize" \
     '*Dense*:*Gemm*:*Sparsity*:*Sampling*:*mha_d64*:*gqa8x2_d64_chunked*:*b7_gqa8x2_d64*:*h2o_mixed*:*page24*:*mixed_b5_gqa8x2_d64*-*ProgrammaticEdgeProbeTells*' \
     2>&1 | tee -a "$summary"
@@ -237,6 +236,43 @@ if has accuracy; then
     > "$LOGS/ci_record_on_gpu.log" 2>&1
   note "the CI passkey record on the GPU (rc $?): $(tail -1 "$LOGS/ci_record_on_gpu.log")"
   grep FAIL "$LOGS/ci_record_on_gpu.log" >> "$summary"
+fi
+
+if has soak; then
+  # docs/reliability.md's GPU soak: scripts/soak.py against `sieve serve --device cuda` (the
+  # default model, a pool small enough to preempt), then a short one with the server under
+  # compute-sanitizer's memcheck (its report in logs/soak_memcheck_sanitizer.log).
+  if [ ! -x build/gpu/sieve ]; then
+    { cmake --preset gpu && cmake --build --preset gpu -j "$(nproc)" --target sieve; } \
+      > "$LOGS/build_sieve.log" 2>&1 || { note "build of sieve FAILED"; tail -40 "$LOGS/build_sieve.log"; exit 1; }
+  fi
+  start=$(date +%s)
+  python3 scripts/soak.py --sieve build/gpu/sieve --device cuda --requests "${SOAK_REQUESTS:-5000}" \
+    --clients 64 --result-json "$OUT/soak-gpu.json" > "$LOGS/soak_gpu.log" 2>&1
+  note "soak on the GPU: rc $? in $(( $(date +%s) - start )) s"
+  tail -30 "$LOGS/soak_gpu.log" >> "$summary"
+  # The soak stops its server with SIGTERM and wants exit status 0: the wrapper hands the signal
+  # to sieve (compute-sanitizer's child) so that it drains and exits, and compute-sanitizer then
+  # writes its summary and exits with sieve's status (3 on any memcheck error).
+  wrapper=/tmp/sieve-under-memcheck
+  cat > "$wrapper" <<WRAPPER
+#!/usr/bin/env bash
+compute-sanitizer --tool memcheck --error-exitcode 3 --log-file "$LOGS/soak_memcheck_sanitizer.log" \\
+  "$PWD/build/gpu/sieve" "\$@" &
+sanitizer=\$!
+trap 'pkill -TERM -P \$sanitizer' TERM INT
+wait \$sanitizer; status=\$?
+[ \$status -gt 128 ] && wait \$sanitizer && status=\$?
+exit \$status
+WRAPPER
+  chmod +x "$wrapper"
+  start=$(date +%s)
+  timeout 300 python3 scripts/soak.py --sieve "$wrapper" --device cuda --requests 400 --clients 8 \
+    --no-rss-check --startup-timeout 150 --request-timeout 150 \
+    --result-json "$OUT/soak-gpu-memcheck.json" > "$LOGS/soak_memcheck.log" 2>&1
+  note "soak under compute-sanitizer memcheck: rc $? in $(( $(date +%s) - start )) s;" \
+    "$(grep -h "ERROR SUMMARY" "$LOGS/soak_memcheck_sanitizer.log" | tail -1)"
+  tail -12 "$LOGS/soak_memcheck.log" >> "$summary"
 fi
 
 if has sdpa; then

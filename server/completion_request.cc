@@ -243,15 +243,17 @@ Status CheckLengths(const CompletionRequest& request, const RequestLimits& limit
                              "Please reduce the length of the " +
                              prompt_field + ".");
     }
-    if (request.max_tokens && length + *request.max_tokens > limits.max_model_len) {
+    // length < max_model_len here, so the difference cannot overflow (the sum could).
+    if (request.max_tokens && *request.max_tokens > limits.max_model_len - length) {
       if (param != nullptr) *param = "max_tokens";
-      return OutOfRangeError(
-          "This model's maximum context length is " + std::to_string(limits.max_model_len) +
-          " tokens. However, you requested " + std::to_string(length + *request.max_tokens) +
-          " tokens (" + std::to_string(length) + " in the " + prompt_field + ", " +
-          std::to_string(*request.max_tokens) +
-          " in the completion). Please reduce the length of the " + prompt_field +
-          " or completion.");
+      return OutOfRangeError("This model's maximum context length is " +
+                             std::to_string(limits.max_model_len) +
+                             " tokens. However, you requested " +
+                             std::to_string(int64_t{length} + *request.max_tokens) + " tokens (" +
+                             std::to_string(length) + " in the " + prompt_field + ", " +
+                             std::to_string(*request.max_tokens) +
+                             " in the completion). Please reduce the length of the " +
+                             prompt_field + " or completion.");
     }
   }
   return Status::Ok();

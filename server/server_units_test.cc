@@ -88,6 +88,23 @@ TEST_F(RequestParsingTest, WrongTypesNameTheField) {
   EXPECT_TRUE(Parse({{"prompt", "abc"}, {"max_tokens", 60}}).ok());
 }
 
+// UBSan, through fuzz/completion_request_fuzzer: prompt length + max_tokens overflowed int, so
+// max_tokens near INT_MAX wrapped to a negative total and passed the context check.
+TEST_F(RequestParsingTest, HugeMaxTokensIsOutOfRange) {
+  for (const ApiKind kind : {ApiKind::kCompletion, ApiKind::kChat}) {
+    const json body = kind == ApiKind::kChat
+                          ? json{{"messages", {{{"role", "user"}, {"content", "abc"}}}},
+                                 {"max_completion_tokens", 2147483647}}
+                          : json{{"prompt", "abc"}, {"max_tokens", 2147483647}};
+    auto parsed = Parse(body, kind);
+    ASSERT_FALSE(parsed.ok()) << body.dump();
+    EXPECT_EQ(parsed.status().code(), StatusCode::kOutOfRange);
+    EXPECT_EQ(param_, "max_tokens");
+    EXPECT_NE(parsed.status().message().find("you requested 21474836"), std::string::npos)
+        << parsed.status().message();
+  }
+}
+
 TEST_F(RequestParsingTest, ChatFieldsAndMessages) {
   auto parsed =
       Parse({{"messages",

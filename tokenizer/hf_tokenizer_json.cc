@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <unordered_map>
 
 #include "tokenizer/byte_level_bpe.h"
@@ -206,6 +207,20 @@ bool IsNullOrAbsent(const Json& parent, const char* key) {
   return !parent.contains(key) || parent[key].is_null();
 }
 
+// A token id as the file writes it: an integer that fits int32 (nlohmann's get<int32_t> would
+// convert a float such as 1e300 with undefined behaviour).
+Result<int32_t> TokenId(const Json& value, std::string_view where) {
+  if (value.is_number_integer()) {
+    const bool fits = value.is_number_unsigned()
+                          ? value.get<uint64_t>() <= uint64_t{INT32_MAX}
+                          : value.get<int64_t>() >= INT32_MIN && value.get<int64_t>() <= INT32_MAX;
+    if (fits) return static_cast<int32_t>(value.get<int64_t>());
+  }
+  return DataLossError("tokenizer.json " + std::string(where) + " id " +
+                       value.dump(-1, ' ', false, Json::error_handler_t::replace) +
+                       " is not a 32-bit integer");
+}
+
 // Walks a pre_tokenizer node into `pre_tokenizer`; `byte_level` records that a ByteLevel step was
 // seen, which is what makes the vocabulary byte-level.
 Status AddPreTokenizer(const Json& node, PreTokenizer& pre_tokenizer, bool& byte_level) {
@@ -279,7 +294,8 @@ Result<std::optional<int32_t>> ReadPostProcessor(const Json& node, Tokenizer& to
         return UnimplementedError("tokenizer.json TemplateProcessing special token '" + name +
                                   "' stands for several tokens");
       }
-      const auto id = ids[0].get<int32_t>();
+      SIEVE_ASSIGN_OR_RETURN(const int32_t id,
+                             TokenId(ids[0], "TemplateProcessing special token '" + name + "'"));
       special_ids[name] = id;
       SIEVE_RETURN_IF_ERROR(
           tokenizer.AddAddedToken(AddedToken{.content = tokens[0].get<std::string>(), .id = id}));
@@ -402,9 +418,10 @@ Result<std::unique_ptr<Tokenizer>> Parse(const TokenizerJsonReader& reader) {
 
   if (root.contains("added_tokens") && root["added_tokens"].is_array()) {
     for (const Json& entry : root["added_tokens"]) {
+      SIEVE_ASSIGN_OR_RETURN(const int32_t id, TokenId(entry.at("id"), "added token"));
       SIEVE_RETURN_IF_ERROR(tokenizer->AddAddedToken(AddedToken{
           .content = entry.at("content").get<std::string>(),
-          .id = entry.at("id").get<int32_t>(),
+          .id = id,
           .special = entry.value("special", false),
           .lstrip = entry.value("lstrip", false),
           .rstrip = entry.value("rstrip", false),

@@ -150,13 +150,7 @@ Status ApplyConfig(const Json& config, Tokenizer& tokenizer) {
 
 Status LoadConfig(const fs::path& path, Tokenizer& tokenizer) {
   SIEVE_ASSIGN_OR_RETURN(const std::string contents, ReadFile(path));
-  try {
-    Status status = ApplyConfig(Json::parse(contents), tokenizer);
-    if (!status.ok()) return status.WithContext(path.string());
-    return Status::Ok();
-  } catch (const Json::exception& error) {
-    return DataLossError(path.string() + " is malformed: " + error.what());
-  }
+  return ApplyTokenizerConfig(contents, tokenizer).WithContext(path.string());
 }
 
 // Llama 3 chat turns end in <|eot_id|>, so a chat model stops there as well as at its EOS.
@@ -167,6 +161,14 @@ void AddChatEos(Tokenizer& tokenizer) {
 }
 
 }  // namespace
+
+Status ApplyTokenizerConfig(std::string_view json_text, Tokenizer& tokenizer) {
+  try {
+    return ApplyConfig(Json::parse(json_text), tokenizer);
+  } catch (const Json::exception& error) {
+    return DataLossError(std::string("malformed: ") + error.what());
+  }
+}
 
 Result<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path_text) {
   const fs::path path(path_text);

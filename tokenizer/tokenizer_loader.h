@@ -14,6 +14,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "core/status.h"
 #include "tokenizer/tokenizer.h"
@@ -21,6 +22,11 @@
 namespace sieve {
 
 Result<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path);
+
+// Applies the text of a `tokenizer_config.json` to a tokenizer its loader is configuring (the
+// fields above; LoadTokenizer calls it for the file beside the vocabulary). DataLoss for malformed
+// JSON, a field of the wrong shape, or a token that is not in the tokenizer.
+Status ApplyTokenizerConfig(std::string_view json_text, Tokenizer& tokenizer);
 
 // Byte-level BPE without merges: id b (0..255) is byte b (written in GPT-2's byte-to-unicode
 // alphabet), then <|begin_of_text|> 256 (BOS, added by Encode(text, true)), <|end_of_text|> 257,

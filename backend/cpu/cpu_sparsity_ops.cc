@@ -19,7 +19,8 @@ const int32_t* I32(const Tensor& tensor) { return tensor.data_as<int32_t>(); }
 
 void PoolScores(const float* scores, int count, PoolKind pool, int kernel, float* pooled) {
   if (pool == PoolKind::kNone || kernel <= 1) {
-    std::memcpy(pooled, scores, count * sizeof(float));
+    // std::copy_n, not memcpy: an empty prefix comes as null pointers, which memcpy may not take.
+    std::copy_n(scores, count, pooled);
     return;
   }
   const int half = kernel / 2;
