@@ -301,6 +301,31 @@ TEST(HfTokenizerJsonTest, TokenIdsMustBe32BitIntegers) {
   EXPECT_EQ(tokenizer.status().code(), StatusCode::kDataLoss) << tokenizer.status().ToString();
 }
 
+// tokenizer_files_fuzzer (corpus regression_bos_id_outside_vocabulary): TemplateProcessing gave
+// BOS an id that added_tokens gives another token, or none; Encode then prepended an id outside
+// the vocabulary. That is DataLoss now; an id that agrees is fine.
+TEST(HfTokenizerJsonTest, TemplateProcessingIdsMustAgreeWithTheTokens) {
+  const auto with_bos = [](std::string_view token, int id) {
+    return Replaced(SmallTokenizerJson(), R"("post_processor": {"type": "ByteLevel"})",
+                    R"("post_processor": {"type": "TemplateProcessing",
+                        "single": [{"SpecialToken": {"id": "B"}}, {"Sequence": {"id": "A"}}],
+                        "special_tokens": {"B": {"id": "B", "ids": [)" +
+                        std::to_string(id) + R"(], "tokens": [")" + std::string(token) +
+                        R"("]}}})");
+  };
+  for (const auto& [token, id] :
+       std::vector<std::pair<std::string, int>>{{"<eos>", 512}, {"<eos>", 8}, {"<new>", 7}}) {
+    Result<std::unique_ptr<Tokenizer>> tokenizer = ParseHfTokenizerJson(with_bos(token, id));
+    ASSERT_FALSE(tokenizer.ok()) << token << " " << id;
+    EXPECT_EQ(tokenizer.status().code(), StatusCode::kDataLoss) << tokenizer.status().ToString();
+    EXPECT_NE(tokenizer.status().message().find("TemplateProcessing"), std::string::npos)
+        << tokenizer.status().ToString();
+  }
+  Result<std::unique_ptr<Tokenizer>> tokenizer = ParseHfTokenizerJson(with_bos("<eos>", 7));
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  EXPECT_EQ((*tokenizer)->bos_id(), 7);
+}
+
 TEST(HfTokenizerJsonTest, TemplateProcessingGivesBos) {
   const std::string json =
       Replaced(SmallTokenizerJson(), R"("post_processor": {"type": "ByteLevel"})",

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <unordered_map>
 
 #include "tokenizer/byte_level_bpe.h"
@@ -297,8 +298,17 @@ Result<std::optional<int32_t>> ReadPostProcessor(const Json& node, Tokenizer& to
       SIEVE_ASSIGN_OR_RETURN(const int32_t id,
                              TokenId(ids[0], "TemplateProcessing special token '" + name + "'"));
       special_ids[name] = id;
-      SIEVE_RETURN_IF_ERROR(
-          tokenizer.AddAddedToken(AddedToken{.content = tokens[0].get<std::string>(), .id = id}));
+      const std::string content = tokens[0].get<std::string>();
+      SIEVE_RETURN_IF_ERROR(tokenizer.AddAddedToken(AddedToken{.content = content, .id = id}));
+      // added_tokens, read first, win a clash (AddAddedToken keeps the first), so the id given
+      // here may name no token or another one: Encode would then prepend a stranger as BOS.
+      const std::optional<int32_t> registered = tokenizer.TokenToId(content);
+      if (registered != id) {
+        return DataLossError("tokenizer.json TemplateProcessing special token '" + name +
+                             "' has id " + std::to_string(id) + ", but the tokenizer has '" +
+                             content + "' as " +
+                             (registered ? "id " + std::to_string(*registered) : "no token"));
+      }
     }
   }
   std::optional<int32_t> bos;
