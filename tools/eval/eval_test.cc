@@ -136,7 +136,9 @@ TEST(TaskGeneratorTest, PromptSuffixEndsThePromptWithinItsLength) {
     EXPECT_TRUE(b->prompt.ends_with(suffix)) << task;
     EXPECT_FALSE(a->prompt.ends_with(suffix)) << task;
     EXPECT_LE(static_cast<int>(b->prompt_ids.size()), length) << task;
-    if (task != "kv-retrieval") EXPECT_EQ(a->expected, b->expected) << task;
+    if (task != "kv-retrieval") {
+      EXPECT_EQ(a->expected, b->expected) << task;
+    }
   }
 }
 
