@@ -143,11 +143,12 @@ class Backend {
   virtual void EvictEntries(const StepMeta& step, int layer, KvPool& pool) = 0;
 
   // ---- capabilities ----
-  // Whether this backend's kernels serve attention of this shape, checked when a model loads so
-  // that a model the kernels cannot run is a clear error there, never an abort mid-forward:
-  // an error naming what is unsupported and what is. The CPU backend serves every shape.
-  virtual Status CheckAttentionShape(int head_dim, int num_heads, int num_kv_heads) const {
-    (void)head_dim, (void)num_heads, (void)num_kv_heads;
+  // Whether this backend's attention kernels serve this head dim, checked when a model loads so
+  // that a model the kernels cannot run is a clear error there, never an abort mid-forward: an
+  // error naming what is unsupported and what is. (Head counts are the config's to validate.)
+  // The CPU backend serves every head dim.
+  virtual Status CheckHeadDim(int head_dim) const {
+    (void)head_dim;
     return Status::Ok();
   }
 

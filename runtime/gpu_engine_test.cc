@@ -190,11 +190,10 @@ TEST_F(GpuEngineTest, UnsupportedHeadDimIsAnErrorAtLoad) {
   EXPECT_NE(message.find("is 32"), std::string::npos) << message;
   EXPECT_TRUE(LoadModel(load, *cpu_).ok());
   for (const int head_dim : {64, 128}) {
-    EXPECT_TRUE(gpu_->CheckAttentionShape(head_dim, 8, 2).ok()) << head_dim;
+    EXPECT_TRUE(gpu_->CheckHeadDim(head_dim).ok()) << head_dim;
   }
   for (const int head_dim : {32, 80, 96, 256}) {
-    EXPECT_EQ(gpu_->CheckAttentionShape(head_dim, 8, 2).code(), StatusCode::kUnimplemented)
-        << head_dim;
+    EXPECT_EQ(gpu_->CheckHeadDim(head_dim).code(), StatusCode::kUnimplemented) << head_dim;
   }
 }
 

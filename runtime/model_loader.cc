@@ -79,7 +79,7 @@ Result<LoadedModel> LoadModel(const LoadModelOptions& options, Backend& backend)
   ModelConfig config;
   // Before any weight is read or memory allocated: a model the backend's kernels cannot run.
   const auto check_backend = [&backend](const ModelConfig& shape) {
-    return backend.CheckAttentionShape(shape.head_dim, shape.num_heads, shape.num_kv_heads)
+    return backend.CheckHeadDim(shape.head_dim)
         .WithContext(backend.name() + " cannot run this model");
   };
   if (options.tiny_random) {

@@ -47,6 +47,15 @@ if [ ! -f /usr/include/pcre2.h ] && [ -d .deb ]; then
 fi
 export SIEVE_FIXTURES="${SIEVE_FIXTURES:-$PWD/.fixtures}"
 
+# Stages that need only the `sieve` binary build it when `build` did not run before them.
+ensure_sieve() {
+  [ -x build/gpu/sieve ] && return
+  local start=$(date +%s)
+  { cmake --preset gpu && cmake --build --preset gpu -j "$(nproc)" --target sieve; } \
+    > "$LOGS/build_sieve.log" 2>&1 || { note "build of sieve FAILED"; tail -40 "$LOGS/build_sieve.log"; exit 1; }
+  note "build of sieve: ok in $(( $(date +%s) - start )) s"
+}
+
 if has build; then
   start=$(date +%s)
   if ! cmake --preset gpu > "$LOGS/configure.log" 2>&1; then
@@ -202,12 +211,7 @@ if has accuracy; then
   # record CI checks, on the GPU. The held-out haystack and text come from the carried .data/eval,
   # made by scripts/train/fetch_data.sh. ACCURACY_SAMPLES samples per cell (default 10);
   # ACCURACY_SECONDS (default 420) bounds the stage, each run getting what is left.
-  if [ ! -x build/gpu/sieve ]; then
-    start=$(date +%s)
-    { cmake --preset gpu && cmake --build --preset gpu -j "$(nproc)" --target sieve; } \
-      > "$LOGS/build_sieve.log" 2>&1 || { note "build of sieve FAILED"; tail -40 "$LOGS/build_sieve.log"; exit 1; }
-    note "build of sieve: ok in $(( $(date +%s) - start )) s"
-  fi
+  ensure_sieve
   samples="${ACCURACY_SAMPLES:-10}"
   deadline=$(( $(date +%s) + ${ACCURACY_SECONDS:-420} ))
   policies=(--kv-policy snapkv --kv-policy pyramidkv --kv-policy streamingllm --kv-policy h2o
@@ -242,10 +246,7 @@ if has soak; then
   # docs/reliability.md's GPU soak: scripts/soak.py against `sieve serve --device cuda` (the
   # default model, a pool small enough to preempt), then a short one with the server under
   # compute-sanitizer's memcheck (its report in logs/soak_memcheck_sanitizer.log).
-  if [ ! -x build/gpu/sieve ]; then
-    { cmake --preset gpu && cmake --build --preset gpu -j "$(nproc)" --target sieve; } \
-      > "$LOGS/build_sieve.log" 2>&1 || { note "build of sieve FAILED"; tail -40 "$LOGS/build_sieve.log"; exit 1; }
-  fi
+  ensure_sieve
   start=$(date +%s)
   python3 scripts/soak.py --sieve build/gpu/sieve --device cuda --requests "${SOAK_REQUESTS:-5000}" \
     --clients 64 --result-json "$OUT/soak-gpu.json" > "$LOGS/soak_gpu.log" 2>&1

@@ -52,17 +52,12 @@ class CudaBackend final : public Backend {
   DType activation_dtype() const override { return DType::kBF16; }
   // The attention kernels are instantiated for head dims 64 and 128 (prefill_attention.cu,
   // decode_attention.cu); the score, select and compact kernels take any multiple of 8 to 256.
-  Status CheckAttentionShape(int head_dim, int num_heads, int num_kv_heads) const override {
+  Status CheckHeadDim(int head_dim) const override {
     if (head_dim != 64 && head_dim != 128) {
       return UnimplementedError(
           "the CUDA backend's attention kernels support head_dim 64 and "
           "128; this model's is " +
           std::to_string(head_dim) + " (--device cpu runs any head_dim)");
-    }
-    if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) {
-      return InvalidArgumentError(std::to_string(num_heads) +
-                                  " query heads are not a multiple of " +
-                                  std::to_string(num_kv_heads) + " KV heads");
     }
     return Status::Ok();
   }
