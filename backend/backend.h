@@ -186,6 +186,11 @@ class Backend {
   // Keeps open choice `choice` at its current option for good (the indices of the others shift).
   virtual void CloseTuningChoice(int choice) { (void)choice; }
 
+  // Whether ops do work on their first call with a new shape that later calls skip (the CUDA
+  // backend times cuBLASLt's candidates for each GEMM shape): then a server warms up by running
+  // those shapes before requests arrive (Engine::WarmUp).
+  virtual bool PlansShapes() const { return false; }
+
   // Sizes every scratch buffer the ops of a decode step of up to `max_batch` sequences with up to
   // `max_kv_len` entries need, so that captured graphs never see a buffer move.
   virtual void PrepareDecodeGraphs(int max_batch, int num_heads, int head_dim, int max_kv_len) {

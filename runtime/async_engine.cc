@@ -15,6 +15,7 @@ AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, AsyncEngineOptions opti
       vocab_size_(engine_->model().config().vocab_size),
       engine_options_(engine_->options()) {
   stats_ = engine_->Stats();
+  ready_.store(!options_.warm_up);
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -107,7 +108,26 @@ AsyncEngineStats AsyncEngine::Stats() const {
   return stats;
 }
 
+void AsyncEngine::WarmUp() {
+  const auto keep_going = [this](int done, int total) {
+    if (options_.warm_up_progress) options_.warm_up_progress(done, total);
+    std::lock_guard lock(mutex_);
+    return !stopping_ && !abort_all_;
+  };
+  Result<WarmUpReport> report = InternalError("warm-up did not finish");
+  try {
+    report = engine_->WarmUp(keep_going, options_.warm_up_plan_prefill_anyway);
+  } catch (const std::exception& error) {
+    report = InternalError(std::string("warm-up failed: ") + error.what());
+  }
+  // A failed warm-up leaves the engine serving as without one (first use does the work), but not
+  // ready: the caller decides (sieve serve stops).
+  if (report.ok() && !report->stopped) ready_.store(true);
+  if (options_.warm_up_done) options_.warm_up_done(report);
+}
+
 void AsyncEngine::Loop() {
+  if (options_.warm_up) WarmUp();
   for (;;) {
     std::vector<Pending> pending;
     std::vector<Ticket> aborts;

@@ -15,6 +15,7 @@
 // StopAccepting or Shutdown was called.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -42,6 +43,12 @@ using RequestSink = std::function<void(RequestEvent)>;
 
 struct AsyncEngineOptions {
   int max_queue = 0;  // requests submitted but not yet running; 0: no limit
+  // Run Engine::WarmUp on the engine thread before the first step. Requests submitted meanwhile
+  // wait in the queue; ready() turns true when it ends. Both callbacks run on the engine thread.
+  bool warm_up = false;
+  bool warm_up_plan_prefill_anyway = false;  // Engine::WarmUp's (tests: a CPU warm-up with steps)
+  std::function<void(int done, int total)> warm_up_progress;
+  std::function<void(const Result<WarmUpReport>&)> warm_up_done;
 };
 
 struct AsyncEngineStats {
@@ -82,6 +89,9 @@ class AsyncEngine {
   // A copy of the counters published after the engine thread's last step.
   AsyncEngineStats Stats() const;
   bool accepting() const;
+  // False while the warm-up runs (AsyncEngineOptions::warm_up), true from its end on: the
+  // server's /health answers 503 until then.
+  bool ready() const { return ready_.load(); }
 
   // Immutable facts about the engine, safe from any thread.
   const Tokenizer* tokenizer() const { return tokenizer_; }
@@ -103,6 +113,7 @@ class AsyncEngine {
   };
 
   void Loop();
+  void WarmUp();  // engine thread, before the first step
   // Engine-thread helpers.
   void AddPending(std::vector<Pending>& pending);
   void AbortTicket(Ticket ticket);
@@ -139,6 +150,7 @@ class AsyncEngine {
   int num_releasing_ = 0;  // finished requests whose sinks the engine thread still holds
   int64_t num_aborted_ = 0;
   EngineStats stats_;
+  std::atomic<bool> ready_{false};
   std::thread thread_;  // last: starts after everything above exists
 };
 

@@ -1,6 +1,8 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <chrono>
+#include <set>
 #include <span>
 #include <sstream>
 
@@ -137,6 +139,61 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<LlamaModel> model
   engine->stats_.entries_kept_by_layer.assign(config.num_layers, 0);
   engine->options_ = options;
   return engine;
+}
+
+WarmUpReport Engine::WarmUp(const WarmUpProgress& progress, bool plan_prefill_anyway) {
+  SIEVE_CHECK(requests_.empty() && !HasWork()) << "warm up the engine before adding requests";
+  const auto start = std::chrono::steady_clock::now();
+  WarmUpReport report;
+  // Decode graphs: each bucket x each bound vector a batch of the engine's policy can meet. A
+  // bound vector depends on the longest sequence of the batch only through its length, so
+  // walking every prompt length finds them all (a handful: dense layers step by 4096 entries).
+  std::vector<std::pair<int, const std::vector<int32_t>*>> graphs;
+  std::set<std::vector<int32_t>> bound_vectors;
+  int largest_graph_rows = 0;
+  if (runner_->uses_graphs()) {
+    for (int length = 1; length < options_.max_model_len; ++length) {
+      bound_vectors.insert(runner_->GraphLayerBounds(default_policy_->EntriesAfterPrompt(length)));
+    }
+    const std::vector<int> buckets = runner_->DecodeBuckets();
+    for (const int bucket : buckets) {
+      for (const auto& bounds : bound_vectors) graphs.emplace_back(bucket, &bounds);
+    }
+    report.decode_buckets = static_cast<int>(buckets.size());
+    report.layer_bounds = static_cast<int>(bound_vectors.size());
+    largest_graph_rows = buckets.back();
+  }
+  // Prefill sizes: GEMM plans of up to largest_graph_rows rows were made by the decode graphs.
+  std::vector<int> prefill_sizes;
+  if (plan_prefill_anyway || model_->backend().PlansShapes()) {
+    int smallest = 1;
+    while (smallest <= largest_graph_rows) smallest *= 2;
+    for (int rows = smallest; rows < 2 * options_.max_num_batched_tokens; rows *= 2) {
+      prefill_sizes.push_back(rows);
+    }
+  }
+  const int total = static_cast<int>(graphs.size() + prefill_sizes.size());
+  int done = 0;
+  const auto advance = [&] {
+    ++done;
+    return !progress || progress(done, total);
+  };
+  for (const auto& [bucket, bounds] : graphs) {
+    if (runner_->WarmUpDecodeGraph(bucket, *bounds, *scheduler_)) ++report.decode_graphs;
+    if (!advance()) {
+      report.stopped = true;
+      break;
+    }
+  }
+  for (const int rows : prefill_sizes) {
+    if (report.stopped) break;
+    runner_->WarmUpPrefill(rows);
+    ++report.prefill_steps;
+    report.stopped = !advance();
+  }
+  model_->backend().Synchronize();
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report;
 }
 
 std::string Engine::Describe() const {
@@ -403,6 +460,7 @@ EngineStats Engine::Stats() const {
   stats.num_pages = kv_->num_pages();
   stats.num_pages_used = kv_->num_used_pages();
   stats.num_preemptions = scheduler_->num_preemptions();
+  stats.num_decode_graphs = runner_->num_graphs();
   stats.pages_used_by_layer.resize(kv_->num_layers());
   for (int layer = 0; layer < kv_->num_layers(); ++layer) {
     stats.pages_used_by_layer[layer] = kv_->PagesUsedByLayer(layer);

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -93,6 +94,7 @@ struct EngineStats {
   int64_t prompt_tokens = 0;  // prompt tokens prefilled (recomputes included)
   int64_t generation_tokens = 0;
   int64_t steps = 0;
+  int num_decode_graphs = 0;  // decode graphs captured (warm-up and first use)
   // Over every prompt that finished prefill: sum of its length, and of entries each layer kept.
   int64_t compressed_prompt_tokens = 0;
   std::vector<int64_t> entries_kept_by_layer;  // [L]
@@ -101,6 +103,20 @@ struct EngineStats {
   // prompt entries a dense cache would hold / entries kept (>= 1).
   double compression_ratio() const;
 };
+
+// What Engine::WarmUp did.
+struct WarmUpReport {
+  int decode_graphs = 0;  // decode graphs captured (and step-tuned)
+  int decode_buckets = 0;
+  int layer_bounds = 0;   // length-bound vectors per bucket (ModelRunner::GraphLayerBounds)
+  int prefill_steps = 0;  // prefill-only steps run to plan their shapes
+  double seconds = 0;
+  bool stopped = false;  // the progress callback asked to stop before the end
+};
+
+// Called after each piece of a warm-up with the pieces done and the total; returning false stops
+// the warm-up there (a shutdown during start-up).
+using WarmUpProgress = std::function<bool(int done, int total)>;
 
 class Engine {
  public:
@@ -119,6 +135,18 @@ class Engine {
   bool Abort(RequestId id);
   bool HasWork() const;
   std::vector<RequestOutput> Step();
+
+  // Warm start (runtime/README.md): does now what first use would otherwise do while requests
+  // wait. Captures and step-tunes the decode graph of every batch bucket up to max_num_seqs, for
+  // every vector of per-layer length bounds the engine's policy gives a prompt of some length
+  // (dense layers grow with the prompt, compressed ones stay at their budget), then plans the
+  // prefill GEMM shapes: a prefill-only step of each power-of-two token count above the largest
+  // decode bucket, up to max_num_batched_tokens' (GEMM plans are shared by power-of-two rows).
+  // Prefill steps run only on backends that plan shapes on first use (Backend::PlansShapes),
+  // or with `plan_prefill_anyway` (tests). Only before any request is added. Leaves no trace in
+  // the KV cache's accounting or the stats.
+  WarmUpReport WarmUp(const WarmUpProgress& progress = {},
+                              bool plan_prefill_anyway = false);
 
   EngineStats Stats() const;
   const EngineOptions& options() const { return options_; }

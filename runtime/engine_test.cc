@@ -197,6 +197,102 @@ TEST(ModelRunnerTest, GraphLayerBoundRoundsUpToWholePieces) {
   EXPECT_EQ(ModelRunner::GraphLayerBound(300, 513), 513);
 }
 
+// Warm start: the decode buckets a warm-up captures are every size a batch pads to, and the layer
+// bounds follow PrepareStep's (the step's token makes each layer one longer).
+TEST(ModelRunnerTest, WarmUpBucketsAndBoundsAreThoseOfRealSteps) {
+  const ModelConfig config = SmallConfig();
+  auto backend = MakeCpuBackend();
+  auto model = LlamaModel::Random(config, *backend, 3, 5000, 0.08f);
+  KvCacheManager::Options kv_options;
+  kv_options.num_pages = 64;
+  kv_options.num_layers = config.num_layers;
+  kv_options.max_seqs = 41;
+  kv_options.max_pages_per_seq = 5000 / 16 + 2;
+  KvCacheManager kv(kv_options);
+  kv.ReservePaddingSlot();
+  ModelRunnerOptions options;
+  options.max_num_seqs = 40;
+  options.max_model_len = 5000;
+  options.pad_decode_batches = true;
+  const ModelRunner runner(*model, kv, options);
+  EXPECT_FALSE(runner.uses_graphs());  // the CPU backend has none
+  EXPECT_EQ(runner.DecodeBuckets(), (std::vector<int>{1, 2, 4, 8, 16, 32, 48}));
+  for (const int batch : {1, 3, 7, 9, 33, 40}) {
+    const auto buckets = runner.DecodeBuckets();
+    EXPECT_NE(std::find(buckets.begin(), buckets.end(), ModelRunner::BucketFor(batch)),
+              buckets.end())
+        << batch;
+  }
+  EXPECT_EQ(runner.GraphLayerBounds({0, 4095, 4096, 4999}),
+            (std::vector<int32_t>{4096, 4096, 5001, 5001}));
+}
+
+// A warm-up (here its prefill steps, which the CPU backend would skip: it plans nothing) leaves
+// no trace: no pages held, no stats, and the same greedy tokens and log-probabilities after it
+// as without it. Prefill rows past max_model_len run as several sequences.
+TEST(EngineTest, WarmUpLeavesNoTrace) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  std::vector<std::vector<int32_t>> prompts;
+  for (int index = 0; index < 6; ++index) {
+    prompts.push_back(RandomPrompt(rng, 3 + static_cast<int>(rng() % 40)));
+  }
+  const auto run = [&](bool warm_up) {
+    EngineOptions options;
+    options.pad_decode_batches = true;
+    options.max_num_batched_tokens = 64;
+    options.max_model_len = 60;
+    options.kv_policy = "full:0,snapkv:1-2";
+    options.kv_policy_options.budget = 16;
+    options.kv_policy_options.window = 4;
+    TestEngine t = MakeEngine(config, options);
+    if (warm_up) {
+      int calls = 0;
+      const WarmUpReport report = t.engine->WarmUp(
+          [&](int done, int total) {
+            ++calls;
+            EXPECT_EQ(done, calls);
+            EXPECT_EQ(total, 7);
+            return true;
+          },
+          /*plan_prefill_anyway=*/true);
+      EXPECT_EQ(calls, 7);
+      EXPECT_EQ(report.prefill_steps, 7);  // 1, 2, 4, ..., 64 rows
+      EXPECT_EQ(report.decode_graphs, 0);
+      EXPECT_FALSE(report.stopped);
+      const EngineStats stats = t.engine->Stats();
+      EXPECT_EQ(stats.steps, 0);
+      EXPECT_EQ(stats.num_pages_used, 0);
+      EXPECT_EQ(stats.prompt_tokens, 0);
+    }
+    std::vector<RequestId> ids;
+    for (const auto& prompt : prompts) ids.push_back(*t.engine->Add({prompt, Greedy(12), ""}));
+    auto done = RunToEnd(*t.engine);
+    EXPECT_EQ(t.engine->Stats().num_pages_used, 0);
+    std::vector<Completion> out;
+    for (const RequestId id : ids) out.push_back(done.at(id));
+    return out;
+  };
+  const auto cold = run(false);
+  const auto warm = run(true);
+  for (size_t index = 0; index < prompts.size(); ++index) {
+    EXPECT_EQ(warm[index].tokens, cold[index].tokens) << index;
+    EXPECT_EQ(warm[index].logprobs, cold[index].logprobs) << index;
+  }
+}
+
+// A progress callback that returns false stops the warm-up after that piece.
+TEST(EngineTest, WarmUpStopsWhenAsked) {
+  EngineOptions options;
+  options.pad_decode_batches = true;
+  options.max_num_batched_tokens = 64;
+  TestEngine t = MakeEngine(SmallConfig(), options);
+  const WarmUpReport report =
+      t.engine->WarmUp([](int done, int) { return done < 3; }, /*plan_prefill_anyway=*/true);
+  EXPECT_TRUE(report.stopped);
+  EXPECT_EQ(report.prefill_steps, 3);
+}
+
 // SPARSITY.md test 1: a budget that covers the prompt leaves the engine bitwise dense.
 TEST(EngineTest, SparsePolicyWithCoveringBudgetIsBitwiseDense) {
   auto rng = testing::MakeRng();

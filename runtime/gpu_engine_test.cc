@@ -177,6 +177,72 @@ TEST_F(GpuEngineTest, SparsePoliciesGreedyMatchesCpu) {
   }
 }
 
+// Warm start: after Engine::WarmUp, serving batches of every size, short and past 4096 entries,
+// captures no graph the warm-up did not (each bucket x each length bound of the policy), and the
+// tokens equal those of an engine that captured on first use (same backend: same GEMM plans).
+TEST_F(GpuEngineTest, WarmUpCapturesEveryGraphServingNeeds) {
+  ModelConfig config = TinyRandomModelConfig();
+  config.max_position_embeddings = 8192;
+  auto rng = testing::MakeRng();
+  std::vector<std::vector<int32_t>> prompts;
+  for (int index = 0; index < 19; ++index) {  // batches of 19 down to 1 as requests finish
+    const int length = index == 0 ? 4200 : 20 + static_cast<int>(rng() % 300);
+    std::vector<int32_t> prompt(length);
+    for (int32_t& token : prompt) token = static_cast<int32_t>(rng() % config.vocab_size);
+    prompts.push_back(prompt);
+  }
+  const auto run = [&](bool warm_up, WarmUpReport* report, int* graphs_after_warm_up) {
+    EngineOptions options;
+    options.kv_memory_bytes = 256 << 20;
+    options.max_model_len = 5000;
+    options.max_num_seqs = 20;
+    options.max_num_batched_tokens = 1024;
+    options.kv_policy = "full:0,snapkv:1";
+    options.kv_policy_options.budget = 64;
+    options.kv_policy_options.window = 8;
+    auto engine =
+        Engine::Create(LlamaModel::Random(config, *gpu_, 5, 5000, 0.08f), nullptr, {}, options);
+    SIEVE_CHECK(engine.ok()) << engine.status().ToString();
+    if (warm_up) {
+      *report = (*engine)->WarmUp();
+      *graphs_after_warm_up = (*engine)->Stats().num_decode_graphs;
+    }
+    std::vector<RequestId> ids;
+    for (size_t index = 0; index < prompts.size(); ++index) {
+      SamplingParams params;
+      params.temperature = 0;
+      params.max_tokens = 4 + static_cast<int>(index) * 3;
+      params.ignore_eos = true;
+      ids.push_back(*(*engine)->Add({prompts[index], params, ""}));
+    }
+    std::map<RequestId, std::vector<int32_t>> tokens;
+    while ((*engine)->HasWork()) {
+      for (const RequestOutput& output : (*engine)->Step()) {
+        tokens[output.id].insert(tokens[output.id].end(), output.new_tokens.begin(),
+                                 output.new_tokens.end());
+      }
+    }
+    std::vector<std::vector<int32_t>> out;
+    for (const RequestId id : ids) out.push_back(tokens[id]);
+    return std::make_pair(out, (*engine)->Stats().num_decode_graphs);
+  };
+  WarmUpReport report;
+  int warmed = 0;
+  const auto [warm_tokens, warm_graphs] = run(true, &report, &warmed);
+  // Buckets 1, 2, 4, 8, 16, 32; bounds: layer 0 (dense) 4096 or 5001, layer 1 (budget 64) 4096.
+  EXPECT_EQ(report.decode_buckets, 6);
+  EXPECT_EQ(report.layer_bounds, 2);
+  EXPECT_EQ(report.decode_graphs, 12);
+  EXPECT_EQ(warmed, 12);
+  EXPECT_EQ(report.prefill_steps, 5);  // 64, 128, ..., 1024 rows
+  EXPECT_EQ(warm_graphs, warmed) << "serving captured graphs the warm-up had not";
+  std::printf("warm-up: %d graphs, %d prefill steps in %.2f s\n", report.decode_graphs,
+              report.prefill_steps, report.seconds);
+  const auto [cold_tokens, cold_graphs] = run(false, nullptr, nullptr);
+  EXPECT_GT(cold_graphs, 0);
+  EXPECT_EQ(warm_tokens, cold_tokens);
+}
+
 // A model whose head dim the CUDA kernels lack is refused when it loads, with an error naming
 // what is supported; the CPU backend loads it. (Before, prefill attention aborted the process.)
 TEST_F(GpuEngineTest, UnsupportedHeadDimIsAnErrorAtLoad) {

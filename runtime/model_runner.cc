@@ -237,7 +237,15 @@ void ModelRunner::PrepareStep(const StepPlan& plan, const Scheduler& scheduler,
     step.eviction_begin[layer + 1] = static_cast<int32_t>(step.evictions_host.size());
   }
   step.num_sample_rows = static_cast<int>(sample_rows.size());
+  PackStep();
+}
 
+void ModelRunner::PackStep() {
+  StepMeta& step = step_;
+  const Scratch& s = scratch_;
+  const std::vector<int32_t>&token_ids = s.token_ids, &positions = s.positions,
+        &query_start = s.query_start, &key_start = s.key_start, &context_lens = s.context_lens,
+        &slots = s.slots, &sample_rows = s.sample_rows, &write_start = s.write_start;
   // Pack every array into one buffer; Upload makes the StepMeta tensors views of one copy.
   host_meta_.clear();
   sections_.clear();
@@ -293,9 +301,129 @@ void ModelRunner::Upload(Tensor& destination, StepMeta& step) {
   }
 }
 
+bool ModelRunner::RunDecodeGraph(int bucket) {
+  Backend& backend = model_.backend();
+  DecodeGraph& graph = graphs_[{bucket, step_.layer_max_kv_len}];
+  Upload(graph.meta, graph.step);  // same size every time for a bucket: same address
+  if (graph.graph >= 0) {
+    backend.ReplayGraph(graph.graph);
+    ++graph_steps_;
+    return false;
+  }
+  // The bucket's first step runs eagerly (planning its GEMMs), then is captured, with the
+  // choices its GEMMs left open decided by timing the captured step (runtime/step_tuning.h).
+  // Replaying it writes the same K/V entries and logits again; not H2O's score pool, which
+  // adds into itself, so with one the choices keep their pick alone.
+  backend.MarkTuningScope();
+  model_.Forward(graph.step, pool_, workspace_, logits_view_);
+  std::vector<StepTuningOutcome> tuning;
+  graph.graph = CaptureTunedGraph(
+      backend, [&] { model_.Forward(graph.step, pool_, workspace_, logits_view_); },
+      /*replays_allowed=*/options_.step_tuning && !pool_.scores.defined(), &tuning);
+  if (!tuning.empty()) {
+    spdlog::debug("step tuning, decode bucket {}:\n{}", bucket, DescribeStepTuning(tuning));
+  }
+  return true;
+}
+
+bool ModelRunner::uses_graphs() const {
+  return options_.pad_decode_batches && options_.use_graphs && model_.backend().SupportsGraphs();
+}
+
+std::vector<int> ModelRunner::DecodeBuckets() const {
+  std::vector<int> buckets;
+  const int largest = BucketFor(options_.max_num_seqs);
+  for (int batch = 1; batch <= largest; batch = BucketFor(batch) + 1) {
+    buckets.push_back(BucketFor(batch));
+  }
+  return buckets;
+}
+
+std::vector<int32_t> ModelRunner::GraphLayerBounds(const std::vector<int>& entries) const {
+  // As PrepareStep computes them for a padded step: the step's token makes each layer one
+  // longer, and max_kv_len is max_model_len + 1.
+  std::vector<int32_t> bounds;
+  bounds.reserve(entries.size());
+  for (const int held : entries) {
+    bounds.push_back(GraphLayerBound(held + 1, options_.max_model_len + 1));
+  }
+  return bounds;
+}
+
+bool ModelRunner::WarmUpDecodeGraph(int bucket, const std::vector<int32_t>& layer_bounds,
+                                    const Scheduler& scheduler) {
+  if (!uses_graphs() || graphs_.contains({bucket, layer_bounds})) return false;
+  SIEVE_CHECK(static_cast<int>(layer_bounds.size()) == model_.config().num_layers);
+  SIEVE_CHECK(bucket == BucketFor(bucket) && bucket <= BucketFor(options_.max_num_seqs));
+  // A step of padding sequences only: one token each at position 0 in the padding slot. What a
+  // graph launches depends on the bucket and the bounds alone; the data of each step is
+  // uploaded into the graph's buffer before it replays.
+  const StepPlan empty;
+  std::vector<SeqId> sample_ids;
+  PrepareStep(empty, scheduler, sample_ids, bucket);
+  step_.layer_max_kv_len = layer_bounds;
+  logits_view_ = logits_device_.Rows(0, step_.num_sample_rows);
+  return RunDecodeGraph(bucket);
+}
+
+void ModelRunner::WarmUpPrefill(int tokens) {
+  SIEVE_CHECK(tokens > 0);
+  const int layers = model_.config().num_layers;
+  // Sequences of at most max_model_len tokens each, at position 0, all in one slot: with every
+  // write_start at -1 no layer writes an entry (as a compressed layer's prompt, without its
+  // jobs) and with no context none is read, so the slot's pages are never touched (any slot
+  // does; the padding slot where there is one).
+  const int slot = std::max(kv_.padding_slot(), 0);
+  const int per_seq = options_.max_model_len;
+  const int num_seqs = (tokens + per_seq - 1) / per_seq;
+  StepMeta& step = step_;
+  step = StepMeta{};
+  step.num_seqs = num_seqs;
+  step.num_prefill_seqs = num_seqs;
+  step.num_layers = layers;
+  step.job_begin.assign(layers + 1, 0);
+  step.eviction_begin.assign(layers + 1, 0);
+  Scratch& s = scratch_;
+  for (auto* v : {&s.token_ids, &s.positions, &s.query_start, &s.key_start, &s.context_lens,
+                  &s.slots, &s.sample_rows, &s.write_start}) {
+    v->clear();
+  }
+  s.query_start.push_back(0);
+  s.key_start.push_back(0);
+  const int vocab = model_.config().vocab_size;
+  for (int seq = 0; seq < num_seqs; ++seq) {
+    const int length = std::min(per_seq, tokens - seq * per_seq);
+    for (int position = 0; position < length; ++position) {
+      // Any valid ids: a GEMM's time does not depend on its values.
+      s.token_ids.push_back((position * 7919 + seq) % vocab);
+      s.positions.push_back(position);
+    }
+    step.num_tokens += length;
+    step.num_prefill_tokens += length;
+    step.num_prefill_keys += length;
+    step.max_query_len = std::max(step.max_query_len, length);
+    step.max_kv_len = std::max(step.max_kv_len, length);
+    s.query_start.push_back(step.num_tokens);
+    s.key_start.push_back(static_cast<int32_t>(step.num_prefill_keys));
+    s.context_lens.push_back(0);
+    s.slots.push_back(slot);
+    s.sample_rows.push_back(step.num_tokens - 1);
+  }
+  s.write_start.assign(static_cast<size_t>(layers) * num_seqs, -1);
+  for (auto& jobs : s.jobs_by_layer) jobs.clear();
+  for (auto& jobs : s.evictions_by_layer) jobs.clear();
+  step.num_sample_rows = num_seqs;
+  lengths_ = kv_.lengths();
+  PackStep();
+  Upload(device_meta_, step_);
+  model_.EnsureWorkspace(workspace_, step_.num_tokens, step_.num_prefill_keys,
+                         step_.num_sample_rows, 0, 0);
+  logits_view_ = logits_device_.Rows(0, step_.num_sample_rows);
+  model_.Forward(step_, pool_, workspace_, logits_view_);
+}
+
 const Tensor& ModelRunner::Run(const StepPlan& plan, const Scheduler& scheduler,
                                std::vector<SeqId>& sample_ids) {
-  Backend& backend = model_.backend();
   bool evicts = false;
   for (const ScheduledSequence& decode : plan.decodes) evicts = evicts || decode.evicts;
   const bool padded =
@@ -303,27 +431,8 @@ const Tensor& ModelRunner::Run(const StepPlan& plan, const Scheduler& scheduler,
   const int bucket = padded ? BucketFor(static_cast<int>(plan.decodes.size())) : 0;
   PrepareStep(plan, scheduler, sample_ids, bucket);
   logits_view_ = logits_device_.Rows(0, step_.num_sample_rows);
-  if (padded && options_.use_graphs && backend.SupportsGraphs()) {
-    DecodeGraph& graph = graphs_[{bucket, step_.layer_max_kv_len}];
-    Upload(graph.meta, graph.step);  // same size every time for a bucket: same address
-    if (graph.graph < 0) {
-      // The bucket's first step runs eagerly (planning its GEMMs), then is captured, with the
-      // choices its GEMMs left open decided by timing the captured step (runtime/step_tuning.h).
-      // Replaying it writes the same K/V entries and logits again; not H2O's score pool, which
-      // adds into itself, so with one the choices keep their pick alone.
-      backend.MarkTuningScope();
-      model_.Forward(graph.step, pool_, workspace_, logits_view_);
-      std::vector<StepTuningOutcome> tuning;
-      graph.graph = CaptureTunedGraph(
-          backend, [&] { model_.Forward(graph.step, pool_, workspace_, logits_view_); },
-          /*replays_allowed=*/options_.step_tuning && !pool_.scores.defined(), &tuning);
-      if (!tuning.empty()) {
-        spdlog::debug("step tuning, decode bucket {}:\n{}", bucket, DescribeStepTuning(tuning));
-      }
-    } else {
-      backend.ReplayGraph(graph.graph);
-      ++graph_steps_;
-    }
+  if (padded && uses_graphs()) {
+    RunDecodeGraph(bucket);
     return logits_view_;
   }
   Upload(device_meta_, step_);

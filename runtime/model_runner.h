@@ -70,6 +70,27 @@ class ModelRunner {
   // need; at most `max_kv_len`, the graph's bound for the whole step.
   static int32_t GraphLayerBound(int longest, int max_kv_len);
 
+  // Warm start (runtime/README.md): the work a decode bucket's or a prefill size's first step
+  // does (GEMM planning, graph capture and step tuning), done before requests arrive.
+  //
+  // Whether decode-only steps run as graphs (the backend has them and they are on).
+  bool uses_graphs() const;
+  // Every bucket a decode batch can be padded to, smallest first: 1, 2, 4, 8, 16, 32, ...,
+  // BucketFor(max_num_seqs).
+  std::vector<int> DecodeBuckets() const;
+  // The per-layer bounds (GraphLayerBound) a graph of a decode step of requests whose layers
+  // hold `entries` [L] (the longest sequence's, before the step's token) is keyed by.
+  std::vector<int32_t> GraphLayerBounds(const std::vector<int>& entries) const;
+  // Captures (and step-tunes) the graph of a decode-only step of `bucket` sequences whose layers
+  // are bounded by `layer_bounds`, running it on padding sequences; the graph a later step of
+  // that bucket and those bounds replays. False when there was nothing to do (no graphs, or
+  // captured already). Only before requests run: `scheduler` must hold none.
+  bool WarmUpDecodeGraph(int bucket, const std::vector<int32_t>& layer_bounds,
+                         const Scheduler& scheduler);
+  // Runs a prefill-only step of `tokens` tokens that reads and writes no KV entries, so that the
+  // backend plans the step's shapes (and grows its workspaces) now. Only before requests run.
+  void WarmUpPrefill(int tokens);
+
  private:
   struct DecodeGraph {
     Tensor meta;    // [capacity] i32: this bucket's packed StepMeta, fixed address
@@ -78,6 +99,12 @@ class ModelRunner {
   };
 
   void Upload(Tensor& destination, StepMeta& step);
+  // Packs scratch_'s arrays and step_'s jobs into host_meta_, uploads the page-table patches
+  // and the lengths: the end of PrepareStep.
+  void PackStep();
+  // Replays the graph of the step PrepareStep made (bucket `bucket`, step_'s layer bounds),
+  // capturing it first if it is new; true if it captured.
+  bool RunDecodeGraph(int bucket);
 
   const LlamaModel& model_;
   KvCacheManager& kv_;

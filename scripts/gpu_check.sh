@@ -6,15 +6,15 @@
 #   scripts/gpu_check.sh [stage ...]     stages: build [tests_only] golden test sanitize
 #                                        sanitize_engine bench step ab profile timeline sdpa
 #                                        soak
-#                                        serve accuracy
+#                                        serve warm accuracy
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
 # for the tree in .ab/ (made by `scripts/prepare_ab.sh REV`, carried), alternately, AB_ROUNDS
 # times each (default 3): a change's effect measured in one run on one machine. `build` also
 # builds .ab/'s `sieve` when it exists.
-# Needs the carried .deb/ (PCRE2 headers, absent on the GPU machine) and, for `serve`, the Llama 3
-# tokenizer in .fixtures/tokenizers/llama3/tokenizer.model.
+# Needs the carried .deb/ (PCRE2 headers, absent on the GPU machine). `serve` and `warm` use the
+# committed Llama 3 tokenizer (testdata/tokenizers/llama3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/sieve-gpu-out}"
@@ -281,9 +281,47 @@ if has sdpa; then
   python3 -c "import json; d=json.load(open('$OUT/sdpa.json')); [print('sdpa', r['backend'], r['n'], round(r.get('tflops',0)), 'TFLOP/s', r.get('error','')) for r in d['results']]" >> "$summary"
 fi
 
+# Warm start (issue 19 item 1): a fresh server's first benchmark against its second, with the
+# start-up warm-up and without it (--no-warm-up), on the sparse setting at C=128, 4000/500.
+if has warm; then
+  ensure_sieve
+  tok=testdata/tokenizers/llama3/tokenizer.model
+  health() { python3 -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8123/health', timeout=2).status == 200 else 1)" 2>/dev/null; }
+  for mode in on off; do
+    flag=$( [ "$mode" = off ] && echo --no-warm-up )
+    start=$(date +%s.%N)
+    ./build/gpu/sieve serve --model configs/llama-3-8b --load-format dummy --tokenizer "$tok" \
+      --port 8123 --max-model-len 4600 --max-num-batched-tokens 8192 --no-progress $flag \
+      --kv-policy "full:0-2,pyramidkv:3-31" --kv-budget 400 --kv-window 32 \
+      > "$LOGS/serve_warm_$mode.log" 2>&1 &
+    pid=$!
+    for i in $(seq 1 600); do health && break; sleep 0.5; done
+    note "warm start $mode: /health 200 after $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s;" \
+      "$(grep -h "warm-up" "$LOGS/serve_warm_$mode.log" | tail -1 | sed 's/.*warm-up/warm-up/')"
+    for run in first second; do
+      ./build/gpu/sieve bench serve --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
+        --input-len 4000 --output-len 500 --num-prompts 256 --max-concurrency 128 --ignore-eos \
+        --warmup 0 --no-progress --label "warm-$mode-$run" --metadata warm_up=$mode \
+        --result-json "$OUT/serve_warm_${mode}_$run.json" > "$LOGS/bench_warm_${mode}_$run.log" 2>&1 \
+        || note "bench serve warm $mode $run FAILED"
+    done
+    kill -TERM $pid; wait $pid; note "serve warm $mode exited with $?"
+    python3 - "$OUT" "$mode" <<'PY' | tee -a "$summary"
+import json, sys
+out, mode = sys.argv[1], sys.argv[2]
+m = [json.load(open(f"{out}/serve_warm_{mode}_{run}.json"))["metrics"] for run in ("first", "second")]
+ratio = m[0]["output_throughput"] / m[1]["output_throughput"]
+print(f"warm start {mode}: first {m[0]['output_throughput']:.0f} out tok/s, second "
+      f"{m[1]['output_throughput']:.0f}: first / second {ratio:.3f} (target >= 0.97); max ITL "
+      f"{m[0]['max_itl_ms']:.0f} / {m[1]['max_itl_ms']:.0f} ms; P50 TTFT {m[0]['median_ttft_ms']:.0f} / "
+      f"{m[1]['median_ttft_ms']:.0f} ms")
+PY
+  done
+fi
+
 if has serve; then
   # Issue 5's numbers: Llama-3-8B-shaped dummy model, 4000/500, concurrency 10, dense and sparse.
-  tok=.fixtures/tokenizers/llama3/tokenizer.model
+  tok=testdata/tokenizers/llama3/tokenizer.model
   for policy in full "full:0-2,pyramidkv:3-31"; do
     name=$( [ "$policy" = full ] && echo dense || echo sparse )
     ./build/gpu/sieve serve --model configs/llama-3-8b --load-format dummy --tokenizer "$tok" \

@@ -291,6 +291,10 @@ void HttpSession::Route(const Request& request) {
     if (context_.shutting_down.load()) {
       return SendError(MakeApiError(503, "the server is shutting down"));
     }
+    if (!context_.engine.ready()) {
+      // Requests sent now are queued and run once the warm-up ends.
+      return SendError(MakeApiError(503, "the server is warming up (decode graphs, GEMM plans)"));
+    }
     return SendResponse(200, "application/json", "{}");
   }
   if (path == "/metrics") {

@@ -13,6 +13,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <future>
 #include <regex>
 #include <thread>
 
@@ -50,6 +52,8 @@ struct ServerConfig {
   int max_model_len = 512;
   int max_num_seqs = 64;
   int max_queue = 0;
+  // An engine-thread warm-up before serving (CPU: its prefill steps), reporting to this.
+  std::function<void(int done, int total)> warm_up_progress;
 };
 
 // An in-process server on a free port.
@@ -70,8 +74,13 @@ class TestServer {
     auto engine =
         Engine::Create(std::move(loaded_.model), loaded_.tokenizer.get(), loaded_.eos_ids, options);
     SIEVE_CHECK(engine.ok()) << engine.status().ToString();
-    engine_ = std::make_unique<AsyncEngine>(std::move(engine).value(),
-                                            AsyncEngineOptions{.max_queue = config.max_queue});
+    AsyncEngineOptions engine_options{.max_queue = config.max_queue};
+    if (config.warm_up_progress) {
+      engine_options.warm_up = true;
+      engine_options.warm_up_plan_prefill_anyway = true;
+      engine_options.warm_up_progress = config.warm_up_progress;
+    }
+    engine_ = std::make_unique<AsyncEngine>(std::move(engine).value(), engine_options);
     config.server.port = 0;
     config.server.served_model_names = {kModel};
     server_ = std::make_unique<HttpServer>(*engine_, config.server);
@@ -903,6 +912,38 @@ TEST(ServerTest, MetricsModelsAndHealth) {
   EXPECT_EQ(models.Json()["data"][0]["id"], kModel);
   EXPECT_EQ(models.Json()["data"][0]["max_model_len"], 512);
   EXPECT_EQ(Get(port, "/health").status, 200);
+}
+
+// Warm start: the server listens while the engine warms up; /health answers 503 until the warm-up
+// ends, and a request sent meanwhile waits and is served after it.
+TEST(ServerTest, HealthIs503UntilTheWarmUpEnds) {
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> pieces{0};
+  ServerConfig config;
+  config.warm_up_progress = [&](int, int) {
+    if (pieces++ == 0) released.wait();  // hold the engine thread inside the warm-up
+  };
+  TestServer server(config);
+  const int port = server.port();
+  const Response warming = Get(port, "/health");
+  EXPECT_EQ(warming.status, 503);
+  EXPECT_NE(warming.body.find("warming up"), std::string::npos) << warming.body;
+  Response queued;
+  std::thread client([&] { queued = Post(port, "/v1/completions", Completion("queued", 4)); });
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(Get(port, "/health").status, 503);
+  release.set_value();
+  int status = 0;
+  for (int attempt = 0; attempt < 1000 && status != 200; ++attempt) {
+    status = Get(port, "/health").status;
+    if (status != 200) std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_EQ(status, 200);
+  EXPECT_GT(pieces.load(), 1);  // the warm-up went on after the hold
+  client.join();
+  ASSERT_EQ(queued.status, 200) << queued.body;
+  EXPECT_EQ(queued.Json()["usage"]["completion_tokens"], 4);
 }
 
 TEST(ServerTest, ShutdownFinishesOrAbortsRequestsInFlight) {

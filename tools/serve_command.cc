@@ -1,11 +1,15 @@
 // sieve serve: the OpenAI-compatible HTTP server (server/) over one engine.
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <memory>
+#include <mutex>
 
 #include "core/logging.h"
 #include "runtime/async_engine.h"
 #include "server/http_server.h"
+#include "tools/bench/progress_bar.h"
 #include "tools/commands.h"
 #include "tools/engine_flags.h"
 
@@ -20,6 +24,8 @@ struct ServeFlags {
   std::string max_body = "8M";
   int max_queue = 0;
   std::string generation_config = "auto";
+  bool no_warm_up = false;
+  bool no_progress = false;
 };
 
 // vLLM's --generation-config auto: the model's generation_config.json sets the defaults of the
@@ -71,8 +77,38 @@ int Run(ServeFlags& flags) {
   if (flags.generation_config == "auto") {
     options.sampling_defaults = SamplingDefaults(bundle->loaded.generation_config);
   }
+  // Warm start: the server listens at once and answers /health with 503 while the engine thread
+  // captures the decode graphs and plans the GEMM shapes that first use would otherwise do while
+  // requests wait; requests sent meanwhile are queued.
   AsyncEngineOptions engine_options;
   engine_options.max_queue = flags.max_queue;
+  engine_options.warm_up = !flags.no_warm_up;
+  std::unique_ptr<bench::ProgressBar> progress;
+  std::atomic<bool> warm_up_failed{false};
+  HttpServer* server_for_failure = nullptr;  // set before the engine thread can finish warming up
+  std::mutex server_mutex;
+  engine_options.warm_up_progress = [&](int done, int total) {
+    if (!progress)
+      progress =
+          std::make_unique<bench::ProgressBar>("warm-up", total, !flags.no_progress, "steps");
+    progress->Update(done);
+  };
+  engine_options.warm_up_done = [&](const Result<WarmUpReport>& report) {
+    if (progress) progress->Finish();
+    if (report.ok()) {
+      if (report->decode_graphs + report->prefill_steps == 0) return;  // the CPU: nothing to do
+      spdlog::info(
+          "warm-up {} in {:.1f} s: {} decode graphs ({} batch buckets x {} length bounds), {} "
+          "prefill sizes; ready",
+          report->stopped ? "stopped" : "done", report->seconds, report->decode_graphs,
+          report->decode_buckets, report->layer_bounds, report->prefill_steps);
+      return;
+    }
+    spdlog::error("{}; shutting down", report.status().message());
+    warm_up_failed = true;
+    std::lock_guard lock(server_mutex);
+    if (server_for_failure != nullptr) server_for_failure->RequestShutdown();
+  };
   AsyncEngine engine(std::move(bundle->engine), engine_options);
   HttpServer server(engine, options);
   const Status started = server.Start();
@@ -80,9 +116,14 @@ int Run(ServeFlags& flags) {
     std::cerr << "error: " << started.message() << "\n";
     return 1;
   }
+  {
+    std::lock_guard lock(server_mutex);
+    server_for_failure = &server;
+    if (warm_up_failed) server.RequestShutdown();
+  }
   server.Wait();
   engine.Shutdown();
-  return 0;
+  return warm_up_failed ? 1 : 0;
 }
 
 }  // namespace
@@ -123,6 +164,11 @@ CommandRunner AddServeCommand(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--max-n", server.max_n, "Most choices ('n') one request may ask for")
       ->capture_default_str();
+  app.add_flag("--no-warm-up", flags->no_warm_up,
+               "Answer /health at once and capture each decode batch size's CUDA graph and plan "
+               "each prefill size's GEMMs on first use instead, while requests wait (by default "
+               "this is done at start-up, /health answering 503 until it ends)");
+  app.add_flag("--no-progress", flags->no_progress, "No progress bar for the warm-up");
   app.add_option("--generation-config", flags->generation_config,
                  "auto: the model's generation_config.json sets default temperature, top_p, "
                  "top_k, repetition_penalty (as vLLM); none: OpenAI's defaults")

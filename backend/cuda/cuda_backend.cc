@@ -239,6 +239,7 @@ class CudaBackend final : public Backend {
   }
 
   bool SupportsGraphs() const override { return true; }
+  bool PlansShapes() const override { return true; }
   void BeginCapture() override {
     SIEVE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   }

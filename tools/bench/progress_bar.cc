@@ -24,8 +24,9 @@ std::string FormatDuration(double seconds) {
 
 }  // namespace
 
-ProgressBar::ProgressBar(std::string label, int total, bool enabled)
+ProgressBar::ProgressBar(std::string label, int total, bool enabled, std::string unit)
     : label_(std::move(label)),
+      unit_(std::move(unit)),
       total_(total),
       enabled_(enabled),
       is_tty_(isatty(fileno(stderr)) != 0),
@@ -60,10 +61,11 @@ void ProgressBar::Draw(bool final_draw) {
   std::string eta = "--:--";
   if (done_ > 0 && done_ < total_) eta = FormatDuration(elapsed / fraction - elapsed);
   if (done_ >= total_) eta = "00:00";
+  const std::string chunks =
+      chunks_ > 0 ? fmt::format(", {:.1f} chunks/s", elapsed > 0 ? chunks_ / elapsed : 0.0) : "";
   const std::string stats =
-      fmt::format("{}/{} {} elapsed, {} left, {:.2f} req/s, {:.1f} chunks/s{}", done_, total_,
-                  FormatDuration(elapsed), eta, elapsed > 0 ? done_ / elapsed : 0.0,
-                  elapsed > 0 ? static_cast<double>(chunks_) / elapsed : 0.0,
+      fmt::format("{}/{} {} elapsed, {} left, {:.2f} {}/s{}{}", done_, total_,
+                  FormatDuration(elapsed), eta, elapsed > 0 ? done_ / elapsed : 0.0, unit_, chunks,
                   failed_ > 0 ? fmt::format(", {} failed", failed_) : std::string());
   if (is_tty_) {
     const int filled = static_cast<int>(fraction * kBarWidth);

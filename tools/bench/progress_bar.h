@@ -10,14 +10,15 @@ namespace sieve::bench {
 
 class ProgressBar {
  public:
-  // `enabled` false draws nothing (--no-progress).
-  ProgressBar(std::string label, int total, bool enabled);
+  // `enabled` false draws nothing (--no-progress). `unit` names what is counted in the rate
+  // ("req/s"); chunks are shown only when some were counted.
+  ProgressBar(std::string label, int total, bool enabled, std::string unit = "req");
   ~ProgressBar();
   ProgressBar(const ProgressBar&) = delete;
   ProgressBar& operator=(const ProgressBar&) = delete;
 
   // The run's state; cheap to call often: it redraws at most a few times a second.
-  void Update(int done, int failed, int64_t chunks_received);
+  void Update(int done, int failed = 0, int64_t chunks_received = 0);
   // Draws the final state and ends the line.
   void Finish();
 
@@ -25,6 +26,7 @@ class ProgressBar {
   void Draw(bool final_draw);
 
   std::string label_;
+  std::string unit_;
   int total_;
   bool enabled_;
   bool is_tty_;
