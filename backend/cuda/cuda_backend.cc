@@ -263,6 +263,8 @@ class CudaBackend final : public Backend {
     static_assert(sizeof(DeviceSamplingRow) == sizeof(cuda::SamplingRowParams));
     const int count = static_cast<int>(rows.size());
     if (count == 0) return true;
+    if (sampling_supported_ < 0) sampling_supported_ = cuda::SampleTokensSupported() ? 1 : 0;
+    if (sampling_supported_ == 0) return false;  // before sm_90: the engine samples on the host
     const size_t param_bytes = rows.size() * sizeof(DeviceSamplingRow);
     // One buffer: params, then tokens, then logprobs; one copy in, one copy out.
     const size_t bytes = param_bytes + rows.size() * 8;
@@ -414,6 +416,7 @@ class CudaBackend final : public Backend {
   size_t select_workspace_bytes_ = 0;
   std::vector<cudaGraphExec_t> graphs_;
   void* sample_buffer_ = nullptr;
+  int sampling_supported_ = -1;  // SampleTokensSupported(), asked once
   size_t sample_buffer_bytes_ = 0;
 };
 

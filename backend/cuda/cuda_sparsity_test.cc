@@ -16,7 +16,11 @@
 // - WriteKeptKv, EvictEntries: bitwise equal pools, side pools and lengths (they copy bf16).
 // - Sampling: greedy and top-k = 1 equal the argmax exactly; seeded draws repeat exactly; the
 //   empirical distribution of many draws passes a chi-square test against the host's
-//   distribution (runtime/sampler.cc semantics), and no token outside the kept set ever appears.
+//   distribution (runtime/sampler.cc semantics), false-failure probability below 1.5e-4 a run,
+//   and no token outside the kept set ever appears. The cases cover the GPU sampler's edge cases:
+//   ties at the top-k and top-p cuts, top_p near 1, flat and nearly flat rows (one histogram bin
+//   holds tens of thousands of tokens), vocabularies no multiple of any tile, greedy rows in the
+//   same launch.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -1201,6 +1205,40 @@ std::vector<double> SortedTopKProbs(const float* x, int vocab, float temperature
   return probs;
 }
 
+// Shapes of logits rows for the statistical test, each an edge case of the GPU sampler's
+// histogram-then-collect design (sampling_kernels.cu).
+enum class Shape {
+  kPeaked,     // N(0, 1) with planted peaks (RandomLogits): the common case
+  kTiesAtCut,  // kPeaked, then ranks [kTieStart, kTieStart + kTieCount) set equal: ties at the cut
+  kFlat,       // every logit the same random value: one bin holds the whole row
+  kNarrow,     // N(0, 0.01): a few bins of s hold everything, far more tokens than one collect
+};
+constexpr int kTieStart = 40, kTieCount = 300;
+
+std::vector<float> ShapedLogits(Shape shape, int vocab, std::mt19937_64& rng) {
+  switch (shape) {
+    case Shape::kPeaked:
+      return RandomLogits(1, vocab, 1.0f, false, rng);
+    case Shape::kTiesAtCut: {
+      std::vector<float> x = RandomLogits(1, vocab, 1.0f, false, rng);
+      std::vector<int> order(vocab);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return x[a] > x[b]; });
+      const float tied = x[order[kTieStart]];
+      for (int rank = kTieStart; rank < kTieStart + kTieCount; ++rank) x[order[rank]] = tied;
+      return x;
+    }
+    case Shape::kFlat:
+      return std::vector<float>(vocab, std::normal_distribution<float>(0.0f, 3.0f)(rng));
+    case Shape::kNarrow: {
+      std::vector<float> x(vocab);
+      ::sieve::testing::FillRandom(x.data(), x.size(), rng, 0.01f);
+      return x;
+    }
+  }
+  return {};
+}
+
 TEST(CudaSamplingTest, DrawsFollowTheFilteredDistribution) {
   SIEVE_REQUIRE_GPU();
   auto rng = ::sieve::testing::MakeRng();
@@ -1210,6 +1248,9 @@ TEST(CudaSamplingTest, DrawsFollowTheFilteredDistribution) {
     int top_k;
     int top_p_length;  // > 0: top_p placed so that exactly this many tokens stay
     int min_p_length;  // > 0: min_p placed so that this many of the top-k tokens pass it
+    Shape shape = Shape::kPeaked;
+    double top_p_mass = 0;  // > 0: top_p_length is the shortest prefix with this much mass
+    float min_p = 0;        // > 0: this min_p as it is
   };
   const Case kCases[] = {
       {50, 1.0f, 0, 0, 0},        // the whole softmax
@@ -1218,24 +1259,53 @@ TEST(CudaSamplingTest, DrawsFollowTheFilteredDistribution) {
       {1000, 1.0f, 100, 60, 30},  // all three: min-p is the tightest
       {32000, 0.7f, 0, 0, 12},    // min-p alone
       {5000, 1.0f, 200, 150, 0},  // top-p inside top-k
+      // A vocabulary that is no multiple of any tile, with top-k and top-p.
+      {100003, 0.9f, 500, 200, 0},
+      // top_p near 1: the cut deep in the tail.
+      {32000, 1.0f, 0, 0, 0, Shape::kPeaked, 0.999},
+      // Equal logits straddling the top-k cut and the top-p cut: the lower ids win.
+      {3000, 1.0f, 100, 0, 0, Shape::kTiesAtCut},
+      {3000, 1.0f, 0, 120, 0, Shape::kTiesAtCut},
+      // A flat row: top-k, top-p and min-p all cut inside one bin of 20000 tokens.
+      {20000, 1.0f, 3000, 0, 0, Shape::kFlat, 0, 0.05f},
+      {20000, 0.7f, 0, 2000, 0, Shape::kFlat},
+      // Nearly flat: tens of thousands of tokens a bin, narrowed by radix passes.
+      {128256, 1.0f, 5000, 0, 0, Shape::kNarrow},
+      {128256, 1.0f, 0, 3000, 0, Shape::kNarrow},
+      // Both, top-p's cut inside top-k's narrowed bin.
+      {128256, 1.0f, 5000, 3000, 0, Shape::kNarrow},
   };
-  constexpr int kRows = 256, kLaunches = 64;  // 16384 draws a case
+  // Every fifth row is greedy (and must give the argmax): rows with different knobs share the
+  // launch. 256 sampled rows x 64 launches = 16384 draws a case.
+  constexpr int kRows = 320, kLaunches = 64;
+  const auto greedy_row = [](int row) { return row % 5 == 4; };
   for (const Case& test_case : kCases) {
     const int vocab = test_case.vocab;
-    const std::vector<float> row_logits = RandomLogits(1, vocab, 1.0f, false, rng);
+    const std::vector<float> row_logits = ShapedLogits(test_case.shape, vocab, rng);
     const float* x = row_logits.data();
     SamplingRowParams knobs = Knobs(test_case.temperature, test_case.top_k, 1.0f, 0.0f, 0, 0);
     const std::vector<double> sorted = SortedTopKProbs(x, vocab, knobs.temperature, knobs.top_k);
-    if (test_case.top_p_length > 0) {
+    int top_p_length = test_case.top_p_length;
+    if (test_case.top_p_mass > 0) {
+      double cumulative = 0;
+      while (top_p_length < static_cast<int>(sorted.size()) && cumulative < test_case.top_p_mass) {
+        cumulative += sorted[top_p_length++];
+      }
+    }
+    if (top_p_length > 0) {
+      // Midway through the last kept token's probability: float-vs-double rounding and the GPU's
+      // fixed-point weights cannot move the cut.
       double below = 0;
-      for (int index = 0; index < test_case.top_p_length - 1; ++index) below += sorted[index];
-      knobs.top_p = static_cast<float>(below + sorted[test_case.top_p_length - 1] / 2);
+      for (int index = 0; index < top_p_length - 1; ++index) below += sorted[index];
+      knobs.top_p = static_cast<float>(below + sorted[top_p_length - 1] / 2);
     }
     if (test_case.min_p_length > 0) {
       const int last = test_case.min_p_length - 1;
       knobs.min_p = static_cast<float>((sorted[last] + sorted[last + 1]) / 2 / sorted[0]);
     }
+    if (test_case.min_p > 0) knobs.min_p = test_case.min_p;
     const std::vector<double> expected = ExpectedDistribution(x, vocab, knobs);
+    const int argmax = HostArgmax(x, vocab);
     std::vector<float> logits;
     for (int row = 0; row < kRows; ++row) {
       logits.insert(logits.end(), row_logits.begin(), row_logits.end());
@@ -1248,14 +1318,20 @@ TEST(CudaSamplingTest, DrawsFollowTheFilteredDistribution) {
       for (int row = 0; row < kRows; ++row) {
         params[row].seed = seed + row;
         params[row].offset = launch;
+        if (greedy_row(row)) params[row].temperature = 0.0f;
       }
       const SampleRun run = RunSampler(logits_gpu, kRows, vocab, params);
-      for (int32_t token : run.tokens) {
+      for (int row = 0; row < kRows; ++row) {
+        const int32_t token = run.tokens[row];
+        if (greedy_row(row)) {
+          ASSERT_EQ(token, argmax) << "vocab " << vocab << " row " << row;
+          continue;
+        }
         ASSERT_TRUE(token >= 0 && token < vocab);
         ++counts[token];
       }
     }
-    const double draws = static_cast<double>(kRows) * kLaunches;
+    const double draws = static_cast<double>(kRows - kRows / 5) * kLaunches;
     // Chi-square over the tokens expected >= 5 times; the rest pooled into one bin.
     double chi_square = 0, pooled_expected = 0, pooled_observed = 0;
     int bins = 0;
@@ -1280,7 +1356,12 @@ TEST(CudaSamplingTest, DrawsFollowTheFilteredDistribution) {
       ++bins;
     }
     const double dof = std::max(1, bins - 1);
-    // Mean dof, sd sqrt(2 dof): 6 sd plus slack fails a wrong distribution, never a right one.
+    // Limit: dof + 6 sd (sd = sqrt(2 dof)) + 10. Under the right distribution the chi-square
+    // statistic exceeds it with probability P(chi2_dof > limit) <= 1.0e-5 (the worst case, dof 1:
+    // P(chi2_1 > 19.5); 1.0e-6 at dof 10, 5e-9 at dof 1000), so this test fails falsely with
+    // probability below 15 cases x 1.0e-5 = 1.5e-4 a run (up to the chi-square approximation,
+    // kept honest by pooling tokens expected fewer than 5 times). A wrong distribution (a token
+    // off by 10% of a few percent of the mass) exceeds it by far.
     const double limit = dof + 6.0 * std::sqrt(2.0 * dof) + 10.0;
     std::printf(
         "vocab %d T %.2f top_k %d top_p %.4f min_p %.4f: chi2 %.1f over %d bins (limit "

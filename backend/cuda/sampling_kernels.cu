@@ -1,15 +1,45 @@
-// GPU sampler (sampling_kernels.h): one block of 512 threads per logits row, no sort.
+// GPU sampler (sampling_kernels.h): a thread-block cluster of kCluster blocks per logits row, no
+// sort. One block per row left most of the H200's 132 multiprocessors idle at decode batch sizes
+// and walked 128K logits with 512 threads in every radix pass (1.25 ms a step for top-p at 64
+// rows); a cluster splits the row into kCluster contiguous chunks, and its blocks combine their
+// partial results through distributed shared memory (sm_90).
 //
-// Passes over the row (each a coalesced read of the logits, L2-resident after the first):
-//   1. max, argmax (ties: lowest id) and the softmax denominator, online, for greedy and logprob;
-//   2. top-k: radix select of the k-th best (logit, lower id first) key (block_select.cuh);
-//   3. top-p: the total weight of the top-k, then a weighted radix select of the key at which the
-//      best-first running weight reaches top_p of it;
-//   4. min-p: the smallest kept key whose probability reaches min_p of the best's;
-//   5. the draw: sums of the kept weights over kDrawRanges contiguous id ranges, one 64-bit
-//      random number scaled to the kept total, and one warp's walk inside the range it falls in.
-// The kept set is always "keys >= cut" for one 64-bit cut, every weight is a 40-bit fixed-point
-// integer, and the sums are integer: the draw is reproducible bit for bit.
+// Passes over the row (each block reads its chunk; L2-resident after the first pass):
+//   A. max, argmax (ties: lowest id) and the softmax denominator, online, for greedy and logprob.
+//      Greedy rows stop here.
+//   B. (top-k or top-p only) a histogram over kBins bins of s = log2(p_best / p) =
+//      (best - x) * log2(e) / T in [0, kSpan): with top-k the token counts, for top-p alone the
+//      summed fixed-point weights (one shared-memory atomic a token, or two). The bin is a
+//      non-decreasing function of s, so each bin is a contiguous range of the (logit, lower id
+//      first) key order, bin 0 the best. The top-k cut lies in the first bin where the running
+//      count reaches k, the top-p cut in the first bin where the running weight (of the top-k)
+//      reaches top_p of it: only that bin's keys are collected into shared memory, where the exact
+//      key is selected (select::BlockRadixSelect).
+//   C. (top-k with top-p) one pass collects top-k's cut bin and sums the weights of the bins
+//      before it, which is all top-p needs. A bin of more than kGather tokens (heavy ties, flat
+//      rows) is first narrowed by cluster-wide radix passes, 8 key bits a pass, until few enough
+//      are left: exact on any input, only slower.
+//   D. the draw: each block sums the kept weights of its chunk per tile of consecutive ids, the
+//      cluster adds the block sums in rank order, one 64-bit random number picks the block, the
+//      tile and, by one warp's walk, the token: inverse-CDF over the ids in increasing order. The
+//      last selection, when it needs a collect, is done in this pass: it collects the cut bin's
+//      keys while summing the better bins, and adds the kept keys of the bin once the cut is known
+//      (top-p alone learns only here how many tokens its bin holds; over kGather, it selects the
+//      long way and sums the tiles again).
+// Tokens with s >= kSpan have weight 0 (2^-48 * 2^40 < 1/2) and are never counted or drawn:
+// leaving them out of the top-k count changes nothing that can be drawn. Min-p needs no pass of
+// its own: it is a test on each token's probability ratio in D. Every weight is a 40-bit
+// fixed-point integer and every sum an integer, and a selection depends only on the set of keys
+// collected, not on their order: the kept set and the draw are reproducible bit for bit, and do
+// not depend on which row or cluster a request lands in.
+//
+// What bounds it (H200, ncu, 64 rows, top-p 0.95: ~140 us, the target is 60): not memory (DRAM 4%,
+// L2 6% of peak) but issue: ~5.6 warp instructions a logit over all passes at 50% occupancy (64
+// registers x 1024 threads a multiprocessor; 14 cycles a warp between instructions), pass B's
+// shared-memory atomics the largest part (64-bit shared atomicAdd is a compare-and-swap loop on
+// sm_90, hence AddWeight's two 32-bit words).
+#include <cooperative_groups.h>
+
 #include <cstdint>
 
 #include "backend/cuda/block_select.cuh"
@@ -21,25 +51,46 @@ namespace sieve::cuda {
 
 namespace {
 
-// 512 threads: at 1024 the 64-register cap made ptxas spill; two blocks a multiprocessor give the
-// same occupancy.
-constexpr int kSampleThreads = 512;
-constexpr int kSampleWarps = kSampleThreads / 32;
-// The draw first finds which of kDrawRanges contiguous id ranges holds it, then walks that range.
-constexpr int kDrawRanges = 256;
-// Logits loaded before any is used, in every pass over a row (select::ForEachStrided).
-constexpr int kUnroll = 4;
-constexpr float kWeightScale = 1099511627776.0f;  // 2^40: weights are round(p / p_best * 2^40)
+namespace cg = cooperative_groups;
 
-struct SampleSmem {
-  select::RadixSelectSmem radix;
-  float warp_max[kSampleWarps];
-  float warp_sum[kSampleWarps];
-  int warp_argmax[kSampleWarps];
-  unsigned long long warp_u64[kSampleWarps];
-  unsigned long long range_weight[kDrawRanges];
-  int token;
-};
+// 8 blocks of 256 threads per row (8 is the portable cluster size): 64 rows are 512 blocks, about 4
+// a multiprocessor, the most that 64 registers a thread allow (an H200 holds 62 such clusters).
+constexpr int kCluster = 8;
+constexpr int kThreads = 256;
+
+// Thread-block clusters are sm_90's: the device code below is compiled for sm_90 and up only; on
+// older targets the kernel traps, and SampleTokensSupported() keeps it from launching (the
+// backend samples on the host there).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define SIEVE_SAMPLING_CLUSTERS 1
+#else
+#define SIEVE_SAMPLING_CLUSTERS 0
+#endif
+#if SIEVE_SAMPLING_CLUSTERS
+constexpr int kWarps = kThreads / 32;
+// Every pass reads quads of 4 consecutive logits (one 16-byte load where the row is aligned),
+// kQuadsInFlight of them per thread before using any: 64 bytes a thread in flight, so that the
+// loads' round trips overlap.
+constexpr int kQuadsInFlight = 4;
+
+// Pass B: kBins bins of width kSpan / kBins = 3/64 in s = log2(p_best / p). The benchmark's 128K
+// logits, spread over 22 units of s, are ~280 a bin; real logits are sparser near the head.
+constexpr int kBins = 1024;
+constexpr float kSpan = 48.0f;
+constexpr float kBinsPerUnit = kBins / kSpan;
+constexpr float kLog2e = 1.44269504088896340736f;
+// Bins from this one on hold weightless tokens only: s >= 42.04 there, and 2^-42.04 * 2^40 < 1/2.
+constexpr int kWeightlessBin = static_cast<int>(42.0f * kBinsPerUnit) + 1;
+// The most keys one bin may hold to be collected (C) without narrowing it first.
+constexpr int kGather = 2048;
+// The draw's tiles per block: a chunk is cut into at most kMaxTiles tiles of a multiple of
+// kTileMin ids (a warp's 32 lanes x kQuadsInFlight quads).
+constexpr int kMaxTiles = 256;
+constexpr int kTileMin = 32 * 4 * kQuadsInFlight;
+// Chunks start at multiples of this many ids (whole quads, whole 128-byte lines).
+constexpr int kChunkAlign = 128;
+
+constexpr float kWeightScale = 1099511627776.0f;  // 2^40: weights are round(p / p_best * 2^40)
 
 // Online softmax state of a set of logits: its max, the lowest id holding it, and the sum of
 // exp(x - max). Combining is exact for the max and argmax, so greedy is the true argmax.
@@ -49,13 +100,33 @@ struct SoftmaxState {
   int argmax;  // INT32_MAX: empty
 };
 
+struct SampleSmem {
+  select::RadixSelectSmem radix;
+  unsigned int hist_count[kBins];              // B: this block's, then the cluster's
+  unsigned long long hist_weight[kBins];       //
+  unsigned int digit_count[256];               // the radix passes narrowing a large bin
+  unsigned long long digit_weight[256];        //
+  unsigned int slice_count[kBins / kCluster];  // the cluster's totals of this block's bin slice
+  unsigned long long slice_weight[kBins / kCluster];
+  unsigned long long buffer[kGather];  // collected keys (C)
+  unsigned long long tile_weight[kMaxTiles];
+  unsigned long long warp_u64[kWarps];
+  SoftmaxState warp_state[kWarps];
+  SoftmaxState block_state;         // this block's chunk (read by the cluster)
+  SoftmaxState row_state;           // the whole row
+  unsigned long long block_weight;  // kept weight of this block's chunk (read by the cluster)
+  unsigned long long found_before;
+  int found_position;
+  int own_count;  // keys this block collected into buffer[0, own_count) (read by the cluster)
+};
+
 __device__ inline SoftmaxState Combine(const SoftmaxState& a, const SoftmaxState& b) {
   if (a.argmax == INT32_MAX) return b;
   if (b.argmax == INT32_MAX) return a;
   const float max = fmaxf(a.max, b.max);
   SoftmaxState out;
   out.max = max;
-  out.sum = a.sum * expf(a.max - max) + b.sum * expf(b.max - max);
+  out.sum = a.sum * exp2f((a.max - max) * kLog2e) + b.sum * exp2f((b.max - max) * kLog2e);
   out.argmax = a.max > b.max ? a.argmax : (b.max > a.max ? b.argmax : min(a.argmax, b.argmax));
   return out;
 }
@@ -66,207 +137,795 @@ __device__ inline SoftmaxState ShuffleXor(const SoftmaxState& state, int offset)
           __shfl_xor_sync(0xffffffffu, state.argmax, offset)};
 }
 
-// Fixed-order block sums and minimums: lane 0's butterfly result of each warp, then the warps in
-// order. Every thread returns the same value.
-__device__ inline unsigned long long BlockSumU64(unsigned long long value,
-                                                 unsigned long long* slots) {
+// Fixed-order block sum: lane 0's butterfly result of each warp, then the warps in order. Every
+// thread returns the same value.
+__device__ inline unsigned long long BlockSumU64(unsigned long long value, SampleSmem& smem) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
     value += __shfl_xor_sync(0xffffffffu, value, offset);
   }
-  if (threadIdx.x % 32 == 0) slots[threadIdx.x / 32] = value;
+  if (threadIdx.x % 32 == 0) smem.warp_u64[threadIdx.x / 32] = value;
   __syncthreads();
   unsigned long long total = 0;
-  for (int warp = 0; warp < kSampleWarps; ++warp) total += slots[warp];
+  for (int warp = 0; warp < kWarps; ++warp) total += smem.warp_u64[warp];
   __syncthreads();
   return total;
 }
 
-__device__ inline unsigned long long BlockMinU64(unsigned long long value,
-                                                 unsigned long long* slots) {
+__device__ inline unsigned long long BlockMinU64(unsigned long long value, SampleSmem& smem) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
     value = min(value, __shfl_xor_sync(0xffffffffu, value, offset));
   }
-  if (threadIdx.x % 32 == 0) slots[threadIdx.x / 32] = value;
+  if (threadIdx.x % 32 == 0) smem.warp_u64[threadIdx.x / 32] = value;
   __syncthreads();
-  unsigned long long total = slots[0];
-  for (int warp = 1; warp < kSampleWarps; ++warp) total = min(total, slots[warp]);
+  unsigned long long lowest = smem.warp_u64[0];
+  for (int warp = 1; warp < kWarps; ++warp) lowest = min(lowest, smem.warp_u64[warp]);
   __syncthreads();
+  return lowest;
+}
+
+// Adds a weight (< 2^41) to a 64-bit shared-memory counter with 32-bit atomics: the 64-bit
+// atomicAdd on shared memory is a compare-and-swap loop on sm_90, and pass B does one per token.
+// The low word wraps exactly once for each carry its adder sees, so the sum is exact once every
+// adder is done.
+__device__ inline void AddWeight(unsigned long long* counter, unsigned long long weight) {
+  unsigned int* words = reinterpret_cast<unsigned int*>(counter);  // little-endian: low first
+  const unsigned int low = static_cast<unsigned int>(weight);
+  const unsigned int high = static_cast<unsigned int>(weight >> 32);
+  const unsigned int before = atomicAdd(words, low);
+  const unsigned int carry = before > 0xffffffffu - low ? 1u : 0u;
+  if (high + carry != 0) atomicAdd(words + 1, high + carry);
+}
+
+// The inverse of select::OrderedBits: the logit a key was built from (-0.0 comes back as +0.0,
+// which every function here treats alike).
+__device__ inline float ValueOfKey(unsigned long long key) {
+  const uint32_t ordered = static_cast<uint32_t>(key >> 32);
+  return __uint_as_float((ordered & 0x80000000u) != 0 ? (ordered & 0x7fffffffu) : ~ordered);
+}
+
+__device__ inline unsigned long long KeyOf(int id, float value) {
+  return select::CompositeKey(select::OrderedBits(value), static_cast<uint32_t>(id));
+}
+
+// One row as a block of its cluster sees it. The explicitly rounded operations keep the compiler
+// from contracting them differently at different call sites: every pass must see the same
+// weights and bins for the same logit.
+template <bool kAligned>  // 16-byte aligned rows, vocab % 4 == 0: quads are single whole loads
+struct RowView {
+  const float* x;  // the row's logits
+  int lo, hi;      // this block's chunk [lo, hi)
+  float best;
+  float scale;  // log2(e) / T
+
+  // s = log(p_best / p) = (best - x) / T >= 0; NaN for a NaN logit (never eligible).
+  __device__ float Scaled(float value) const {
+    return value == best ? 0.0f : __fmul_rn(__fsub_rn(best, value), scale);
+  }
+  // p / p_best = exp((x - best) / T).
+  __device__ float Ratio(float value) const {
+    return value == best ? 1.0f : exp2f(__fmul_rn(__fsub_rn(value, best), scale));
+  }
+  __device__ unsigned long long Weight(float value) const {
+    return __float2ull_rn(Ratio(value) * kWeightScale);
+  }
+
+  // Logits [id, id + 4) (id % 4 == 0), those at or past `end` not loaded (their value unused).
+  __device__ float4 LoadQuad(int id, int end) const {
+    if constexpr (kAligned) return __ldg(reinterpret_cast<const float4*>(x + id));
+    float4 quad;
+    quad.x = __ldg(x + id);
+    quad.y = id + 1 < end ? __ldg(x + id + 1) : 0.0f;
+    quad.z = id + 2 < end ? __ldg(x + id + 2) : 0.0f;
+    quad.w = id + 3 < end ? __ldg(x + id + 3) : 0.0f;
+    return quad;
+  }
+  // Aligned rows end on a whole quad: no bounds to test.
+  template <typename Fn>
+  __device__ static void Visit(int id, int end, const float4& quad, Fn& fn) {
+    fn(id, quad.x);
+    if (kAligned || id + 1 < end) fn(id + 1, quad.y);
+    if (kAligned || id + 2 < end) fn(id + 2, quad.z);
+    if (kAligned || id + 3 < end) fn(id + 3, quad.w);
+  }
+  // Calls fn(id, x[id]) for the ids below `end` of the quads starting at first, first + kStep,
+  // first + 2 kStep, ... (first and kStep multiples of 4), kQuadsInFlight quads loaded before any
+  // is used. The ids are not visited in increasing order: callers may not depend on it.
+  template <int kStep, typename Fn>
+  __device__ void ForQuads(int first, int end, Fn fn) const {
+    int id = first;
+    for (; id + (kQuadsInFlight - 1) * kStep < end; id += kQuadsInFlight * kStep) {
+      float4 quads[kQuadsInFlight];
+#pragma unroll
+      for (int u = 0; u < kQuadsInFlight; ++u) quads[u] = LoadQuad(id + u * kStep, end);
+#pragma unroll
+      for (int u = 0; u < kQuadsInFlight; ++u) Visit(id + u * kStep, end, quads[u], fn);
+    }
+    for (; id < end; id += kStep) Visit(id, end, LoadQuad(id, end), fn);
+  }
+  // Calls fn(id, x[id]) for every id of this block's chunk.
+  template <typename Fn>
+  __device__ void ForChunk(Fn fn) const {
+    ForQuads<4 * kThreads>(lo + 4 * static_cast<int>(threadIdx.x), hi, fn);
+  }
+};
+
+// Eligible tokens (s < kSpan) and their bin; bins are non-increasing in the logit.
+__device__ inline bool Eligible(float s) { return s < kSpan; }
+__device__ inline int BinOf(float s) { return min(kBins - 1, static_cast<int>(s * kBinsPerUnit)); }
+
+// Positions 0..N-1 of values value_at(p): the first position at which the running sum reaches
+// `target` and the sum of the positions before it; position N (before = total) when the total
+// is below it. Every thread gets the same answer.
+struct Crossing {
+  int position;
+  unsigned long long before;
+  unsigned long long total;
+};
+template <int N, typename ValueAt>
+__device__ Crossing BlockFindCrossing(ValueAt value_at, unsigned long long target,
+                                      SampleSmem& smem) {
+  static_assert(N % kThreads == 0);
+  constexpr int kPer = N / kThreads;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  unsigned long long values[kPer];
+  unsigned long long own = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    values[i] = value_at(tid * kPer + i);
+    own += values[i];
+  }
+  unsigned long long inclusive = own;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const unsigned long long other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  if (lane == 31) smem.warp_u64[warp] = inclusive;
+  __syncthreads();
+  unsigned long long ahead = 0, total = 0;
+  for (int other = 0; other < kWarps; ++other) {
+    if (other < warp) ahead += smem.warp_u64[other];
+    total += smem.warp_u64[other];
+  }
+  const unsigned long long exclusive = ahead + inclusive - own;
+  if (tid == 0) {
+    smem.found_position = N;
+    smem.found_before = total;
+  }
+  __syncthreads();
+  // The intervals (exclusive, exclusive + own] are disjoint: at most one thread writes.
+  if (exclusive < target && exclusive + own >= target) {
+    unsigned long long running = exclusive;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      if (running + values[i] >= target) {
+        smem.found_position = tid * kPer + i;
+        smem.found_before = running;
+        break;
+      }
+      running += values[i];
+    }
+  }
+  __syncthreads();
+  const Crossing crossing{smem.found_position, smem.found_before, total};
+  __syncthreads();
+  return crossing;
+}
+
+// Makes every block's counts[0, N) (kCounts) and weights[0, N) (arrays of SampleSmem) the
+// cluster's sums of them. Block r adds up slice r of the bins from all blocks, then every block
+// copies all slices: each remote value is read twice in all, not kCluster times. Other blocks may
+// still read this block's slices when it returns: the next cluster.sync (every path has one
+// before the slices are rewritten or the block exits) orders that.
+template <int N, bool kCounts>
+__device__ void ClusterReduceHistogram(unsigned int* counts, unsigned long long* weights,
+                                       SampleSmem& smem, cg::cluster_group& cluster) {
+  constexpr int kSlice = N / kCluster;
+  static_assert(kSlice <= kBins / kCluster);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int rank = static_cast<int>(cluster.block_rank());
+  cluster.sync();  // every block's own histogram is complete
+  for (int i = tid; i < kSlice; i += kThreads) {
+    const int bin = rank * kSlice + i;
+    unsigned int count = 0;
+    unsigned long long weight = 0;
+#pragma unroll
+    for (int other = 0; other < kCluster; ++other) {
+      if constexpr (kCounts) count += cluster.map_shared_rank(counts, other)[bin];
+      weight += cluster.map_shared_rank(weights, other)[bin];
+    }
+    smem.slice_count[i] = count;
+    smem.slice_weight[i] = weight;
+  }
+  cluster.sync();  // every slice is complete, and no block reads the own histograms any more
+  for (int bin = tid; bin < N; bin += kThreads) {
+    const int owner = bin / kSlice;
+    if constexpr (kCounts)
+      counts[bin] = cluster.map_shared_rank(smem.slice_count, owner)[bin % kSlice];
+    weights[bin] = cluster.map_shared_rank(smem.slice_weight, owner)[bin % kSlice];
+  }
+  __syncthreads();
+}
+
+// Shares the keys every block appended to its buffer[0, own_count) (at most kGather in all, the
+// caller knows how many): every block's buffer gets all of them, its own first, in an order that
+// varies from run to run; what is computed from them depends only on the set. Returns their
+// number.
+// `appended` (optional) gets how many keys were appended in all, kGather or more meaning that some
+// did not fit (then the buffers hold only some of them).
+__device__ int ClusterShareCollected(SampleSmem& smem, cg::cluster_group& cluster,
+                                     int* appended = nullptr) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int rank = static_cast<int>(cluster.block_rank());
+  cluster.sync();  // every block's own keys are in place
+  int total = min(smem.own_count, kGather);
+  int all = smem.own_count;
+  for (int other = 0; other < kCluster; ++other) {
+    if (other == rank) continue;
+    const SampleSmem* remote = cluster.map_shared_rank(&smem, other);
+    const int own_count = remote->own_count;
+    all += own_count;
+    const int count = min(min(own_count, kGather), kGather - total);
+    for (int i = tid; i < count; i += kThreads) smem.buffer[total + i] = remote->buffer[i];
+    total += count;
+  }
+  cluster.sync();  // every block has copied: buffers and own counts may be rewritten
+  if (appended != nullptr) *appended = all;
   return total;
 }
 
-// p / p_best = exp((x - best) / T). The explicitly rounded operations keep the compiler from
-// contracting them differently at different call sites: every pass must see the same weights.
-__device__ inline float ProbabilityRatio(float value, float best, float inverse_temperature) {
-  return value == best ? 1.0f : expf(__fmul_rn(__fsub_rn(value, best), inverse_temperature));
+// Appends one key to this block's part of the collection. own_count must have been zeroed (and
+// a barrier passed) before.
+__device__ inline void CollectOwn(unsigned long long key, SampleSmem& smem) {
+  const int slot = atomicAdd(&smem.own_count, 1);
+  if (slot < kGather) smem.buffer[slot] = key;
 }
 
-__global__ __launch_bounds__(kSampleThreads, 2) void SampleTokensKernel(
+// Collects the keys of the row's tokens for which pred(id, value) holds into every block's buffer
+// (ClusterShareCollected).
+template <typename Row, typename Pred>
+__device__ int ClusterCollect(const Row& row, Pred pred, SampleSmem& smem,
+                              cg::cluster_group& cluster) {
+  if (threadIdx.x == 0) smem.own_count = 0;
+  __syncthreads();
+  row.ForChunk([&](int id, float value) {
+    if (pred(id, value)) CollectOwn(KeyOf(id, value), smem);
+  });
+  return ClusterShareCollected(smem, cluster);
+}
+
+// select::BlockRadixSelect's threshold may be a key prefix with zero low bits, below the selected
+// key: right where every key is a candidate, too low where the candidates are one bin of the row
+// (tokens of worse bins can share the prefix). The smallest collected key >= it is the exact cut.
+// Every thread gets it.
+template <bool kWeighted, typename WeightAt>
+__device__ unsigned long long SelectCollected(int count, unsigned long long cut,
+                                              unsigned long long target, WeightAt weight_at,
+                                              SampleSmem& smem) {
+  const unsigned long long* buffer = smem.buffer;
+  const unsigned long long threshold = select::BlockRadixSelect<kThreads, kWeighted>(
+      count, cut, target, [buffer](int i) { return buffer[i]; }, weight_at, smem.radix);
+  unsigned long long lowest = ~0ull;
+  for (int i = static_cast<int>(threadIdx.x); i < count; i += kThreads) {
+    if (buffer[i] >= threshold) lowest = min(lowest, buffer[i]);
+  }
+  return BlockMinU64(lowest, smem);
+}
+
+struct Selected {
+  unsigned long long cut;     // the threshold key
+  unsigned long long weight;  // the summed weight of the candidates with key >= cut
+};
+
+// Among the row's candidates (pred; `count` of them), the threshold key t such that, walking
+// keys from the largest down, exactly `target` keys are >= t (kWeighted = false), or the running
+// weight first reaches `target` at t (kWeighted = true). Preconditions as
+// select::BlockRadixSelect's. More than kGather candidates are narrowed by cluster-wide radix
+// passes over the next 8 key bits first.
+template <bool kWeighted, typename Row, typename Pred>
+__device__ Selected ClusterSelect(const Row& row, Pred pred, int count, unsigned long long target,
+                                  SampleSmem& smem, cg::cluster_group& cluster) {
+  const int tid = static_cast<int>(threadIdx.x);
+  unsigned long long prefix = 0, mask = 0, weight_above = 0;
+  for (int shift = 56; count > kGather && shift >= 0; shift -= 8) {
+    for (int digit = tid; digit < 256; digit += kThreads) {
+      smem.digit_count[digit] = 0;
+      smem.digit_weight[digit] = 0;
+    }
+    __syncthreads();
+    row.ForChunk([&](int id, float value) {
+      if (!pred(id, value)) return;
+      const unsigned long long key = KeyOf(id, value);
+      if ((key & mask) != prefix) return;
+      const int digit = static_cast<int>((key >> shift) & 0xff);
+      atomicAdd(&smem.digit_count[digit], 1u);
+      AddWeight(&smem.digit_weight[digit], row.Weight(value));
+    });
+    ClusterReduceHistogram<256, true>(smem.digit_count, smem.digit_weight, smem, cluster);
+    // Position p is digit 255 - p: best first.
+    const Crossing crossing = BlockFindCrossing<256>(
+        [&smem](int p) -> unsigned long long {
+          return kWeighted ? smem.digit_weight[255 - p] : smem.digit_count[255 - p];
+        },
+        target, smem);
+    const int digit = 255 - min(crossing.position, 255);
+    weight_above += BlockSumU64(tid > digit ? smem.digit_weight[tid] : 0ull, smem);
+    target -= crossing.before;
+    count = static_cast<int>(smem.digit_count[digit]);
+    prefix |= static_cast<unsigned long long>(digit) << shift;
+    mask |= 0xffull << shift;
+    __syncthreads();  // digit_count[digit] read before the next pass clears it
+  }
+  const int collected = ClusterCollect(
+      row,
+      [&](int id, float value) { return pred(id, value) && (KeyOf(id, value) & mask) == prefix; },
+      smem, cluster);
+  const unsigned long long* buffer = smem.buffer;
+  const auto weight_at = [buffer, &row](int i) { return row.Weight(ValueOfKey(buffer[i])); };
+  const unsigned long long cut = SelectCollected<kWeighted>(collected, 0, target, weight_at, smem);
+
+  unsigned long long kept = 0;
+  for (int i = tid; i < collected; i += kThreads) {
+    if (buffer[i] >= cut) kept += weight_at(i);
+  }
+  return {cut, weight_above + BlockSumU64(kept, smem)};
+}
+
+#endif  // SIEVE_SAMPLING_CLUSTERS
+
+template <bool kAligned>
+__global__ __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 4) void SampleTokensKernel(
     const float* __restrict__ logits,              // [rows][vocab]
     int vocab,                                     //
     const SamplingRowParams* __restrict__ params,  // [rows]
     int32_t* __restrict__ out_tokens,              // [rows]
     float* __restrict__ out_logprob) {             // [rows] or null
-  __shared__ SampleSmem smem;
-  const int row = static_cast<int>(blockIdx.x);
+#if !SIEVE_SAMPLING_CLUSTERS
+  __trap();
+#else
+  __shared__ SampleSmem shared;
+  SampleSmem& smem = shared;  // a reference: lambdas cannot capture a __shared__ variable
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int row_index = static_cast<int>(blockIdx.x) / kCluster;
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32, warp = tid / 32;
-  const float* x = logits + static_cast<int64_t>(row) * vocab;
-  const SamplingRowParams knobs = params[row];
+  const float* x = logits + static_cast<int64_t>(row_index) * vocab;
+  const SamplingRowParams knobs = params[row_index];
+  // Contiguous chunks starting at multiples of kChunkAlign ids.
+  const int chunk = (vocab + kCluster * kChunkAlign - 1) / (kCluster * kChunkAlign) * kChunkAlign;
+  RowView<kAligned> row{x, min(vocab, rank * chunk), min(vocab, (rank + 1) * chunk), 0.0f, 0.0f};
 
-  // 1. max, argmax and sum of exp(x - max) of the raw logits.
+  // A. max, argmax and sum of exp(x - max) of the raw logits.
   SoftmaxState state{-INFINITY, 0.0f, INT32_MAX};
-  const auto load_logit = [x](int id) { return x[id]; };
-  select::ForEachStrided<kSampleThreads, kUnroll>(tid, vocab, load_logit, [&](int id, float value) {
+  row.ForChunk([&](int id, float value) {
     if (value == -INFINITY) return;  // masked token: no mass, and never the argmax
-    if (state.argmax == INT32_MAX || value > state.max) {
-      state.sum = (state.argmax == INT32_MAX ? 0.0f : state.sum * expf(state.max - value)) + 1.0f;
+    if (value > state.max) {  // also the first finite logit: the max starts at -inf, sum at 0
+      state.sum = state.sum * exp2f((state.max - value) * kLog2e) + 1.0f;
       state.max = value;
-      state.argmax = id;  // ids rise, so the first holder of the max is the lowest
+      state.argmax = id;
     } else {
-      state.sum += expf(value - state.max);
+      state.sum += exp2f((value - state.max) * kLog2e);
+      // Quads do not visit ids in increasing order: ties go to the lowest id explicitly.
+      if (value == state.max && id < state.argmax) state.argmax = id;
     }
   });
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) state = Combine(state, ShuffleXor(state, offset));
-  if (lane == 0) {
-    smem.warp_max[warp] = state.max;
-    smem.warp_sum[warp] = state.sum;
-    smem.warp_argmax[warp] = state.argmax;
+  if (lane == 0) smem.warp_state[warp] = state;
+  __syncthreads();
+  if (tid == 0) {
+    SoftmaxState block = smem.warp_state[0];
+    for (int other = 1; other < kWarps; ++other) block = Combine(block, smem.warp_state[other]);
+    smem.block_state = block;
+  }
+  cluster.sync();
+  if (tid == 0) {
+    // Rank order: every block combines the same states in the same order.
+    SoftmaxState total = cluster.map_shared_rank(&smem, 0)->block_state;
+    for (int other = 1; other < kCluster; ++other) {
+      total = Combine(total, cluster.map_shared_rank(&smem, other)->block_state);
+    }
+    smem.row_state = total;
   }
   __syncthreads();
-  SoftmaxState total{smem.warp_max[0], smem.warp_sum[0], smem.warp_argmax[0]};
-  for (int other = 1; other < kSampleWarps; ++other) {
-    total = Combine(total, {smem.warp_max[other], smem.warp_sum[other], smem.warp_argmax[other]});
-  }
+  const SoftmaxState total = smem.row_state;
   // A row of -inf only (nothing can be sampled) falls back to token 0.
   const int argmax = total.argmax == INT32_MAX ? 0 : total.argmax;
   const float log_denominator = total.max + logf(total.sum);
-  if (tid == 0) smem.token = argmax;
+  const auto finish = [&](int token) {
+    out_tokens[row_index] = token;
+    if (out_logprob != nullptr) out_logprob[row_index] = x[token] - log_denominator;
+  };
 
-  if (knobs.temperature > 0.0f) {
-    const float best = total.max;
-    const float inverse_temperature = 1.0f / knobs.temperature;
-    // Keys: the raw logit's order (the same as logit / T's), lower id first among equals.
-    const auto key_of = [x](int id) {
-      return select::CompositeKey(select::OrderedBits(x[id]), static_cast<uint32_t>(id));
-    };
-    // Weight: p / p_best = exp((x - best) / T) in 40-bit fixed point.
-    const auto weight_from = [best, inverse_temperature](float value) -> unsigned long long {
-      return __float2ull_rn(ProbabilityRatio(value, best, inverse_temperature) * kWeightScale);
-    };
-    const auto weight_of = [x, weight_from](int id) { return weight_from(x[id]); };
-    const auto key_from = [](int id, float value) {
-      return select::CompositeKey(select::OrderedBits(value), static_cast<uint32_t>(id));
-    };
-    const auto unit_weight = [](int) { return 1ull; };
+  if (!(knobs.temperature > 0.0f) || total.argmax == INT32_MAX) {
+    cluster.sync();  // no block exits while another reads its block_state
+    if (rank == 0 && tid == 0) finish(argmax);
+    return;
+  }
+  row.best = total.max;
+  row.scale = __fdiv_rn(kLog2e, knobs.temperature);
 
-    unsigned long long cut = 0;  // the kept set: keys >= cut
-    if (knobs.top_k > 0 && knobs.top_k < vocab) {
-      cut = select::BlockRadixSelect<kSampleThreads, false>(
-          vocab, 0, static_cast<unsigned long long>(knobs.top_k), key_of, unit_weight, smem.radix);
+  unsigned long long cut = 0;  // the kept set: eligible keys >= cut (then min-p)
+  // The last selection, when it needs one collect of at most kGather keys, is left to the draw
+  // pass (D), which collects pending_bin's keys while it sums the kept weights of the better bins:
+  // one pass over the row fewer.
+  int pending_bin = -1;
+  unsigned long long pending_target = 0;
+  bool pending_weighted = false;
+  const bool top_k = knobs.top_k > 0 && knobs.top_k < vocab;
+  const bool top_p = knobs.top_p < 1.0f;
+  if (top_k || top_p) {
+    // B. the cluster's histogram of the eligible tokens over the bins of s: with top-k, counts
+    // (top-p then needs the weights of the bins before top-k's cut bin only, summed while that
+    // bin is collected); top-p alone, weights (how many tokens its cut bin holds is learnt when D
+    // collects them). One shared-memory atomic a token where possible: they bound this pass.
+    bool weights_ready = !top_k;  // hist_weight holds the cluster's sums for the bins < cut_bin
+    for (int bin = tid; bin < kBins; bin += kThreads) {
+      smem.hist_count[bin] = 0;
+      smem.hist_weight[bin] = 0;
     }
-    if (knobs.top_p < 1.0f) {
-      unsigned long long kept_weight = 0;
-      select::ForEachStrided<kSampleThreads, kUnroll>(tid, vocab, load_logit,
-                                                      [&](int id, float value) {
-                                                        if (key_from(id, value) >= cut)
-                                                          kept_weight += weight_from(value);
-                                                      });
-      kept_weight = BlockSumU64(kept_weight, smem.warp_u64);
-      const double wanted =
-          ceil(static_cast<double>(knobs.top_p) * static_cast<double>(kept_weight));
-      unsigned long long target = wanted < 1.0 ? 1ull : static_cast<unsigned long long>(wanted);
-      if (target > kept_weight) target = kept_weight;
-      cut = select::BlockRadixSelect<kSampleThreads, true>(vocab, cut, target, key_of, weight_of,
-                                                           smem.radix);
+    __syncthreads();
+    row.ForChunk([&](int, float value) {
+      const float s = row.Scaled(value);
+      if (!Eligible(s)) return;
+      const int bin = BinOf(s);
+      if (top_k) atomicAdd(&smem.hist_count[bin], 1u);
+      if (weights_ready) {
+        const unsigned long long weight = row.Weight(value);
+        if (weight != 0) AddWeight(&smem.hist_weight[bin], weight);
+      }
+    });
+    if (top_k) {
+      ClusterReduceHistogram<kBins, true>(smem.hist_count, smem.hist_weight, smem, cluster);
+    } else {
+      ClusterReduceHistogram<kBins, false>(smem.hist_count, smem.hist_weight, smem, cluster);
     }
-    if (knobs.min_p > 0.0f) {
-      unsigned long long lowest = ~0ull;
-      select::ForEachStrided<kSampleThreads, kUnroll>(
-          tid, vocab, load_logit, [&](int id, float value) {
-            const unsigned long long key = key_from(id, value);
-            const float ratio = ProbabilityRatio(value, best, inverse_temperature);
-            if (key >= cut && ratio >= knobs.min_p) lowest = min(lowest, key);
+
+    // Top-k: bins before cut_bin are kept whole, cut_bin from `cut` on, the rest not at all.
+    int cut_bin = kBins;
+    unsigned long long cut_bin_weight = 0;  // kept weight within cut_bin
+    int cut_bin_kept = 0;                   // kept tokens within cut_bin
+    bool cut_bin_collected = false;         // the buffer holds all of cut_bin's keys
+    int cut_bin_count = 0;
+    if (top_k) {
+      const Crossing crossing = BlockFindCrossing<kBins>(
+          [&smem](int bin) -> unsigned long long { return smem.hist_count[bin]; },
+          static_cast<unsigned long long>(knobs.top_k), smem);
+      // Not reached: fewer than k eligible tokens, all kept. A weightless bin: nothing from it
+      // on can be drawn, so where exactly the cut falls inside it does not matter.
+      if (crossing.position < kWeightlessBin) {
+        cut_bin = crossing.position;
+        cut_bin_count = static_cast<int>(smem.hist_count[cut_bin]);
+        cut_bin_kept = static_cast<int>(knobs.top_k - crossing.before);
+        if (!top_p && cut_bin_count <= kGather) {
+          pending_bin = cut_bin;
+          pending_target = static_cast<unsigned long long>(cut_bin_kept);
+        } else if (cut_bin_count <= kGather) {
+          // One pass: the weights of the bins before cut_bin, for top-p, and cut_bin's keys.
+          for (int bin = tid; bin < kBins; bin += kThreads) smem.hist_weight[bin] = 0;
+          if (tid == 0) smem.own_count = 0;
+          __syncthreads();
+          const int bin_k = cut_bin;
+          row.ForChunk([&](int id, float value) {
+            const float s = row.Scaled(value);
+            if (!Eligible(s)) return;
+            const int bin = BinOf(s);
+            if (bin < bin_k) {
+              const unsigned long long weight = row.Weight(value);
+              if (weight != 0) AddWeight(&smem.hist_weight[bin], weight);
+            } else if (bin == bin_k) {
+              CollectOwn(KeyOf(id, value), smem);
+            }
           });
-      lowest = BlockMinU64(lowest, smem.warp_u64);
-      if (lowest != ~0ull && lowest > cut) cut = lowest;
+          ClusterReduceHistogram<kBins, false>(smem.hist_count, smem.hist_weight, smem, cluster);
+          const int collected = ClusterShareCollected(smem, cluster);
+          const unsigned long long* buffer = smem.buffer;
+          const auto weight_at = [buffer, &row](int i) {
+            return row.Weight(ValueOfKey(buffer[i]));
+          };
+          cut = SelectCollected<false>(collected, 0, static_cast<unsigned long long>(cut_bin_kept),
+                                       weight_at, smem);
+          unsigned long long kept = 0;
+          for (int i = tid; i < collected; i += kThreads) {
+            if (buffer[i] >= cut) kept += weight_at(i);
+          }
+          cut_bin_weight = BlockSumU64(kept, smem);
+          cut_bin_collected = true;
+          weights_ready = true;
+        } else {
+          const int bin = cut_bin;
+          const Selected selected = ClusterSelect<false>(
+              row,
+              [&row, bin](int, float value) {
+                const float s = row.Scaled(value);
+                return Eligible(s) && BinOf(s) == bin;
+              },
+              cut_bin_count, static_cast<unsigned long long>(cut_bin_kept), smem, cluster);
+          cut = selected.cut;
+          cut_bin_weight = selected.weight;
+        }
+      }
     }
+    if (top_p && !weights_ready) {
+      // The weights of the bins before cut_bin (all bins when top-k kept every eligible token).
+      for (int bin = tid; bin < kBins; bin += kThreads) smem.hist_weight[bin] = 0;
+      __syncthreads();
+      const int bin_k = cut_bin;
+      row.ForChunk([&](int, float value) {
+        const float s = row.Scaled(value);
+        if (!Eligible(s)) return;
+        const int bin = BinOf(s);
+        if (bin >= bin_k) return;
+        const unsigned long long weight = row.Weight(value);
+        if (weight != 0) AddWeight(&smem.hist_weight[bin], weight);
+      });
+      ClusterReduceHistogram<kBins, false>(smem.hist_count, smem.hist_weight, smem, cluster);
+    }
+    if (top_p) {
+      // The top-k's weight per bin, then the bin where top_p of its total is reached.
+      const auto kept_weight = [&smem, cut_bin, cut_bin_weight](int bin) -> unsigned long long {
+        return bin < cut_bin ? smem.hist_weight[bin] : (bin == cut_bin ? cut_bin_weight : 0ull);
+      };
+      unsigned long long kept_total = 0;
+      for (int bin = tid; bin < kBins; bin += kThreads) kept_total += kept_weight(bin);
+      kept_total = BlockSumU64(kept_total, smem);
+      const double wanted =
+          ceil(static_cast<double>(knobs.top_p) * static_cast<double>(kept_total));
+      unsigned long long target = wanted < 1.0 ? 1ull : static_cast<unsigned long long>(wanted);
+      if (target > kept_total) target = kept_total;
+      const Crossing crossing = BlockFindCrossing<kBins>(kept_weight, target, smem);
+      const int bin = min(crossing.position, kBins - 1);  // always reached: target <= total
+      target -= crossing.before;
+      if (bin == cut_bin && cut_bin_collected) {
+        // The top-k's cut bin is in every buffer already.
+        const unsigned long long* buffer = smem.buffer;
+        cut = SelectCollected<true>(
+            cut_bin_count, cut, target,
+            [buffer, &row](int i) { return row.Weight(ValueOfKey(buffer[i])); }, smem);
+      } else if (bin != cut_bin && (!top_k || smem.hist_count[bin] <= kGather)) {
+        // Every key of `bin` is in the top-k (better than cut_bin): collected in D. Without
+        // top-k the bin's size is unknown: D falls back when it holds more than kGather.
+        pending_bin = bin;
+        pending_target = target;
+        pending_weighted = true;
+      } else {
+        const unsigned long long top_k_cut = cut;
+        cut = ClusterSelect<true>(
+                  row,
+                  [&row, bin, top_k_cut](int id, float value) {
+                    const float s = row.Scaled(value);
+                    return Eligible(s) && BinOf(s) == bin && KeyOf(id, value) >= top_k_cut;
+                  },
+                  bin == cut_bin ? cut_bin_kept : static_cast<int>(smem.hist_count[bin]), target,
+                  smem, cluster)
+                  .cut;
+      }
+    }
+  }
+  // Min-p keeps ratio >= min_p; above 1 (nothing passes), the host Sampler keeps the best token.
+  const float min_p = fminf(knobs.min_p, 1.0f);
+  if (knobs.min_p > 1.0f) {
+    const unsigned long long best_key = KeyOf(argmax, total.max);
+    if (best_key > cut) cut = best_key;
+    pending_bin = -1;  // only the best token is kept: the selection does not matter
+  }
+  // The weight of a token that passed top-k and top-p, after min-p.
+  const auto min_p_weight = [&row, min_p](float value) -> unsigned long long {
+    const float ratio = row.Ratio(value);
+    if (min_p > 0.0f && ratio < min_p) return 0;
+    return __float2ull_rn(ratio * kWeightScale);
+  };
 
-    // The draw. Range r is ids [r * span, (r + 1) * span); warps sum ranges in turn.
-    const int span = (vocab + 32 * kDrawRanges - 1) / (32 * kDrawRanges) * 32;
-    for (int range = warp; range < kDrawRanges; range += kSampleWarps) {
-      const int begin = min(vocab, range * span), end = min(vocab, begin + span);
-      unsigned long long range_weight = 0;
-      select::ForEachStrided<32, kUnroll>(begin + lane, end, load_logit, [&](int id, float value) {
-        if (key_from(id, value) >= cut) range_weight += weight_from(value);
+  // D. the draw. Tiles of `span` consecutive ids, warps taking them in turn.
+  const int span = ((row.hi - row.lo + kMaxTiles - 1) / kMaxTiles + kTileMin - 1) / kTileMin *
+                   kTileMin;  // 0 for an empty chunk
+  const int tiles = span == 0 ? 0 : (row.hi - row.lo + span - 1) / span;
+  // Each tile's kept weight; `collect`: pending_bin's keys are collected instead (added below).
+  const auto sum_tiles = [&](bool collect) {
+    for (int tile = warp; tile < tiles; tile += kWarps) {
+      const int begin = row.lo + tile * span, end = min(row.hi, begin + span);
+      unsigned long long weight = 0;
+      row.template ForQuads<4 * 32>(begin + 4 * lane, end, [&](int id, float value) {
+        const float s = row.Scaled(value);
+        if (!Eligible(s)) return;
+        if (collect) {
+          const int bin = BinOf(s);
+          if (bin > pending_bin) return;
+          if (bin == pending_bin) {
+            CollectOwn(KeyOf(id, value), smem);
+            return;
+          }
+        } else if (KeyOf(id, value) < cut) {
+          return;
+        }
+        weight += min_p_weight(value);
       });
 #pragma unroll
       for (int offset = 16; offset > 0; offset >>= 1) {
-        range_weight += __shfl_xor_sync(0xffffffffu, range_weight, offset);
+        weight += __shfl_xor_sync(0xffffffffu, weight, offset);
       }
-      if (lane == 0) smem.range_weight[range] = range_weight;
+      if (lane == 0) smem.tile_weight[tile] = weight;
     }
-    __syncthreads();
-    // Serial over the ranges (every thread the same, in the same order): not unrolled, or the
-    // compiler keeps all 256 sums in registers and spills them.
-    unsigned long long kept_total = 0;
-#pragma unroll 1
-    for (int range = 0; range < kDrawRanges; ++range) kept_total += smem.range_weight[range];
-    // Uniform in [0, kept_total): the high word of a 64 x 64-bit product, exact.
-    const unsigned long long draw =
-        __umul64hi(SampleRandomBits(knobs.seed, knobs.offset), kept_total);
-    int owner = -1;
-    unsigned long long remainder = 0, below = 0;
-#pragma unroll 1
-    for (int range = 0; range < kDrawRanges && owner < 0; ++range) {
-      if (draw < below + smem.range_weight[range]) {
-        owner = range;
-        remainder = draw - below;
-      }
-      below += smem.range_weight[range];
-    }
-    if (owner >= 0 && warp == owner % kSampleWarps) {
-      // First kept id whose running weight within the range passes the remainder.
-      const int begin = min(vocab, owner * span), end = min(vocab, begin + span);
-      for (int base = begin; base < end; base += 32) {
-        const int id = base + lane;
-        unsigned long long inclusive = id < end && key_of(id) >= cut ? weight_of(id) : 0;
-#pragma unroll
-        for (int offset = 1; offset < 32; offset <<= 1) {
-          const unsigned long long other = __shfl_up_sync(0xffffffffu, inclusive, offset);
-          if (lane >= offset) inclusive += other;
-        }
-        const unsigned int passed = __ballot_sync(0xffffffffu, inclusive > remainder);
-        if (passed != 0) {
-          if (lane == __ffs(static_cast<int>(passed)) - 1) smem.token = id;
-          break;
-        }
-        remainder -= __shfl_sync(0xffffffffu, inclusive, 31);
-      }
-    }
+  };
+  if (pending_bin >= 0) {
+    if (tid == 0) smem.own_count = 0;
     __syncthreads();
   }
-
+  sum_tiles(pending_bin >= 0);
+  if (pending_bin >= 0) {
+    int appended = 0;
+    const int collected = ClusterShareCollected(smem, cluster, &appended);
+    if (appended <= kGather) {
+      const unsigned long long* buffer = smem.buffer;
+      const auto weight_at = [buffer, &row](int i) { return row.Weight(ValueOfKey(buffer[i])); };
+      cut = pending_weighted
+                ? SelectCollected<true>(collected, 0, pending_target, weight_at, smem)
+                : SelectCollected<false>(collected, 0, pending_target, weight_at, smem);
+      // This block's own keys of the bin, buffer[0, own_count), that made the cut.
+      const int own = smem.own_count;
+      for (int i = tid; i < own; i += kThreads) {
+        if (buffer[i] < cut) continue;
+        const int id = static_cast<int>(0xffffffffu - static_cast<uint32_t>(buffer[i]));
+        const unsigned long long weight = min_p_weight(ValueOfKey(buffer[i]));
+        if (weight != 0) AddWeight(&smem.tile_weight[(id - row.lo) / span], weight);
+      }
+    } else {
+      // The bin held more than kGather tokens (top-p alone): select it the long way (its size
+      // is known now), then sum the tiles again with the cut.
+      const int bin = pending_bin;
+      const auto in_bin = [&row, bin](int, float value) {
+        const float s = row.Scaled(value);
+        return Eligible(s) && BinOf(s) == bin;
+      };
+      cut = pending_weighted
+                ? ClusterSelect<true>(row, in_bin, appended, pending_target, smem, cluster).cut
+                : ClusterSelect<false>(row, in_bin, appended, pending_target, smem, cluster).cut;
+      sum_tiles(false);
+    }
+  }
+  // The final kept set, for the walk: as the tile sums count it.
+  const auto kept_weight = [&row, cut, &min_p_weight](int id, float value) -> unsigned long long {
+    if (!Eligible(row.Scaled(value)) || KeyOf(id, value) < cut) return 0;
+    return min_p_weight(value);
+  };
+  __syncthreads();
   if (tid == 0) {
-    const int token = smem.token;
-    out_tokens[row] = token;
-    if (out_logprob != nullptr) out_logprob[row] = x[token] - log_denominator;
+    unsigned long long block_weight = 0;
+    for (int tile = 0; tile < tiles; ++tile) block_weight += smem.tile_weight[tile];
+    smem.block_weight = block_weight;
   }
+  cluster.sync();
+  unsigned long long kept_total = 0;
+  unsigned long long block_weights[kCluster];
+#pragma unroll
+  for (int other = 0; other < kCluster; ++other) {
+    block_weights[other] = cluster.map_shared_rank(&smem, other)->block_weight;
+    kept_total += block_weights[other];
+  }
+  cluster.sync();         // no block exits while another reads its block_weight
+  if (kept_total == 0) {  // cannot happen (the best token is always kept); be safe
+    if (rank == 0 && tid == 0) finish(argmax);
+    return;
+  }
+  // Uniform in [0, kept_total): the high word of a 64 x 64-bit product, exact.
+  unsigned long long remainder = __umul64hi(SampleRandomBits(knobs.seed, knobs.offset), kept_total);
+  int owner = kCluster - 1;
+#pragma unroll
+  for (int other = 0; other < kCluster; ++other) {
+    if (remainder < block_weights[other]) {
+      owner = other;
+      break;
+    }
+    remainder -= block_weights[other];
+  }
+  if (rank != owner || warp != 0) return;
+  // Warp 0 of the owner: lane l sums tiles [l * per, (l + 1) * per), a scan finds the tile.
+  constexpr int kTilesPerLane = kMaxTiles / 32;
+  unsigned long long lane_weight = 0;
+#pragma unroll
+  for (int i = 0; i < kTilesPerLane; ++i) {
+    const int tile = lane * kTilesPerLane + i;
+    if (tile < tiles) lane_weight += smem.tile_weight[tile];
+  }
+  unsigned long long inclusive = lane_weight;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const unsigned long long other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  const unsigned int passed_lanes = __ballot_sync(0xffffffffu, inclusive > remainder);
+  const int owner_lane = passed_lanes != 0 ? __ffs(static_cast<int>(passed_lanes)) - 1 : 31;
+  int owner_tile = 0;
+  if (lane == owner_lane) {
+    unsigned long long below = inclusive - lane_weight;
+    owner_tile = min(tiles - 1, lane * kTilesPerLane);
+    for (int i = 0; i < kTilesPerLane; ++i) {
+      const int tile = lane * kTilesPerLane + i;
+      if (tile >= tiles) break;
+      owner_tile = tile;
+      if (remainder < below + smem.tile_weight[tile]) break;
+      below += smem.tile_weight[tile];
+    }
+    remainder -= below;
+  }
+  owner_tile = __shfl_sync(0xffffffffu, owner_tile, owner_lane);
+  remainder = __shfl_sync(0xffffffffu, remainder, owner_lane);
+  // Lane l sums ids [begin + l * per, begin + (l + 1) * per) of the tile; a scan finds the lane,
+  // which walks its ids in order: the first whose running weight passes the remainder.
+  const int begin = row.lo + owner_tile * span, end = min(row.hi, begin + span);
+  const int per = span / 32;  // a multiple of 4
+  const int lane_begin = begin + lane * per, lane_end = min(end, lane_begin + per);
+  unsigned long long own = 0;
+  const auto add_kept = [&](int id, float value) { own += kept_weight(id, value); };
+  for (int id = lane_begin; id < lane_end; id += 4) {
+    RowView<kAligned>::Visit(id, lane_end, row.LoadQuad(id, lane_end), add_kept);
+  }
+  unsigned long long running = own;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const unsigned long long other = __shfl_up_sync(0xffffffffu, running, offset);
+    if (lane >= offset) running += other;
+  }
+  const unsigned int passed = __ballot_sync(0xffffffffu, running > remainder);
+  const int walker = passed != 0 ? __ffs(static_cast<int>(passed)) - 1 : 0;
+  int token = argmax;
+  if (passed != 0 && lane == walker) {
+    unsigned long long below = running - own;
+    for (int id = lane_begin; id < lane_end; ++id) {
+      below += kept_weight(id, x[id]);
+      if (below > remainder) {
+        token = id;
+        break;
+      }
+    }
+  }
+  token = __shfl_sync(0xffffffffu, token, walker);
+  if (lane == 0) finish(token);
+#endif  // SIEVE_SAMPLING_CLUSTERS
 }
 
 }  // namespace
 
 size_t SampleTokensWorkspaceBytes(int /*rows*/, int /*vocab*/) { return 0; }
 
+bool SampleTokensSupported() {
+  // Per device: a process may drive GPUs of different kinds.
+  int device = 0;
+  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
+  int major = 0;
+  SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major >= 9;
+}
+
+int SampleTokensConcurrentRows() {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(kCluster);
+  config.blockDim = dim3(kThreads);
+  int clusters = 0;
+  SIEVE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, SampleTokensKernel<true>, &config));
+  return clusters;
+}
+
 void SampleTokens(const float* logits, int rows, int vocab, const SamplingRowParams* params,
                   int32_t* out_tokens, float* out_logprob, void* /*workspace*/,
                   size_t /*workspace_bytes*/, cudaStream_t stream) {
   if (rows == 0) return;
-  SIEVE_CHECK(rows > 0 && vocab > 0) << "rows " << rows << " vocab " << vocab;
-  SampleTokensKernel<<<rows, kSampleThreads, 0, stream>>>(logits, vocab, params, out_tokens,
-                                                          out_logprob);
+  SIEVE_CHECK(SampleTokensSupported()) << "GPU sampling needs thread-block clusters (sm_90)";
+  SIEVE_CHECK(rows > 0 && vocab > 0 && rows <= INT32_MAX / kCluster)
+      << "rows " << rows << " vocab " << vocab;
+
+  // Rows start on 16 bytes when the base does and vocab % 4 == 0 (cudaMalloc gives 256).
+  const bool aligned = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  if (aligned) {
+    SampleTokensKernel<true>
+        <<<rows * kCluster, kThreads, 0, stream>>>(logits, vocab, params, out_tokens, out_logprob);
+  } else {
+    SampleTokensKernel<false>
+        <<<rows * kCluster, kThreads, 0, stream>>>(logits, vocab, params, out_tokens, out_logprob);
+  }
   SIEVE_CUDA_CHECK_LAUNCH();
 }
 

@@ -14,13 +14,19 @@
 // through the host Sampler, or a penalty kernel must run on the logits first (then out_logprob
 // is of the penalised logits).
 //
+// How (sampling_kernels.cu): a cluster of 8 thread blocks per row (sm_90), each reading one
+// contiguous chunk of the row; a histogram of log-probability bins finds the bin holding the
+// top-k or top-p cut, only that bin's tokens are collected and the exact cut found among them;
+// no sort. Greedy reads the row once, min-p twice, top-k and top-p three or four times.
+//
 // Differences from the host Sampler, none of which matters for the distribution: the order that
 // top-k and top-p walk is by raw logit (the same as by logit / T, except where the division rounds
 // two different logits to one value); probabilities are 40-bit fixed point relative to the best
-// token's (a token below 2^-40 of it is never drawn: at most vocab * 2^-40 ~ 1e-7 of the mass);
-// the random stream is Philox4x32-10 keyed by (seed, offset), not std::mt19937_64.
-// Every step is integer arithmetic or a fixed-order reduction: the same inputs give the same
-// tokens on every run.
+// token's, p / p_best = exp2((x - best) * log2(e) / T) in f32 (a token below 2^-41 of the best is
+// never drawn: at most vocab * 2^-41 ~ 6e-8 of the mass); the random stream is Philox4x32-10
+// keyed by (seed, offset), not std::mt19937_64.
+// Every step is integer arithmetic, a fixed-order reduction, or a selection that depends only on
+// a set of keys: the same inputs give the same tokens on every run, whichever row a request is in.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,9 +47,17 @@ struct SamplingRowParams {
 };
 static_assert(sizeof(SamplingRowParams) == 32);
 
-// Device scratch SampleTokens needs: none (every row is one block working from the logits and
+// Device scratch SampleTokens needs: none (every row is one cluster working from the logits and
 // shared memory). Kept so that callers size and pass it like the other launchers'.
 size_t SampleTokensWorkspaceBytes(int rows, int vocab);
+
+// Whether the current device runs SampleTokens: it needs thread-block clusters (compute
+// capability 9.0 and up). Where it does not, callers sample on the host.
+bool SampleTokensSupported();
+
+// How many rows the device runs at once (one cluster of blocks each): more rows than this take
+// more than one wave. For the benchmark.
+int SampleTokensConcurrentRows();
 
 // logits [rows][vocab] f32 (row stride vocab), params [rows], out_tokens [rows] i32,
 // out_logprob [rows] f32 (may be null). Asynchronous on `stream`.
