@@ -240,8 +240,9 @@ TEST(EngineTest, WarmUpLeavesNoTrace) {
   const auto run = [&](bool warm_up) {
     EngineOptions options;
     options.pad_decode_batches = true;
-    options.max_num_batched_tokens = 64;
+    options.max_num_batched_tokens = 128;
     options.max_model_len = 60;
+    options.max_num_seqs = 2;  // a warm-up step of 3 sequences, more than a decode bucket's rows
     options.kv_policy = "full:0,snapkv:1-2";
     options.kv_policy_options.budget = 16;
     options.kv_policy_options.window = 4;
@@ -252,12 +253,12 @@ TEST(EngineTest, WarmUpLeavesNoTrace) {
           [&](int done, int total) {
             ++calls;
             EXPECT_EQ(done, calls);
-            EXPECT_EQ(total, 7);
+            EXPECT_EQ(total, 8);
             return true;
           },
           /*plan_prefill_anyway=*/true);
-      EXPECT_EQ(calls, 7);
-      EXPECT_EQ(report.prefill_steps, 7);  // 1, 2, 4, ..., 64 rows
+      EXPECT_EQ(calls, 8);
+      EXPECT_EQ(report.prefill_steps, 8);  // 1, 2, 4, ..., 128 rows
       EXPECT_EQ(report.decode_graphs, 0);
       EXPECT_FALSE(report.stopped);
       const EngineStats stats = t.engine->Stats();

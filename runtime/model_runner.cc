@@ -407,12 +407,14 @@ void ModelRunner::WarmUpPrefill(int tokens) {
     s.key_start.push_back(static_cast<int32_t>(step.num_prefill_keys));
     s.context_lens.push_back(0);
     s.slots.push_back(slot);
-    s.sample_rows.push_back(step.num_tokens - 1);
   }
+  // One logits row (the logits buffer holds a decode bucket's rows, which may be fewer than
+  // these sequences).
+  s.sample_rows.push_back(step.num_tokens - 1);
   s.write_start.assign(static_cast<size_t>(layers) * num_seqs, -1);
   for (auto& jobs : s.jobs_by_layer) jobs.clear();
   for (auto& jobs : s.evictions_by_layer) jobs.clear();
-  step.num_sample_rows = num_seqs;
+  step.num_sample_rows = 1;
   lengths_ = kv_.lengths();
   PackStep();
   Upload(device_meta_, step_);
