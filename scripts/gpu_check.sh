@@ -6,7 +6,7 @@
 #   scripts/gpu_check.sh [stage ...]     stages: build [tests_only] golden test sanitize
 #                                        sanitize_engine bench step ab profile timeline sdpa
 #                                        soak
-#                                        serve warm accuracy
+#                                        serve warm prefill accuracy
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
@@ -47,11 +47,12 @@ if [ ! -f /usr/include/pcre2.h ] && [ -d .deb ]; then
 fi
 export SIEVE_FIXTURES="${SIEVE_FIXTURES:-$PWD/.fixtures}"
 
-# Stages that need only the `sieve` binary build it when `build` did not run before them.
+# Stages that need only the `sieve` binary build it (incrementally: a warm machine keeps the
+# build tree of the call before, whose binary may be stale).
 ensure_sieve() {
-  [ -x build/gpu/sieve ] && return
   local start=$(date +%s)
-  { cmake --preset gpu && cmake --build --preset gpu -j "$(nproc)" --target sieve; } \
+  { [ -f build/gpu/build.ninja ] || cmake --preset gpu; } > "$LOGS/configure_sieve.log" 2>&1
+  { cmake --build --preset gpu -j "$(nproc)" --target sieve; } \
     > "$LOGS/build_sieve.log" 2>&1 || { note "build of sieve FAILED"; tail -40 "$LOGS/build_sieve.log"; exit 1; }
   note "build of sieve: ok in $(( $(date +%s) - start )) s"
 }
@@ -202,6 +203,40 @@ if has timeline; then
   fi
   grep -E "^(dense|1/10 kept)|kernel_timeline" "$LOGS/timeline.log" | tee -a "$summary"
   python3 scripts/timeline_gaps.py "$trace" 2>&1 | head -80 | tee -a "$summary"
+fi
+
+if has prefill; then
+  # Issue 19 item 3: a prefill step (2 prompts x 4000 tokens in one engine step) beside its bound,
+  # the GEMMs at cuBLASLt's alone rate and attention at cuDNN SDPA's (PyTorch, same run); then the
+  # sparse step's kernels on a timeline (tools/kernel_timeline), by kind. With .ab/ (made by
+  # scripts/prepare_ab.sh REV, carried), the same for that tree's sieve, alternately, twice each.
+  ensure_sieve
+  trees=(.)
+  if [ -d .ab ]; then
+    (cd .ab && { [ -f build/gpu/build.ninja ] || cmake --preset gpu; } && \
+      cmake --build --preset gpu -j "$(nproc)" --target sieve sieve_kernel_timeline) \
+      > "$LOGS/build_ab.log" 2>&1 && trees=(. .ab . .ab) || note "build of .ab FAILED"
+  fi
+  [ -f "$OUT/sdpa.json" ] || python3 scripts/sdpa_bench.py > "$OUT/sdpa.json" 2> "$LOGS/sdpa.log"
+  cudnn=$(python3 -c "import json; r=[x for x in json.load(open('$OUT/sdpa.json'))['results'] if x['backend']=='cudnn' and x['n']==4096]; print(round(r[0]['tflops']) if r else 0)" 2>/dev/null || echo 0)
+  note "prefill: cuDNN SDPA at 4k: $cudnn TFLOP/s (the bound's attention rate)"
+  [ -f build/gpu/tools/libsieve_kernel_timeline.so ] || \
+    cmake --build --preset gpu --target sieve_kernel_timeline > "$LOGS/build_timeline.log" 2>&1
+  run=0
+  for tree in "${trees[@]}"; do
+    run=$((run + 1)); name=$( [ "$tree" = . ] && echo tree || echo ab )
+    [ ${#trees[@]} -gt 1 ] && note "prefill run $run: $name ($( [ "$tree" = . ] && echo this tree || echo .ab/))"
+    csv="$LOGS/prefill_timeline_$run.csv"
+    json="$OUT/kernels.json"; [ ${#trees[@]} -gt 1 ] && json="$OUT/prefill_${name}_$run.json"
+    CUDA_INJECTION64_PATH="$PWD/$tree/build/gpu/tools/libsieve_kernel_timeline.so" \
+      SIEVE_TIMELINE_CSV="$csv" timeout 300 "$tree/build/gpu/sieve" bench kernels --skip-attention \
+      --skip-sparsity --skip-gemm --skip-decode-step --prefill-step \
+      --prefill-attention-tflops "$cudnn" --profile-prefill --result-json "$json" \
+      > "$LOGS/prefill_$run.log" 2>&1 || note "prefill bench FAILED: $(tail -3 "$LOGS/prefill_$run.log")"
+    grep -E "^(dense|sparse)|^    " "$LOGS/prefill_$run.log" | tee -a "$summary"
+    [ -f "$csv" ] && python3 scripts/timeline_gaps.py "$csv" 2>&1 \
+      | grep -E "^timeline(:| kernel)" | head -16 | tee -a "$summary"
+  done
 fi
 
 if has accuracy; then

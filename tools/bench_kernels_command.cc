@@ -16,6 +16,7 @@
 #include "model/model_config.h"
 #include "tools/commands.h"
 #include "tools/decode_step_bench.h"
+#include "tools/prefill_step_bench.h"
 
 #ifdef SIEVE_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -62,6 +63,11 @@ struct KernelsFlags {
   bool profile_step = false;
   bool no_step_variants = false;
   bool pages_in_order = false;
+  bool prefill_step = false;
+  int prefill_seqs = 2;
+  int prefill_len = 4000;
+  double prefill_attention_tflops = 0;
+  bool profile_prefill = false;
 };
 
 #ifdef SIEVE_HAVE_CUDA
@@ -171,6 +177,75 @@ int Run(const KernelsFlags& flags) {
                               {"cublas_ms", r.cublas_ms},
                               {"cublas_gbs", r.cublas_gbs},
                               {"plan", r.plan}});
+    }
+  }
+  if (flags.prefill_step) {
+    std::printf(
+        "== prefill step, %s shape: %d prompts x %d tokens in one engine step (dummy weights, "
+        "warmed up; host time of the step, median of 5), beside its bound: the GEMMs at the rate "
+        "cuBLASLt reaches on each shape alone + causal attention at %s\n",
+        dir.c_str(), flags.prefill_seqs, flags.prefill_len,
+        flags.prefill_attention_tflops > 0
+            ? (std::to_string(static_cast<int>(flags.prefill_attention_tflops)) + " TFLOP/s")
+                  .c_str()
+            : "(not counted: no --prefill-attention-tflops)");
+    for (const bool sparse : {false, true}) {
+      auto step_backend = MakeCudaBackend(0);
+      if (!step_backend.ok()) {
+        std::fprintf(stderr, "error: %s\n", step_backend.status().message().c_str());
+        return 1;
+      }
+      PrefillStepBenchOptions options;
+      options.num_seqs = flags.prefill_seqs;
+      options.prompt_len = flags.prefill_len;
+      // The headline's sparse setting (PERF.md): dense first layers, PyramidKV after.
+      options.kv_policy =
+          sparse ? "full:0-2,pyramidkv:3-" + std::to_string(config->num_layers - 1) : "full";
+      options.kv_policy_options.budget = 400;
+      options.kv_policy_options.window = 32;
+      options.attention_flops_rate = flags.prefill_attention_tflops * 1e12;
+      options.profile = flags.profile_prefill && sparse;
+      const PrefillStepBenchResult r = RunPrefillStepBench(**step_backend, *config, options);
+      const double fraction = r.bound_ms / r.step_ms;
+      const std::string label = sparse ? "sparse (" + options.kv_policy + ")" : "dense";
+      std::printf(
+          "%-30s step %8.2f ms  %8.0f tok/s   bound %8.2f ms (GEMMs %.2f + attention %.2f)   "
+          "%.0f%% of the bound   %s\n",
+          label.c_str(), r.step_ms, r.tokens_per_second, r.bound_ms, r.gemm_bound_ms,
+          r.attention_bound_ms, 100 * fraction,
+          flags.prefill_attention_tflops <= 0 ? "(no attention bound: no target)"
+          : fraction >= 0.85                  ? "target >= 85%: MET"
+                                              : "target >= 85%: MISSED");
+      for (const PrefillGemm& gemm : r.gemms) {
+        std::printf("    %-8s %6lld x %6lld x %6lld  %7.3f ms alone  %5.0f TFLOP/s  x %d a step\n",
+                    gemm.name.c_str(), static_cast<long long>(gemm.m),
+                    static_cast<long long>(gemm.n), static_cast<long long>(gemm.k), gemm.ms_alone,
+                    gemm.flops_rate / 1e12, gemm.calls);
+      }
+      std::printf("    step FLOPs: GEMMs %.1f T, attention %.1f T: %.0f TFLOP/s achieved\n",
+                  r.gemm_flops / 1e12, r.attention_flops / 1e12,
+                  (r.gemm_flops + r.attention_flops) / (r.step_ms * 1e-3) / 1e12);
+      nlohmann::json& out = json[sparse ? "prefill_step_sparse" : "prefill_step_dense"];
+      out = {{"policy", options.kv_policy},
+             {"num_seqs", options.num_seqs},
+             {"prompt_len", options.prompt_len},
+             {"step_ms", r.step_ms},
+             {"tokens_per_second", r.tokens_per_second},
+             {"bound_ms", r.bound_ms},
+             {"gemm_bound_ms", r.gemm_bound_ms},
+             {"attention_bound_ms", r.attention_bound_ms},
+             {"attention_tflops", flags.prefill_attention_tflops},
+             {"fraction_of_bound", fraction},
+             {"gemm_flops", r.gemm_flops},
+             {"attention_flops", r.attention_flops}};
+      for (const PrefillGemm& gemm : r.gemms) {
+        out["gemms"].push_back({{"name", gemm.name},
+                                {"m", gemm.m},
+                                {"n", gemm.n},
+                                {"k", gemm.k},
+                                {"ms_alone", gemm.ms_alone},
+                                {"tflops", gemm.flops_rate / 1e12}});
+      }
     }
   }
   if (!flags.skip_decode_step) {
@@ -312,6 +387,25 @@ CommandRunner AddBenchKernelsCommand(CLI::App& app) {
   app.add_flag("--pages-in-order", flags->pages_in_order,
                "Decode step: every row with the KV pages in order, each sequence's adjacent (as "
                "a fresh server hands them out; default: shuffled over the whole pool)");
+  app.add_flag("--prefill-step", flags->prefill_step,
+               "Also time a prefill step of --prefill-seqs prompts of --prefill-len tokens, dense "
+               "and sparse (full:0-2,pyramidkv:3-, budget 400, window 32), beside its compute "
+               "bound");
+  app.add_option("--prefill-seqs", flags->prefill_seqs, "Prefill step: prompts in the step")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("--prefill-len", flags->prefill_len, "Prefill step: tokens per prompt")
+      ->capture_default_str()
+      ->check(CLI::Range(16, 131072));
+  app.add_option("--prefill-attention-tflops", flags->prefill_attention_tflops,
+                 "Prefill step: the attention rate of the bound, TFLOP/s (cuDNN SDPA's, e.g. "
+                 "from scripts/sdpa_bench.py; 0: the bound leaves attention out)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag(
+      "--profile-prefill", flags->profile_prefill,
+      "Bracket one sparse prefill step with cudaProfilerStart/Stop (tools/kernel_timeline, "
+      "ncu --profile-from-start off)");
   return [flags]() { return Run(*flags); };
 }
 
