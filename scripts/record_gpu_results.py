@@ -3,8 +3,8 @@
 
     scripts/record_gpu_results.py FILES_DIR NAME --commit SHA --command "..."
 
-FILES_DIR holds the run's kernels.json, sdpa.json, summary.txt and serve_*.json (any may be
-missing). docs/benchmarks.md is rendered from these files by scripts/render_benchmarks.py; numbers
+FILES_DIR holds the run's kernels.json, sdpa.json, summary.txt, serve_*.json and prefill_*.json
+(any may be missing). docs/benchmarks.md is rendered from these files by scripts/render_benchmarks.py; numbers
 are never typed by hand.
 """
 import argparse
@@ -39,6 +39,14 @@ def main():
             serve[match.group(1)] = result
     if serve:
         record["serve"] = serve
+    # scripts/gpu_check.sh prefill against .ab/: prefill_{tree,ab}_RUN.json, in run order.
+    prefill_runs = {}
+    for file in sorted(os.listdir(args.files_dir)):
+        match = re.match(r"prefill_(\w+)\.json$", file)
+        if match:
+            prefill_runs[match.group(1)] = load(file)
+    if prefill_runs:
+        record["prefill_runs"] = prefill_runs
     summary_path = os.path.join(args.files_dir, "summary.txt")
     if os.path.exists(summary_path):
         summary = open(summary_path).read()

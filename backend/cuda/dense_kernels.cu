@@ -326,7 +326,12 @@ void SiluMul(const bf16* gate_up, int64_t in_stride, int rows, int width, bf16* 
       << "a folded RMSNorm's rows must be 16-byte aligned, width and stride multiples of 8";
   if (width % 8 == 0 && in_stride % 8 == 0 && out_stride % 8 == 0 && Aligned16(gate_up) &&
       Aligned16(out)) {
-    const dim3 grid((width / 8 + kThreads - 1) / kThreads, rows);
+    // With a folded RMSNorm every block first reads its row of the residual stream for the row's
+    // scale: long prefills keep one block per row (as RopeAndCacheWrite), so that the row is
+    // read once, not by each of the width / 2048 blocks a decode-size step spreads a row over.
+    const int blocks_per_row =
+        norm.rows != nullptr && rows > 256 ? 1 : (width / 8 + kThreads - 1) / kThreads;
+    const dim3 grid(blocks_per_row, rows);
     LaunchWithPdl(SiluMulVectorKernel, grid, kThreads, 0, stream, gate_up, in_stride, width, out,
                   out_stride, norm);
     return;
