@@ -6,7 +6,7 @@
 #   scripts/gpu_check.sh [stage ...]     stages: build [tests_only] golden test sanitize
 #                                        sanitize_engine bench step ab profile timeline sdpa
 #                                        soak
-#                                        serve warm prefill accuracy
+#                                        serve warm prefill headline accuracy
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
@@ -236,6 +236,62 @@ if has prefill; then
     grep -E "^(dense|sparse)|^    " "$LOGS/prefill_$run.log" | tee -a "$summary"
     [ -f "$csv" ] && python3 scripts/timeline_gaps.py "$csv" 2>&1 \
       | grep -E "^timeline(:| kernel)" | head -16 | tee -a "$summary"
+  done
+fi
+
+# Issue 19 item 5: the headline, dense against the sparse setting, each level beside its bound
+# (`sieve bench sweep --bound-*`), on warmed-up servers. HEADLINE=4k (4000/500 at C = 1, 20, 64,
+# 128, 256; full:0-2,pyramidkv:3-31, budget 400) or 16k (16000/500 at C = 16, 48; budget 1024) or
+# all (default; more than one device call's 10 minutes). The ceilings are measured first: the
+# copy rate, the prefill GEMMs' rate (bench kernels --prefill-step) and cuDNN SDPA's.
+if has headline; then
+  ensure_sieve
+  tok=testdata/tokenizers/llama3/tokenizer.model
+  part="${HEADLINE:-all}"
+  [ -f "$OUT/sdpa.json" ] || python3 scripts/sdpa_bench.py > "$OUT/sdpa.json" 2> "$LOGS/sdpa.log"
+  timeout 200 ./build/gpu/sieve bench kernels --skip-attention --skip-sparsity --skip-gemm \
+    --skip-decode-step --prefill-step --result-json "$OUT/kernels.json" > "$LOGS/ceilings.log" 2>&1 \
+    || note "ceilings FAILED: $(tail -3 "$LOGS/ceilings.log")"
+  read -r copy gemm att4k att16k < <(python3 - "$OUT" <<'PY'
+import json, sys
+k = json.load(open(f"{sys.argv[1]}/kernels.json"))
+p = k["prefill_step_dense"]
+gemm = p["gemm_flops"] / (p["gemm_bound_ms"] * 1e-3) / 1e12  # the prefill GEMMs' alone rate
+sdpa = {r["n"]: r.get("tflops", 0) for r in json.load(open(f"{sys.argv[1]}/sdpa.json"))["results"]
+        if r["backend"] == "cudnn"}
+print(round(k["copy_bandwidth_gbs"]), round(gemm), round(sdpa.get(4096, 0)), round(sdpa.get(16384, 0)))
+PY
+)
+  note "headline ceilings: copy $copy GB/s, prefill GEMMs $gemm TFLOP/s, cuDNN SDPA $att4k (4k) / $att16k (16k) TFLOP/s"
+  health() { python3 -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8123/health', timeout=2).status == 200 else 1)" 2>/dev/null; }
+  workloads=()
+  # name, input tokens, --max-model-len, --kv-budget, attention rate, levels, prompts per level.
+  [ "$part" = 4k ] || [ "$part" = all ] && \
+    workloads+=("4k 4000 4600 400 $att4k 1,20,64,128,256 4,40,128,256,256")
+  [ "$part" = 16k ] || [ "$part" = all ] && workloads+=("16k 16000 16600 1024 $att16k 16,48 32,96")
+  for workload in "${workloads[@]}"; do
+    read -r name input max_len budget att levels prompts <<< "$workload"
+    for policy in full "full:0-2,pyramidkv:3-31"; do
+      kind=$( [ "$policy" = full ] && echo dense || echo sparse )
+      ./build/gpu/sieve serve --model configs/llama-3-8b --load-format dummy --tokenizer "$tok" \
+        --port 8123 --max-model-len "$max_len" --max-num-batched-tokens 8192 --no-progress \
+        --kv-policy "$policy" --kv-budget "$budget" --kv-window 32 \
+        > "$LOGS/headline_serve_${name}_$kind.log" 2>&1 &
+      pid=$!
+      for i in $(seq 1 600); do health && break; sleep 0.5; done
+      ./build/gpu/sieve bench sweep --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
+        --input-len "$input" --output-len 500 --concurrency "$levels" \
+        --num-prompts-per-level "$prompts" --ignore-eos --warmup 2 \
+        --no-progress --label "$kind $name" --metadata policy="$policy" budget="$budget" \
+        --bound-model-config configs/llama-3-8b --bound-kv-policy "$policy" \
+        --bound-kv-budget "$budget" --bound-kv-window 32 --bound-gemm-tflops "$gemm" \
+        --bound-attention-tflops "$att" --bound-copy-gbs "$copy" \
+        --result-json "$OUT/sweep_${name}_$kind.json" > "$LOGS/headline_${name}_$kind.log" 2>&1 \
+        || note "headline $name $kind FAILED: $(tail -3 "$LOGS/headline_${name}_$kind.log")"
+      kill -TERM $pid; wait $pid
+      note "headline $name $kind ($policy, budget $budget):"
+      grep -E "^\|" "$LOGS/headline_${name}_$kind.log" | tee -a "$summary"
+    done
   done
 fi
 

@@ -3,8 +3,8 @@
 
     scripts/record_gpu_results.py FILES_DIR NAME --commit SHA --command "..."
 
-FILES_DIR holds the run's kernels.json, sdpa.json, summary.txt, serve_*.json and prefill_*.json
-(any may be missing). docs/benchmarks.md is rendered from these files by scripts/render_benchmarks.py; numbers
+FILES_DIR holds the run's kernels.json, sdpa.json, summary.txt, serve_*.json, prefill_*.json and
+sweep_*.json (any may be missing). docs/benchmarks.md is rendered from these files by scripts/render_benchmarks.py; numbers
 are never typed by hand.
 """
 import argparse
@@ -47,6 +47,18 @@ def main():
             prefill_runs[match.group(1)] = load(file)
     if prefill_runs:
         record["prefill_runs"] = prefill_runs
+    # scripts/gpu_check.sh headline: sweep_{4k,16k}_{dense,sparse}.json.
+    sweeps = {}
+    for file in sorted(os.listdir(args.files_dir)):
+        match = re.match(r"sweep_(\w+)\.json$", file)
+        if match:
+            result = load(file)
+            for level in (result or {}).get("levels", []):
+                for request in level.get("requests", []):
+                    request.pop("itl_ms", None)
+            sweeps[match.group(1)] = result
+    if sweeps:
+        record["sweeps"] = sweeps
     summary_path = os.path.join(args.files_dir, "summary.txt")
     if os.path.exists(summary_path):
         summary = open(summary_path).read()

@@ -83,6 +83,30 @@ void AddClientFlags(CLI::App& app, ClientConfig& client) {
                "Also store every request's generated text in --result-json");
 }
 
+void AddBoundFlags(CLI::App& app, bench::BoundConfig& bound) {
+  app.add_option("--bound-model-config", bound.model_config,
+                 "Print each run beside its bound (PERF.md's model: every prefill at the GEMM and "
+                 "attention rates + every decode step's weights and KV at the copy rate): the "
+                 "served model's config directory, e.g. configs/llama-3-8b");
+  app.add_option("--bound-kv-policy", bound.kv_policy,
+                 "Bound: the server's --kv-policy (how many KV entries decode steps read)")
+      ->capture_default_str();
+  app.add_option("--bound-kv-budget", bound.kv_budget,
+                 "Bound: the server's --kv-budget (0: default)")
+      ->capture_default_str();
+  app.add_option("--bound-kv-window", bound.kv_window,
+                 "Bound: the server's --kv-window (0: default)")
+      ->capture_default_str();
+  app.add_option("--bound-gemm-tflops", bound.gemm_tflops,
+                 "Bound: bf16 GEMM rate at prefill sizes (sieve bench kernels --prefill-step)");
+  app.add_option("--bound-attention-tflops", bound.attention_tflops,
+                 "Bound: causal prefill attention rate (scripts/sdpa_bench.py's cuDNN; 0: not "
+                 "counted)")
+      ->capture_default_str();
+  app.add_option("--bound-copy-gbs", bound.copy_gbs,
+                 "Bound: device copy rate, read + write, GB/s (sieve bench kernels)");
+}
+
 // Runs `run` and turns its Status into the process exit code.
 template <typename Config>
 CommandRunner Runner(std::shared_ptr<Config> config, Status (*run)(const Config&)) {
@@ -118,6 +142,7 @@ CommandRunner AddServeBenchmark(CLI::App& app) {
   app.add_option("--burstiness", config->burstiness,
                  "Gamma shape of the arrival gaps: 1 Poisson, < 1 burstier, > 1 more regular")
       ->capture_default_str();
+  AddBoundFlags(app, config->bound);
   CLI::App* parsed = &app;
   return [config, parsed] {
     ApplyJsonlDefaults(config->dataset, *parsed, /*with_num_prompts=*/true);
@@ -134,11 +159,13 @@ CommandRunner AddSweepBenchmark(CLI::App& app) {
                  "(default: PERF.md's 1,10,20,64,128)")
       ->delimiter(',');
   app.add_option("--num-prompts-per-level", config->num_prompts_per_level,
-                 "Requests per level (0: max(10, 2 x concurrency))")
-      ->capture_default_str();
+                 "Requests per level: one count for every level, or one per level, "
+                 "comma-separated (0: max(10, 2 x concurrency))")
+      ->delimiter(',');
   app.add_option("--plot", config->plot,
                  "Draw output tokens/s and TTFT P50/P99 against concurrency into this SVG file "
                  "(*.svg)");
+  AddBoundFlags(app, config->bound);
   CLI::App* parsed = &app;
   return [config, parsed] {
     ApplyJsonlDefaults(config->dataset, *parsed, /*with_num_prompts=*/false);

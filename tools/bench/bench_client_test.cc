@@ -798,17 +798,25 @@ TEST(BenchSweepTest, TableJsonAndPlot) {
   config.concurrency = {1, 4};
   config.dataset.input_len = 16;
   config.dataset.output_len = 3;
-  EXPECT_EQ(PromptsForLevel(config, 1), 10);
-  EXPECT_EQ(PromptsForLevel(config, 64), 128);
-  config.num_prompts_per_level = 6;
+  EXPECT_EQ(PromptsForLevel(config, 0), 10);  // C = 1
+  config.concurrency = {1, 64};
+  EXPECT_EQ(PromptsForLevel(config, 1), 128);
+  config.num_prompts_per_level = {3, 0};  // one a level; 0: the default
+  EXPECT_EQ(PromptsForLevel(config, 0), 3);
+  EXPECT_EQ(PromptsForLevel(config, 1), 128);
+  config.concurrency = {1, 4};
+  config.num_prompts_per_level = {2, 5, 7};  // three counts for two levels
+  EXPECT_FALSE(RunBenchSweep(config).ok());
+  EXPECT_EQ(server.generation_requests(), 0);
+  config.num_prompts_per_level = {4, 5};
   ASSERT_TRUE(RunBenchSweep(config).ok());
-  EXPECT_EQ(server.generation_requests(), 1 + 2 * 6);
+  EXPECT_EQ(server.generation_requests(), 1 + 4 + 5);
   auto json = ReadJsonFile(config.client.result_json);
   ASSERT_TRUE(json.ok());
   EXPECT_EQ((*json)["kind"], "sieve_bench_sweep");
   ASSERT_EQ((*json)["levels"].size(), 2u);
   EXPECT_EQ((*json)["levels"][1]["concurrency"], 4);
-  EXPECT_EQ((*json)["levels"][1]["metrics"]["completed"], 6);
+  EXPECT_EQ((*json)["levels"][1]["metrics"]["completed"], 5);
   EXPECT_LE((*json)["levels"][1]["metrics"]["max_concurrent_requests"].get<int>(), 4);
   std::ifstream svg_file(config.plot, std::ios::binary);
   const std::string svg((std::istreambuf_iterator<char>(svg_file)), {});

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -260,15 +261,61 @@ Status WriteSvg(const std::string& path, const std::string& svg) {
 
 }  // namespace
 
-int PromptsForLevel(const SweepConfig& config, int concurrency) {
-  if (config.num_prompts_per_level > 0) return config.num_prompts_per_level;
-  return std::max(10, 2 * concurrency);
+// The bound of sending `prompts` at `concurrency` (serving_bound.h), its line of the report, and
+// its JSON.
+struct RunBound {
+  ServingBound bound;
+  nlohmann::json json;
+};
+
+Result<RunBound> BoundOfRun(const BoundConfig& config, const std::vector<BenchPrompt>& prompts,
+                            int concurrency, double measured_output_throughput) {
+  std::vector<BoundRequest> requests;
+  requests.reserve(prompts.size());
+  for (const BenchPrompt& prompt : prompts)
+    requests.push_back({prompt.prompt_len, prompt.output_len});
+  SIEVE_ASSIGN_OR_RETURN(ServingBound bound, ComputeServingBound(config, requests, concurrency));
+  RunBound run{bound, {}};
+  run.json = {{"model_config", config.model_config},
+              {"kv_policy", config.kv_policy},
+              {"kv_budget", config.kv_budget},
+              {"kv_window", config.kv_window},
+              {"gemm_tflops", config.gemm_tflops},
+              {"attention_tflops", config.attention_tflops},
+              {"copy_gbs", config.copy_gbs},
+              {"prefill_s", bound.prefill_s},
+              {"decode_s", bound.decode_s},
+              {"output_throughput", bound.output_tokens_per_s},
+              {"fraction", bound.output_tokens_per_s > 0
+                               ? measured_output_throughput / bound.output_tokens_per_s
+                               : 0.0}};
+  return run;
+}
+
+std::string BoundLine(const BoundConfig& config, const ServingBound& bound, double measured) {
+  return fmt::format(
+      "Bound: {:.1f} output tok/s (prefill {:.1f} s at {:.4g} TFLOP/s GEMM{}, decode {:.1f} s at "
+      "{:.4g} GB/s; {} on {}): measured {:.0f}% of it\n",
+      bound.output_tokens_per_s, bound.prefill_s, config.gemm_tflops,
+      config.attention_tflops > 0
+          ? fmt::format(" + {:.4g} TFLOP/s attention", config.attention_tflops)
+          : std::string(", attention not counted"),
+      bound.decode_s, config.copy_gbs, config.kv_policy, config.model_config,
+      bound.output_tokens_per_s > 0 ? 100 * measured / bound.output_tokens_per_s : 0.0);
+}
+
+int PromptsForLevel(const SweepConfig& config, size_t level) {
+  const std::vector<int>& counts = config.num_prompts_per_level;
+  const int count = counts.size() == 1 ? counts[0] : level < counts.size() ? counts[level] : 0;
+  if (count > 0) return count;
+  return std::max(10, 2 * config.concurrency.at(level));
 }
 
 Status RunBenchServe(const ServeConfig& config) {
   SIEVE_ASSIGN_OR_RETURN(const double request_rate, ParseRequestRate(config.request_rate));
   if (config.max_concurrency < 0) return InvalidArgumentError("--max-concurrency must be >= 0");
   if (!(config.burstiness > 0)) return InvalidArgumentError("--burstiness must be positive");
+  SIEVE_RETURN_IF_ERROR(ValidateBoundConfig(config.bound));
   SIEVE_ASSIGN_OR_RETURN(BenchSetup setup, Prepare(config.client, config.dataset));
   setup.load.max_concurrency = config.max_concurrency;
   setup.load.request_rate = request_rate;
@@ -286,6 +333,12 @@ Status RunBenchServe(const ServeConfig& config) {
                          RunServingLoad(setup.load, prompts, *setup.tokenizer, &bar));
   const BenchMetrics metrics = ComputeMetrics(result.records, result.duration_s);
   std::printf("%s", FormatServingTable(metrics, config.max_concurrency, request_rate).c_str());
+  std::optional<RunBound> bound;
+  if (!config.bound.model_config.empty()) {
+    SIEVE_ASSIGN_OR_RETURN(bound, BoundOfRun(config.bound, prompts, config.max_concurrency,
+                                             metrics.output_throughput));
+    std::printf("%s", BoundLine(config.bound, bound->bound, metrics.output_throughput).c_str());
+  }
   const nlohmann::json errors = SummarizeErrors(result.records, kErrorsKept);
   PrintErrors(errors, metrics.failed);
   std::fflush(stdout);
@@ -297,6 +350,7 @@ Status RunBenchServe(const ServeConfig& config) {
                       {"request_rate", config.request_rate},
                       {"burstiness", config.burstiness}};
     json["metrics"] = MetricsToJson(metrics);
+    if (bound) json["bound"] = bound->json;
     json["errors"] = errors;
     json["requests"] = RecordsJson(result.records, config.client.save_texts);
     SIEVE_RETURN_IF_ERROR(WriteJsonFile(config.client.result_json, json));
@@ -313,7 +367,18 @@ Status RunBenchSweep(const SweepConfig& config) {
   for (int level : config.concurrency) {
     if (level <= 0) return InvalidArgumentError("--concurrency levels must be positive");
   }
+  const auto& counts = config.num_prompts_per_level;
+  if (counts.size() > 1 && counts.size() != config.concurrency.size()) {
+    return InvalidArgumentError(fmt::format(
+        "--num-prompts-per-level has {} counts for {} --concurrency levels (give one, or one a "
+        "level)",
+        counts.size(), config.concurrency.size()));
+  }
+  for (int count : counts) {
+    if (count < 0) return InvalidArgumentError("--num-prompts-per-level counts must be >= 0");
+  }
   SIEVE_RETURN_IF_ERROR(CheckPlotPath(config.plot));
+  SIEVE_RETURN_IF_ERROR(ValidateBoundConfig(config.bound));
   SIEVE_ASSIGN_OR_RETURN(BenchSetup setup, Prepare(config.client, config.dataset));
   std::vector<SweepLevel> levels;
   nlohmann::json json = ResultHeader("sieve_bench_sweep", config.client, setup);
@@ -325,7 +390,7 @@ Status RunBenchSweep(const SweepConfig& config) {
   SIEVE_ASSIGN_OR_RETURN(std::vector<BenchPrompt> warmup_prompts,
                          MakeWarmupPrompts(config.dataset, *setup.tokenizer, config.client.warmup));
   for (int concurrency : config.concurrency) {
-    const int num_prompts = PromptsForLevel(config, concurrency);
+    const int num_prompts = PromptsForLevel(config, levels.size());
     SIEVE_ASSIGN_OR_RETURN(std::vector<BenchPrompt> prompts,
                            MakePrompts(config.dataset, *setup.tokenizer, num_prompts,
                                        config.dataset.seed + levels.size()));
@@ -347,11 +412,21 @@ Status RunBenchSweep(const SweepConfig& config) {
                  "failed\n",
                  concurrency, level.metrics.output_throughput, level.metrics.ttft_ms.median,
                  level.metrics.tpot_ms.median, level.metrics.failed);
-    json["levels"].push_back({{"concurrency", concurrency},
-                              {"num_prompts", level.num_prompts},
-                              {"metrics", MetricsToJson(level.metrics)},
-                              {"errors", errors},
-                              {"requests", RecordsJson(result.records, config.client.save_texts)}});
+    nlohmann::json level_json = {
+        {"concurrency", concurrency},
+        {"num_prompts", level.num_prompts},
+        {"metrics", MetricsToJson(level.metrics)},
+        {"errors", errors},
+        {"requests", RecordsJson(result.records, config.client.save_texts)}};
+    if (!config.bound.model_config.empty()) {
+      SIEVE_ASSIGN_OR_RETURN(RunBound bound, BoundOfRun(config.bound, prompts, concurrency,
+                                                        level.metrics.output_throughput));
+      level.bound_output_throughput = bound.bound.output_tokens_per_s;
+      level_json["bound"] = bound.json;
+      std::fprintf(stderr, "concurrency %d: %s", concurrency,
+                   BoundLine(config.bound, bound.bound, level.metrics.output_throughput).c_str());
+    }
+    json["levels"].push_back(std::move(level_json));
     levels.push_back(level);
     // Saved after every level: a long sweep stopped half-way keeps the levels it finished.
     if (!config.client.result_json.empty()) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "tools/bench/serving_bound.h"
 
 namespace sieve::bench {
 
@@ -47,6 +48,7 @@ struct ServeConfig {
   int max_concurrency = 0;           // 0: no cap
   std::string request_rate = "inf";  // requests/s, or inf
   double burstiness = 1.0;
+  BoundConfig bound;  // printed beside the measurement when bound.model_config is set
 };
 
 // The concurrency levels of PERF.md's headline workload.
@@ -56,8 +58,10 @@ struct SweepConfig {
   DatasetConfig dataset;
   ClientConfig client;
   std::vector<int> concurrency = kPerfConcurrencyLevels;
-  int num_prompts_per_level = 0;  // 0: max(10, 2 x concurrency)
-  std::string plot;               // SVG path (*.svg), "" for none
+  // One count for every level, or one per level; empty or 0: max(10, 2 x concurrency).
+  std::vector<int> num_prompts_per_level;
+  std::string plot;   // SVG path (*.svg), "" for none
+  BoundConfig bound;  // each level's bound, when bound.model_config is set
 };
 
 struct PlotConfig {
@@ -66,8 +70,8 @@ struct PlotConfig {
   std::string title;
 };
 
-// The number of prompts a sweep level sends.
-int PromptsForLevel(const SweepConfig& config, int concurrency);
+// The number of prompts sweep level `level` (an index into config.concurrency) sends.
+int PromptsForLevel(const SweepConfig& config, size_t level);
 
 Status RunBenchServe(const ServeConfig& config);
 Status RunBenchSweep(const SweepConfig& config);

@@ -71,16 +71,28 @@ std::string FormatServingTable(const BenchMetrics& metrics, int max_concurrency,
 }
 
 std::string FormatSweepTable(const std::vector<SweepLevel>& levels) {
+  const bool bounds = std::any_of(levels.begin(), levels.end(), [](const SweepLevel& level) {
+    return level.bound_output_throughput > 0;
+  });
   std::string text =
       "| concurrency | requests | failed | req/s | output tok/s | TTFT P50 (ms) | TTFT P99 (ms) "
-      "| TPOT P50 (ms) | TPOT P99 (ms) | ITL P99 (ms) |\n"
-      "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+      "| TPOT P50 (ms) | TPOT P99 (ms) | ITL P99 (ms) |";
+  text += bounds ? " bound tok/s | of bound |\n" : "\n";
+  text += "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
+  text += bounds ? " ---: | ---: |\n" : "\n";
   for (const SweepLevel& level : levels) {
     const BenchMetrics& m = level.metrics;
     text += fmt::format(
-        "| {} | {} | {} | {:.2f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.2f} | {:.2f} |\n",
+        "| {} | {} | {} | {:.2f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.2f} | {:.2f} |",
         level.concurrency, level.num_prompts, m.failed, m.request_throughput, m.output_throughput,
         m.ttft_ms.median, m.ttft_ms.p99, m.tpot_ms.median, m.tpot_ms.p99, m.itl_ms.p99);
+    if (bounds) {
+      const double bound = level.bound_output_throughput;
+      text += bound > 0
+                  ? fmt::format(" {:.1f} | {:.0f}% |", bound, 100 * m.output_throughput / bound)
+                  : std::string(" | |");
+    }
+    text += "\n";
   }
   return text;
 }

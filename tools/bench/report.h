@@ -22,10 +22,12 @@ struct SweepLevel {
   int concurrency = 0;
   int num_prompts = 0;
   BenchMetrics metrics;
+  double bound_output_throughput = 0;  // tok/s (serving_bound.h); 0: none
 };
 
 // One row per level: concurrency, requests, failures, req/s, output tok/s, TTFT P50/P99,
-// TPOT P50/P99, ITL P99, as a Markdown table.
+// TPOT P50/P99, ITL P99, as a Markdown table; with bounds, also the bound's output tok/s and the
+// measured fraction of it.
 std::string FormatSweepTable(const std::vector<SweepLevel>& levels);
 
 // The distinct error messages of the failed requests, most frequent first, at most `limit`:

@@ -1,0 +1,99 @@
+#include "tools/bench/serving_bound.h"
+
+#include <algorithm>
+
+#include "model/model_config.h"
+#include "sparsity/kv_policy.h"
+
+namespace sieve::bench {
+
+namespace {
+
+Result<KvPolicy> PolicyFor(const BoundConfig& config, int num_layers) {
+  KvPolicyOptions options;
+  if (config.kv_budget > 0) options.budget = config.kv_budget;
+  if (config.kv_window > 0) options.window = config.kv_window;
+  auto policy = KvPolicy::Parse(config.kv_policy, num_layers, options);
+  if (!policy.ok()) return policy.status().WithContext("--bound-kv-policy");
+  return policy;
+}
+
+}  // namespace
+
+Status ValidateBoundConfig(const BoundConfig& config) {
+  if (config.model_config.empty()) return Status::Ok();
+  auto model = LoadModelConfig(config.model_config);
+  if (!model.ok()) return model.status().WithContext("--bound-model-config");
+  SIEVE_RETURN_IF_ERROR(PolicyFor(config, model->num_layers).status());
+  if (!(config.gemm_tflops > 0) || !(config.copy_gbs > 0) || config.attention_tflops < 0) {
+    return InvalidArgumentError(
+        "the bound needs --bound-gemm-tflops and --bound-copy-gbs (positive) and "
+        "--bound-attention-tflops >= 0: the GPU's measured ceilings (sieve bench kernels, "
+        "scripts/sdpa_bench.py)");
+  }
+  return Status::Ok();
+}
+
+Result<ServingBound> ComputeServingBound(const BoundConfig& config,
+                                         const std::vector<BoundRequest>& requests,
+                                         int concurrency) {
+  SIEVE_RETURN_IF_ERROR(ValidateBoundConfig(config));
+  if (config.model_config.empty()) return InvalidArgumentError("no --bound-model-config");
+  SIEVE_ASSIGN_OR_RETURN(ModelConfig model, LoadModelConfig(config.model_config));
+  SIEVE_ASSIGN_OR_RETURN(KvPolicy policy, PolicyFor(config, model.num_layers));
+  const double d = model.hidden_size, hd = model.head_dim, h = model.num_heads,
+               g = model.num_kv_heads, f = model.intermediate_size, v = model.vocab_size;
+  const int layers = model.num_layers;
+  // The GEMMs of one layer (q, k, v, o, gate, up, down), in weights = FLOPs / 2 per token.
+  const double layer_weights = d * (h + 2 * g) * hd + h * hd * d + 3 * f * d;
+  const double bytes_per_weight = 2;  // bf16
+  const double lm_head = v * d;
+  ServingBound bound;
+  // A decode step reads every layer's weights and the lm_head (the embedding only its rows).
+  bound.weight_bytes = bytes_per_weight * (layers * layer_weights + lm_head);
+  // K and V of one entry in one layer, bf16.
+  const double entry_bytes = 2.0 * g * hd * bytes_per_weight;
+
+  for (const BoundRequest& request : requests) {
+    const double n = request.prompt_len;
+    bound.prefill_gemm_flops += 2 * n * layers * layer_weights + 2 * lm_head;
+    // Causal: query i sees i + 1 keys; QK^T and PV, 2 FLOPs a multiply-add, every head.
+    bound.prefill_attention_flops += 4 * h * hd * (n * (n + 1) / 2) * layers;
+  }
+  bound.prefill_s = bound.prefill_gemm_flops / (config.gemm_tflops * 1e12);
+  if (config.attention_tflops > 0) {
+    bound.prefill_s += bound.prefill_attention_flops / (config.attention_tflops * 1e12);
+  }
+
+  // Decode in waves of `concurrency` requests, in order: a wave runs as many steps as its longest
+  // output, each reading the weights once and every running sequence's entries.
+  const size_t wave = concurrency > 0 ? static_cast<size_t>(concurrency) : requests.size();
+  double decode_bytes = 0;
+  int64_t output_tokens = 0;
+  for (size_t first = 0; first < requests.size(); first += wave) {
+    const size_t last = std::min(requests.size(), first + wave);
+    int steps = 0;
+    for (size_t i = first; i < last; ++i) {
+      const BoundRequest& request = requests[i];
+      steps = std::max(steps, request.output_len);
+      output_tokens += request.output_len;
+      // Entries of each layer at decode step t: what the prompt left plus t, up to a decode cap.
+      const std::vector<int> kept = policy.EntriesAfterPrompt(request.prompt_len);
+      for (int layer = 0; layer < layers; ++layer) {
+        const int cap = policy.DecodeLimitFor(layer).max_entries;
+        for (int t = 0; t < request.output_len; ++t) {
+          const int entries = kept[layer] + t + 1;  // the step's own token too
+          bound.kv_bytes_read += (cap > 0 ? std::min(entries, cap) : entries) * entry_bytes;
+        }
+      }
+    }
+    decode_bytes += steps * bound.weight_bytes;
+  }
+  decode_bytes += bound.kv_bytes_read;
+  bound.decode_s = decode_bytes / (config.copy_gbs * 1e9);
+  const double total = bound.prefill_s + bound.decode_s;
+  bound.output_tokens_per_s = total > 0 ? output_tokens / total : 0;
+  return bound;
+}
+
+}  // namespace sieve::bench

@@ -1,0 +1,53 @@
+// The bound of a serving run (PERF.md's model), computed by the benchmark beside what it measured:
+// every prompt's prefill at the compute ceilings (its GEMM FLOPs at a GEMM rate, its causal
+// attention FLOPs at an attention rate) plus every decode step at the copy rate (the weights once a
+// step, and each running sequence's KV entries, as the server's KV policy keeps them). Prefill and
+// decode are added, not overlapped, and decode batches are full waves of the concurrency: the
+// time no engine can beat on this GPU short of overlapping the two.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace sieve::bench {
+
+// What the bound needs beyond the workload: the model's shape, the server's KV policy and the
+// GPU's measured ceilings. An empty model_config means no bound.
+struct BoundConfig {
+  std::string model_config;        // a directory with config.json (or params.json)
+  std::string kv_policy = "full";  // the server's --kv-policy
+  int kv_budget = 0;               // its --kv-budget (0: the policy's default)
+  int kv_window = 0;               // its --kv-window (0: the policy's default)
+  double gemm_tflops = 0;          // bf16 GEMM rate at prefill sizes (bench kernels)
+  double attention_tflops = 0;     // causal prefill attention rate (cuDNN SDPA); 0: not counted
+  double copy_gbs = 0;             // device copy rate, read + write (bench kernels)
+};
+
+// One request of the workload.
+struct BoundRequest {
+  int prompt_len = 0;
+  int output_len = 0;
+};
+
+struct ServingBound {
+  double prefill_s = 0;  // every prompt's prefill
+  double decode_s = 0;   // every decode step
+  double output_tokens_per_s = 0;
+  double weight_bytes = 0;             // read by every decode step
+  double prefill_gemm_flops = 0;       // over every prompt
+  double prefill_attention_flops = 0;  // over every prompt
+  double kv_bytes_read = 0;            // over every decode step
+};
+
+// Checks the config (the model directory parses, the policy parses for it, rates positive).
+Status ValidateBoundConfig(const BoundConfig& config);
+
+// The bound of sending `requests` with at most `concurrency` in flight (0: all at once), decoded
+// in waves of `concurrency` in request order.
+Result<ServingBound> ComputeServingBound(const BoundConfig& config,
+                                         const std::vector<BoundRequest>& requests,
+                                         int concurrency);
+
+}  // namespace sieve::bench

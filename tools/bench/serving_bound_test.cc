@@ -1,0 +1,94 @@
+// The serving bound against PERF.md's hand-computed numbers for the headline workload, and the
+// directions it must move in (sparser KV, attention counted, more concurrency), and its errors.
+#include "tools/bench/serving_bound.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "core/fixtures.h"
+#include "core/testing.h"
+
+namespace sieve::bench {
+namespace {
+
+BoundConfig Llama3Bound(const std::string& policy) {
+  BoundConfig config;
+  config.model_config = ProjectSourceDir() + "/configs/llama-3-8b";
+  config.kv_policy = policy;
+  config.kv_budget = 400;
+  config.kv_window = 32;
+  config.gemm_tflops = 790;  // PERF.md's ceilings
+  config.copy_gbs = 4194;
+  return config;
+}
+
+std::vector<BoundRequest> Requests(int count, int prompt_len, int output_len) {
+  return std::vector<BoundRequest>(count, BoundRequest{prompt_len, output_len});
+}
+
+// PERF.md: at 4000/500 and C = 128 the end-to-end bound is ~3,300 output tok/s dense and ~5,200
+// with 1/10 of the KV kept (prefill ~76 ms a prompt at 790 TFLOP/s, attention not counted).
+TEST(ServingBoundTest, MatchesPerfMdHeadline) {
+  const auto dense = ComputeServingBound(Llama3Bound("full"), Requests(256, 4000, 500), 128);
+  ASSERT_TRUE(dense.ok()) << dense.status().ToString();
+  EXPECT_NEAR(dense->output_tokens_per_s, 3300, 0.05 * 3300);
+  EXPECT_NEAR(dense->prefill_s / 256, 0.0707, 0.006);  // s a prompt
+  // Every layer keeping 400 of 4000 entries: a tenth of the KV.
+  BoundConfig tenth = Llama3Bound("snapkv");
+  const auto sparse = ComputeServingBound(tenth, Requests(256, 4000, 500), 128);
+  ASSERT_TRUE(sparse.ok());
+  EXPECT_NEAR(sparse->output_tokens_per_s, 5200, 0.06 * 5200);
+  EXPECT_DOUBLE_EQ(sparse->prefill_s, dense->prefill_s);  // prefill is the same work
+  EXPECT_LT(sparse->kv_bytes_read, 0.2 * dense->kv_bytes_read);
+}
+
+TEST(ServingBoundTest, MovesTheRightWay) {
+  auto rng = ::sieve::testing::MakeRng();
+  const int prompt = 1000 + static_cast<int>(rng() % 3000);
+  const int output = 50 + static_cast<int>(rng() % 450);
+  const auto requests = Requests(64, prompt, output);
+  const auto at = [&](const BoundConfig& config, int concurrency) {
+    auto bound = ComputeServingBound(config, requests, concurrency);
+    SIEVE_CHECK(bound.ok()) << bound.status().ToString();
+    return *bound;
+  };
+  const BoundConfig dense = Llama3Bound("full");
+  const BoundConfig sparse = Llama3Bound("full:0-2,pyramidkv:3-31");
+  BoundConfig with_attention = dense;
+  with_attention.attention_tflops = 555;
+  EXPECT_GT(at(sparse, 32).output_tokens_per_s, at(dense, 32).output_tokens_per_s);
+  EXPECT_LT(at(with_attention, 32).output_tokens_per_s, at(dense, 32).output_tokens_per_s);
+  // More sequences a step share one read of the weights.
+  EXPECT_GT(at(dense, 32).output_tokens_per_s, at(dense, 4).output_tokens_per_s);
+  EXPECT_GT(at(dense, 4).output_tokens_per_s, at(dense, 1).output_tokens_per_s);
+  // 0: every request in one wave, as concurrency 64 here.
+  EXPECT_DOUBLE_EQ(at(dense, 0).decode_s, at(dense, 64).decode_s);
+  // Decode reads the weights once a step: one request of `output` tokens reads them `output`
+  // times, and its KV grows by one entry a step.
+  const auto one = ComputeServingBound(dense, Requests(1, prompt, output), 1);
+  ASSERT_TRUE(one.ok());
+  const double entry_bytes = 32.0 * 2 * 8 * 128 * 2;  // layers x (K, V) x heads x dim x bf16
+  const double kv = entry_bytes * (static_cast<double>(prompt) * output +
+                                   static_cast<double>(output) * (output + 1) / 2);
+  EXPECT_NEAR(one->kv_bytes_read, kv, 1e-9 * kv);
+  EXPECT_NEAR(one->decode_s, (output * one->weight_bytes + kv) / 4194e9, 1e-9);
+}
+
+TEST(ServingBoundTest, BadConfigsAreClearErrors) {
+  BoundConfig missing = Llama3Bound("full");
+  missing.model_config = "/nonexistent/model";
+  EXPECT_FALSE(ValidateBoundConfig(missing).ok());
+  BoundConfig policy = Llama3Bound("full:0-2");  // layers 3-31 uncovered
+  const Status bad_policy = ValidateBoundConfig(policy);
+  EXPECT_FALSE(bad_policy.ok());
+  EXPECT_NE(bad_policy.message().find("--bound-kv-policy"), std::string::npos)
+      << bad_policy.message();
+  BoundConfig rates = Llama3Bound("full");
+  rates.copy_gbs = 0;
+  EXPECT_FALSE(ValidateBoundConfig(rates).ok());
+  EXPECT_TRUE(ValidateBoundConfig(BoundConfig{}).ok());  // no bound asked for
+}
+
+}  // namespace
+}  // namespace sieve::bench
