@@ -3,7 +3,8 @@
 
 Every number on the page comes from a record (bench/results/NAME.json, written by
 scripts/record_gpu_results.py or scripts/bench_cpu.sh); nothing is typed by hand. headline.txt names
-one record per benchmark kind (serve, decode-step, kernels, cpu) and the command that reproduces
+one record per benchmark kind (serve, warm-start, prefill-step, decode-step, kernels, cpu) and the
+command that reproduces
 it; bench/results/headline_methods.md, hand-written, follows the tables verbatim. The charts are
 SVG files in docs/benchmarks/ (scripts/svg_bars.py). Every other record in bench/results/ is the
 history of experiments: kept there, not rendered.
@@ -25,7 +26,7 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 RESULTS = os.path.join(ROOT, "bench", "results")
 PAGE = os.path.join("docs", "benchmarks.md")
 CHARTS = os.path.join("docs", "benchmarks")
-KINDS = ("serve", "decode-step", "kernels", "cpu")
+KINDS = ("serve", "warm-start", "prefill-step", "decode-step", "kernels", "cpu")
 
 
 def fmt(value, digits=0):
@@ -79,6 +80,87 @@ def serve_section(record, charts):
         "Serving: output tokens/s", "output tokens/s", list(runs), ["output tok/s"],
         [[result["metrics"]["output_throughput"]] for result in runs.values()])
     out += ["", "![output tokens/s, dense and sparse](benchmarks/serve.svg)", ""]
+    return out
+
+
+def warm_start_section(record, charts):
+    out = ["## Warm start: a fresh server's first benchmark against its second", "",
+           "`sieve serve` (Llama-3-8B shape, dummy weights, `full:0-2,pyramidkv:3-31`, budget 400) "
+           "started fresh, then `sieve bench serve` twice in a row (4000/500, 256 prompts, at most "
+           "128 in flight, no warm-up requests): with the start-up warm-up (the default: decode "
+           "graphs captured and step-tuned, prefill GEMMs planned before `/health` answers 200) "
+           "and without it (`--no-warm-up`: all of that on first use, while requests wait).", "",
+           "| warm-up | run | output tok/s | TTFT P50 | ITL max |", "| --- | --- | --- | --- | --- |"]
+    serve = record["serve"]
+    ratios = []
+    for mode, label in (("on", "at start-up"), ("off", "`--no-warm-up`")):
+        runs = [serve.get(f"warm_{mode}_{run}") for run in ("first", "second")]
+        if not all(runs):
+            continue
+        for run, result in zip(("first", "second"), runs):
+            m = result["metrics"]
+            out.append(f"| {label} | {run} | {fmt(m['output_throughput'])} | "
+                       f"{fmt(m['median_ttft_ms'])} ms | {fmt(m['max_itl_ms'])} ms |")
+        ratio = runs[0]["metrics"]["output_throughput"] / runs[1]["metrics"]["output_throughput"]
+        ratios.append((label, ratio))
+    out.append("")
+    for label, ratio in ratios:
+        met = "met" if ratio >= 0.97 else "missed"
+        out.append(f"- Warm-up {label}: first / second run **{ratio:.3f}** (target >= 0.97: {met}).")
+    warm = re.search(r"warm-up done in ([\d.]+) s: (\d+) decode graphs \((\d+) batch buckets x (\d+) "
+                     r"length bounds\), (\d+) prefill sizes", record.get("summary", ""))
+    if warm:
+        out.append(f"- The warm-up took {warm.group(1)} s: {warm.group(2)} decode graphs "
+                   f"({warm.group(3)} batch buckets x {warm.group(4)} length bounds) and "
+                   f"{warm.group(5)} prefill sizes.")
+    out.append("")
+    return out
+
+
+def prefill_step_section(record, charts):
+    runs = record.get("prefill_runs") or {}
+    # An A/B record: this tree's first run; else the plain run's kernels.json.
+    name = next((key for key in runs if key.startswith("tree")), None)
+    kernels = runs[name] if name else record["kernels"]
+    dense, sparse = kernels["prefill_step_dense"], kernels["prefill_step_sparse"]
+    out = ["## The prefill step: `sieve bench kernels --prefill-step`", "",
+           f"{dense['num_seqs']} prompts of {dense['prompt_len']} tokens in one engine step "
+           "(Llama-3-8B shape, dummy weights, warmed up as `sieve serve` is; host time of the "
+           "step, median of 5), beside its compute bound: the step's GEMMs at the rate cuBLASLt "
+           "reaches on each of those shapes alone, plus its causal attention at cuDNN SDPA's rate "
+           f"({fmt(dense['attention_tflops'])} TFLOP/s, PyTorch in the same run).", "",
+           "| KV | step | tok/s | bound (GEMMs + attention) | of the bound | target |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for label, row in (("dense", dense), ("sparse", sparse)):
+        met = "met" if row["fraction_of_bound"] >= 0.85 else "missed"
+        out.append(f"| {label} | {row['step_ms']:.1f} ms | {fmt(row['tokens_per_second'])} | "
+                   f"{row['bound_ms']:.1f} ms ({row['gemm_bound_ms']:.1f} + "
+                   f"{row['attention_bound_ms']:.1f}) | {row['fraction_of_bound']:.0%} | "
+                   f">= 85%: {met} |")
+    out += ["", "| GEMM | m x n x k | alone | TFLOP/s |", "| --- | --- | --- | --- |"]
+    for gemm in dense["gemms"]:
+        out.append(f"| {gemm['name']} | {gemm['m']} x {gemm['n']} x {gemm['k']} | "
+                   f"{gemm['ms_alone']:.3f} ms | {fmt(gemm['tflops'])} |")
+    # The sparse step's kernels on a timeline (tools/kernel_timeline), summed by kind.
+    summary = record.get("summary", "")
+    if name:
+        number = name.rsplit("_", 1)[-1]
+        block = re.search(rf"prefill run {number}:.*?(?=\nprefill run |\Z)", summary, re.S)
+        summary = block.group(0) if block else ""
+    kinds = re.findall(r"^timeline kernel (\S+)\s+x\s*(\d+)\s+mean\s+([\d.]+) us\s+total ([\d.]+) ms",
+                       summary, re.M)
+    if kinds:
+        out += ["", "Where the sparse step's time goes (its kernels on a GPU timeline, summed by "
+                "kind; `nvjet` kernels are cuBLASLt's GEMMs):", "",
+                "| kernel | calls | total |", "| --- | --- | --- |"]
+        for kernel, calls, _, total in kinds[:10]:
+            out.append(f"| `{kernel}` | {calls} | {float(total):.1f} ms |")
+        charts["prefill_step.svg"] = svg_bars.bar_chart(
+            "Prefill step (sparse): time by kernel", "milliseconds",
+            [k[0][:28] for k in kinds[:8]], ["total"], [[float(k[3])] for k in kinds[:8]],
+            number=lambda v: f"{v:.1f} ms")
+        out += ["", "![prefill step time by kernel](benchmarks/prefill_step.svg)"]
+    out.append("")
     return out
 
 
@@ -168,7 +250,8 @@ def cpu_section(record, charts):
             "```", record["cpu"].strip(), "```", ""]
 
 
-SECTIONS = {"serve": serve_section, "decode-step": decode_step_section,
+SECTIONS = {"serve": serve_section, "warm-start": warm_start_section,
+            "prefill-step": prefill_step_section, "decode-step": decode_step_section,
             "kernels": kernels_section, "cpu": cpu_section}
 
 
