@@ -155,9 +155,12 @@ def prefill_step_section(record, charts):
                 "| kernel | calls | total |", "| --- | --- | --- |"]
         for kernel, calls, _, total in kinds[:10]:
             out.append(f"| `{kernel}` | {calls} | {float(total):.1f} ms |")
+        def short(kernel):  # "nvjet_sm90_tst_168x128_..." -> "GEMM 168x128"; "...Kernel" cut
+            tile = re.match(r"nvjet_sm\d+_\w+?_(\d+x\d+)_", kernel)
+            return f"GEMM {tile.group(1)}" if tile else kernel.removesuffix("Kernel")[:18]
         charts["prefill_step.svg"] = svg_bars.bar_chart(
             "Prefill step (sparse): time by kernel", "milliseconds",
-            [k[0][:28] for k in kinds[:8]], ["total"], [[float(k[3])] for k in kinds[:8]],
+            [short(k[0]) for k in kinds[:8]], ["total"], [[float(k[3])] for k in kinds[:8]],
             number=lambda v: f"{v:.1f} ms")
         out += ["", "![prefill step time by kernel](benchmarks/prefill_step.svg)"]
     out.append("")
