@@ -183,6 +183,8 @@ TEST_F(GpuEngineTest, SparsePoliciesGreedyMatchesCpu) {
 TEST_F(GpuEngineTest, WarmUpCapturesEveryGraphServingNeeds) {
   ModelConfig config = TinyRandomModelConfig();
   config.max_position_embeddings = 8192;
+  config.head_dim = 64;  // the CUDA kernels' (Backend::CheckHeadDim)
+  config.hidden_size = config.num_heads * config.head_dim;
   auto rng = testing::MakeRng();
   std::vector<std::vector<int32_t>> prompts;
   for (int index = 0; index < 19; ++index) {  // batches of 19 down to 1 as requests finish

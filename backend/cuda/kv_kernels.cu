@@ -46,7 +46,7 @@ __device__ __forceinline__ int64_t PoolEntry(const PoolView& pool, int layer, in
 __global__ void RopeAndCacheWriteKernel(bf16* __restrict__ qkv, int64_t qkv_stride,
                                         const float* __restrict__ rope_table, int num_heads,
                                         StepView step, int layer, PoolView pool, int first_token,
-                                        RowRmsView norm, bool vectorized) {
+                                        RowRmsView norm) {
   __shared__ float row_scale;
   PdlWait();
   PdlLaunchDependents();
@@ -79,90 +79,57 @@ __global__ void RopeAndCacheWriteKernel(bf16* __restrict__ qkv, int64_t qkv_stri
   const float* cos_sin = rope_table + static_cast<int64_t>(position) * head_dim;
   const int first = static_cast<int>(blockIdx.y * blockDim.x + threadIdx.x);
   const int stride = static_cast<int>(gridDim.y * blockDim.x);
-  // Rotate q and k. Vectors of 8 pairs where rows allow (head_dim a multiple of 16: every Llama
-  // shape): each 16-byte load feeds eight rotations (scalar bf16 accesses held the kernel to
-  // about a third of the copy rate at prefill sizes).
-  if (vectorized) {
-    const int vectors = half / 8;
-    for (int item = first; item < (num_heads + kv_heads) * vectors; item += stride) {
-      const int head = item / vectors;
-      const int index = item % vectors * 8;
-      bf16* x = row + head * head_dim;
-      float a[8], b[8], cs[16];
-      Unpack8(*reinterpret_cast<const uint4*>(x + index), a);
-      Unpack8(*reinterpret_cast<const uint4*>(x + index + half), b);
+  // Rotate q and k: work item = 8 pairs (x[i], x[i + half]) of one head, from two 16-byte
+  // loads (scalar bf16 accesses held the kernel to about a third of the copy rate at prefill
+  // sizes).
+  const int vectors = half / 8;
+  for (int item = first; item < (num_heads + kv_heads) * vectors; item += stride) {
+    const int head = item / vectors;
+    const int index = item % vectors * 8;
+    bf16* x = row + head * head_dim;
+    float a[8], b[8], cs[16];
+    Unpack8(*reinterpret_cast<const uint4*>(x + index), a);
+    Unpack8(*reinterpret_cast<const uint4*>(x + index + half), b);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float4 quad = reinterpret_cast<const float4*>(cos_sin + 2 * index)[q];
-        cs[4 * q] = quad.x;
-        cs[4 * q + 1] = quad.y;
-        cs[4 * q + 2] = quad.z;
-        cs[4 * q + 3] = quad.w;
-      }
-      uint4 ra_raw, rb_raw;
-      auto* ra = reinterpret_cast<bf16*>(&ra_raw);
-      auto* rb = reinterpret_cast<bf16*>(&rb_raw);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        rope::RotatePair(__fmul_rn(a[i], scale), __fmul_rn(b[i], scale), cs[2 * i], cs[2 * i + 1],
-                         ra[i], rb[i]);
-      }
-      *reinterpret_cast<uint4*>(x + index) = ra_raw;
-      *reinterpret_cast<uint4*>(x + index + half) = rb_raw;
-      if (head >= num_heads && entry >= 0) {
-        bf16* dst = pool.k + (entry * kv_heads + (head - num_heads)) * head_dim;
-        *reinterpret_cast<uint4*>(dst + index) = ra_raw;
-        *reinterpret_cast<uint4*>(dst + index + half) = rb_raw;
-      }
+    for (int q = 0; q < 4; ++q) {
+      const float4 quad = reinterpret_cast<const float4*>(cos_sin + 2 * index)[q];
+      cs[4 * q] = quad.x;
+      cs[4 * q + 1] = quad.y;
+      cs[4 * q + 2] = quad.z;
+      cs[4 * q + 3] = quad.w;
     }
-  } else {
-    // Work item = (head, pair index).
-    for (int item = first; item < (num_heads + kv_heads) * half; item += stride) {
-      const int head = item / half;
-      const int index = item % half;
-      bf16* x = row + head * head_dim;
-      bf16 ra;
-      bf16 rb;
-      rope::RotatePair(__fmul_rn(__bfloat162float(x[index]), scale),
-                       __fmul_rn(__bfloat162float(x[index + half]), scale), cos_sin[2 * index],
-                       cos_sin[2 * index + 1], ra, rb);
-      x[index] = ra;
-      x[index + half] = rb;
-      if (head >= num_heads && entry >= 0) {
-        bf16* dst = pool.k + (entry * kv_heads + (head - num_heads)) * head_dim;
-        dst[index] = ra;
-        dst[index + half] = rb;
-      }
+    uint4 ra_raw, rb_raw;
+    auto* ra = reinterpret_cast<bf16*>(&ra_raw);
+    auto* rb = reinterpret_cast<bf16*>(&rb_raw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      rope::RotatePair(__fmul_rn(a[i], scale), __fmul_rn(b[i], scale), cs[2 * i], cs[2 * i + 1],
+                       ra[i], rb[i]);
+    }
+    *reinterpret_cast<uint4*>(x + index) = ra_raw;
+    *reinterpret_cast<uint4*>(x + index + half) = rb_raw;
+    if (head >= num_heads && entry >= 0) {
+      bf16* dst = pool.k + (entry * kv_heads + (head - num_heads)) * head_dim;
+      *reinterpret_cast<uint4*>(dst + index) = ra_raw;
+      *reinterpret_cast<uint4*>(dst + index + half) = rb_raw;
     }
   }
-  bf16* v = row + (num_heads + kv_heads) * head_dim;
-  if (vectorized && (norm.rows != nullptr || entry >= 0)) {
-    // v scaled in qkv too (prefill attention reads it from there), then copied to the page.
-    auto* v_vectors = reinterpret_cast<uint4*>(v);
-    auto* page_vectors =
+  // v: scaled in qkv too (prefill attention reads it from there), then copied to the page.
+  if (norm.rows != nullptr || entry >= 0) {
+    auto* v = reinterpret_cast<uint4*>(row + (num_heads + kv_heads) * head_dim);
+    auto* page =
         entry >= 0 ? reinterpret_cast<uint4*>(pool.v + entry * kv_heads * head_dim) : nullptr;
     for (int index = first; index < kv_heads * head_dim / 8; index += stride) {
-      uint4 raw = v_vectors[index];
+      uint4 raw = v[index];
       if (norm.rows != nullptr) {
         float values[8];
         Unpack8(raw, values);
 #pragma unroll
         for (int i = 0; i < 8; ++i) values[i] = __fmul_rn(values[i], scale);
         raw = Pack8(values);
-        v_vectors[index] = raw;
+        v[index] = raw;
       }
-      if (entry >= 0) page_vectors[index] = raw;
-    }
-  } else if (!vectorized) {
-    if (norm.rows != nullptr) {  // v is scaled in qkv too: prefill attention reads it from there
-      for (int index = first; index < kv_heads * head_dim; index += stride) {
-        v[index] = __float2bfloat16(__fmul_rn(__bfloat162float(v[index]), scale));
-      }
-    }
-    if (entry >= 0) {
-      for (int index = first; index < kv_heads * head_dim; index += stride) {
-        pool.v[entry * kv_heads * head_dim + index] = v[index];
-      }
+      if (entry >= 0) page[index] = raw;
     }
   }
   if (entry < 0) return;
@@ -223,13 +190,14 @@ void RopeAndCacheWrite(bf16* qkv, int64_t qkv_stride, const float* rope_table, i
   const int tokens = end_token - first_token;
   const int parts =
       norm.rows != nullptr && tokens > 256 ? 1 : std::max(1, std::min(8, items / (2 * kThreads)));
-  // 16-byte vectors: pairs (x[i], x[i + half]) in runs of 8 need head_dim % 16 == 0 and rows of
-  // qkv and of the pages on 16 bytes (the cos/sin rows then are too).
+  // 16-byte vectors of 8 pairs (x[i], x[i + half]): head_dim % 16 == 0 (the backend runs 64 and
+  // 128 only: CheckHeadDim) and rows of qkv, pages and cos/sin on 16 bytes.
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool vectorized = pool.head_dim % 16 == 0 && qkv_stride % 8 == 0 && aligned(qkv) &&
-                          aligned(pool.k) && aligned(pool.v) && aligned(rope_table);
+  SIEVE_CHECK(pool.head_dim % 16 == 0 && qkv_stride % 8 == 0 && aligned(qkv) && aligned(pool.k) &&
+              aligned(pool.v) && aligned(rope_table))
+      << "RopeAndCacheWrite needs head_dim % 16 == 0 and 16-byte aligned rows";
   LaunchWithPdl(RopeAndCacheWriteKernel, dim3(tokens, parts), kThreads, 0, stream, qkv, qkv_stride,
-                rope_table, num_heads, step, layer, pool, first_token, norm, vectorized);
+                rope_table, num_heads, step, layer, pool, first_token, norm);
 }
 
 void GatherPrefillKv(const bf16* qkv, int64_t qkv_stride, int num_heads, const StepView& step,
