@@ -199,7 +199,7 @@ TEST_F(GpuEngineTest, WarmUpCapturesEveryGraphServingNeeds) {
     options.max_model_len = 5000;
     options.max_num_seqs = 20;
     options.max_num_batched_tokens = 1024;
-    options.kv_policy = "full:0,snapkv:1";
+    options.kv_policy = "full:0,snapkv:1-3";
     options.kv_policy_options.budget = 64;
     options.kv_policy_options.window = 8;
     auto engine =
