@@ -145,8 +145,7 @@ class Engine {
   // Prefill steps run only on backends that plan shapes on first use (Backend::PlansShapes),
   // or with `plan_prefill_anyway` (tests). Only before any request is added. Leaves no trace in
   // the KV cache's accounting or the stats.
-  WarmUpReport WarmUp(const WarmUpProgress& progress = {},
-                              bool plan_prefill_anyway = false);
+  WarmUpReport WarmUp(const WarmUpProgress& progress = {}, bool plan_prefill_anyway = false);
 
   EngineStats Stats() const;
   const EngineOptions& options() const { return options_; }
