@@ -54,6 +54,14 @@ class Backend {
   virtual Tensor UploadWeight(const void* src, DType src_dtype, std::vector<int64_t> shape) = 0;
   // Fills with seeded pseudo-random N(0, stddev) values (for --load-format dummy).
   virtual void FillRandom(Tensor& tensor, uint64_t seed, float stddev) = 0;
+  // dst = src element for element, on the device (how a tensor-parallel rank cuts its slices
+  // out of a full dummy weight at load).    src, dst [R][C] of one dtype; rows may be strided
+  // (Rows / Columns views), columns contiguous.
+  virtual void Copy(const Tensor& src, Tensor& dst) = 0;
+  // Makes this backend's device the calling thread's current one. A thread that issues ops to a
+  // backend it did not create calls it first (tensor parallelism: each rank's worker thread);
+  // the CPU backend has nothing to do.
+  virtual void MakeCurrent() {}
 
   // ---- dense ops ----
   // out[t] = table[ids[t]]          table [V][D] act, ids [T] i32, out [T][D] act

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "model/llama_checkpoint.h"
 #include "model/rope.h"
@@ -12,43 +13,89 @@ namespace sieve {
 
 namespace {
 
-// Concatenates checkpoint tensors along rows (dimension 0) and uploads them as one matrix.
-Result<Tensor> UploadFused(Backend& backend, const SafetensorsCheckpoint& checkpoint,
-                           const std::vector<std::string>& names) {
-  std::vector<const SafetensorsTensor*> parts;
+// Rows [row_begin, row_end) and columns [col_begin, col_end) of one checkpoint tensor (a 1-D
+// tensor is one row); -1 ends take it to the end.
+struct TensorSlice {
+  std::string name;
+  int64_t row_begin = 0;
+  int64_t row_end = -1;
+  int64_t col_begin = 0;
+  int64_t col_end = -1;
+};
+
+// Concatenates slices of checkpoint tensors along rows and uploads them as one matrix. Only the
+// slices' bytes are read from the mapping: a rank of a sharded model touches only its own part
+// of the file. A tensor taken whole keeps its shape (1-D norms stay 1-D).
+Result<Tensor> UploadSlices(Backend& backend, const SafetensorsCheckpoint& checkpoint,
+                            const std::vector<TensorSlice>& slices) {
+  struct Part {
+    const SafetensorsTensor* tensor;
+    int64_t cols;  // of the whole tensor
+    int64_t row_begin, row_end, col_begin, col_end;
+  };
+  std::vector<Part> parts;
   int64_t rows = 0;
-  int64_t cols = -1;
+  int64_t width = -1;
   bool same_dtype = true;
-  for (const std::string& name : names) {
-    const SafetensorsTensor* part = checkpoint.Find(name);
-    if (part == nullptr) return NotFoundError("tensor " + name + " is missing");
-    const int64_t part_cols = part->shape.size() == 2 ? part->shape[1] : part->shape[0];
-    if (cols >= 0 && part_cols != cols) {
-      return InvalidArgumentError("tensor " + name + " has " + std::to_string(part_cols) +
-                                  " columns, expected " + std::to_string(cols));
+  for (const TensorSlice& slice : slices) {
+    const SafetensorsTensor* tensor = checkpoint.Find(slice.name);
+    if (tensor == nullptr) return NotFoundError("tensor " + slice.name + " is missing");
+    const bool matrix = tensor->shape.size() == 2;
+    const int64_t tensor_rows = matrix ? tensor->shape[0] : 1;
+    const int64_t tensor_cols = matrix ? tensor->shape[1] : tensor->shape[0];
+    Part part{tensor,          tensor_cols,
+              slice.row_begin, slice.row_end < 0 ? tensor_rows : slice.row_end,
+              slice.col_begin, slice.col_end < 0 ? tensor_cols : slice.col_end};
+    // The checkpoint was validated against the config the slices come from.
+    SIEVE_CHECK(0 <= part.row_begin && part.row_begin <= part.row_end &&
+                part.row_end <= tensor_rows && 0 <= part.col_begin &&
+                part.col_begin < part.col_end && part.col_end <= tensor_cols)
+        << slice.name << ": slice outside the tensor";
+    const int64_t part_width = part.col_end - part.col_begin;
+    if (width >= 0 && part_width != width) {
+      return InvalidArgumentError("tensor " + slice.name + " has " + std::to_string(part_width) +
+                                  " columns, expected " + std::to_string(width));
     }
-    cols = part_cols;
-    rows += part->shape.size() == 2 ? part->shape[0] : 1;
-    if (!parts.empty() && part->dtype != parts[0]->dtype) same_dtype = false;
+    width = part_width;
+    rows += part.row_end - part.row_begin;
+    if (!parts.empty() && tensor->dtype != parts[0].tensor->dtype) same_dtype = false;
     parts.push_back(part);
   }
-  std::vector<int64_t> shape =
-      parts.size() == 1 ? parts[0]->shape : std::vector<int64_t>{rows, cols};
-  if (parts.size() == 1) return backend.UploadWeight(parts[0]->data, parts[0]->dtype, shape);
-  if (same_dtype) {
-    std::vector<uint8_t> joined;
-    for (const SafetensorsTensor* part : parts) {
-      const auto* bytes = static_cast<const uint8_t*>(part->data);
-      joined.insert(joined.end(), bytes, bytes + part->nbytes);
-    }
-    return backend.UploadWeight(joined.data(), parts[0]->dtype, shape);
+  const Part& first = parts[0];
+  const bool whole =
+      parts.size() == 1 && first.row_begin == 0 && first.col_begin == 0 &&
+      first.row_end == (first.tensor->shape.size() == 2 ? first.tensor->shape[0] : 1) &&
+      first.col_end == first.cols;
+  std::vector<int64_t> shape = whole ? first.tensor->shape : std::vector<int64_t>{rows, width};
+  const auto row_bytes = [](const Part& part, int64_t row) {
+    const size_t element = DTypeSize(part.tensor->dtype);
+    return static_cast<const uint8_t*>(part.tensor->data) +
+           (row * part.cols + part.col_begin) * element;
+  };
+  if (parts.size() == 1 && first.col_begin == 0 && first.col_end == first.cols) {
+    // Whole rows of one tensor are contiguous in the file: uploaded from the mapping directly.
+    return backend.UploadWeight(row_bytes(first, first.row_begin), first.tensor->dtype, shape);
   }
-  std::vector<float> joined;
-  for (const SafetensorsTensor* part : parts) {
-    const size_t count = part->nbytes / DTypeSize(part->dtype);
-    const size_t offset = joined.size();
-    joined.resize(offset + count);
-    ConvertToFloat(part->data, part->dtype, count, joined.data() + offset);
+  if (same_dtype) {
+    const size_t element = DTypeSize(first.tensor->dtype);
+    std::vector<uint8_t> joined;
+    joined.reserve(static_cast<size_t>(rows * width) * element);
+    for (const Part& part : parts) {
+      const size_t bytes = static_cast<size_t>(part.col_end - part.col_begin) * element;
+      for (int64_t row = part.row_begin; row < part.row_end; ++row) {
+        const uint8_t* begin = row_bytes(part, row);
+        joined.insert(joined.end(), begin, begin + bytes);
+      }
+    }
+    return backend.UploadWeight(joined.data(), first.tensor->dtype, shape);
+  }
+  std::vector<float> joined(static_cast<size_t>(rows * width));
+  float* out = joined.data();
+  for (const Part& part : parts) {
+    const size_t count = static_cast<size_t>(part.col_end - part.col_begin);
+    for (int64_t row = part.row_begin; row < part.row_end; ++row, out += count) {
+      ConvertToFloat(row_bytes(part, row), part.tensor->dtype, count, out);
+    }
   }
   return backend.UploadWeight(joined.data(), DType::kF32, shape);
 }
@@ -65,11 +112,35 @@ bool FoldNormsFromEnv() {
 
 }  // namespace
 
-LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, int max_positions)
+LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, int max_positions,
+                       const TensorParallelShard& shard, const ShardLayout& layout,
+                       Communicator* communicator)
     : config_(config),
       backend_(backend),
       max_positions_(max_positions),
-      folded_norms_(FoldNormsFromEnv()) {}
+      folded_norms_(FoldNormsFromEnv()),
+      shard_(shard),
+      layout_(layout),
+      communicator_(shard.size > 1 ? communicator : nullptr) {}
+
+Result<ShardLayout> LlamaModel::CheckShard(const ModelConfig& config,
+                                           const TensorParallelShard& shard,
+                                           const Communicator* communicator) {
+  SIEVE_ASSIGN_OR_RETURN(ShardLayout layout, MakeShardLayout(config, shard));
+  if (shard.size > 1) {
+    if (communicator == nullptr) {
+      return InvalidArgumentError("a model split over " + std::to_string(shard.size) +
+                                  " ranks needs a communicator");
+    }
+    if (communicator->size() != shard.size || communicator->rank() != shard.rank) {
+      return InvalidArgumentError("rank " + std::to_string(shard.rank) + " of " +
+                                  std::to_string(shard.size) + " given the communicator of rank " +
+                                  std::to_string(communicator->rank()) + " of " +
+                                  std::to_string(communicator->size()));
+    }
+  }
+  return layout;
+}
 
 void LlamaModel::FoldNorms() {
   if (!folded_norms_) return;
@@ -87,39 +158,66 @@ void LlamaModel::UploadRopeTable() {
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::Load(const ModelConfig& config,
                                                      const SafetensorsCheckpoint& checkpoint,
-                                                     Backend& backend, int max_positions) {
+                                                     Backend& backend, int max_positions,
+                                                     const TensorParallelShard& shard,
+                                                     Communicator* communicator) {
   SIEVE_RETURN_IF_ERROR(config.Validate());
+  SIEVE_ASSIGN_OR_RETURN(const ShardLayout layout, CheckShard(config, shard, communicator));
   SIEVE_RETURN_IF_ERROR(ValidateLlamaCheckpoint(checkpoint, config));
-  std::unique_ptr<LlamaModel> model(new LlamaModel(config, backend, max_positions));
+  std::unique_ptr<LlamaModel> model(
+      new LlamaModel(config, backend, max_positions, shard, layout, communicator));
   LlamaWeights& weights = model->weights_;
   SIEVE_ASSIGN_OR_RETURN(weights.embed,
-                         UploadFused(backend, checkpoint, {"model.embed_tokens.weight"}));
+                         UploadSlices(backend, checkpoint, {{"model.embed_tokens.weight"}}));
   SIEVE_ASSIGN_OR_RETURN(weights.final_norm,
-                         UploadFused(backend, checkpoint, {"model.norm.weight"}));
+                         UploadSlices(backend, checkpoint, {{"model.norm.weight"}}));
   if (config.tie_word_embeddings) {
     weights.lm_head = weights.embed;
   } else {
-    SIEVE_ASSIGN_OR_RETURN(weights.lm_head, UploadFused(backend, checkpoint, {"lm_head.weight"}));
+    SIEVE_ASSIGN_OR_RETURN(weights.lm_head,
+                           UploadSlices(backend, checkpoint, {{"lm_head.weight"}}));
   }
+  // This rank's rows of the column-parallel matrices and columns of the row-parallel ones
+  // (unsharded: all of them).
+  const int64_t hd = config.head_dim;
+  const int64_t q_begin = layout.q_head_begin * hd;
+  const int64_t q_end = q_begin + layout.num_q_heads * hd;
+  const int64_t kv_begin = layout.kv_head_begin * hd;
+  const int64_t kv_end = kv_begin + layout.num_kv_heads * hd;
+  const int64_t out_begin = layout.out_head_begin * hd;
+  const int64_t out_end = out_begin + layout.num_out_heads * hd;
+  const int64_t ffn_begin = layout.ffn_begin;
+  const int64_t ffn_end = ffn_begin + layout.ffn_size;
   weights.layers.resize(config.num_layers);
   for (int layer = 0; layer < config.num_layers; ++layer) {
     LlamaLayerWeights& w = weights.layers[layer];
-    SIEVE_ASSIGN_OR_RETURN(w.attn_norm, UploadFused(backend, checkpoint,
-                                                    {LayerName(layer, "input_layernorm.weight")}));
-    SIEVE_ASSIGN_OR_RETURN(w.qkv, UploadFused(backend, checkpoint,
-                                              {LayerName(layer, "self_attn.q_proj.weight"),
-                                               LayerName(layer, "self_attn.k_proj.weight"),
-                                               LayerName(layer, "self_attn.v_proj.weight")}));
+    const auto rows = [&](const char* suffix, int64_t begin, int64_t end) {
+      return TensorSlice{LayerName(layer, suffix), begin, end};
+    };
+    const auto columns = [&](const char* suffix, int64_t begin, int64_t end) {
+      return TensorSlice{LayerName(layer, suffix), 0, -1, begin, end};
+    };
     SIEVE_ASSIGN_OR_RETURN(
-        w.o, UploadFused(backend, checkpoint, {LayerName(layer, "self_attn.o_proj.weight")}));
+        w.attn_norm,
+        UploadSlices(backend, checkpoint, {{LayerName(layer, "input_layernorm.weight")}}));
+    SIEVE_ASSIGN_OR_RETURN(w.qkv,
+                           UploadSlices(backend, checkpoint,
+                                        {rows("self_attn.q_proj.weight", q_begin, q_end),
+                                         rows("self_attn.k_proj.weight", kv_begin, kv_end),
+                                         rows("self_attn.v_proj.weight", kv_begin, kv_end)}));
+    SIEVE_ASSIGN_OR_RETURN(w.o,
+                           UploadSlices(backend, checkpoint,
+                                        {columns("self_attn.o_proj.weight", out_begin, out_end)}));
     SIEVE_ASSIGN_OR_RETURN(
         w.mlp_norm,
-        UploadFused(backend, checkpoint, {LayerName(layer, "post_attention_layernorm.weight")}));
-    SIEVE_ASSIGN_OR_RETURN(w.gate_up, UploadFused(backend, checkpoint,
-                                                  {LayerName(layer, "mlp.gate_proj.weight"),
-                                                   LayerName(layer, "mlp.up_proj.weight")}));
+        UploadSlices(backend, checkpoint, {{LayerName(layer, "post_attention_layernorm.weight")}}));
+    SIEVE_ASSIGN_OR_RETURN(w.gate_up,
+                           UploadSlices(backend, checkpoint,
+                                        {rows("mlp.gate_proj.weight", ffn_begin, ffn_end),
+                                         rows("mlp.up_proj.weight", ffn_begin, ffn_end)}));
     SIEVE_ASSIGN_OR_RETURN(
-        w.down, UploadFused(backend, checkpoint, {LayerName(layer, "mlp.down_proj.weight")}));
+        w.down,
+        UploadSlices(backend, checkpoint, {columns("mlp.down_proj.weight", ffn_begin, ffn_end)}));
   }
   model->FoldNorms();
   model->UploadRopeTable();
@@ -128,15 +226,49 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Load(const ModelConfig& config,
 
 std::unique_ptr<LlamaModel> LlamaModel::Random(const ModelConfig& config, Backend& backend,
                                                uint64_t seed, int max_positions, float init_std) {
-  std::unique_ptr<LlamaModel> model(new LlamaModel(config, backend, max_positions));
+  auto model = RandomShard(config, backend, seed, max_positions, {}, nullptr, init_std);
+  SIEVE_CHECK(model.ok()) << model.status().ToString();  // one rank: nothing to split
+  return std::move(model).value();
+}
+
+Result<std::unique_ptr<LlamaModel>> LlamaModel::RandomShard(
+    const ModelConfig& config, Backend& backend, uint64_t seed, int max_positions,
+    const TensorParallelShard& shard, Communicator* communicator, float init_std) {
+  SIEVE_ASSIGN_OR_RETURN(const ShardLayout layout, CheckShard(config, shard, communicator));
+  std::unique_ptr<LlamaModel> model(
+      new LlamaModel(config, backend, max_positions, shard, layout, communicator));
   const int64_t d = config.hidden_size;
   const int64_t hd = config.head_dim;
   const DType dtype = backend.activation_dtype();
+  const bool sharded = shard.size > 1;
+  // Every rank draws every full matrix with the same seeds in the same order as one rank does,
+  // so the slices below are exactly one rank's weights.
   uint64_t tensor_seed = seed;
   const auto matrix = [&](int64_t rows, int64_t cols) {
     Tensor tensor = backend.Allocate({rows, cols}, dtype);
     backend.FillRandom(tensor, tensor_seed++, init_std);
     return tensor;
+  };
+  // Row ranges [begin, end) of `full`, stacked.
+  const auto take_rows = [&](const Tensor& full,
+                             std::initializer_list<std::pair<int64_t, int64_t>> ranges) {
+    int64_t rows = 0;
+    for (const auto& [begin, end] : ranges) rows += end - begin;
+    Tensor part = backend.Allocate({rows, full.dim(1)}, dtype);
+    int64_t offset = 0;
+    for (const auto& [begin, end] : ranges) {
+      Tensor destination = part.Rows(offset, offset + end - begin);
+      backend.Copy(full.Rows(begin, end), destination);
+      offset += end - begin;
+    }
+    backend.Synchronize();  // the caller drops `full` next
+    return part;
+  };
+  const auto take_columns = [&](const Tensor& full, int64_t begin, int64_t end) {
+    Tensor part = backend.Allocate({full.dim(0), end - begin}, dtype);
+    backend.Copy(full.Columns(begin, end), part);
+    backend.Synchronize();
+    return part;
   };
   std::mt19937_64 norm_rng(seed ^ 0x9e3779b97f4a7c15ull);
   std::normal_distribution<float> normal(0.0f, 0.1f);
@@ -150,13 +282,30 @@ std::unique_ptr<LlamaModel> LlamaModel::Random(const ModelConfig& config, Backen
   weights.final_norm = norm();
   weights.lm_head = config.tie_word_embeddings ? weights.embed : matrix(config.vocab_size, d);
   weights.layers.resize(config.num_layers);
+  const int64_t heads = config.num_heads;
+  const int64_t kv_heads = config.num_kv_heads;
+  const int64_t ffn = config.intermediate_size;
   for (LlamaLayerWeights& w : weights.layers) {
     w.attn_norm = norm();
-    w.qkv = matrix((config.num_heads + 2 * config.num_kv_heads) * hd, d);
-    w.o = matrix(d, config.num_heads * hd);
+    w.qkv = matrix((heads + 2 * kv_heads) * hd, d);
+    w.o = matrix(d, heads * hd);
     w.mlp_norm = norm();
-    w.gate_up = matrix(2 * static_cast<int64_t>(config.intermediate_size), d);
-    w.down = matrix(d, config.intermediate_size);
+    w.gate_up = matrix(2 * ffn, d);
+    w.down = matrix(d, ffn);
+    if (!sharded) continue;
+    const int64_t q_begin = layout.q_head_begin * hd;
+    const int64_t q_end = q_begin + layout.num_q_heads * hd;
+    const int64_t k_begin = (heads + layout.kv_head_begin) * hd;
+    const int64_t k_end = k_begin + layout.num_kv_heads * hd;
+    const int64_t v_begin = k_begin + kv_heads * hd;
+    const int64_t v_end = k_end + kv_heads * hd;
+    w.qkv = take_rows(w.qkv, {{q_begin, q_end}, {k_begin, k_end}, {v_begin, v_end}});
+    w.o = take_columns(w.o, layout.out_head_begin * hd,
+                       (layout.out_head_begin + layout.num_out_heads) * hd);
+    const int64_t ffn_end = layout.ffn_begin + layout.ffn_size;
+    w.gate_up = take_rows(w.gate_up,
+                          {{layout.ffn_begin, ffn_end}, {ffn + layout.ffn_begin, ffn + ffn_end}});
+    w.down = take_columns(w.down, layout.ffn_begin, ffn_end);
   }
   model->FoldNorms();
   model->UploadRopeTable();
@@ -168,8 +317,8 @@ void LlamaModel::EnsureWorkspace(ForwardWorkspace& ws, int max_tokens, int64_t m
   const DType act = backend_.activation_dtype();
   const int64_t d = config_.hidden_size;
   const int64_t hd = config_.head_dim;
-  const int64_t heads = config_.num_heads;
-  const int64_t kv_heads = config_.num_kv_heads;
+  const int64_t heads = layout_.num_q_heads;
+  const int64_t kv_heads = layout_.num_kv_heads;
   if (max_tokens > ws.max_tokens) {
     ws.max_tokens = max_tokens;
     ws.hidden = backend_.Allocate({max_tokens, d}, act);
@@ -177,9 +326,8 @@ void LlamaModel::EnsureWorkspace(ForwardWorkspace& ws, int max_tokens, int64_t m
     ws.qkv = backend_.Allocate({max_tokens, (heads + 2 * kv_heads) * hd}, act);
     ws.attn = backend_.Allocate({max_tokens, heads * hd}, act);
     ws.proj = backend_.Allocate({max_tokens, d}, act);
-    ws.gate_up =
-        backend_.Allocate({max_tokens, 2 * static_cast<int64_t>(config_.intermediate_size)}, act);
-    ws.act = backend_.Allocate({max_tokens, config_.intermediate_size}, act);
+    ws.gate_up = backend_.Allocate({max_tokens, 2 * layout_.ffn_size}, act);
+    ws.act = backend_.Allocate({max_tokens, layout_.ffn_size}, act);
     ws.lse = backend_.Allocate({max_tokens, heads}, DType::kF32);
   }
   if (max_prefill_keys > ws.max_prefill_keys) {
@@ -201,17 +349,36 @@ void LlamaModel::EnsureWorkspace(ForwardWorkspace& ws, int max_tokens, int64_t m
   }
 }
 
+void LlamaModel::RowParallelAdd(const Tensor& x, const Tensor& w, Tensor& residual) const {
+  if (communicator_ == nullptr) {
+    backend_.LinearAdd(x, w, residual);
+    return;
+  }
+  // The sum over ranks of (residual + p_0) and p_1 .. p_{N-1} is residual + x W^T.
+  if (shard_.rank == 0) {
+    backend_.LinearAdd(x, w, residual);
+  } else {
+    backend_.Linear(x, w, residual);
+  }
+  communicator_->AllReduceSum(residual);
+}
+
 void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& ws,
                          Tensor& logits) const {
   const int tokens = step.num_tokens;
   const int prefill_tokens = step.num_prefill_tokens;
-  const int heads = config_.num_heads;
-  const int64_t q_width = static_cast<int64_t>(heads) * config_.head_dim;
+  // This rank's attention heads (all of them unsharded).
+  const int heads = layout_.num_q_heads;
+  const int64_t hd = config_.head_dim;
+  const int64_t q_width = heads * hd;
   const float eps = config_.rms_norm_eps;
   SIEVE_CHECK(tokens > 0 && tokens <= ws.max_tokens) << "step of " << tokens << " tokens";
   SIEVE_CHECK(step.num_prefill_keys <= ws.max_prefill_keys);
   SIEVE_CHECK(step.max_scores_per_layer <= ws.max_scores &&
               step.max_indices_per_layer <= ws.max_kept);
+  SIEVE_CHECK(pool.num_kv_heads == layout_.num_kv_heads)
+      << "a pool of " << pool.num_kv_heads << " KV heads for a rank holding "
+      << layout_.num_kv_heads;
 
   Tensor hidden = ws.hidden.Rows(0, tokens);
   Tensor normed = ws.normed.Rows(0, tokens);
@@ -221,6 +388,12 @@ void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& w
   Tensor gate_up = ws.gate_up.Rows(0, tokens);
   Tensor act = ws.act.Rows(0, tokens);
   Tensor q = qkv.Columns(0, q_width);
+  // The heads whose outputs this rank's o slice takes: all of its heads, except on a rank that
+  // holds a replicated KV head and attends with its whole group (tensor_parallel.h).
+  const int64_t out_offset = (layout_.out_head_begin - layout_.q_head_begin) * hd;
+  const Tensor attn_out = layout_.replicated_kv()
+                              ? attn.Columns(out_offset, out_offset + layout_.num_out_heads * hd)
+                              : attn;
   Tensor k_scratch = ws.k_scratch.Rows(0, step.num_prefill_keys);
   Tensor v_scratch = ws.v_scratch.Rows(0, step.num_prefill_keys);
 
@@ -249,7 +422,7 @@ void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& w
       backend_.PrefillAttention(q_prefill, k_scratch, v_scratch, heads, step, attn_prefill, lse);
       if (step.job_begin[layer + 1] > step.job_begin[layer]) {
         backend_.WindowScores(q_prefill, k_scratch, lse, heads, step, layer, ws.scores);
-        backend_.SelectKept(ws.scores, config_.num_kv_heads, step, layer, ws.kept);
+        backend_.SelectKept(ws.scores, layout_.num_kv_heads, step, layer, ws.kept);
         backend_.WriteKeptKv(k_scratch, v_scratch, ws.scores, ws.kept, step, layer, pool);
       }
     }
@@ -260,21 +433,25 @@ void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& w
       }
     }
     if (folded_norms_) {
-      backend_.LinearAdd(attn, w.o, hidden);
+      RowParallelAdd(attn_out, w.o, hidden);
       backend_.Linear(hidden, w.gate_up, gate_up);
       backend_.SiluMul(gate_up, act, norm);
-      backend_.LinearAdd(act, w.down, hidden);
+      RowParallelAdd(act, w.down, hidden);
       continue;
     }
-    backend_.Linear(attn, w.o, proj);
+    // Unfolded: the projections' partial products are summed over ranks before the add + norm.
+    backend_.Linear(attn_out, w.o, proj);
+    if (communicator_ != nullptr) communicator_->AllReduceSum(proj);
     backend_.AddRmsNorm(hidden, proj, w.mlp_norm, eps, normed);
     backend_.Linear(normed, w.gate_up, gate_up);
     backend_.SiluMul(gate_up, act, RowRms{});
     backend_.Linear(act, w.down, proj);
+    if (communicator_ != nullptr) communicator_->AllReduceSum(proj);
     const Tensor& next_norm =
         layer + 1 < config_.num_layers ? weights_.layers[layer + 1].attn_norm : weights_.final_norm;
     backend_.AddRmsNorm(hidden, proj, next_norm, eps, normed);
   }
+  if (!logits.defined()) return;
   if (folded_norms_) backend_.RmsNorm(hidden, weights_.final_norm, eps, normed);
   Tensor last = ws.last.Rows(0, step.num_sample_rows);
   backend_.GatherRows(normed, step.sample_rows, last);

@@ -14,6 +14,14 @@
 // (window scores, selection, write of the kept entries), so a layer's full-length K/V exists
 // only in the step's scratch, never in the pages of a compressed layer (SPARSITY.md "When it
 // runs").
+//
+// Tensor parallelism (tensor_parallel.h): a model made for rank r of N holds only that rank's
+// slices (its heads of q/k/v, its KV heads, its share of the MLP) and a Communicator; Forward
+// then runs the rank's part of the step on its own KV pool (its KV heads only) and all-reduces
+// the residual stream after the o and down projections: rank 0 adds its partial product into its
+// residual (LinearAdd), every other rank writes its partial product over its residual buffer
+// (Linear), and the sum over ranks is the residual plus the full product. N = 1 is the
+// unsharded model, with no communicator and no extra work.
 #pragma once
 
 #include <cstdint>
@@ -21,18 +29,22 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/communicator.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
+#include "model/tensor_parallel.h"
 
 namespace sieve {
 
+// Shapes are those of one rank; unsharded, H_q = H_o = H, G_r = G, F_r = F (ShardLayout:
+// H_q = num_q_heads, H_o = num_out_heads, G_r = num_kv_heads, F_r = ffn_size).
 struct LlamaLayerWeights {
   Tensor attn_norm;  // [D]
-  Tensor qkv;        // [(H + 2G) hd][D]; with folded norms its columns carry attn_norm
-  Tensor o;          // [D][H hd]
+  Tensor qkv;        // [(H_q + 2 G_r) hd][D]; with folded norms its columns carry attn_norm
+  Tensor o;          // [D][H_o hd]
   Tensor mlp_norm;   // [D]
-  Tensor gate_up;    // [2F][D]; with folded norms its columns carry mlp_norm
-  Tensor down;       // [D][F]
+  Tensor gate_up;    // [2 F_r][D]: gate rows, then up rows; with folded norms carries mlp_norm
+  Tensor down;       // [D][F_r]
 };
 
 struct LlamaWeights {
@@ -49,16 +61,17 @@ struct ForwardWorkspace {
   int max_sample_rows = 0;
   int64_t max_scores = 0;
   int64_t max_kept = 0;
+  // Widths of one rank, as in LlamaLayerWeights.
   Tensor hidden;     // [max_tokens][D] residual stream
   Tensor normed;     // [max_tokens][D] (folded norms: only the final norm's output)
-  Tensor qkv;        // [max_tokens][(H + 2G) hd]
-  Tensor attn;       // [max_tokens][H hd]
+  Tensor qkv;        // [max_tokens][(H_q + 2 G_r) hd]
+  Tensor attn;       // [max_tokens][H_q hd]
   Tensor proj;       // [max_tokens][D] (unused with folded norms)
-  Tensor gate_up;    // [max_tokens][2F]
-  Tensor act;        // [max_tokens][F]
-  Tensor lse;        // [max_tokens][H] f32
-  Tensor k_scratch;  // [max_prefill_keys][G][hd]
-  Tensor v_scratch;  // [max_prefill_keys][G][hd]
+  Tensor gate_up;    // [max_tokens][2 F_r]
+  Tensor act;        // [max_tokens][F_r]
+  Tensor lse;        // [max_tokens][H_q] f32
+  Tensor k_scratch;  // [max_prefill_keys][G_r][hd]
+  Tensor v_scratch;  // [max_prefill_keys][G_r][hd]
   Tensor scores;     // [max_scores] f32
   Tensor kept;       // [max_kept] i32
   Tensor last;       // [max_sample_rows][D]
@@ -67,14 +80,25 @@ struct ForwardWorkspace {
 class LlamaModel {
  public:
   // Loads and validates the checkpoint's weights (any float dtype, converted to the backend's).
+  // With a shard of N > 1 ranks: only this rank's slices, read straight from the mapped file
+  // (rows of q/k/v/gate/up, columns of o/down), and `communicator` (its rank and size those of
+  // `shard`) carries the all-reduces. InvalidArgument when the model does not split N ways.
   static Result<std::unique_ptr<LlamaModel>> Load(const ModelConfig& config,
                                                   const SafetensorsCheckpoint& checkpoint,
-                                                  Backend& backend, int max_positions);
+                                                  Backend& backend, int max_positions,
+                                                  const TensorParallelShard& shard = {},
+                                                  Communicator* communicator = nullptr);
   // Seeded random weights on the device (--load-format dummy and the embedded model): N(0,
   // init_std) for matrices, 1 + N(0, 0.1) for norms.
   static std::unique_ptr<LlamaModel> Random(const ModelConfig& config, Backend& backend,
                                             uint64_t seed, int max_positions,
                                             float init_std = 0.02f);
+  // The same weights as Random with the same seed, cut to `shard`'s slices (each full matrix is
+  // made on the device, sliced and dropped), so N ranks together compute what one does.
+  // Errors as Load.
+  static Result<std::unique_ptr<LlamaModel>> RandomShard(
+      const ModelConfig& config, Backend& backend, uint64_t seed, int max_positions,
+      const TensorParallelShard& shard, Communicator* communicator, float init_std = 0.02f);
 
   const ModelConfig& config() const { return config_; }
   Backend& backend() const { return backend_; }
@@ -83,18 +107,34 @@ class LlamaModel {
   const Tensor& rope_table() const { return rope_table_; }
   // Whether the RMSNorms are folded into the GEMMs after them (see the top of this file).
   bool folded_norms() const { return folded_norms_; }
+  // This rank's slice; {0, 1} and the whole model's heads when unsharded.
+  const TensorParallelShard& shard() const { return shard_; }
+  const ShardLayout& layout() const { return layout_; }
+  Communicator* communicator() const { return communicator_; }
 
   // Makes (or grows) the workspace so it holds a step of these sizes. Not on the hot path: the
   // runner sizes it once at start-up for the largest step it will plan.
   void EnsureWorkspace(ForwardWorkspace& workspace, int max_tokens, int64_t max_prefill_keys,
                        int max_sample_rows, int64_t max_scores, int64_t max_kept) const;
 
-  // Runs one step. `logits` [R][V] f32 receives the logits of step.sample_rows.
+  // Runs one step. `logits` [R][V] f32 receives the logits of step.sample_rows; an undefined
+  // `logits` skips the final norm and the LM head (tensor-parallel ranks whose logits nobody
+  // samples). `pool` holds this rank's KV heads (pool.num_kv_heads == layout().num_kv_heads).
+  // Every rank of a sharded model runs Forward on the same step at the same time.
   void Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& workspace,
                Tensor& logits) const;
 
  private:
-  LlamaModel(const ModelConfig& config, Backend& backend, int max_positions);
+  LlamaModel(const ModelConfig& config, Backend& backend, int max_positions,
+             const TensorParallelShard& shard, const ShardLayout& layout,
+             Communicator* communicator);
+  // The layout of `shard`, or InvalidArgument when the model does not split so or the
+  // communicator does not match it.
+  static Result<ShardLayout> CheckShard(const ModelConfig& config, const TensorParallelShard& shard,
+                                        const Communicator* communicator);
+  // The row-parallel projections: residual += x w^T summed over ranks (see the top of this
+  // file); unsharded, exactly LinearAdd.
+  void RowParallelAdd(const Tensor& x, const Tensor& w, Tensor& residual) const;
   void UploadRopeTable();
   // With folded_norms_: qkv *= diag(attn_norm), gate_up *= diag(mlp_norm) for every layer.
   void FoldNorms();
@@ -103,6 +143,9 @@ class LlamaModel {
   Backend& backend_;
   int max_positions_;
   bool folded_norms_;  // SIEVE_FOLD_NORMS != "0" when constructed
+  TensorParallelShard shard_;
+  ShardLayout layout_;
+  Communicator* communicator_;  // null when unsharded
   LlamaWeights weights_;
   Tensor rope_table_;  // [max_positions][hd / 2][2] f32
 };

@@ -39,12 +39,27 @@ Engine::Engine(std::unique_ptr<LlamaModel> model, const Tokenizer* tokenizer,
       eos_ids_(std::move(eos_ids)),
       seed_source_(std::random_device{}()) {}
 
-Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<LlamaModel> model,
-                                               const Tokenizer* tokenizer,
-                                               std::vector<int32_t> eos_ids,
-                                               const EngineOptions& options_in) {
+Result<std::unique_ptr<Engine>> Engine::Create(
+    std::unique_ptr<LlamaModel> model, const Tokenizer* tokenizer, std::vector<int32_t> eos_ids,
+    const EngineOptions& options_in, std::vector<std::unique_ptr<LlamaModel>> other_ranks) {
   EngineOptions options = options_in;
   const ModelConfig& config = model->config();
+  const int num_ranks = 1 + static_cast<int>(other_ranks.size());
+  if (model->shard().size != num_ranks || model->shard().rank != 0) {
+    return InvalidArgumentError(
+        "the engine's model is rank " + std::to_string(model->shard().rank) + " of " +
+        std::to_string(model->shard().size) + ", given " + std::to_string(num_ranks) + " ranks");
+  }
+  for (int rank = 1; rank < num_ranks; ++rank) {
+    const LlamaModel& other = *other_ranks[rank - 1];
+    if (other.shard().rank != rank || other.shard().size != num_ranks ||
+        other.config().num_layers != config.num_layers ||
+        other.config().vocab_size != config.vocab_size ||
+        other.max_positions() != model->max_positions()) {
+      return InvalidArgumentError("tensor-parallel rank " + std::to_string(rank) +
+                                  " is not a shard of the same model");
+    }
+  }
   if (options.max_num_seqs < 1) return InvalidArgumentError("--max-num-seqs must be >= 1");
   if (options.max_num_batched_tokens < 1) {
     return InvalidArgumentError("--max-num-batched-tokens must be >= 1");
@@ -79,29 +94,40 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<LlamaModel> model
 
   std::unique_ptr<Engine> engine(
       new Engine(std::move(model), tokenizer, std::move(eos_ids), options));
+  engine->other_ranks_ = std::move(other_ranks);
   engine->default_policy_ = std::make_unique<KvPolicy>(std::move(policy));
   const KvPolicy& default_policy = *engine->default_policy_;
 
-  // KV memory: every page holds page_size entries of K and V for all KV heads of one layer.
+  // KV memory: every page holds page_size entries of K and V for all KV heads of one layer (a
+  // tensor-parallel rank's page: its own KV heads).
   Backend& backend = engine->model_->backend();
   const int64_t entries_per_page = options.page_size;
   const bool score_pool = default_policy.NeedsScorePool() || options.eviction_pools;
   const bool position_pool = default_policy.NeedsPositionPool() || options.eviction_pools;
-  int64_t bytes_per_page = 2 * entries_per_page * config.num_kv_heads * config.head_dim *
+  const int64_t kv_heads = engine->model_->layout().num_kv_heads;
+  int64_t bytes_per_page = 2 * entries_per_page * kv_heads * config.head_dim *
                            static_cast<int64_t>(DTypeSize(backend.activation_dtype()));
-  if (score_pool) bytes_per_page += entries_per_page * config.num_kv_heads * 4;
-  if (position_pool) bytes_per_page += entries_per_page * config.num_kv_heads * 4;
+  if (score_pool) bytes_per_page += entries_per_page * kv_heads * 4;
+  if (position_pool) bytes_per_page += entries_per_page * kv_heads * 4;
   const int max_pages_per_seq =
       (options.max_model_len + 1 + options.page_size - 1) / options.page_size + 1;
   const int64_t most_useful =
       static_cast<int64_t>(options.max_num_seqs) * max_pages_per_seq * config.num_layers;
-  int64_t budget = options.kv_memory_bytes;
+  int64_t budget = options.kv_memory_bytes;  // per rank
   if (budget <= 0) {
-    budget = static_cast<int64_t>(options.memory_fraction *
-                                  static_cast<double>(backend.FreeMemoryBytes()));
+    // The device with the least free memory decides (each rank asked on its own device).
+    size_t free_bytes = backend.FreeMemoryBytes();
+    for (const auto& other : engine->other_ranks_) {
+      other->backend().MakeCurrent();
+      free_bytes = std::min(free_bytes, other->backend().FreeMemoryBytes());
+    }
+    backend.MakeCurrent();
+    budget = static_cast<int64_t>(options.memory_fraction * static_cast<double>(free_bytes));
     // On the CPU the cache shares RAM with everything else: at most 4 GiB unless asked (as
-    // vLLM's CPU backend defaults VLLM_CPU_KVCACHE_SPACE to 4 GB).
-    if (backend.device() == Device::kCpu) budget = std::min<int64_t>(budget, int64_t{4} << 30);
+    // vLLM's CPU backend defaults VLLM_CPU_KVCACHE_SPACE to 4 GB), shared by the ranks.
+    if (backend.device() == Device::kCpu) {
+      budget = std::min<int64_t>(budget, int64_t{4} << 30) / num_ranks;
+    }
   }
   int64_t num_pages = std::min(budget / bytes_per_page, most_useful);
   if (num_pages < config.num_layers) {
@@ -135,7 +161,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<LlamaModel> model
   runner_options.step_tuning = options.step_tuning;
   runner_options.score_pool = score_pool;
   runner_options.position_pool = position_pool;
-  engine->runner_ = std::make_unique<ModelRunner>(*engine->model_, *engine->kv_, runner_options);
+  std::vector<const LlamaModel*> ranks = {engine->model_.get()};
+  for (const auto& other : engine->other_ranks_) ranks.push_back(other.get());
+  engine->runner_ = std::make_unique<ModelRunner>(ranks, *engine->kv_, runner_options);
   engine->stats_.entries_kept_by_layer.assign(config.num_layers, 0);
   engine->options_ = options;
   return engine;
@@ -200,7 +228,16 @@ std::string Engine::Describe() const {
   std::ostringstream out;
   const ModelConfig& config = model_->config();
   out << config.Summary() << "\n"
-      << "backend: " << model_->backend().name() << "\n"
+      << "backend: " << model_->backend().name();
+  for (const auto& other : other_ranks_) out << ", " << other->backend().name();
+  if (!other_ranks_.empty()) {
+    const ShardLayout& layout = model_->layout();
+    out << " (tensor parallel: " << 1 + other_ranks_.size() << " ranks of " << layout.num_out_heads
+        << " heads, " << layout.num_kv_heads << " KV heads"
+        << (layout.replicated_kv() ? " replicated" : "") << ", " << layout.ffn_size
+        << " MLP units)";
+  }
+  out << "\n"
       << "kv policy: " << default_policy_->ToString() << "\n"
       << "kv pool: " << kv_->num_pages() << " pages of " << options_.page_size << " entries ("
       << runner_->pool_bytes() / (1024.0 * 1024.0) << " MiB), max model len "

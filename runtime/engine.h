@@ -37,6 +37,7 @@ struct EngineOptions {
   bool enable_chunked_prefill = true;
   int max_model_len = 0;  // 0: the model's, capped at 8192 (and at a sliding window)
   int page_size = 16;
+  // Per tensor-parallel rank (each rank's pool holds its own KV heads of every page).
   int64_t kv_memory_bytes = 0;   // 0: memory_fraction of what the device has free
   double memory_fraction = 0.9;  // of the device's free memory (GPU: --gpu-memory-utilization)
   std::string kv_policy = "full";
@@ -121,11 +122,14 @@ using WarmUpProgress = std::function<bool(int done, int total)>;
 class Engine {
  public:
   // Plans the KV pool from the options and the backend's free memory and builds the runner.
-  // `tokenizer` may be null (token ids only: no text, no stop strings).
-  static Result<std::unique_ptr<Engine>> Create(std::unique_ptr<LlamaModel> model,
-                                                const Tokenizer* tokenizer,
-                                                std::vector<int32_t> eos_ids,
-                                                const EngineOptions& options);
+  // `tokenizer` may be null (token ids only: no text, no stop strings). Tensor parallelism:
+  // `model` is rank 0 of a sharded model and `other_ranks` ranks 1 .. N-1 (each on its own
+  // backend, which must outlive the engine); the runner drives all of them, the scheduler, KV
+  // manager and sampling run once. Every rank's pool gets the same number of pages: the fewest
+  // that --kv-memory (per rank) or the fraction of any rank's free memory holds.
+  static Result<std::unique_ptr<Engine>> Create(
+      std::unique_ptr<LlamaModel> model, const Tokenizer* tokenizer, std::vector<int32_t> eos_ids,
+      const EngineOptions& options, std::vector<std::unique_ptr<LlamaModel>> other_ranks = {});
 
   // Validates and queues a request. InvalidArgument / OutOfRange errors say what is wrong
   // (bad sampling values, prompt longer than the context, unknown token ids, bad kv_policy).
@@ -182,6 +186,7 @@ class Engine {
 
   EngineOptions options_;
   std::unique_ptr<LlamaModel> model_;
+  std::vector<std::unique_ptr<LlamaModel>> other_ranks_;  // tensor parallelism: ranks 1 .. N-1
   const Tokenizer* tokenizer_;
   std::vector<int32_t> eos_ids_;
   std::unique_ptr<KvPolicy> default_policy_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 #include "core/logging.h"
 #include "model/safetensors.h"
@@ -88,7 +89,9 @@ Result<LoadedModel> LoadModel(const LoadModelOptions& options, Backend& backend)
     loaded.tokenizer = MakeEmbeddedByteTokenizer();
     const int positions =
         options.max_model_len > 0 ? options.max_model_len : DefaultMaxModelLen(config);
-    loaded.model = LlamaModel::Random(config, backend, kTinyRandomModelSeed, positions, 0.08f);
+    SIEVE_ASSIGN_OR_RETURN(loaded.model,
+                           LlamaModel::RandomShard(config, backend, kTinyRandomModelSeed, positions,
+                                                   options.shard, options.communicator, 0.08f));
     loaded.description =
         "tiny random-weight Llama (4 layers, hidden 128, byte vocabulary; its output is noise)";
   } else if (options.model_dir.empty()) {
@@ -113,13 +116,16 @@ Result<LoadedModel> LoadModel(const LoadModelOptions& options, Backend& backend)
     const int positions =
         options.max_model_len > 0 ? options.max_model_len : DefaultMaxModelLen(config);
     if (options.load_format == "dummy") {
-      loaded.model = LlamaModel::Random(config, backend, options.dummy_seed, positions);
+      SIEVE_ASSIGN_OR_RETURN(loaded.model,
+                             LlamaModel::RandomShard(config, backend, options.dummy_seed, positions,
+                                                     options.shard, options.communicator));
       loaded.description = config.architecture + " from " + options.model_dir +
                            " with random weights (--load-format dummy)";
     } else if (options.load_format == "auto" || options.load_format == "safetensors") {
       auto checkpoint = SafetensorsCheckpoint::Open(options.model_dir);
       if (!checkpoint.ok()) return checkpoint.status().WithContext("loading weights");
-      auto model = LlamaModel::Load(config, **checkpoint, backend, positions);
+      auto model = LlamaModel::Load(config, **checkpoint, backend, positions, options.shard,
+                                    options.communicator);
       if (!model.ok()) return model.status().WithContext("loading " + options.model_dir);
       loaded.model = std::move(model).value();
       loaded.description = config.architecture + " from " + options.model_dir;
@@ -155,6 +161,58 @@ Result<LoadedModel> LoadModel(const LoadModelOptions& options, Backend& backend)
     }
   }
   return loaded;
+}
+
+Result<LoadedShards> LoadModelShards(const LoadModelOptions& options,
+                                     const std::vector<Backend*>& backends,
+                                     const std::vector<Communicator*>& communicators) {
+  const int size = static_cast<int>(backends.size());
+  SIEVE_CHECK(size >= 1 && communicators.size() == backends.size())
+      << size << " backends, " << communicators.size() << " communicators";
+  LoadedShards shards;
+  if (size == 1) {
+    SIEVE_ASSIGN_OR_RETURN(shards.model, LoadModel(options, *backends[0]));
+    return shards;
+  }
+  // The split is checked on the config alone, before any rank reads a weight.
+  ModelConfig config;
+  if (options.tiny_random) {
+    config = TinyRandomModelConfig();
+  } else {
+    std::string dir = options.model_dir;
+    if (dir.empty()) {
+      SIEVE_ASSIGN_OR_RETURN(dir, FindDefaultModelDir());
+    }
+    SIEVE_ASSIGN_OR_RETURN(config, LoadModelConfig(dir));
+  }
+  SIEVE_RETURN_IF_ERROR(CheckTensorParallel(config, size).WithContext("loading the model"));
+  // Every rank through LoadModel (ranks > 0 drop their tokenizer), in parallel: each rank reads
+  // only its slices, and a device's copies overlap the others'.
+  std::vector<Result<LoadedModel>> loaded;
+  for (int rank = 0; rank < size; ++rank) loaded.emplace_back(InternalError("not loaded"));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank) {
+    threads.emplace_back([&, rank] {
+      backends[rank]->MakeCurrent();
+      LoadModelOptions rank_options = options;
+      rank_options.shard = {rank, size};
+      rank_options.communicator = communicators[rank];
+      loaded[rank] = LoadModel(rank_options, *backends[rank]);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  backends[0]->MakeCurrent();
+  for (int rank = 0; rank < size; ++rank) {
+    if (!loaded[rank].ok()) {
+      return loaded[rank].status().WithContext("rank " + std::to_string(rank) + " of " +
+                                               std::to_string(size));
+    }
+  }
+  shards.model = std::move(loaded[0]).value();
+  for (int rank = 1; rank < size; ++rank) {
+    shards.other_ranks.push_back(std::move(loaded[rank]).value().model);
+  }
+  return shards;
 }
 
 }  // namespace sieve

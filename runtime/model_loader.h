@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/communicator.h"
 #include "model/generation_config.h"
 #include "model/llama_model.h"
 #include "model/model_config.h"
@@ -24,6 +25,10 @@ struct LoadModelOptions {
   std::string chat_template;         // "" : detect; else llama3 | llama2 | mistral
   int max_model_len = 0;             // positions to prepare RoPE for (0: engine default)
   uint64_t dummy_seed = 0;
+  // Tensor parallelism: the rank whose weights to load ({0, 1}: the whole model) and its
+  // communicator. LoadModelShards sets them for each rank.
+  TensorParallelShard shard;
+  Communicator* communicator = nullptr;
 };
 
 struct LoadedModel {
@@ -53,5 +58,17 @@ inline constexpr uint64_t kTinyRandomModelSeed = 20261130;
 int DefaultMaxModelLen(const ModelConfig& config);
 
 Result<LoadedModel> LoadModel(const LoadModelOptions& options, Backend& backend);
+
+// A model split over N ranks (tensor parallelism): rank r on backends[r] with communicators[r].
+struct LoadedShards {
+  LoadedModel model;                                     // rank 0, with tokenizer and EOS ids
+  std::vector<std::unique_ptr<LlamaModel>> other_ranks;  // ranks 1 .. N-1
+};
+// Checks that the model splits N ways (InvalidArgument naming what does not divide, before any
+// weight is read), then loads every rank's slices at once, each on its own thread with its
+// backend current. One backend: LoadModel.
+Result<LoadedShards> LoadModelShards(const LoadModelOptions& options,
+                                     const std::vector<Backend*>& backends,
+                                     const std::vector<Communicator*>& communicators);
 
 }  // namespace sieve

@@ -1,7 +1,10 @@
 #include "runtime/model_runner.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "core/logging.h"
@@ -9,49 +12,145 @@
 
 namespace sieve {
 
+// Runs one job on every rank of a tensor-parallel model at once: rank 0 on the calling thread
+// (the engine's), rank r > 0 on worker thread r, which made its backend current when it started.
+// Run returns when every rank has finished the job. The ranks' collectives meet inside the job,
+// so it must start on all of them: one job at a time, every rank always.
+class RankWorkers {
+ public:
+  explicit RankWorkers(const std::vector<Backend*>& backends) {
+    for (size_t rank = 1; rank < backends.size(); ++rank) {
+      threads_.emplace_back([this, rank, backend = backends[rank]] {
+        backend->MakeCurrent();
+        Loop(static_cast<int>(rank));
+      });
+    }
+  }
+  ~RankWorkers() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    start_.notify_all();
+    for (std::thread& thread : threads_) thread.join();
+  }
+  RankWorkers(const RankWorkers&) = delete;
+  RankWorkers& operator=(const RankWorkers&) = delete;
+
+  void Run(const std::function<void(int rank)>& job) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job_ = &job;
+      pending_ = static_cast<int>(threads_.size());
+      ++generation_;
+    }
+    start_.notify_all();
+    job(0);
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void Loop(int rank) {
+    uint64_t seen = 0;
+    while (true) {
+      const std::function<void(int)>* job = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        start_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+        if (stopping_) return;
+        seen = generation_;
+        job = job_;
+      }
+      (*job)(rank);
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable start_;
+  std::condition_variable done_;
+  const std::function<void(int)>* job_ = nullptr;  // the job in flight
+  uint64_t generation_ = 0;                        // jobs started
+  int pending_ = 0;                                // workers yet to finish it
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
 ModelRunner::ModelRunner(const LlamaModel& model, KvCacheManager& kv,
                          const ModelRunnerOptions& options)
-    : model_(model), kv_(kv), options_(options) {
-  Backend& backend = model.backend();
-  const ModelConfig& config = model.config();
+    : ModelRunner(std::vector<const LlamaModel*>{&model}, kv, options) {}
+
+ModelRunner::ModelRunner(const std::vector<const LlamaModel*>& ranks, KvCacheManager& kv,
+                         const ModelRunnerOptions& options)
+    : model_(*ranks.at(0)), kv_(kv), options_(options), ranks_(ranks.size()) {
+  const ModelConfig& config = model_.config();
   const KvCacheManager::Options& kv_options = kv.options();
-  pool_.page_size = kv_options.page_size;
-  pool_.num_pages = kv_options.num_pages;
-  pool_.max_seqs = kv_options.max_seqs;
-  pool_.max_pages_per_seq = kv_options.max_pages_per_seq;
-  pool_.num_kv_heads = config.num_kv_heads;
-  pool_.head_dim = config.head_dim;
-  const DType cache_dtype = backend.activation_dtype();
-  pool_.k = backend.Allocate(
-      {kv_options.num_pages, kv_options.page_size, config.num_kv_heads, config.head_dim},
-      cache_dtype);
-  pool_.v = backend.Allocate(pool_.k.shape(), cache_dtype);
-  const int64_t entries = static_cast<int64_t>(kv_options.num_pages) * kv_options.page_size;
-  if (options.score_pool)
-    pool_.scores = backend.Allocate({entries, config.num_kv_heads}, DType::kF32);
-  if (options.position_pool) {
-    pool_.positions = backend.Allocate({entries, config.num_kv_heads}, DType::kI32);
+  std::vector<Backend*> backends;
+  for (size_t rank = 0; rank < ranks.size(); ++rank) {
+    ranks_[rank].model = ranks[rank];
+    backends.push_back(&ranks[rank]->backend());
   }
-  pool_.page_table = backend.Allocate(
-      {config.num_layers, kv_options.max_seqs, kv_options.max_pages_per_seq}, DType::kI32);
-  const std::vector<int32_t>& table = kv.page_table();
-  backend.CopyFromHost(table.data(), table.size() * sizeof(int32_t), pool_.page_table);
-  (void)kv.TakePageTablePatches();  // the upload above covers them
-  pool_.kv_lens = backend.Allocate({config.num_layers, kv_options.max_seqs}, DType::kI32);
+  if (ranks.size() > 1) workers_ = std::make_unique<RankWorkers>(backends);
   if (options_.pad_decode_batches) {
     SIEVE_CHECK(kv.padding_slot() >= 0) << "padded decode batches need the KV padding slot";
   }
-  logits_device_ =
-      backend.Allocate({BucketFor(options.max_num_seqs), config.vocab_size}, DType::kF32);
-  // Sized for the largest step the scheduler can plan; long chunked prefills grow the K/V
-  // scratch on first use.
-  model.EnsureWorkspace(workspace_,
-                        options.max_num_batched_tokens + BucketFor(options.max_num_seqs),
-                        options.max_num_batched_tokens, BucketFor(options.max_num_seqs), 1, 1);
-  if (options_.pad_decode_batches && options_.use_graphs && backend.SupportsGraphs()) {
-    backend.PrepareDecodeGraphs(BucketFor(options.max_num_seqs), config.num_heads, config.head_dim,
-                                options.max_model_len + 1);
+  const std::vector<int32_t>& table = kv.page_table();
+  // Each rank allocates on its own device (its thread has it current).
+  ForEachRank([&](int rank) {
+    Rank& state = ranks_[rank];
+    const LlamaModel& model = *state.model;
+    Backend& backend = model.backend();
+    const int kv_heads = model.layout().num_kv_heads;  // this rank's
+    KvPool& pool = state.pool;
+    pool.page_size = kv_options.page_size;
+    pool.num_pages = kv_options.num_pages;
+    pool.max_seqs = kv_options.max_seqs;
+    pool.max_pages_per_seq = kv_options.max_pages_per_seq;
+    pool.num_kv_heads = kv_heads;
+    pool.head_dim = config.head_dim;
+    const DType cache_dtype = backend.activation_dtype();
+    pool.k = backend.Allocate(
+        {kv_options.num_pages, kv_options.page_size, kv_heads, config.head_dim}, cache_dtype);
+    pool.v = backend.Allocate(pool.k.shape(), cache_dtype);
+    const int64_t entries = static_cast<int64_t>(kv_options.num_pages) * kv_options.page_size;
+    if (options.score_pool) pool.scores = backend.Allocate({entries, kv_heads}, DType::kF32);
+    if (options.position_pool) {
+      pool.positions = backend.Allocate({entries, kv_heads}, DType::kI32);
+    }
+    pool.page_table = backend.Allocate(
+        {config.num_layers, kv_options.max_seqs, kv_options.max_pages_per_seq}, DType::kI32);
+    backend.CopyFromHost(table.data(), table.size() * sizeof(int32_t), pool.page_table);
+    pool.kv_lens = backend.Allocate({config.num_layers, kv_options.max_seqs}, DType::kI32);
+    if (rank == 0) {
+      logits_device_ =
+          backend.Allocate({BucketFor(options.max_num_seqs), config.vocab_size}, DType::kF32);
+    }
+    // Sized for the largest step the scheduler can plan; long chunked prefills grow the K/V
+    // scratch on first use.
+    model.EnsureWorkspace(state.workspace,
+                          options.max_num_batched_tokens + BucketFor(options.max_num_seqs),
+                          options.max_num_batched_tokens, BucketFor(options.max_num_seqs), 1, 1);
+    if (options_.pad_decode_batches && options_.use_graphs && backend.SupportsGraphs()) {
+      backend.PrepareDecodeGraphs(BucketFor(options.max_num_seqs), model.layout().num_q_heads,
+                                  config.head_dim, options.max_model_len + 1);
+    }
+  });
+  (void)kv.TakePageTablePatches();  // the uploads above cover them
+}
+
+ModelRunner::~ModelRunner() = default;
+
+void ModelRunner::ForEachRank(const std::function<void(int rank)>& job) {
+  if (workers_ == nullptr) {
+    job(0);
+    return;
   }
+  // The calling thread may be any (the engine's): rank 0's device first.
+  model_.backend().MakeCurrent();
+  workers_->Run(job);
 }
 
 int32_t ModelRunner::GraphLayerBound(int longest, int max_kv_len) {
@@ -68,14 +167,23 @@ int ModelRunner::BucketFor(int batch) {
 }
 
 int64_t ModelRunner::pool_bytes() const {
-  int64_t bytes = 2 * static_cast<int64_t>(pool_.k.nbytes());
-  if (pool_.scores.defined()) bytes += pool_.scores.nbytes();
-  if (pool_.positions.defined()) bytes += pool_.positions.nbytes();
+  int64_t bytes = 0;
+  for (const Rank& rank : ranks_) {
+    bytes += 2 * static_cast<int64_t>(rank.pool.k.nbytes());
+    if (rank.pool.scores.defined()) bytes += rank.pool.scores.nbytes();
+    if (rank.pool.positions.defined()) bytes += rank.pool.positions.nbytes();
+  }
   return bytes;
 }
 
 void ModelRunner::PrepareStep(const StepPlan& plan, const Scheduler& scheduler,
                               std::vector<SeqId>& sample_ids, int pad_to) {
+  BuildStep(plan, scheduler, sample_ids, pad_to);
+  ForEachRank([&](int rank) { UploadState(rank); });
+}
+
+void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
+                            std::vector<SeqId>& sample_ids, int pad_to) {
   const int layers = model_.config().num_layers;
   const int kv_heads = model_.config().num_kv_heads;
   std::vector<const ScheduledSequence*> order;
@@ -267,32 +375,35 @@ void ModelRunner::PackStep() {
          size(step.jobs_host), kCompressionJobInts);
   append(&StepMeta::eviction_jobs, reinterpret_cast<const int32_t*>(step.evictions_host.data()),
          size(step.evictions_host), kEvictionJobInts);
-  Backend& backend = model_.backend();
-
-  // Page-table changes since the last step, then the lengths this step's attention sees.
-  const auto patches = kv_.TakePageTablePatches();  // each entry once: any order applies
-  if (!patches.empty()) {
-    const int64_t count = static_cast<int64_t>(patches.size());
-    if (!patches_.defined() || patches_.dim(0) < count) {
-      patches_ = backend.Allocate({std::max<int64_t>(count, 4096), 2}, DType::kI32);
-    }
-    backend.CopyFromHost(patches.data(), patches.size() * sizeof(patches[0]), patches_);
-    backend.ScatterInt32(patches_, static_cast<int>(count), pool_.page_table);
-  }
-  backend.CopyFromHost(lengths_.data(), lengths_.size() * sizeof(int32_t), pool_.kv_lens);
+  // Page-table changes since the last step, uploaded to every rank by UploadState.
+  patches_ = kv_.TakePageTablePatches();  // each entry once: any order applies
 }
 
-void ModelRunner::Upload(Tensor& destination, StepMeta& step) {
-  Backend& backend = model_.backend();
+void ModelRunner::UploadState(int rank) {
+  Rank& state = ranks_[rank];
+  Backend& backend = state.model->backend();
+  // Page-table changes since the last step, then the lengths this step's attention sees.
+  if (!patches_.empty()) {
+    const int64_t count = static_cast<int64_t>(patches_.size());
+    if (!state.patches.defined() || state.patches.dim(0) < count) {
+      state.patches = backend.Allocate({std::max<int64_t>(count, 4096), 2}, DType::kI32);
+    }
+    backend.CopyFromHost(patches_.data(), patches_.size() * sizeof(patches_[0]), state.patches);
+    backend.ScatterInt32(state.patches, static_cast<int>(count), state.pool.page_table);
+  }
+  backend.CopyFromHost(lengths_.data(), lengths_.size() * sizeof(int32_t), state.pool.kv_lens);
+}
+
+void ModelRunner::Upload(int rank, Tensor& destination, StepMeta& step) {
+  Backend& backend = ranks_[rank].model->backend();
   const int64_t needed = std::max<int64_t>(1, static_cast<int64_t>(host_meta_.size()));
   if (!destination.defined() || destination.numel() < needed) {
     destination = backend.Allocate({std::max<int64_t>(needed, 1 << 12)}, DType::kI32);
   }
   backend.CopyFromHost(host_meta_.data(), host_meta_.size() * sizeof(int32_t), destination);
-  if (&step != &step_) {
-    // A graph's StepMeta: this step's host fields, device views into the graph's own buffer.
-    step = step_;
-  }
+  // This step's host fields, device views into this rank's buffer (step_ itself stays host-only:
+  // the ranks read it at once).
+  step = step_;
   for (const Section& section : sections_) {
     Tensor& tensor = step.*(section.field);
     tensor = destination.Rows(static_cast<int64_t>(section.offset),
@@ -301,29 +412,45 @@ void ModelRunner::Upload(Tensor& destination, StepMeta& step) {
   }
 }
 
-bool ModelRunner::RunDecodeGraph(int bucket) {
-  Backend& backend = model_.backend();
-  DecodeGraph& graph = graphs_[{bucket, step_.layer_max_kv_len}];
-  Upload(graph.meta, graph.step);  // same size every time for a bucket: same address
+bool ModelRunner::RunDecodeGraph(int rank, int bucket) {
+  Rank& state = ranks_[rank];
+  const LlamaModel& model = *state.model;
+  Backend& backend = model.backend();
+  DecodeGraph& graph = state.graphs[{bucket, step_.layer_max_kv_len}];
+  Upload(rank, graph.meta, graph.step);  // same size every time for a bucket: same address
+  Tensor& logits = LogitsOf(rank);
   if (graph.graph >= 0) {
     backend.ReplayGraph(graph.graph);
-    ++graph_steps_;
+    if (rank == 0) ++graph_steps_;
     return false;
   }
   // The bucket's first step runs eagerly (planning its GEMMs), then is captured, with the
   // choices its GEMMs left open decided by timing the captured step (runtime/step_tuning.h).
   // Replaying it writes the same K/V entries and logits again; not H2O's score pool, which
-  // adds into itself, so with one the choices keep their pick alone.
+  // adds into itself, so with one the choices keep their pick alone. Nor with several ranks:
+  // a replay runs the step's all-reduces, which every rank would have to replay in step.
   backend.MarkTuningScope();
-  model_.Forward(graph.step, pool_, workspace_, logits_view_);
+  model.Forward(graph.step, state.pool, state.workspace, logits);
   std::vector<StepTuningOutcome> tuning;
   graph.graph = CaptureTunedGraph(
-      backend, [&] { model_.Forward(graph.step, pool_, workspace_, logits_view_); },
-      /*replays_allowed=*/options_.step_tuning && !pool_.scores.defined(), &tuning);
+      backend, [&] { model.Forward(graph.step, state.pool, state.workspace, logits); },
+      /*replays_allowed=*/options_.step_tuning && !state.pool.scores.defined() &&
+          ranks_.size() == 1,
+      &tuning);
   if (!tuning.empty()) {
     spdlog::debug("step tuning, decode bucket {}:\n{}", bucket, DescribeStepTuning(tuning));
   }
   return true;
+}
+
+void ModelRunner::RunEager(int rank) {
+  Rank& state = ranks_[rank];
+  StepMeta& step = state.step;
+  Upload(rank, state.device_meta, step);
+  state.model->EnsureWorkspace(state.workspace, step_.num_tokens, step_.num_prefill_keys,
+                               std::max(1, step_.num_sample_rows), step_.max_scores_per_layer,
+                               step_.max_indices_per_layer);
+  state.model->Forward(step, state.pool, state.workspace, LogitsOf(rank));
 }
 
 bool ModelRunner::uses_graphs() const {
@@ -352,7 +479,7 @@ std::vector<int32_t> ModelRunner::GraphLayerBounds(const std::vector<int>& entri
 
 bool ModelRunner::WarmUpDecodeGraph(int bucket, const std::vector<int32_t>& layer_bounds,
                                     const Scheduler& scheduler) {
-  if (!uses_graphs() || graphs_.contains({bucket, layer_bounds})) return false;
+  if (!uses_graphs() || ranks_[0].graphs.contains({bucket, layer_bounds})) return false;
   SIEVE_CHECK(static_cast<int>(layer_bounds.size()) == model_.config().num_layers);
   SIEVE_CHECK(bucket == BucketFor(bucket) && bucket <= BucketFor(options_.max_num_seqs));
   // A step of padding sequences only: one token each at position 0 in the padding slot. What a
@@ -360,10 +487,16 @@ bool ModelRunner::WarmUpDecodeGraph(int bucket, const std::vector<int32_t>& laye
   // uploaded into the graph's buffer before it replays.
   const StepPlan empty;
   std::vector<SeqId> sample_ids;
-  PrepareStep(empty, scheduler, sample_ids, bucket);
+  BuildStep(empty, scheduler, sample_ids, bucket);
   step_.layer_max_kv_len = layer_bounds;
   logits_view_ = logits_device_.Rows(0, step_.num_sample_rows);
-  return RunDecodeGraph(bucket);
+  bool captured = false;
+  ForEachRank([&](int rank) {
+    UploadState(rank);
+    const bool rank_captured = RunDecodeGraph(rank, bucket);
+    if (rank == 0) captured = rank_captured;
+  });
+  return captured;
 }
 
 void ModelRunner::WarmUpPrefill(int tokens) {
@@ -417,11 +550,11 @@ void ModelRunner::WarmUpPrefill(int tokens) {
   step.num_sample_rows = 1;
   lengths_ = kv_.lengths();
   PackStep();
-  Upload(device_meta_, step_);
-  model_.EnsureWorkspace(workspace_, step_.num_tokens, step_.num_prefill_keys,
-                         step_.num_sample_rows, 0, 0);
   logits_view_ = logits_device_.Rows(0, step_.num_sample_rows);
-  model_.Forward(step_, pool_, workspace_, logits_view_);
+  ForEachRank([&](int rank) {
+    UploadState(rank);
+    RunEager(rank);
+  });
 }
 
 const Tensor& ModelRunner::Run(const StepPlan& plan, const Scheduler& scheduler,
@@ -431,17 +564,17 @@ const Tensor& ModelRunner::Run(const StepPlan& plan, const Scheduler& scheduler,
   const bool padded =
       options_.pad_decode_batches && plan.prefills.empty() && !plan.decodes.empty() && !evicts;
   const int bucket = padded ? BucketFor(static_cast<int>(plan.decodes.size())) : 0;
-  PrepareStep(plan, scheduler, sample_ids, bucket);
+  BuildStep(plan, scheduler, sample_ids, bucket);
   logits_view_ = logits_device_.Rows(0, step_.num_sample_rows);
-  if (padded && uses_graphs()) {
-    RunDecodeGraph(bucket);
-    return logits_view_;
-  }
-  Upload(device_meta_, step_);
-  model_.EnsureWorkspace(workspace_, step_.num_tokens, step_.num_prefill_keys,
-                         std::max(1, step_.num_sample_rows), step_.max_scores_per_layer,
-                         step_.max_indices_per_layer);
-  model_.Forward(step_, pool_, workspace_, logits_view_);
+  const bool graph = padded && uses_graphs();
+  ForEachRank([&](int rank) {
+    UploadState(rank);
+    if (graph) {
+      RunDecodeGraph(rank, bucket);
+    } else {
+      RunEager(rank);
+    }
+  });
   return logits_view_;
 }
 

@@ -11,10 +11,19 @@
 // manager's padding slot, the bucket's metadata lives in its own device buffer at a fixed
 // address, and the graph captured at the bucket's first use is replayed. Steps with prefills or
 // decode-time evictions run eagerly.
+//
+// Tensor parallelism (DESIGN.md): given the N ranks of a sharded model, the runner drives them
+// all. Each rank has its own KV pool (the same pages, its own KV heads), workspace, metadata
+// buffers and graphs; the step is planned and packed once on the host, and each rank uploads it,
+// applies the same page-table patches and runs Forward, all ranks at once: rank 0 on the calling
+// thread, rank r > 0 on its worker thread (RankWorkers). The logits are rank 0's. With one rank
+// there are no workers and nothing changes.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -39,9 +48,15 @@ struct ModelRunnerOptions {
   bool step_tuning = true;
 };
 
+class RankWorkers;
+
 class ModelRunner {
  public:
   ModelRunner(const LlamaModel& model, KvCacheManager& kv, const ModelRunnerOptions& options);
+  // The ranks of a tensor-parallel model, rank r at ranks[r] (ranks[0]'s logits are sampled).
+  ModelRunner(const std::vector<const LlamaModel*>& ranks, KvCacheManager& kv,
+              const ModelRunnerOptions& options);
+  ~ModelRunner();
 
   // Runs the step. Returns the logits [R][V] f32 of its sampled rows on the device (valid until
   // the next Run), in plan order: prefills whose final chunk ran, then decodes; `sample_ids`
@@ -55,11 +70,12 @@ class ModelRunner {
   void PrepareStep(const StepPlan& plan, const Scheduler& scheduler, std::vector<SeqId>& sample_ids,
                    int pad_to = 0);
 
-  const KvPool& pool() const { return pool_; }
-  Backend& backend() const { return model_.backend(); }
+  const KvPool& pool() const { return ranks_[0].pool; }  // rank 0's
+  Backend& backend() const { return model_.backend(); }  // rank 0's
+  int num_ranks() const { return static_cast<int>(ranks_.size()); }
   int vocab_size() const { return model_.config().vocab_size; }
-  int64_t pool_bytes() const;  // K and V pages and side pools
-  int num_graphs() const { return static_cast<int>(graphs_.size()); }
+  int64_t pool_bytes() const;  // K and V pages and side pools, of every rank
+  int num_graphs() const { return static_cast<int>(ranks_[0].graphs.size()); }
   int64_t graph_steps() const { return graph_steps_; }
 
   // The bucket a decode batch of `batch` sequences is padded to.
@@ -98,20 +114,45 @@ class ModelRunner {
     int graph = -1;
   };
 
-  void Upload(Tensor& destination, StepMeta& step);
-  // Packs scratch_'s arrays and step_'s jobs into host_meta_, uploads the page-table patches
-  // and the lengths: the end of PrepareStep.
-  void PackStep();
-  // Replays the graph of the step PrepareStep made (bucket `bucket`, step_'s layer bounds),
-  // capturing it first if it is new; true if it captured.
-  bool RunDecodeGraph(int bucket);
+  // What each rank holds on its device.
+  struct Rank {
+    const LlamaModel* model = nullptr;
+    KvPool pool;  // every rank's has the same pages and page tables, its own KV heads
+    ForwardWorkspace workspace;
+    StepMeta step;       // eager steps: step_'s host fields, device views of device_meta
+    Tensor device_meta;  // [capacity] i32 for eager steps
+    Tensor patches;      // [capacity][2] i32 staging for page-table patches
+    // By batch bucket and the layers' length bounds (StepMeta::layer_max_kv_len).
+    std::map<std::pair<int, std::vector<int32_t>>, DecodeGraph> graphs;
+  };
 
-  const LlamaModel& model_;
+  // The step's host half: builds step_'s host fields and host_meta_ (and takes the page-table
+  // patches) without touching a device.
+  void BuildStep(const StepPlan& plan, const Scheduler& scheduler, std::vector<SeqId>& sample_ids,
+                 int pad_to);
+  // Runs job(rank) for every rank at once and returns when all are done (one rank: a call).
+  void ForEachRank(const std::function<void(int rank)>& job);
+  // Rank `rank`'s share of a step's uploads: the page-table patches and the lengths.
+  void UploadState(int rank);
+  // Uploads host_meta_ into rank `rank`'s `destination`; `step` takes step_'s host fields and
+  // device arrays pointing into `destination`.
+  void Upload(int rank, Tensor& destination, StepMeta& step);
+  // Packs scratch_'s arrays and step_'s jobs into host_meta_ and takes the page-table patches:
+  // the end of BuildStep.
+  void PackStep();
+  // Rank `rank` replays the graph of the step BuildStep made (bucket `bucket`, step_'s layer
+  // bounds), capturing it first if it is new; true if it captured.
+  bool RunDecodeGraph(int rank, int bucket);
+  // Rank `rank` runs step_ eagerly.
+  void RunEager(int rank);
+  // The logits rank `rank`'s Forward writes: rank 0's view; none for the others.
+  Tensor& LogitsOf(int rank) { return rank == 0 ? logits_view_ : no_logits_; }
+
+  const LlamaModel& model_;  // rank 0's
   KvCacheManager& kv_;
   ModelRunnerOptions options_;
-  KvPool pool_;
-  ForwardWorkspace workspace_;
-  StepMeta step_;
+  std::vector<Rank> ranks_;
+  StepMeta step_;  // the step's host fields (its device arrays stay unset: each rank has its own)
   std::vector<int32_t> host_meta_;  // packed int32 arrays of a step, uploaded at once
   struct Section {
     Tensor StepMeta::*field;
@@ -120,8 +161,7 @@ class ModelRunner {
     int64_t cols;
   };
   std::vector<Section> sections_;
-  Tensor device_meta_;            // [capacity] i32 for eager steps
-  Tensor patches_;                // [capacity][2] i32 staging for page-table patches
+  std::vector<std::pair<int32_t, int32_t>> patches_;  // this step's page-table changes
   std::vector<int32_t> lengths_;  // [L][max_seqs] lengths seen by this step's attention
   struct Scratch {
     std::vector<int32_t> token_ids, positions, query_start, key_start, context_lens, slots,
@@ -129,11 +169,11 @@ class ModelRunner {
     std::vector<std::vector<CompressionJob>> jobs_by_layer;
     std::vector<std::vector<EvictionJob>> evictions_by_layer;
   } scratch_;
-  Tensor logits_device_;  // [max rows][V] f32
+  Tensor logits_device_;  // [max rows][V] f32, rank 0's
   Tensor logits_view_;
-  // By batch bucket and the layers' length bounds (StepMeta::layer_max_kv_len).
-  std::map<std::pair<int, std::vector<int32_t>>, DecodeGraph> graphs_;
+  Tensor no_logits_;  // undefined: ranks > 0 skip the LM head
   int64_t graph_steps_ = 0;
+  std::unique_ptr<RankWorkers> workers_;  // ranks > 0's threads; null with one rank
 };
 
 }  // namespace sieve

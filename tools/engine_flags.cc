@@ -2,11 +2,15 @@
 
 #include <cctype>
 
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/in_process_communicator.h"
 #include "core/logging.h"
 #include "core/thread_pool.h"
+#include "model/tensor_parallel.h"
 
 #ifdef SIEVE_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/nccl_communicator.h"
 #endif
 
 namespace sieve {
@@ -28,6 +32,11 @@ void AddEngineFlags(CLI::App& app, EngineFlags& flags, bool policy_flags) {
                  "Override the chat format: llama3 | llama2 | mistral");
   app.add_option("--device", flags.device, "auto | cpu | cuda | cuda:N")->capture_default_str();
   app.add_option("--threads", flags.threads, "CPU threads (0: all cores; also SIEVE_NUM_THREADS)");
+  app.add_option("--tensor-parallel-size", flags.tensor_parallel_size,
+                 "Ranks the model is split over (heads, KV heads and MLP; one worker thread "
+                 "each): GPUs cuda:K .. cuda:K+N-1 with --device cuda[:K], or CPU ranks sharing "
+                 "--threads. --kv-memory is per rank")
+      ->capture_default_str();
   app.add_flag("--enforce-eager", flags.enforce_eager,
                "Run decode steps eagerly instead of as CUDA graphs (for debugging and profiling)");
   app.add_flag("--no-step-tuning", flags.no_step_tuning,
@@ -138,12 +147,60 @@ Result<std::unique_ptr<Backend>> MakeBackend(const std::string& device) {
   return MakeCpuBackend();
 }
 
+// The ranks of --tensor-parallel-size N > 1: rank 0's backend is bundle.backend, made already;
+// the others and every rank's communicator go into the bundle. CPU ranks split the threads the
+// one backend would have had.
+Status MakeTensorParallelRanks(const std::string& device, int size, EngineBundle& bundle) {
+  if (bundle.backend->device() == Device::kCpu) {
+    const int threads = std::max(1, ThreadPool::Default().num_threads() / size);
+    bundle.backend.reset();
+    for (int rank = 0; rank < size; ++rank) {
+      bundle.thread_pools.push_back(std::make_unique<ThreadPool>(threads));
+      auto backend = std::make_unique<CpuBackend>(bundle.thread_pools.back().get());
+      (rank == 0 ? bundle.backend : bundle.other_backends.emplace_back()) = std::move(backend);
+    }
+    bundle.communicators = MakeInProcessCommunicators(size);
+    return Status::Ok();
+  }
+#ifdef SIEVE_HAVE_CUDA
+  int first = 0;
+  if (device.size() > 5 && device[4] == ':') first = std::atoi(device.c_str() + 5);
+  const int available = CudaDeviceCount();
+  if (first + size > available) {
+    return InvalidArgumentError("--tensor-parallel-size " + std::to_string(size) + " needs GPUs " +
+                                "cuda:" + std::to_string(first) +
+                                " .. cuda:" + std::to_string(first + size - 1) + "; " +
+                                std::to_string(available) + " found");
+  }
+  std::vector<Backend*> backends = {bundle.backend.get()};
+  for (int rank = 1; rank < size; ++rank) {
+    SIEVE_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeCudaBackend(first + rank));
+    backends.push_back(backend.get());
+    bundle.other_backends.push_back(std::move(backend));
+  }
+  bundle.backend->MakeCurrent();
+  SIEVE_ASSIGN_OR_RETURN(bundle.communicators, MakeNcclCommunicators(backends));
+  return Status::Ok();
+#else
+  (void)device;
+  return InternalError("a non-CPU backend in a build without CUDA");
+#endif
+}
+
 }  // namespace
 
 Result<EngineBundle> BuildEngine(EngineFlags& flags) {
   if (flags.threads > 0) setenv("SIEVE_NUM_THREADS", std::to_string(flags.threads).c_str(), 1);
+  const int tensor_parallel = flags.tensor_parallel_size;
+  if (tensor_parallel < 1) {
+    return InvalidArgumentError("--tensor-parallel-size must be at least 1, not " +
+                                std::to_string(tensor_parallel));
+  }
   EngineBundle bundle;
   SIEVE_ASSIGN_OR_RETURN(bundle.backend, MakeBackend(flags.device));
+  if (tensor_parallel > 1) {
+    SIEVE_RETURN_IF_ERROR(MakeTensorParallelRanks(flags.device, tensor_parallel, bundle));
+  }
   if (!flags.kv_memory.empty()) {
     SIEVE_ASSIGN_OR_RETURN(flags.engine.kv_memory_bytes, ParseByteSize(flags.kv_memory));
   }
@@ -167,10 +224,25 @@ Result<EngineBundle> BuildEngine(EngineFlags& flags) {
       "loading {} on {}",
       flags.load.model_dir.empty() ? std::string("the default model") : flags.load.model_dir,
       bundle.backend->name());
-  SIEVE_ASSIGN_OR_RETURN(bundle.loaded, LoadModel(flags.load, *bundle.backend));
+  std::vector<std::unique_ptr<LlamaModel>> other_ranks;
+  if (tensor_parallel == 1) {
+    SIEVE_ASSIGN_OR_RETURN(bundle.loaded, LoadModel(flags.load, *bundle.backend));
+  } else {
+    std::vector<Backend*> backends = {bundle.backend.get()};
+    std::vector<Communicator*> communicators;
+    for (const auto& backend : bundle.other_backends) backends.push_back(backend.get());
+    for (const auto& communicator : bundle.communicators) {
+      communicators.push_back(communicator.get());
+    }
+    SIEVE_ASSIGN_OR_RETURN(LoadedShards shards,
+                           LoadModelShards(flags.load, backends, communicators));
+    bundle.loaded = std::move(shards.model);
+    other_ranks = std::move(shards.other_ranks);
+    spdlog::info("tensor parallel: {} ranks", tensor_parallel);
+  }
   spdlog::info("model: {}", bundle.loaded.description);
   auto engine = Engine::Create(std::move(bundle.loaded.model), bundle.loaded.tokenizer.get(),
-                               bundle.loaded.eos_ids, flags.engine);
+                               bundle.loaded.eos_ids, flags.engine, std::move(other_ranks));
   if (!engine.ok()) return engine.status();
   bundle.engine = std::move(engine).value();
   spdlog::info("engine:\n{}", bundle.engine->Describe());

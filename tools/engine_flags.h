@@ -9,6 +9,8 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/communicator.h"
+#include "core/thread_pool.h"
 #include "runtime/engine.h"
 #include "runtime/model_loader.h"
 
@@ -26,6 +28,7 @@ struct EngineFlags {
   int threads = 0;
   bool enforce_eager = false;
   bool no_step_tuning = false;
+  int tensor_parallel_size = 1;
 };
 
 // `policy_flags` false leaves out --kv-policy and --kv-budget, for a command that takes lists of
@@ -36,12 +39,18 @@ void AddEngineFlags(CLI::App& app, EngineFlags& flags, bool policy_flags = true)
 Result<int64_t> ParseByteSize(const std::string& text);
 
 struct EngineBundle {
-  std::unique_ptr<Backend> backend;
+  // Tensor parallelism on the CPU: each rank's threads (outlive the backends).
+  std::vector<std::unique_ptr<ThreadPool>> thread_pools;
+  std::unique_ptr<Backend> backend;                          // rank 0's
+  std::vector<std::unique_ptr<Backend>> other_backends;      // ranks 1 .. N-1
+  std::vector<std::unique_ptr<Communicator>> communicators;  // every rank's (N > 1)
   LoadedModel loaded;  // its model moves into the engine; tokenizer stays here
   std::unique_ptr<Engine> engine;
 };
 
-// Picks the backend, loads the model and builds the engine, logging what it did.
+// Picks the backend (N of them with --tensor-parallel-size N: CPU ranks sharing the threads, or
+// GPUs cuda:K .. cuda:K+N-1 joined by NCCL), loads the model (each rank its slices) and builds
+// the engine, logging what it did.
 Result<EngineBundle> BuildEngine(EngineFlags& flags);
 
 }  // namespace sieve

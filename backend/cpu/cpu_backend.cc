@@ -48,4 +48,18 @@ void CpuBackend::FillRandom(Tensor& tensor, uint64_t seed, float stddev) {
   for (int64_t index = 0; index < tensor.numel(); ++index) data[index] = normal(rng);
 }
 
+void CpuBackend::Copy(const Tensor& src, Tensor& dst) {
+  SIEVE_CHECK(src.rank() == 2 && dst.rank() == 2 && src.dim(0) == dst.dim(0) &&
+              src.dim(1) == dst.dim(1) && src.dtype() == dst.dtype() && src.stride(1) == 1 &&
+              dst.stride(1) == 1)
+      << "copy of " << src.ShapeString() << " into " << dst.ShapeString();
+  const size_t row_bytes = static_cast<size_t>(src.dim(1)) * src.element_size();
+  const auto* from = static_cast<const char*>(src.data());
+  auto* to = static_cast<char*>(dst.data());
+  for (int64_t row = 0; row < src.dim(0); ++row) {
+    std::memcpy(to + row * dst.stride(0) * dst.element_size(),
+                from + row * src.stride(0) * src.element_size(), row_bytes);
+  }
+}
+
 }  // namespace sieve

@@ -24,6 +24,7 @@ class CpuBackend final : public Backend {
   void Synchronize() override {}
   Tensor UploadWeight(const void* src, DType src_dtype, std::vector<int64_t> shape) override;
   void FillRandom(Tensor& tensor, uint64_t seed, float stddev) override;
+  void Copy(const Tensor& src, Tensor& dst) override;
 
   void Embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
   void RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;

@@ -121,6 +121,20 @@ class CudaBackend final : public Backend {
     SIEVE_CHECK(tensor.dtype() == DType::kBF16 && tensor.is_contiguous());
     cuda::FillRandomBf16(Bf16(tensor), tensor.numel(), seed, stddev, stream_);
   }
+  void Copy(const Tensor& src, Tensor& dst) override {
+    CheckDevice(src, "copy source");
+    CheckDevice(dst, "copy destination");
+    SIEVE_CHECK(src.rank() == 2 && dst.rank() == 2 && src.dim(0) == dst.dim(0) &&
+                src.dim(1) == dst.dim(1) && src.dtype() == dst.dtype() && src.stride(1) == 1 &&
+                dst.stride(1) == 1)
+        << "copy of " << src.ShapeString() << " into " << dst.ShapeString();
+    const size_t element = src.element_size();
+    SIEVE_CUDA_CHECK(cudaMemcpy2DAsync(dst.data(), dst.stride(0) * element, src.data(),
+                                       src.stride(0) * element, src.dim(1) * element, src.dim(0),
+                                       cudaMemcpyDeviceToDevice, stream_));
+  }
+  void MakeCurrent() override { SIEVE_CUDA_CHECK(cudaSetDevice(device_)); }
+  int device_index() const { return device_; }
 
   void Embedding(const Tensor& table, const Tensor& ids, Tensor& out) override {
     cuda::Embedding(Bf16(table), table.stride(0), ids.data_as<int32_t>(),
@@ -438,6 +452,21 @@ void CudaBackend::RunLinear(const Tensor& x, const Tensor& w, Tensor& out, bool 
 }
 
 }  // namespace
+
+int CudaDeviceCount() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+}
+
+int CudaDeviceOf(const Backend& backend) {
+  const auto* cuda_backend = dynamic_cast<const CudaBackend*>(&backend);
+  return cuda_backend != nullptr ? cuda_backend->device_index() : -1;
+}
+
+void* CudaStreamOf(const Backend& backend) {
+  const auto* cuda_backend = dynamic_cast<const CudaBackend*>(&backend);
+  return cuda_backend != nullptr ? cuda_backend->stream() : nullptr;
+}
 
 Result<std::unique_ptr<Backend>> MakeCudaBackend(int device_index) {
   int count = 0;

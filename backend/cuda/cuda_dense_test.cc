@@ -103,6 +103,32 @@ TEST_P(CudaCopyRowsTest, EmbeddingAndGatherAreExactCopies) {
 
 INSTANTIATE_TEST_SUITE_P(Widths, CudaCopyRowsTest, ::testing::Values(136, 130));
 
+// Copy: a column block of a wider matrix into rows of another (how a tensor-parallel rank cuts
+// its slice out of a full dummy weight), exact.
+TEST_F(CudaDenseTest, CopyOfStridedBlocksIsExact) {
+  const int rows = 1 + static_cast<int>(rng_() % 50), wide = 200, cols = 72, offset = 40;
+  const auto source = Random(static_cast<size_t>(rows) * wide);
+  const auto destination = Random(static_cast<size_t>(rows + 7) * (cols + 24));
+  Tensor cpu_out = Cpu(destination, {rows + 7, cols + 24});
+  Tensor gpu_out = Gpu(destination, {rows + 7, cols + 24});
+  Tensor cpu_block = cpu_out.Rows(3, 3 + rows).Columns(8, 8 + cols);
+  Tensor gpu_block = gpu_out.Rows(3, 3 + rows).Columns(8, 8 + cols);
+  cpu_->Copy(Cpu(source, {rows, wide}).Columns(offset, offset + cols), cpu_block);
+  gpu_->Copy(Gpu(source, {rows, wide}).Columns(offset, offset + cols), gpu_block);
+  const std::vector<float> copied = Values(cpu_out);
+  EXPECT_EQ(Download(gpu_out), copied);
+  // The CPU twin itself: the block holds the source's columns, the rest is untouched.
+  for (int row = 0; row < rows + 7; ++row) {
+    for (int col = 0; col < cols + 24; ++col) {
+      const bool inside = row >= 3 && row < 3 + rows && col >= 8 && col < 8 + cols;
+      const float expected = inside ? source[static_cast<size_t>(row - 3) * wide + offset + col - 8]
+                                    : destination[static_cast<size_t>(row) * (cols + 24) + col];
+      ASSERT_EQ(copied[static_cast<size_t>(row) * (cols + 24) + col], expected)
+          << row << ", " << col;
+    }
+  }
+}
+
 TEST_F(CudaDenseTest, RmsNormAndAddRmsNorm) {
   for (const int width : {64, 4096, 5120}) {
     const int rows = 1 + static_cast<int>(rng_() % 70);

@@ -1,0 +1,318 @@
+// Tensor parallelism through the engine on the CPU: one engine (scheduler, KV manager, sampling)
+// driving N ranks, each a CPU backend with its model shard and its own KV pool, joined by the
+// in-process communicator. Greedy tokens on 2 and 4 ranks must equal one rank's, dense and under
+// every KV policy (SnapKV, PyramidKV, StreamingLLM, H2O, a full + SnapKV mix, a score-capped
+// decode), with batched and chunked prefills, padded decode batches and preemption, on random
+// models (MHA; GQA with 2 KV heads, replicated on 4 ranks) and on fixture checkpoints loaded
+// sharded. The chosen tokens' log-probabilities must agree within 1e-4 (f32: the ranks' partial
+// sums are added in another order, ~1e-6). Bad splits are clear errors at load.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/in_process_communicator.h"
+#include "core/testing.h"
+#include "core/thread_pool.h"
+#include "model/safetensors.h"
+#include "runtime/engine.h"
+#include "runtime/model_loader.h"
+
+namespace sieve {
+namespace {
+
+constexpr double kLogprobTolerance = 1e-4;
+
+// The ranks' backends and communicators, which must outlive the engine.
+struct Ranks {
+  std::vector<std::unique_ptr<ThreadPool>> thread_pools;
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<std::unique_ptr<Communicator>> communicators;
+  std::unique_ptr<Engine> engine;  // last: destroyed first
+};
+
+using ModelFactory = std::function<Result<std::unique_ptr<LlamaModel>>(
+    Backend&, const TensorParallelShard&, Communicator*)>;
+
+// An engine over `size` CPU ranks of one thread each.
+Ranks MakeEngine(int size, const ModelFactory& factory, const EngineOptions& options) {
+  Ranks ranks;
+  ranks.communicators = MakeInProcessCommunicators(size);
+  std::unique_ptr<LlamaModel> first;
+  std::vector<std::unique_ptr<LlamaModel>> others;
+  for (int rank = 0; rank < size; ++rank) {
+    ranks.thread_pools.push_back(std::make_unique<ThreadPool>(1));
+    ranks.backends.push_back(std::make_unique<CpuBackend>(ranks.thread_pools.back().get()));
+    auto model = factory(*ranks.backends.back(), {rank, size}, ranks.communicators[rank].get());
+    SIEVE_CHECK(model.ok()) << model.status().ToString();
+    (rank == 0 ? first : others.emplace_back()) = std::move(model).value();
+  }
+  auto engine = Engine::Create(std::move(first), nullptr, {}, options, std::move(others));
+  SIEVE_CHECK(engine.ok()) << engine.status().ToString();
+  ranks.engine = std::move(engine).value();
+  return ranks;
+}
+
+struct Completion {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+};
+
+std::map<RequestId, Completion> RunToEnd(Engine& engine) {
+  std::map<RequestId, Completion> done;
+  while (engine.HasWork()) {
+    for (const RequestOutput& output : engine.Step()) {
+      Completion& completion = done[output.id];
+      completion.tokens.insert(completion.tokens.end(), output.new_tokens.begin(),
+                               output.new_tokens.end());
+      for (const SampleResult& sample : output.new_logprobs) {
+        completion.logprobs.push_back(sample.logprob);
+      }
+    }
+  }
+  return done;
+}
+
+SamplingParams Greedy(int max_tokens) {
+  SamplingParams params;
+  params.temperature = 0;
+  params.max_tokens = max_tokens;
+  params.ignore_eos = true;
+  params.logprobs = 0;
+  return params;
+}
+
+EngineOptions SmallEngine(const std::string& policy) {
+  EngineOptions options;
+  options.kv_policy = policy;
+  options.kv_policy_options.budget = 32;
+  options.kv_policy_options.window = 8;
+  options.kv_policy_options.sinks = 4;
+  options.kv_policy_options.recent = 20;
+  options.kv_policy_options.heavy = 12;
+  options.page_size = 8;
+  options.max_num_seqs = 4;
+  options.max_num_batched_tokens = 256;  // H2O scores a whole prompt in its final chunk
+  options.max_model_len = 256;
+  options.kv_memory_bytes = int64_t{32} << 20;
+  return options;
+}
+
+// Engine options of each case: every policy, plus a decode cap, padded decode batches, and a
+// pool small enough to preempt.
+std::vector<std::pair<std::string, EngineOptions>> EveryPolicy(int layers) {
+  std::vector<std::pair<std::string, EngineOptions>> cases;
+  for (const char* policy : {"full", "snapkv", "pyramidkv", "streamingllm", "h2o"}) {
+    cases.emplace_back(policy, SmallEngine(policy));
+  }
+  const std::string mixed = "full:0-" + std::to_string(layers / 2 - 1) +
+                            ",snapkv:" + std::to_string(layers / 2) + "-" +
+                            std::to_string(layers - 1);
+  cases.emplace_back(mixed, SmallEngine(mixed));
+  EngineOptions capped = SmallEngine("snapkv");
+  capped.kv_policy_options.decode_cap = 36;
+  cases.emplace_back("snapkv, decode cap 36", capped);
+  EngineOptions padded = SmallEngine("pyramidkv");
+  padded.pad_decode_batches = true;
+  cases.emplace_back("pyramidkv, padded decode batches", padded);
+  EngineOptions tight = SmallEngine("full");
+  tight.max_num_batched_tokens = 48;  // chunked prefills
+  tight.page_size = 4;
+  cases.emplace_back("full, chunked, preempting", tight);
+  return cases;
+}
+
+// Runs `prompts` greedily on one rank and on each of `sizes`, under every policy case.
+void CheckGreedyTokens(const ModelConfig& config, const ModelFactory& factory,
+                       const std::vector<int>& sizes, const std::string& name) {
+  std::mt19937_64 rng = testing::MakeRng();
+  double worst = 0;
+  for (const auto& policy_case : EveryPolicy(config.num_layers)) {
+    // Named copies, not structured bindings: the lambda below captures them (clang 14).
+    const std::string policy = policy_case.first;
+    EngineOptions options = policy_case.second;
+    std::vector<std::vector<int32_t>> prompts;
+    for (const int length : {150, 97, 61, 120}) {
+      std::vector<int32_t> prompt(length);
+      for (int32_t& token : prompt) token = static_cast<int32_t>(rng() % config.vocab_size);
+      prompts.push_back(std::move(prompt));
+    }
+    if (policy == "full, chunked, preempting") {
+      // Pages for about two sequences at a time: the others wait or are preempted.
+      const int64_t page_bytes = 2 * 4 * config.num_kv_heads * config.head_dim * 4;
+      options.kv_memory_bytes = page_bytes * config.num_layers * 2 * (170 / 4);
+    }
+    const auto run = [&](int size) {
+      EngineOptions rank_options = options;
+      // A rank holds G / N KV heads (at least one): its pages are smaller, so the same memory
+      // per rank holds more of them; the preempting case keeps the page count of one rank.
+      if (policy == "full, chunked, preempting") {
+        rank_options.kv_memory_bytes =
+            options.kv_memory_bytes * std::max(1, config.num_kv_heads / size) / config.num_kv_heads;
+      }
+      Ranks ranks = MakeEngine(size, factory, rank_options);
+      std::vector<RequestId> ids;
+      for (const auto& prompt : prompts) {
+        Request request;
+        request.prompt = prompt;
+        request.sampling = Greedy(14);
+        auto id = ranks.engine->Add(std::move(request));
+        SIEVE_CHECK(id.ok()) << id.status().ToString();
+        ids.push_back(*id);
+      }
+      std::map<RequestId, Completion> done = RunToEnd(*ranks.engine);
+      std::vector<Completion> ordered;
+      for (const RequestId id : ids) ordered.push_back(done.at(id));
+      return std::make_pair(ordered, ranks.engine->Stats());
+    };
+    const auto [expected, expected_stats] = run(1);
+    if (policy == "full, chunked, preempting") {
+      EXPECT_GT(expected_stats.num_preemptions, 0) << "the pool is meant to preempt";
+    }
+    if (policy.rfind("full", 0) != 0 || policy.find("snapkv") != std::string::npos) {
+      EXPECT_GT(expected_stats.compression_ratio(), 1.0) << policy << " is meant to compress";
+    }
+    for (const int size : sizes) {
+      const auto [actual, stats] = run(size);
+      const std::string what =
+          name + ", " + policy + ", " + std::to_string(size) + " ranks against one";
+      EXPECT_EQ(stats.num_pages, expected_stats.num_pages) << what;
+      EXPECT_EQ(stats.entries_kept_by_layer, expected_stats.entries_kept_by_layer) << what;
+      for (size_t index = 0; index < expected.size(); ++index) {
+        EXPECT_EQ(actual[index].tokens, expected[index].tokens) << what << ", prompt " << index;
+        ASSERT_EQ(actual[index].logprobs.size(), expected[index].logprobs.size()) << what;
+        for (size_t token = 0; token < expected[index].logprobs.size(); ++token) {
+          worst = std::max(worst, static_cast<double>(std::fabs(actual[index].logprobs[token] -
+                                                                expected[index].logprobs[token])));
+        }
+      }
+    }
+  }
+  EXPECT_LE(worst, kLogprobTolerance) << name;
+  std::printf("%s: largest |logprob difference| against one rank %.3g\n", name.c_str(), worst);
+}
+
+ModelConfig RandomConfig(int heads, int kv_heads) {
+  ModelConfig config = TinyRandomModelConfig();
+  config.hidden_size = 64;
+  config.intermediate_size = 128;
+  config.num_layers = 4;
+  config.num_heads = heads;
+  config.num_kv_heads = kv_heads;
+  config.head_dim = 16;
+  config.max_position_embeddings = 256;
+  SIEVE_CHECK(config.Validate().ok());
+  return config;
+}
+
+ModelFactory RandomFactory(const ModelConfig& config, uint64_t seed) {
+  return [config, seed](Backend& backend, const TensorParallelShard& shard,
+                        Communicator* communicator) {
+    return LlamaModel::RandomShard(config, backend, seed, config.max_position_embeddings, shard,
+                                   communicator, 0.08f);
+  };
+}
+
+TEST(TensorParallelEngineTest, MhaGreedyTokensOnTwoAndFourRanksEqualOneRank) {
+  const ModelConfig config = RandomConfig(4, 4);
+  CheckGreedyTokens(config, RandomFactory(config, testing::MakeRng()()), {2, 4}, "MHA 4/4");
+}
+
+// 2 KV heads: one per rank on 2 ranks, each replicated on 2 ranks of 4.
+TEST(TensorParallelEngineTest, GqaWithTwoKvHeadsOnTwoAndFourRanksEqualsOneRank) {
+  const ModelConfig config = RandomConfig(8, 2);
+  CheckGreedyTokens(config, RandomFactory(config, testing::MakeRng()()), {2, 4}, "GQA 8/2");
+}
+
+// The fixture checkpoints, each rank loading only its slices: GQA with 2 KV heads (bf16) and
+// one KV head (tied embeddings), on 2 and 4 ranks.
+class TensorParallelFixtureEngineTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TensorParallelFixtureEngineTest, GreedyTokensEqualOneRank) {
+  const std::string dir = TestDataDir() + "/models/" + GetParam();
+  ASSERT_TRUE(std::filesystem::exists(dir)) << dir;
+  auto config = LoadModelConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  auto checkpoint = SafetensorsCheckpoint::Open(dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
+  const SafetensorsCheckpoint& weights = **checkpoint;
+  const ModelConfig model_config = *config;
+  const ModelFactory factory = [&weights, model_config](Backend& backend,
+                                                        const TensorParallelShard& shard,
+                                                        Communicator* communicator) {
+    return LlamaModel::Load(model_config, weights, backend, 256, shard, communicator);
+  };
+  CheckGreedyTokens(model_config, factory, {2, 4}, GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(FixtureModels, TensorParallelFixtureEngineTest,
+                         ::testing::Values("llama_gqa_bf16", "llama_tied"));
+
+// LoadModelShards: every rank's shard from one call, and the splits a model does not allow
+// refused before any weight is read.
+TEST(TensorParallelEngineTest, LoadModelShardsRefusesBadSplits) {
+  for (const auto& [size, message] : std::vector<std::pair<int, std::string>>{
+           {3, "does not divide the model's 4 attention heads"},
+           {8, "exceeds the model's 4 attention heads"}}) {
+    Ranks ranks;
+    ranks.communicators = MakeInProcessCommunicators(size);
+    std::vector<Backend*> backends;
+    std::vector<Communicator*> communicators;
+    for (int rank = 0; rank < size; ++rank) {
+      ranks.backends.push_back(MakeCpuBackend());
+      backends.push_back(ranks.backends.back().get());
+      communicators.push_back(ranks.communicators[rank].get());
+    }
+    LoadModelOptions options;
+    options.model_dir = TestDataDir() + "/models/llama2_mha";
+    auto loaded = LoadModelShards(options, backends, communicators);
+    ASSERT_FALSE(loaded.ok()) << size << " ranks";
+    EXPECT_EQ(loaded.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(loaded.status().message().find(message), std::string::npos)
+        << loaded.status().ToString();
+  }
+}
+
+TEST(TensorParallelEngineTest, LoadModelShardsMakesEveryRank) {
+  constexpr int kSize = 2;
+  Ranks ranks;
+  ranks.communicators = MakeInProcessCommunicators(kSize);
+  std::vector<Backend*> backends;
+  std::vector<Communicator*> communicators;
+  for (int rank = 0; rank < kSize; ++rank) {
+    ranks.backends.push_back(MakeCpuBackend());
+    backends.push_back(ranks.backends.back().get());
+    communicators.push_back(ranks.communicators[rank].get());
+  }
+  LoadModelOptions options;
+  options.tiny_random = true;
+  options.max_model_len = 256;
+  auto loaded = LoadModelShards(options, backends, communicators);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ASSERT_NE(loaded->model.model, nullptr);
+  ASSERT_NE(loaded->model.tokenizer, nullptr);
+  ASSERT_EQ(loaded->other_ranks.size(), 1u);
+  EXPECT_EQ(loaded->model.model->shard().rank, 0);
+  EXPECT_EQ(loaded->other_ranks[0]->shard().rank, 1);
+  EXPECT_EQ(loaded->other_ranks[0]->layout().num_kv_heads, 1);
+  auto engine =
+      Engine::Create(std::move(loaded->model.model), loaded->model.tokenizer.get(),
+                     loaded->model.eos_ids, SmallEngine("snapkv"), std::move(loaded->other_ranks));
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Request request;
+  request.prompt = std::vector<int32_t>(40, 65);
+  request.sampling = Greedy(5);
+  ASSERT_TRUE((*engine)->Add(std::move(request)).ok());
+  const auto done = RunToEnd(**engine);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done.begin()->second.tokens.size(), 5u);
+}
+
+}  // namespace
+}  // namespace sieve
