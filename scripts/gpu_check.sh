@@ -209,13 +209,18 @@ if has prefill; then
   # Issue 19 item 3: a prefill step (2 prompts x 4000 tokens in one engine step) beside its bound,
   # the GEMMs at cuBLASLt's alone rate and attention at cuDNN SDPA's (PyTorch, same run); then the
   # sparse step's kernels on a timeline (tools/kernel_timeline), by kind. With .ab/ (made by
-  # scripts/prepare_ab.sh REV, carried), the same for that tree's sieve, alternately, twice each.
+  # scripts/prepare_ab.sh REV, carried), the same for that tree's sieve, alternately,
+  # PREFILL_ROUNDS times each (1 or 2, default 2).
   ensure_sieve
   trees=(.)
   if [ -d .ab ]; then
     (cd .ab && { [ -f build/gpu/build.ninja ] || cmake --preset gpu; } && \
       cmake --build --preset gpu -j "$(nproc)" --target sieve sieve_kernel_timeline) \
-      > "$LOGS/build_ab.log" 2>&1 && trees=(. .ab . .ab) || note "build of .ab FAILED"
+      > "$LOGS/build_ab.log" 2>&1 || note "build of .ab FAILED"
+    if [ -x .ab/build/gpu/sieve ]; then
+      trees=(. .ab)
+      [ "${PREFILL_ROUNDS:-2}" -ge 2 ] && trees=(. .ab . .ab)
+    fi
   fi
   [ -f "$OUT/sdpa.json" ] || python3 scripts/sdpa_bench.py > "$OUT/sdpa.json" 2> "$LOGS/sdpa.log"
   cudnn=$(python3 -c "import json; r=[x for x in json.load(open('$OUT/sdpa.json'))['results'] if x['backend']=='cudnn' and x['n']==4096]; print(round(r[0]['tflops']) if r else 0)" 2>/dev/null || echo 0)
