@@ -191,8 +191,11 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
   for (const auto& s : plan.decodes) order.push_back(&s);
   const int num_real = static_cast<int>(order.size());
   const int num_prefill = static_cast<int>(plan.prefills.size());
-  const bool pad = pad_to > num_real;
-  SIEVE_CHECK(!pad || num_prefill == 0) << "only decode-only steps are padded";
+  // A step for a graph of bucket pad_to (padding sequences fill what the real ones leave; a
+  // batch that fills its bucket exactly has none, but is a graph's step all the same).
+  const bool pad = pad_to > 0;
+  SIEVE_CHECK(!pad || (num_prefill == 0 && pad_to >= num_real))
+      << "only decode-only steps are padded, to at least their size";
   const int num_seqs = pad ? pad_to : num_real;
 
   StepMeta& step = step_;

@@ -66,7 +66,8 @@ class ModelRunner {
 
   // The host half of Run: builds and uploads the step's metadata and page-table changes.
   // Public so the scheduler benchmark can time a step's host work without the forward pass.
-  // `pad_to` > number of sequences pads a decode-only step to that size.
+  // `pad_to` > 0: a decode-only step of the graph of that bucket (at least the step's size), padded
+  // to it.
   void PrepareStep(const StepPlan& plan, const Scheduler& scheduler, std::vector<SeqId>& sample_ids,
                    int pad_to = 0);
 
