@@ -284,11 +284,16 @@ StepMeta MakeStep(Backend& backend, const HostStep& host, int layers) {
   std::iota(rows.begin(), rows.end(), 0);
   step.sample_rows = I32(backend, rows, {host.num_tokens});
   std::vector<int32_t> job_ints(host.jobs.size() * kCompressionJobInts + 1);
-  std::memcpy(job_ints.data(), host.jobs.data(), host.jobs.size() * sizeof(CompressionJob));
+  // (No memcpy from an empty vector: its data() may be null, which memcpy must not be given.)
+  if (!host.jobs.empty()) {
+    std::memcpy(job_ints.data(), host.jobs.data(), host.jobs.size() * sizeof(CompressionJob));
+  }
   step.compression_jobs = I32(backend, job_ints, {size(job_ints)});
   std::vector<int32_t> eviction_ints(host.evictions.size() * kEvictionJobInts + 1);
-  std::memcpy(eviction_ints.data(), host.evictions.data(),
-              host.evictions.size() * sizeof(EvictionJob));
+  if (!host.evictions.empty()) {
+    std::memcpy(eviction_ints.data(), host.evictions.data(),
+                host.evictions.size() * sizeof(EvictionJob));
+  }
   step.eviction_jobs = I32(backend, eviction_ints, {size(eviction_ints)});
   step.job_begin = host.job_begin;
   step.jobs_host = host.jobs;
