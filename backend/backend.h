@@ -68,9 +68,6 @@ class Backend {
   virtual void Embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
   // out = x / rms(x) * weight       x [T][D] act, weight [D] act, out [T][D] act
   virtual void RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
-  // residual += x; out = RmsNorm(residual)    residual, x, out [T][D] act
-  virtual void AddRmsNorm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
-                          Tensor& out) = 0;
   // out = x @ w^T                   x [M][K] act (row stride allowed), w [N][K] act, out [M][N]
   // act or f32 (f32 is how logits are produced).
   virtual void Linear(const Tensor& x, const Tensor& w, Tensor& out) = 0;

@@ -27,19 +27,6 @@ std::mt19937_64 MakeRng() {
 
 uint64_t LastSeed() { return g_last_seed; }
 
-ScopedEnvironment::ScopedEnvironment(const char* name, const char* value) : name_(name) {
-  if (const char* previous = std::getenv(name)) previous_ = previous;
-  setenv(name, value, 1);
-}
-
-ScopedEnvironment::~ScopedEnvironment() {
-  if (previous_) {
-    setenv(name_.c_str(), previous_->c_str(), 1);
-  } else {
-    unsetenv(name_.c_str());
-  }
-}
-
 void FillRandom(float* data, size_t count, std::mt19937_64& rng, float stddev) {
   std::normal_distribution<float> normal(0.0f, stddev);
   for (size_t index = 0; index < count; ++index) data[index] = normal(rng);

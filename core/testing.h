@@ -24,20 +24,6 @@ uint64_t LastSeed();
 Tensor RandomTensor(std::vector<int64_t> shape, std::mt19937_64& rng, float stddev = 1.0f);
 void FillRandom(float* data, size_t count, std::mt19937_64& rng, float stddev = 1.0f);
 
-// Sets an environment variable (a choice Sieve reads, e.g. SIEVE_FOLD_NORMS) for its lifetime,
-// then restores what was there.
-class ScopedEnvironment {
- public:
-  ScopedEnvironment(const char* name, const char* value);
-  ~ScopedEnvironment();
-  ScopedEnvironment(const ScopedEnvironment&) = delete;
-  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
-
- private:
-  std::string name_;
-  std::optional<std::string> previous_;
-};
-
 // ||a - b|| / ||b|| over `count` floats (b is the reference); 0 when both are zero.
 double RelativeL2Error(const float* actual, const float* expected, size_t count);
 double MaxAbsError(const float* actual, const float* expected, size_t count);

@@ -1,7 +1,5 @@
 #include "model/llama_model.h"
 
-#include <cstdlib>
-#include <cstring>
 #include <random>
 #include <string>
 #include <utility>
@@ -104,12 +102,6 @@ std::string LayerName(int layer, const char* suffix) {
   return "model.layers." + std::to_string(layer) + "." + suffix;
 }
 
-// Folded norms unless SIEVE_FOLD_NORMS is "0".
-bool FoldNormsFromEnv() {
-  const char* value = std::getenv("SIEVE_FOLD_NORMS");
-  return value == nullptr || std::strcmp(value, "0") != 0;
-}
-
 }  // namespace
 
 LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, int max_positions,
@@ -118,7 +110,6 @@ LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, int max_posi
     : config_(config),
       backend_(backend),
       max_positions_(max_positions),
-      folded_norms_(FoldNormsFromEnv()),
       shard_(shard),
       layout_(layout),
       communicator_(shard.size > 1 ? communicator : nullptr) {}
@@ -143,7 +134,6 @@ Result<ShardLayout> LlamaModel::CheckShard(const ModelConfig& config,
 }
 
 void LlamaModel::FoldNorms() {
-  if (!folded_norms_) return;
   for (LlamaLayerWeights& w : weights_.layers) {
     backend_.ScaleColumns(w.qkv, w.attn_norm);
     backend_.ScaleColumns(w.gate_up, w.mlp_norm);
@@ -325,7 +315,6 @@ void LlamaModel::EnsureWorkspace(ForwardWorkspace& ws, int max_tokens, int64_t m
     ws.normed = backend_.Allocate({max_tokens, d}, act);
     ws.qkv = backend_.Allocate({max_tokens, (heads + 2 * kv_heads) * hd}, act);
     ws.attn = backend_.Allocate({max_tokens, heads * hd}, act);
-    ws.proj = backend_.Allocate({max_tokens, d}, act);
     ws.gate_up = backend_.Allocate({max_tokens, 2 * layout_.ffn_size}, act);
     ws.act = backend_.Allocate({max_tokens, layout_.ffn_size}, act);
     ws.lse = backend_.Allocate({max_tokens, heads}, DType::kF32);
@@ -381,10 +370,8 @@ void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& w
       << layout_.num_kv_heads;
 
   Tensor hidden = ws.hidden.Rows(0, tokens);
-  Tensor normed = ws.normed.Rows(0, tokens);
   Tensor qkv = ws.qkv.Rows(0, tokens);
   Tensor attn = ws.attn.Rows(0, tokens);
-  Tensor proj = ws.proj.Rows(0, tokens);
   Tensor gate_up = ws.gate_up.Rows(0, tokens);
   Tensor act = ws.act.Rows(0, tokens);
   Tensor q = qkv.Columns(0, q_width);
@@ -398,16 +385,14 @@ void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& w
   Tensor v_scratch = ws.v_scratch.Rows(0, step.num_prefill_keys);
 
   backend_.Embedding(weights_.embed, step.token_ids, hidden);
-  // Folded norms: the GEMMs after the norms read the residual stream `hidden` itself and the ops
-  // after them scale each row by its inverse RMS; `hidden` does not change between a layer's qkv
-  // GEMM and its attention ops, nor between its gate_up GEMM and SiluMul. Unfolded: `normed`
-  // holds RmsNorm(hidden) and no op scales.
-  const RowRms norm = folded_norms_ ? RowRms{&hidden, eps} : RowRms{};
-  const Tensor& gemm_input = folded_norms_ ? hidden : normed;
-  if (!folded_norms_) backend_.RmsNorm(hidden, weights_.layers[0].attn_norm, eps, normed);
+  // Folded norms (top of llama_model.h): the qkv and gate_up GEMMs read the residual stream
+  // `hidden` itself and the ops after them scale each row by its inverse RMS; `hidden` does not
+  // change between a layer's qkv GEMM and its attention ops, nor between its gate_up GEMM and
+  // SiluMul.
+  const RowRms norm{&hidden, eps};
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     const LlamaLayerWeights& w = weights_.layers[layer];
-    backend_.Linear(gemm_input, w.qkv, qkv);
+    backend_.Linear(hidden, w.qkv, qkv);
     // Decode tokens are rotated and written by RopeDecodeAttention below; nothing in between
     // reads them (the prefill ops touch prefill sequences only).
     if (prefill_tokens > 0) {
@@ -432,27 +417,14 @@ void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& w
         backend_.EvictEntries(step, layer, pool);
       }
     }
-    if (folded_norms_) {
-      RowParallelAdd(attn_out, w.o, hidden);
-      backend_.Linear(hidden, w.gate_up, gate_up);
-      backend_.SiluMul(gate_up, act, norm);
-      RowParallelAdd(act, w.down, hidden);
-      continue;
-    }
-    // Unfolded: the projections' partial products are summed over ranks before the add + norm.
-    backend_.Linear(attn_out, w.o, proj);
-    if (communicator_ != nullptr) communicator_->AllReduceSum(proj);
-    backend_.AddRmsNorm(hidden, proj, w.mlp_norm, eps, normed);
-    backend_.Linear(normed, w.gate_up, gate_up);
-    backend_.SiluMul(gate_up, act, RowRms{});
-    backend_.Linear(act, w.down, proj);
-    if (communicator_ != nullptr) communicator_->AllReduceSum(proj);
-    const Tensor& next_norm =
-        layer + 1 < config_.num_layers ? weights_.layers[layer + 1].attn_norm : weights_.final_norm;
-    backend_.AddRmsNorm(hidden, proj, next_norm, eps, normed);
+    RowParallelAdd(attn_out, w.o, hidden);
+    backend_.Linear(hidden, w.gate_up, gate_up);
+    backend_.SiluMul(gate_up, act, norm);
+    RowParallelAdd(act, w.down, hidden);
   }
   if (!logits.defined()) return;
-  if (folded_norms_) backend_.RmsNorm(hidden, weights_.final_norm, eps, normed);
+  Tensor normed = ws.normed.Rows(0, tokens);
+  backend_.RmsNorm(hidden, weights_.final_norm, eps, normed);
   Tensor last = ws.last.Rows(0, step.num_sample_rows);
   backend_.GatherRows(normed, step.sample_rows, last);
   backend_.Linear(last, weights_.lm_head, logits);

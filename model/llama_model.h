@@ -2,12 +2,11 @@
 // Backend. Weights are uploaded once at load, with q/k/v fused into one [(H + 2G) hd, D] matrix
 // and gate/up into one [2F, D] matrix so each block runs two input GEMMs instead of five.
 //
-// Folded norms (README.md "Folded norms"; on unless SIEVE_FOLD_NORMS=0 when the model is loaded
-// or made): each layer's RMSNorm weights are multiplied into the columns of the GEMM after them
-// (qkv, gate_up) at load, the GEMMs read the raw residual stream, and the ops after them
-// (RoPE + cache write, decode attention, SiLU-and-multiply) scale each row by its inverse RMS
-// (RowRms); the residual adds happen inside the o and down GEMMs (LinearAdd). A layer runs no
-// RMSNorm kernel: 6 ops per layer in a decode step instead of 8.
+// Folded norms (README.md "Folded norms"): each layer's RMSNorm weights are multiplied into the
+// columns of the GEMM after them (qkv, gate_up) at load, the GEMMs read the raw residual stream,
+// and the ops after them (RoPE + cache write, decode attention, SiLU-and-multiply) scale each row
+// by its inverse RMS (RowRms); the residual adds happen inside the o and down GEMMs (LinearAdd).
+// A layer runs no RMSNorm kernel (6 ops in a decode step); the final norm is the only one.
 //
 // One Forward() call runs one scheduler step: a mix of prefill chunks and decode tokens
 // described by StepMeta. Inside each layer's prefill attention the layer's KV-sparsity jobs run
@@ -40,10 +39,10 @@ namespace sieve {
 // H_q = num_q_heads, H_o = num_out_heads, G_r = num_kv_heads, F_r = ffn_size).
 struct LlamaLayerWeights {
   Tensor attn_norm;  // [D]
-  Tensor qkv;        // [(H_q + 2 G_r) hd][D]; with folded norms its columns carry attn_norm
+  Tensor qkv;        // [(H_q + 2 G_r) hd][D], columns scaled by attn_norm
   Tensor o;          // [D][H_o hd]
   Tensor mlp_norm;   // [D]
-  Tensor gate_up;    // [2 F_r][D]: gate rows, then up rows; with folded norms carries mlp_norm
+  Tensor gate_up;    // [2 F_r][D]: gate rows, then up rows; columns scaled by mlp_norm
   Tensor down;       // [D][F_r]
 };
 
@@ -63,10 +62,9 @@ struct ForwardWorkspace {
   int64_t max_kept = 0;
   // Widths of one rank, as in LlamaLayerWeights.
   Tensor hidden;     // [max_tokens][D] residual stream
-  Tensor normed;     // [max_tokens][D] (folded norms: only the final norm's output)
+  Tensor normed;     // [max_tokens][D] the final norm's output
   Tensor qkv;        // [max_tokens][(H_q + 2 G_r) hd]
   Tensor attn;       // [max_tokens][H_q hd]
-  Tensor proj;       // [max_tokens][D] (unused with folded norms)
   Tensor gate_up;    // [max_tokens][2 F_r]
   Tensor act;        // [max_tokens][F_r]
   Tensor lse;        // [max_tokens][H_q] f32
@@ -105,8 +103,6 @@ class LlamaModel {
   int max_positions() const { return max_positions_; }
   const LlamaWeights& weights() const { return weights_; }
   const Tensor& rope_table() const { return rope_table_; }
-  // Whether the RMSNorms are folded into the GEMMs after them (see the top of this file).
-  bool folded_norms() const { return folded_norms_; }
   // This rank's slice; {0, 1} and the whole model's heads when unsharded.
   const TensorParallelShard& shard() const { return shard_; }
   const ShardLayout& layout() const { return layout_; }
@@ -136,13 +132,12 @@ class LlamaModel {
   // file); unsharded, exactly LinearAdd.
   void RowParallelAdd(const Tensor& x, const Tensor& w, Tensor& residual) const;
   void UploadRopeTable();
-  // With folded_norms_: qkv *= diag(attn_norm), gate_up *= diag(mlp_norm) for every layer.
+  // qkv *= diag(attn_norm), gate_up *= diag(mlp_norm) for every layer (see the top of this file).
   void FoldNorms();
 
   ModelConfig config_;
   Backend& backend_;
   int max_positions_;
-  bool folded_norms_;  // SIEVE_FOLD_NORMS != "0" when constructed
   TensorParallelShard shard_;
   ShardLayout layout_;
   Communicator* communicator_;  // null when unsharded

@@ -592,11 +592,10 @@ TEST(TensorParallelTest, GqaWithTwoKvHeadsOnTwoAndFourRanksMatchesOneRank) {
   CheckEveryPolicy(config, RandomFactory(config, testing::MakeRng()()), {2, 4}, "GQA 8/2");
 }
 
-// One query head per rank, and tied embeddings, with the norms not folded.
-TEST(TensorParallelTest, UnfoldedNormsAndTiedEmbeddingsOnFourRanks) {
-  const testing::ScopedEnvironment fold_norms("SIEVE_FOLD_NORMS", "0");
+// One query head per rank (each KV head replicated on 2 ranks), and tied embeddings.
+TEST(TensorParallelTest, OneQueryHeadPerRankAndTiedEmbeddingsOnFourRanks) {
   const ModelConfig config = TinyConfig(4, 2, /*tied=*/true);
-  CheckEveryPolicy(config, RandomFactory(config, testing::MakeRng()()), {4}, "GQA 4/2 unfolded");
+  CheckEveryPolicy(config, RandomFactory(config, testing::MakeRng()()), {4}, "GQA 4/2 tied");
 }
 
 // The fixture checkpoints loaded sharded (rows of q/k/v/gate/up and columns of o/down read from

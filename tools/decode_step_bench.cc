@@ -72,7 +72,6 @@ std::vector<DecodeStepPart> TimeParts(Backend& backend, const LlamaModel& model,
   Tensor normed = workspace.normed.Rows(0, batch);
   Tensor qkv = workspace.qkv.Rows(0, batch);
   Tensor attn = workspace.attn.Rows(0, batch);
-  Tensor proj = workspace.proj.Rows(0, batch);
   Tensor gate_up = workspace.gate_up.Rows(0, batch);
   Tensor act = workspace.act.Rows(0, batch);
   Tensor last = workspace.last.Rows(0, batch);
@@ -92,58 +91,28 @@ std::vector<DecodeStepPart> TimeParts(Backend& backend, const LlamaModel& model,
     backend.GatherRows(normed, step.sample_rows, last);
     backend.Linear(last, weights.lm_head, logits);
   };
-  // The folded step (model/README.md "Folded norms"): the GEMMs read the residual stream, the
-  // ops after them scale rows by its inverse RMS, the o and down GEMMs add into it. (The parts'
-  // ops capture `norm` by reference: it lives as long as they run.)
+  // The step's ops (model/README.md "Folded norms"): the GEMMs read the residual stream, the ops
+  // after them scale rows by its inverse RMS, the o and down GEMMs add into it. (The parts' ops
+  // capture `norm` by reference: it lives as long as they run.)
   const RowRms norm{&hidden, eps};
-  std::vector<Part> parts;
-  if (model.folded_norms()) {
-    parts = {
-        {"qkv GEMM", bytes_of(weights.layers[0].qkv),
-         [&](int l) { backend.Linear(hidden, weights.layers[l].qkv, qkv); }, layers},
-        {"RoPE + decode attention",
-         kv_bytes + static_cast<double>(qkv.numel()) * elem + activations,
-         [&](int l) {
-           backend.RopeDecodeAttention(qkv, model.rope_table(), heads, step, l, pool, attn, norm);
-         },
-         layers},
-        {"o GEMM (+ residual)", bytes_of(weights.layers[0].o) + 2 * activations,
-         [&](int l) { backend.LinearAdd(attn, weights.layers[l].o, hidden); }, layers},
-        {"gate_up GEMM", bytes_of(weights.layers[0].gate_up),
-         [&](int l) { backend.Linear(hidden, weights.layers[l].gate_up, gate_up); }, layers},
-        {"SiLU x mul (+ row RMS)", 1.5 * static_cast<double>(gate_up.numel()) * elem + activations,
-         [&](int) { backend.SiluMul(gate_up, act, norm); }, layers},
-        {"down GEMM (+ residual)", bytes_of(weights.layers[0].down) + 2 * activations,
-         [&](int l) { backend.LinearAdd(act, weights.layers[l].down, hidden); }, layers},
-        {"gather + lm_head", bytes_of(weights.lm_head), gather_lm_head, 1},
-    };
-  } else {
-    parts = {
-        {"qkv GEMM", bytes_of(weights.layers[0].qkv),
-         [&](int l) { backend.Linear(normed, weights.layers[l].qkv, qkv); }, layers},
-        {"RoPE + decode attention", kv_bytes + static_cast<double>(qkv.numel()) * elem,
-         [&](int l) {
-           backend.RopeDecodeAttention(qkv, model.rope_table(), heads, step, l, pool, attn,
-                                       RowRms{});
-         },
-         layers},
-        {"o GEMM", bytes_of(weights.layers[0].o),
-         [&](int l) { backend.Linear(attn, weights.layers[l].o, proj); }, layers},
-        {"add + RMSNorm (2 per layer)", 2 * 4 * activations,
-         [&](int l) {
-           backend.AddRmsNorm(hidden, proj, weights.layers[l].mlp_norm, eps, normed);
-           backend.AddRmsNorm(hidden, proj, weights.layers[l].attn_norm, eps, normed);
-         },
-         layers},
-        {"gate_up GEMM", bytes_of(weights.layers[0].gate_up),
-         [&](int l) { backend.Linear(normed, weights.layers[l].gate_up, gate_up); }, layers},
-        {"SiLU x mul", 1.5 * static_cast<double>(gate_up.numel()) * elem,
-         [&](int) { backend.SiluMul(gate_up, act, RowRms{}); }, layers},
-        {"down GEMM", bytes_of(weights.layers[0].down),
-         [&](int l) { backend.Linear(act, weights.layers[l].down, proj); }, layers},
-        {"gather + lm_head", bytes_of(weights.lm_head), gather_lm_head, 1},
-    };
-  }
+  const std::vector<Part> parts = {
+      {"qkv GEMM", bytes_of(weights.layers[0].qkv),
+       [&](int l) { backend.Linear(hidden, weights.layers[l].qkv, qkv); }, layers},
+      {"RoPE + decode attention", kv_bytes + static_cast<double>(qkv.numel()) * elem + activations,
+       [&](int l) {
+         backend.RopeDecodeAttention(qkv, model.rope_table(), heads, step, l, pool, attn, norm);
+       },
+       layers},
+      {"o GEMM (+ residual)", bytes_of(weights.layers[0].o) + 2 * activations,
+       [&](int l) { backend.LinearAdd(attn, weights.layers[l].o, hidden); }, layers},
+      {"gate_up GEMM", bytes_of(weights.layers[0].gate_up),
+       [&](int l) { backend.Linear(hidden, weights.layers[l].gate_up, gate_up); }, layers},
+      {"SiLU x mul (+ row RMS)", 1.5 * static_cast<double>(gate_up.numel()) * elem + activations,
+       [&](int) { backend.SiluMul(gate_up, act, norm); }, layers},
+      {"down GEMM (+ residual)", bytes_of(weights.layers[0].down) + 2 * activations,
+       [&](int l) { backend.LinearAdd(act, weights.layers[l].down, hidden); }, layers},
+      {"gather + lm_head", bytes_of(weights.lm_head), gather_lm_head, 1},
+  };
   std::vector<DecodeStepPart> results;
   for (const Part& part : parts) {
     for (int l = 0; l < part.repeats; ++l) part.op(l);  // eager first: plans GEMMs

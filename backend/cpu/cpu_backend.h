@@ -28,8 +28,6 @@ class CpuBackend final : public Backend {
 
   void Embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
   void RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
-  void AddRmsNorm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
-                  Tensor& out) override;
   void Linear(const Tensor& x, const Tensor& w, Tensor& out) override;
   void LinearAdd(const Tensor& x, const Tensor& w, Tensor& out) override;
   void ScaleColumns(Tensor& w, const Tensor& scale) override;

@@ -63,22 +63,6 @@ void CpuBackend::RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tenso
   });
 }
 
-void CpuBackend::AddRmsNorm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
-                            Tensor& out) {
-  CheckF32Rows(residual, "residual");
-  CheckF32Rows(x, "add_rms_norm input");
-  const int64_t width = x.dim(1);
-  pool_.ParallelFor(x.dim(0), 4, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      float* res = residual.data_as<float>() + row * residual.stride(0);
-      const float* in = x.data_as<float>() + row * x.stride(0);
-      for (int64_t index = 0; index < width; ++index) res[index] += in[index];
-      RmsNormRow(res, weight.data_as<float>(), eps, width,
-                 out.data_as<float>() + row * out.stride(0));
-    }
-  });
-}
-
 void CpuBackend::Linear(const Tensor& x, const Tensor& w, Tensor& out) {
   Gemm(x, w, out, /*accumulate=*/false);
 }

@@ -145,12 +145,6 @@ class CudaBackend final : public Backend {
     cuda::RmsNorm(Bf16(x), x.stride(0), Bf16(weight), eps, static_cast<int>(x.dim(0)),
                   static_cast<int>(x.dim(1)), Bf16(out), out.stride(0), stream_);
   }
-  void AddRmsNorm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
-                  Tensor& out) override {
-    cuda::AddRmsNorm(Bf16(residual), residual.stride(0), Bf16(x), x.stride(0), Bf16(weight), eps,
-                     static_cast<int>(x.dim(0)), static_cast<int>(x.dim(1)), Bf16(out),
-                     out.stride(0), stream_);
-  }
   void Linear(const Tensor& x, const Tensor& w, Tensor& out) override {
     RunLinear(x, w, out, /*accumulate=*/false);
   }

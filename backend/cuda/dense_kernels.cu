@@ -65,9 +65,8 @@ __global__ void CopyRowsKernel(const bf16* __restrict__ src, int64_t src_stride,
   }
 }
 
-// One block per row. `residual` null: plain RmsNorm of x.
-__global__ void RmsNormKernel(bf16* __restrict__ residual, int64_t residual_stride,
-                              const bf16* __restrict__ x, int64_t x_stride,
+// One block per row.
+__global__ void RmsNormKernel(const bf16* __restrict__ x, int64_t x_stride,
                               const bf16* __restrict__ weight, float eps, int width,
                               bf16* __restrict__ out, int64_t out_stride) {
   extern __shared__ float row_values[];  // [width] fp32: the row read once
@@ -75,16 +74,9 @@ __global__ void RmsNormKernel(bf16* __restrict__ residual, int64_t residual_stri
   PdlLaunchDependents();
   const int row = blockIdx.x;
   const bf16* in = x + static_cast<int64_t>(row) * x_stride;
-  bf16* res = residual ? residual + static_cast<int64_t>(row) * residual_stride : nullptr;
   float sum_squares = 0.0f;
   for (int index = threadIdx.x; index < width; index += blockDim.x) {
-    float value = __bfloat162float(in[index]);
-    if (res) {
-      value += __bfloat162float(res[index]);
-      const bf16 rounded = __float2bfloat16(value);
-      res[index] = rounded;
-      value = __bfloat162float(rounded);  // normalise what the residual stream now holds
-    }
+    const float value = __bfloat162float(in[index]);
     row_values[index] = value;
     sum_squares += value * value;
   }
@@ -100,8 +92,7 @@ __global__ void RmsNormKernel(bf16* __restrict__ residual, int64_t residual_stri
 // arithmetic as RmsNormKernel, so both give identical results.
 template <int kVectors>
 __global__ void __launch_bounds__(kThreads)
-    RmsNormVectorKernel(bf16* __restrict__ residual, int64_t residual_stride,
-                        const bf16* __restrict__ x, int64_t x_stride,
+    RmsNormVectorKernel(const bf16* __restrict__ x, int64_t x_stride,
                         const bf16* __restrict__ weight, float eps, int width,
                         bf16* __restrict__ out, int64_t out_stride) {
   const int row = blockIdx.x;
@@ -117,9 +108,6 @@ __global__ void __launch_bounds__(kThreads)
   PdlWait();
   PdlLaunchDependents();
   const auto* in = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(row) * x_stride);
-  auto* res = residual
-                  ? reinterpret_cast<uint4*>(residual + static_cast<int64_t>(row) * residual_stride)
-                  : nullptr;
   float values[kVectors][8];
   float sum_squares = 0.0f;
 #pragma unroll
@@ -127,15 +115,6 @@ __global__ void __launch_bounds__(kThreads)
     const int index = static_cast<int>(threadIdx.x) + v * kThreads;
     if (index >= vectors) continue;
     Unpack8(in[index], values[v]);
-    if (res) {
-      float added[8];
-      Unpack8(res[index], added);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) added[i] += values[v][i];
-      const uint4 rounded = Pack8(added);
-      res[index] = rounded;
-      Unpack8(rounded, values[v]);  // normalise what the residual stream now holds
-    }
 #pragma unroll
     for (int i = 0; i < 8; ++i) sum_squares += values[v][i] * values[v][i];
   }
@@ -284,38 +263,24 @@ void LaunchCopyRows(const bf16* src, int64_t src_stride, const int32_t* rows, in
                 src, src_stride, rows, width, dst, dst_stride);
 }
 
-void LaunchRmsNorm(bf16* residual, int64_t residual_stride, const bf16* x, int64_t x_stride,
-                   const bf16* weight, float eps, int rows, int width, bf16* out,
-                   int64_t out_stride, cudaStream_t stream) {
+}  // namespace
+
+void RmsNorm(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int rows, int width,
+             bf16* out, int64_t out_stride, cudaStream_t stream) {
   if (rows == 0) return;
-  const bool vector = width % 8 == 0 && x_stride % 8 == 0 && out_stride % 8 == 0 &&
-                      (residual == nullptr || (residual_stride % 8 == 0 && Aligned16(residual))) &&
-                      Aligned16(x) && Aligned16(weight) && Aligned16(out);
+  const bool vector = width % 8 == 0 && x_stride % 8 == 0 && out_stride % 8 == 0 && Aligned16(x) &&
+                      Aligned16(weight) && Aligned16(out);
   const int vectors_per_thread = (width / 8 + kThreads - 1) / kThreads;
   if (vector && vectors_per_thread <= 4) {
     const auto kernel = vectors_per_thread <= 1   ? RmsNormVectorKernel<1>
                         : vectors_per_thread <= 2 ? RmsNormVectorKernel<2>
                                                   : RmsNormVectorKernel<4>;
-    LaunchWithPdl(kernel, rows, kThreads, 0, stream, residual, residual_stride, x, x_stride, weight,
-                  eps, width, out, out_stride);
+    LaunchWithPdl(kernel, rows, kThreads, 0, stream, x, x_stride, weight, eps, width, out,
+                  out_stride);
   } else {
-    LaunchWithPdl(RmsNormKernel, rows, kThreads, width * sizeof(float), stream, residual,
-                  residual_stride, x, x_stride, weight, eps, width, out, out_stride);
+    LaunchWithPdl(RmsNormKernel, rows, kThreads, width * sizeof(float), stream, x, x_stride, weight,
+                  eps, width, out, out_stride);
   }
-}
-
-}  // namespace
-
-void RmsNorm(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int rows, int width,
-             bf16* out, int64_t out_stride, cudaStream_t stream) {
-  LaunchRmsNorm(nullptr, 0, x, x_stride, weight, eps, rows, width, out, out_stride, stream);
-}
-
-void AddRmsNorm(bf16* residual, int64_t residual_stride, const bf16* x, int64_t x_stride,
-                const bf16* weight, float eps, int rows, int width, bf16* out, int64_t out_stride,
-                cudaStream_t stream) {
-  LaunchRmsNorm(residual, residual_stride, x, x_stride, weight, eps, rows, width, out, out_stride,
-                stream);
 }
 
 void SiluMul(const bf16* gate_up, int64_t in_stride, int rows, int width, bf16* out,

@@ -59,10 +59,6 @@ void Embedding(const bf16* table, int64_t table_stride, const int32_t* ids, int 
                bf16* out, int64_t out_stride, cudaStream_t stream);
 void RmsNorm(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int rows, int width,
              bf16* out, int64_t out_stride, cudaStream_t stream);
-// residual += x; out = RmsNorm(residual).
-void AddRmsNorm(bf16* residual, int64_t residual_stride, const bf16* x, int64_t x_stride,
-                const bf16* weight, float eps, int rows, int width, bf16* out, int64_t out_stride,
-                cudaStream_t stream);
 // out = silu(s gate) * (s up), s of each row from `norm` (1 without rows).
 void SiluMul(const bf16* gate_up, int64_t in_stride, int rows, int width, bf16* out,
              int64_t out_stride, const RowRmsView& norm, cudaStream_t stream);
