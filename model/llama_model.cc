@@ -112,17 +112,19 @@ LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, int max_posi
       max_positions_(max_positions),
       shard_(shard),
       layout_(layout),
-      communicator_(shard.size > 1 ? communicator : nullptr) {}
+      communicator_(communicator) {}
 
 Result<ShardLayout> LlamaModel::CheckShard(const ModelConfig& config,
                                            const TensorParallelShard& shard,
                                            const Communicator* communicator) {
   SIEVE_ASSIGN_OR_RETURN(ShardLayout layout, MakeShardLayout(config, shard));
-  if (shard.size > 1) {
-    if (communicator == nullptr) {
-      return InvalidArgumentError("a model split over " + std::to_string(shard.size) +
-                                  " ranks needs a communicator");
-    }
+  if (shard.size > 1 && communicator == nullptr) {
+    return InvalidArgumentError("a model split over " + std::to_string(shard.size) +
+                                " ranks needs a communicator");
+  }
+  // One rank may have one too: its all-reduces are then copies, which tests the path (and a
+  // CUDA graph holding NCCL calls) on one GPU.
+  if (communicator != nullptr) {
     if (communicator->size() != shard.size || communicator->rank() != shard.rank) {
       return InvalidArgumentError("rank " + std::to_string(shard.rank) + " of " +
                                   std::to_string(shard.size) + " given the communicator of rank " +

@@ -140,7 +140,7 @@ class LlamaModel {
   int max_positions_;
   TensorParallelShard shard_;
   ShardLayout layout_;
-  Communicator* communicator_;  // null when unsharded
+  Communicator* communicator_;  // null when unsharded (one rank may have one: tests the path)
   LlamaWeights weights_;
   Tensor rope_table_;  // [max_positions][hd / 2][2] f32
 };

@@ -69,4 +69,59 @@ Result<ShardLayout> MakeShardLayout(const ModelConfig& config, const TensorParal
   return layout;
 }
 
+Result<DecodeStepTraffic> ComputeDecodeStepTraffic(const ModelConfig& config, int size, int batch,
+                                                   int64_t entries, DType dtype,
+                                                   LmHeadSplit lm_head) {
+  if (batch < 1 || entries < 1) {
+    return InvalidArgumentError("a decode step needs a batch and entries of at least 1");
+  }
+  SIEVE_ASSIGN_OR_RETURN(ShardLayout layout, MakeShardLayout(config, {0, size}));
+  const double elem = static_cast<double>(DTypeSize(dtype));
+  const double d = config.hidden_size;
+  const double hd = config.head_dim;
+  // The rows this rank computes: q for its q heads, k and v for its KV heads; o reads its output
+  // heads' columns; the MLP its units.
+  const double qkv = (layout.num_q_heads + 2.0 * layout.num_kv_heads) * hd * d;
+  const double o = d * layout.num_out_heads * hd;
+  const double mlp = 3.0 * static_cast<double>(layout.ffn_size) * d;
+  const double norms = 2.0 * d;
+  const double vocab = static_cast<double>(config.vocab_size);
+  DecodeStepTraffic traffic;
+  traffic.size = size;
+  traffic.lm_head_bytes =
+      (lm_head == LmHeadSplit::kVocabParallel ? vocab / size : vocab) * d * elem;
+  traffic.weight_bytes = config.num_layers * (qkv + o + mlp + norms) * elem + d * elem +
+                         static_cast<double>(batch) * d * elem + traffic.lm_head_bytes;
+  traffic.held_bytes = traffic.weight_bytes - static_cast<double>(batch) * d * elem +
+                       (config.tie_word_embeddings ? 0.0 : vocab * d * elem);
+  traffic.kv_bytes = static_cast<double>(batch) * config.num_layers * static_cast<double>(entries) *
+                     layout.num_kv_heads * hd * 2 * elem;
+  if (size > 1) {
+    traffic.all_reduces = 2 * config.num_layers;
+    traffic.all_reduce_bytes = static_cast<double>(batch) * d * elem;
+    if (lm_head == LmHeadSplit::kVocabParallel) {
+      traffic.logits_gather_bytes = static_cast<double>(batch) * vocab * sizeof(float);
+    }
+  }
+  return traffic;
+}
+
+DecodeStepBound ComputeDecodeStepBound(const DecodeStepTraffic& traffic,
+                                       const DecodeStepRates& rates) {
+  DecodeStepBound bound;
+  bound.memory_s = (traffic.weight_bytes + traffic.kv_bytes) / rates.copy_bytes_per_s;
+  const double n = traffic.size;
+  if (traffic.size > 1) {
+    const double all_reduce = rates.collective_latency_s +
+                              2 * (n - 1) / n * traffic.all_reduce_bytes / rates.bus_bytes_per_s;
+    bound.collective_s = traffic.all_reduces * all_reduce;
+    if (traffic.logits_gather_bytes > 0) {
+      bound.collective_s += rates.collective_latency_s +
+                            (n - 1) / n * traffic.logits_gather_bytes / rates.bus_bytes_per_s;
+    }
+  }
+  bound.step_s = bound.memory_s + bound.collective_s;
+  return bound;
+}
+
 }  // namespace sieve

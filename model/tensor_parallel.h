@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "core/status.h"
+#include "core/tensor.h"
 #include "model/model_config.h"
 
 namespace sieve {
@@ -51,5 +52,47 @@ Status CheckTensorParallel(const ModelConfig& config, int size);
 
 // The layout of `shard`; InvalidArgument as CheckTensorParallel, or for a rank outside [0, size).
 Result<ShardLayout> MakeShardLayout(const ModelConfig& config, const TensorParallelShard& shard);
+
+// Where the LM head lives: whole on every rank (what the model does), or split by vocabulary rows
+// (each rank 1/N of it, then an all-gather of the logits).
+enum class LmHeadSplit { kReplicated, kVocabParallel };
+
+// What one decode step moves on one rank of `size` (every rank holds an equal share): `batch`
+// sequences, each layer holding `entries` KV entries per sequence (after the step's own token is
+// appended), values of `dtype`.
+struct DecodeStepTraffic {
+  int size = 1;
+  double held_bytes = 0;        // the rank's weights in memory (the whole embedding table too)
+  double weight_bytes = 0;      // the rank's weights, read once (embedding: the batch's rows only)
+  double lm_head_bytes = 0;     //   of which the LM head's
+  double kv_bytes = 0;          // the rank's KV heads' entries, read once
+  int all_reduces = 0;          // 2 a layer (after o and down) with size > 1
+  double all_reduce_bytes = 0;  // one all-reduce's payload: the batch's residual rows
+  double logits_gather_bytes = 0;  // kVocabParallel: the f32 logits every rank gathers
+};
+
+// InvalidArgument as CheckTensorParallel, or for a batch or entries below 1.
+Result<DecodeStepTraffic> ComputeDecodeStepTraffic(const ModelConfig& config, int size, int batch,
+                                                   int64_t entries, DType dtype,
+                                                   LmHeadSplit lm_head = LmHeadSplit::kReplicated);
+
+// The rates a decode step's bound is computed at.
+struct DecodeStepRates {
+  double copy_bytes_per_s = 0;      // device memory: a copy's read + write bytes per second
+  double bus_bytes_per_s = 0;       // the collectives' bus bandwidth (nccl-tests' busbw)
+  double collective_latency_s = 0;  // the fixed time of one small collective
+};
+
+struct DecodeStepBound {
+  double memory_s = 0;      // the rank's weight + KV bytes at the copy rate
+  double collective_s = 0;  // its all-reduces (and logits gather)
+  double step_s = 0;        // their sum: a decode step's collectives wait on the GEMM before them
+                            // and the next GEMM on them, so neither hides the other
+};
+
+// Ring all-reduce: 2 (N - 1) / N of the payload crosses each rank's links; all-gather (N - 1) / N
+// of the gathered whole (nccl-tests' busbw definitions).
+DecodeStepBound ComputeDecodeStepBound(const DecodeStepTraffic& traffic,
+                                       const DecodeStepRates& rates);
 
 }  // namespace sieve

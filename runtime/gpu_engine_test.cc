@@ -7,6 +7,7 @@
 #include <map>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/nccl_communicator.h"
 #include "core/testing.h"
 #include "runtime/engine.h"
 #include "runtime/model_loader.h"
@@ -243,6 +244,84 @@ TEST_F(GpuEngineTest, WarmUpCapturesEveryGraphServingNeeds) {
   const auto [cold_tokens, cold_graphs] = run(false, nullptr, nullptr);
   EXPECT_GT(cold_graphs, 0);
   EXPECT_EQ(warm_tokens, cold_tokens);
+}
+
+// Tensor parallelism on one GPU: a model of one rank whose all-reduces go through a one-rank NCCL
+// communicator, captured in the decode graphs, gives the plain path's tokens and log-probabilities
+// bit for bit (a one-rank all-reduce is a copy; same backend: same GEMM plans), dense and sparse,
+// over decode batches that shrink as requests finish (each bucket's graph replayed many times;
+// H2O's evicting steps run eagerly).
+TEST_F(GpuEngineTest, OneRankThroughNcclEqualsThePlainPath) {
+  if (!NcclAvailable()) GTEST_SKIP() << "built without NCCL";
+  ModelConfig config = TinyRandomModelConfig();
+  config.head_dim = 64;  // the CUDA kernels' (Backend::CheckHeadDim)
+  config.hidden_size = config.num_heads * config.head_dim;
+  auto rng = testing::MakeRng();
+  const uint64_t seed = rng();
+  std::vector<std::vector<int32_t>> prompts;
+  for (int index = 0; index < 9; ++index) {
+    std::vector<int32_t> prompt(30 + rng() % 400);
+    for (int32_t& token : prompt) token = static_cast<int32_t>(rng() % config.vocab_size);
+    prompts.push_back(prompt);
+  }
+  auto communicators = MakeNcclCommunicators({gpu_.get()});
+  ASSERT_TRUE(communicators.ok()) << communicators.status().ToString();
+  Communicator& nccl = *communicators->front();
+  for (const std::string policy : {"full", "full:0,snapkv:1-3", "h2o"}) {
+    SCOPED_TRACE(policy);
+    const auto run = [&](bool through_nccl) {
+      EngineOptions options;
+      options.kv_memory_bytes = 256 << 20;
+      options.max_model_len = 1024;
+      options.max_num_batched_tokens = 512;
+      options.kv_policy = policy;
+      options.kv_policy_options.budget = 64;
+      options.kv_policy_options.window = 8;
+      options.kv_policy_options.heavy = 32;
+      options.kv_policy_options.recent = 32;
+      std::unique_ptr<LlamaModel> model;
+      if (through_nccl) {
+        auto shard = LlamaModel::RandomShard(config, *gpu_, seed, 1024, {0, 1}, &nccl, 0.08f);
+        SIEVE_CHECK(shard.ok()) << shard.status().ToString();
+        model = std::move(shard).value();
+      } else {
+        model = LlamaModel::Random(config, *gpu_, seed, 1024, 0.08f);
+      }
+      auto engine = Engine::Create(std::move(model), nullptr, {}, options);
+      SIEVE_CHECK(engine.ok()) << engine.status().ToString();
+      std::vector<RequestId> ids;
+      for (size_t index = 0; index < prompts.size(); ++index) {
+        SamplingParams params;
+        params.temperature = 0;
+        params.max_tokens = 5 + static_cast<int>(index) * 4;
+        params.ignore_eos = true;
+        params.logprobs = 1;
+        ids.push_back(*(*engine)->Add({prompts[index], params, ""}));
+      }
+      std::map<RequestId, std::pair<std::vector<int32_t>, std::vector<float>>> out;
+      while ((*engine)->HasWork()) {
+        for (const RequestOutput& output : (*engine)->Step()) {
+          auto& [tokens, logprobs] = out[output.id];
+          tokens.insert(tokens.end(), output.new_tokens.begin(), output.new_tokens.end());
+          for (const auto& logprob : output.new_logprobs) logprobs.push_back(logprob.logprob);
+        }
+      }
+      // H2O evicts at every decode step here (prompts past heavy + recent): such steps run
+      // eagerly, with the all-reduces; the other policies' run as graphs.
+      if (policy != "h2o") EXPECT_GT((*engine)->Stats().num_decode_graphs, 2);
+      std::vector<std::pair<std::vector<int32_t>, std::vector<float>>> ordered;
+      for (const RequestId id : ids) ordered.push_back(out[id]);
+      return ordered;
+    };
+    const auto plain = run(false);
+    const auto sharded = run(true);
+    ASSERT_EQ(plain.size(), sharded.size());
+    for (size_t index = 0; index < plain.size(); ++index) {
+      EXPECT_EQ(plain[index].first, sharded[index].first) << "request " << index;
+      EXPECT_EQ(plain[index].second, sharded[index].second) << "request " << index;
+      EXPECT_EQ(plain[index].first.size(), static_cast<size_t>(5 + index * 4));
+    }
+  }
 }
 
 // A model whose head dim the CUDA kernels lack is refused when it loads, with an error naming

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,9 +15,11 @@
 
 #include "core/fixtures.h"
 #include "model/model_config.h"
+#include "model/tensor_parallel.h"
 #include "tools/commands.h"
 #include "tools/decode_step_bench.h"
 #include "tools/prefill_step_bench.h"
+#include "tools/tensor_parallel_bench.h"
 
 #ifdef SIEVE_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -25,6 +28,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/decode_attention.h"
 #include "backend/cuda/gemm_bench.h"
+#include "backend/cuda/nccl_communicator.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/sparsity_bench.h"
 #endif
@@ -68,9 +72,57 @@ struct KernelsFlags {
   int prefill_len = 4000;
   double prefill_attention_tflops = 0;
   bool profile_prefill = false;
+  int tensor_parallel_size = 0;
+  std::string tensor_parallel_plan = "configs/llama-3-70b";
+  std::vector<int> tensor_parallel_plan_sizes = {1, 2, 4, 8};
+  double allreduce_bus_gbs = 370;
+  double allreduce_latency_us = 8;
 };
 
 #ifdef SIEVE_HAVE_CUDA
+// A config.json directory as given, or relative to the source tree.
+Result<ModelConfig> LoadConfigHereOrInSource(const std::string& dir) {
+  auto config = LoadModelConfig(dir);
+  if (!config.ok()) config = LoadModelConfig(ProjectSourceDir() + "/" + dir);
+  return config;
+}
+
+// --tensor-parallel-size N's ranks: CUDA backends on cuda:0 .. N-1 and their NCCL communicators.
+class Ranks {
+ public:
+  std::vector<Backend*> backends() const {
+    std::vector<Backend*> out;
+    for (const auto& backend : backends_) out.push_back(backend.get());
+    return out;
+  }
+  std::vector<Communicator*> communicators() const {
+    std::vector<Communicator*> out;
+    for (const auto& communicator : communicators_) out.push_back(communicator.get());
+    return out;
+  }
+
+ private:
+  friend Result<Ranks> MakeRanks(int size);
+  std::vector<std::unique_ptr<Backend>> backends_;
+  std::vector<std::unique_ptr<Communicator>> communicators_;  // destroyed before the backends
+};
+
+Result<Ranks> MakeRanks(int size) {
+  if (size > CudaDeviceCount()) {
+    return InvalidArgumentError("--tensor-parallel-size " + std::to_string(size) + " needs " +
+                                std::to_string(size) + " GPUs; " +
+                                std::to_string(CudaDeviceCount()) + " found");
+  }
+  if (!NcclAvailable()) return UnavailableError("this sieve was built without NCCL");
+  Ranks ranks;
+  for (int rank = 0; rank < size; ++rank) {
+    SIEVE_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeCudaBackend(rank));
+    ranks.backends_.push_back(std::move(backend));
+  }
+  SIEVE_ASSIGN_OR_RETURN(ranks.communicators_, MakeNcclCommunicators(ranks.backends()));
+  return ranks;
+}
+
 // Device-to-device copy of 2 GiB, counting bytes read + written; median of 10 (bytes/s).
 double MeasureCopyBandwidth() {
   const size_t bytes = size_t{2} << 30;
@@ -150,11 +202,59 @@ int Run(const KernelsFlags& flags) {
     cuda::RunSparsityBenchmarks(options);
   }
   std::string dir = flags.model_config;
-  auto config = LoadModelConfig(dir);
-  if (!config.ok()) config = LoadModelConfig(ProjectSourceDir() + "/" + dir);
+  auto config = LoadConfigHereOrInSource(dir);
   if (!config.ok()) {
     std::fprintf(stderr, "error: %s\n", config.status().message().c_str());
     return 1;
+  }
+  // --tensor-parallel-size N: the ranks, and whether the decode-step model splits over them.
+  std::optional<Ranks> ranks;
+  if (flags.tensor_parallel_size > 0) {
+    auto made = MakeRanks(flags.tensor_parallel_size);
+    Status split = CheckTensorParallel(*config, flags.tensor_parallel_size);
+    if (!made.ok() || !split.ok()) {
+      std::fprintf(stderr, "error: %s\n", (made.ok() ? split : made.status()).message().c_str());
+      return 1;
+    }
+    ranks = std::move(made).value();
+  }
+  if (!flags.tensor_parallel_plan.empty() && flags.tensor_parallel_plan != "none") {
+    auto plan_config = LoadConfigHereOrInSource(flags.tensor_parallel_plan);
+    if (!plan_config.ok()) {
+      std::fprintf(stderr, "error: %s\n", plan_config.status().message().c_str());
+      return 1;
+    }
+    TensorParallelPlanOptions plan;
+    plan.sizes = flags.tensor_parallel_plan_sizes;
+    plan.batch = flags.batch;
+    plan.context = flags.context;
+    plan.copy_bytes_per_s = copy;
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+      plan.device_memory_bytes = static_cast<double>(total_bytes);
+    }
+    plan.bus_bytes_per_s = flags.allreduce_bus_gbs * 1e9;
+    plan.collective_latency_s = flags.allreduce_latency_us * 1e-6;
+    if (ranks) {
+      // The plan model's all-reduce, timed on the ranks there are.
+      const int64_t elements = static_cast<int64_t>(flags.batch) * plan_config->hidden_size;
+      const int count = 2 * plan_config->num_layers;
+      plan.measured_size = flags.tensor_parallel_size;
+      plan.measured_all_reduce_s =
+          TimeAllReduce(ranks->backends(), ranks->communicators(), elements, count);
+      std::printf(
+          "== all-reduce of %lld bf16 (%.2f MB), %d back to back in a CUDA graph on each of %d "
+          "rank(s) through NCCL: %.2f us each\n",
+          static_cast<long long>(elements), elements * 2 / 1e6, count, flags.tensor_parallel_size,
+          plan.measured_all_reduce_s * 1e6);
+      json["all_reduce"] = {{"tensor_parallel_size", flags.tensor_parallel_size},
+                            {"elements", elements},
+                            {"bytes", elements * 2},
+                            {"count", count},
+                            {"seconds_each", plan.measured_all_reduce_s}};
+    }
+    json["tensor_parallel_plan"] =
+        PrintTensorParallelPlan(*plan_config, flags.tensor_parallel_plan, plan);
   }
   if (!flags.skip_gemm) {
     std::printf("== GEMMs of one %s layer and the lm_head\n", dir.c_str());
@@ -269,7 +369,6 @@ int Run(const KernelsFlags& flags) {
     const Variant variants[] = {
         {"", "", true},
         {", no PDL", "_no_pdl", false},
-        {", every layer max_model_len", "_padded", true, StepLengthBounds::kModelLenEveryLayer},
         {", engine's layer bounds", "_engine_bounds", true, StepLengthBounds::kEngineLayerBounds},
     };
     const bool given_pdl = cuda::PdlSetting().load() != 0;
@@ -349,6 +448,40 @@ int Run(const KernelsFlags& flags) {
     }
     cuda::SetPdlEnabled(given_pdl);
   }
+  if (ranks) {
+    std::printf(
+        "== decode step, %s shape split over %d rank(s) through NCCL, batch %d x %d context "
+        "(CUDA graph per rank, all replayed at once: the slowest rank's device time; bound: one "
+        "rank's weights + KV at the copy rate, all-reduces not counted)\n",
+        dir.c_str(), flags.tensor_parallel_size, flags.batch, flags.context);
+    for (const double kept : {1.0, 0.1}) {
+      DecodeStepBenchOptions options;
+      options.batch = flags.batch;
+      options.context = flags.context;
+      options.kept_fraction = kept;
+      options.copy_bandwidth = copy;
+      const DecodeStepBenchResult r =
+          RunShardedDecodeStepBench(ranks->backends(), ranks->communicators(), *config, options);
+      const std::string label = std::string(kept == 1.0 ? "dense" : "1/10 kept") +
+                                ", TP=" + std::to_string(flags.tensor_parallel_size);
+      std::printf(
+          "%-26s step %7.2f ms (host %6.2f)  bound %7.2f ms (%.1f GB a rank)  %.2fx the "
+          "bound  %8.0f tok/s\n",
+          label.c_str(), r.step_ms, r.step_wall_ms, r.bound_ms, r.bytes / 1e9,
+          r.step_ms / r.bound_ms, r.tokens_per_second);
+      json[kept == 1.0 ? "decode_step_dense_tp" : "decode_step_sparse_tp"] = {
+          {"tensor_parallel_size", flags.tensor_parallel_size},
+          {"step_ms", r.step_ms},
+          {"step_wall_ms", r.step_wall_ms},
+          {"bound_ms", r.bound_ms},
+          {"ratio", r.step_ms / r.bound_ms},
+          {"tokens_per_second", r.tokens_per_second},
+          {"bytes_per_rank", r.bytes},
+          {"batch", flags.batch},
+          {"context", flags.context},
+          {"kept_fraction", kept}};
+    }
+  }
   if (!flags.result_json.empty()) {
     std::ofstream out(flags.result_json);
     out << json.dump(2) << "\n";
@@ -406,6 +539,31 @@ CommandRunner AddBenchKernelsCommand(CLI::App& app) {
       "--profile-prefill", flags->profile_prefill,
       "Bracket one sparse prefill step with cudaProfilerStart/Stop (tools/kernel_timeline, "
       "ncu --profile-from-start off)");
+  app.add_option("--tensor-parallel-size", flags->tensor_parallel_size,
+                 "Split over N GPUs (cuda:0 .. N-1) through NCCL: time the all-reduce of a "
+                 "decode step of the --tensor-parallel-plan model (used in the plan's row for N) "
+                 "and the --model-config decode step itself, each in CUDA graphs as the engine "
+                 "runs them (1: the one-rank NCCL path; 0: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
+  app.add_option("--tensor-parallel-plan", flags->tensor_parallel_plan,
+                 "Directory whose config.json shapes the tensor-parallel decode step bound ("
+                 "weights, KV and all-reduces of one rank at batch --batch, context --context, "
+                 "for each of --tensor-parallel-plan-sizes); none: skip it")
+      ->capture_default_str();
+  app.add_option("--tensor-parallel-plan-sizes", flags->tensor_parallel_plan_sizes,
+                 "Tensor parallel sizes of the plan")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("--allreduce-bus-gbs", flags->allreduce_bus_gbs,
+                 "The plan's all-reduce bus bandwidth, GB/s (default: what NCCL's ring reaches on "
+                 "NVLink 4 without NVLink SHARP, ~370 by NCCL's maintainers)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--allreduce-latency-us", flags->allreduce_latency_us,
+                 "The plan's fixed time of one all-reduce, us")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   return [flags]() { return Run(*flags); };
 }
 

@@ -5,9 +5,11 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "model/llama_model.h"
+#include "model/tensor_parallel.h"
 #include "runtime/model_runner.h"
 #include "runtime/step_tuning.h"
 
@@ -128,8 +130,24 @@ std::vector<DecodeStepPart> TimeParts(Backend& backend, const LlamaModel& model,
 
 }  // namespace
 
-DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& config,
-                                         const DecodeStepBenchOptions& options) {
+namespace {
+
+// One rank's decode step, set up: its model (whole, or its shard), the step's metadata, its KV pool
+// (its KV heads; the same pages on every rank), workspace and logits.
+struct RankStep {
+  std::unique_ptr<LlamaModel> model;
+  StepMeta step;
+  KvPool pool;
+  ForwardWorkspace workspace;
+  Tensor logits;
+};
+
+// The step every rank runs: `options.batch` sequences, each layer holding a kept_fraction of
+// `options.context` entries plus this step's. Rank r of N holds exactly rank r's share of one
+// rank's weights (RandomShard), and the same page tables.
+RankStep MakeRankStep(Backend& backend, const ModelConfig& config,
+                      const DecodeStepBenchOptions& options, const TensorParallelShard& shard,
+                      Communicator* communicator) {
   const int batch = options.batch;
   const int layers = config.num_layers;
   const int page_size = 16;
@@ -137,23 +155,27 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
   const int length = entries + 1;  // this step's token is appended
   const int pages_per_seq = (length + page_size - 1) / page_size;
   const int num_pages = pages_per_seq * batch * layers;
-  auto model = LlamaModel::Random(config, backend, 1, options.context + 2);
+  auto model_or =
+      LlamaModel::RandomShard(config, backend, 1, options.context + 2, shard, communicator);
+  SIEVE_CHECK(model_or.ok()) << model_or.status().ToString();  // the caller checked the split
+  RankStep rank;
+  rank.model = std::move(model_or).value();
+  const int kv_heads = rank.model->layout().num_kv_heads;
+  StepMeta& step = rank.step;
+  KvPool& pool = rank.pool;
 
   const auto ints = [&](const std::vector<int32_t>& values, std::vector<int64_t> shape) {
     Tensor tensor = backend.Allocate(std::move(shape), DType::kI32);
     backend.CopyFromHost(values.data(), values.size() * sizeof(int32_t), tensor);
     return tensor;
   };
-  StepMeta step;
   step.num_tokens = batch;
   step.num_seqs = batch;
   step.num_layers = layers;
   step.max_kv_len = length;
-  if (options.length_bounds != StepLengthBounds::kTrue) {
+  if (options.length_bounds == StepLengthBounds::kEngineLayerBounds) {
     step.max_kv_len = options.max_model_len + 1;
-    if (options.length_bounds == StepLengthBounds::kEngineLayerBounds) {
-      step.layer_max_kv_len.assign(layers, ModelRunner::GraphLayerBound(length, step.max_kv_len));
-    }
+    step.layer_max_kv_len.assign(layers, ModelRunner::GraphLayerBound(length, step.max_kv_len));
   }
   step.num_sample_rows = batch;
   std::vector<int32_t> rows(batch), starts(batch + 1), slots(batch);
@@ -178,18 +200,17 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
   step.job_begin.assign(layers + 1, 0);
   step.eviction_begin.assign(layers + 1, 0);
 
-  KvPool pool;
   pool.page_size = page_size;
   pool.num_pages = num_pages;
   pool.max_seqs = batch;
   pool.max_pages_per_seq = pages_per_seq;
-  pool.num_kv_heads = config.num_kv_heads;
+  pool.num_kv_heads = kv_heads;
   pool.head_dim = config.head_dim;
-  pool.k = backend.Allocate({num_pages, page_size, config.num_kv_heads, config.head_dim},
+  pool.k = backend.Allocate({num_pages, page_size, kv_heads, config.head_dim},
                             backend.activation_dtype());
   pool.v = backend.Allocate(pool.k.shape(), backend.activation_dtype());
-  backend.FillRandom(pool.k, 3, 1.0f);
-  backend.FillRandom(pool.v, 4, 1.0f);
+  backend.FillRandom(pool.k, 3 + 2 * static_cast<uint64_t>(shard.rank), 1.0f);
+  backend.FillRandom(pool.v, 4 + 2 * static_cast<uint64_t>(shard.rank), 1.0f);
   // pages[layer][seq][i]: its own index (kInOrder) or shuffled over the whole pool.
   std::vector<int32_t> pages(num_pages);
   std::iota(pages.begin(), pages.end(), 0);
@@ -200,9 +221,25 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
   pool.kv_lens =
       ints(std::vector<int32_t>(static_cast<size_t>(layers) * batch, length), {layers, batch});
 
-  ForwardWorkspace workspace;
-  model->EnsureWorkspace(workspace, batch, 1, batch, 1, 1);
-  Tensor logits = backend.Allocate({batch, config.vocab_size}, DType::kF32);
+  rank.model->EnsureWorkspace(rank.workspace, batch, 1, batch, 1, 1);
+  rank.logits = backend.Allocate({batch, config.vocab_size}, DType::kF32);
+  return rank;
+}
+
+}  // namespace
+
+DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& config,
+                                         const DecodeStepBenchOptions& options) {
+  const int batch = options.batch;
+  const int layers = config.num_layers;
+  const int entries = std::max(1, static_cast<int>(options.context * options.kept_fraction));
+  const int length = entries + 1;
+  RankStep rank = MakeRankStep(backend, config, options, {}, nullptr);
+  const std::unique_ptr<LlamaModel>& model = rank.model;
+  const StepMeta& step = rank.step;
+  KvPool& pool = rank.pool;
+  ForwardWorkspace& workspace = rank.workspace;
+  Tensor& logits = rank.logits;
   backend.MarkTuningScope();
   model->Forward(step, pool, workspace, logits);  // warm-up: plans GEMMs, sizes workspaces
   backend.Synchronize();
@@ -300,6 +337,60 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
     result.bound_ms = result.bytes / options.copy_bandwidth * 1e3;
   }
   result.tokens_per_second = batch / (result.step_ms * 1e-3);
+  result.achieved_bandwidth = result.bytes / (result.step_ms * 1e-3);
+  return result;
+}
+
+DecodeStepBenchResult RunShardedDecodeStepBench(const std::vector<Backend*>& backends,
+                                                const std::vector<Communicator*>& communicators,
+                                                const ModelConfig& config,
+                                                const DecodeStepBenchOptions& options) {
+  const int size = static_cast<int>(backends.size());
+  SIEVE_CHECK(size >= 1 && communicators.size() == backends.size());
+  std::vector<std::vector<double>> device_ms(size), wall_ms(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      Backend& backend = *backends[r];
+      backend.MakeCurrent();
+      RankStep rank = MakeRankStep(backend, config, options, {r, size}, communicators[r]);
+      const auto forward = [&] {
+        rank.model->Forward(rank.step, rank.pool, rank.workspace, rank.logits);
+      };
+      backend.MarkTuningScope();
+      forward();  // plans GEMMs; every rank runs the same all-reduces
+      backend.Synchronize();
+      // Step tuning replays the step, all-reduces included: with one rank only (as the engine).
+      const int graph = CaptureTunedGraph(backend, forward, /*replays_allowed=*/size == 1);
+      backend.ReplayGraph(graph);
+      backend.Synchronize();
+      for (int iteration = 0; iteration < options.iterations; ++iteration) {
+        const auto start = std::chrono::steady_clock::now();
+        backend.ReplayGraph(graph);
+        backend.Synchronize();
+        wall_ms[r].push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                .count());
+      }
+      device_ms[r] = backend.TimeGraphReplays(
+          graph, std::max(1, options.iterations / kReplaysPerSample), kReplaysPerSample);
+      backend.Synchronize();
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  DecodeStepBenchResult result;
+  for (int r = 0; r < size; ++r) {  // the slowest rank's
+    result.step_wall_ms = std::max(result.step_wall_ms, Median(wall_ms[r]));
+    result.step_ms =
+        std::max(result.step_ms, device_ms[r].empty() ? Median(wall_ms[r]) : Median(device_ms[r]));
+  }
+  const int64_t entries = std::max(1, static_cast<int>(options.context * options.kept_fraction));
+  auto traffic = ComputeDecodeStepTraffic(config, size, options.batch, entries + 1,
+                                          backends[0]->activation_dtype());
+  SIEVE_CHECK(traffic.ok()) << traffic.status().ToString();
+  result.bytes = traffic->weight_bytes + traffic->kv_bytes;
+  if (options.copy_bandwidth > 0) result.bound_ms = result.bytes / options.copy_bandwidth * 1e3;
+  result.tokens_per_second = options.batch / (result.step_ms * 1e-3);
   result.achieved_bandwidth = result.bytes / (result.step_ms * 1e-3);
   return result;
 }

@@ -7,17 +7,16 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/communicator.h"
 #include "model/model_config.h"
 
 namespace sieve {
 
 // The length bounds the step claims (StepMeta::max_kv_len and layer_max_kv_len), by which the
-// decode attention sizes its launch; the sequences' true lengths are the same in all three.
+// decode attention sizes its launch; the sequences' true lengths are the same in both.
 enum class StepLengthBounds {
-  kTrue,                // this step's true length
-  kModelLenEveryLayer,  // max_model_len + 1 for every layer (the engine's graphs before per-layer
-                        // bounds)
-  kEngineLayerBounds,   // max_model_len + 1, and each layer's bound as ModelRunner sets it
+  kTrue,               // this step's true length
+  kEngineLayerBounds,  // max_model_len + 1, and each layer's bound as ModelRunner sets it
 };
 
 // Where the step's KV pages sit in the pool.
@@ -35,7 +34,7 @@ struct DecodeStepBenchOptions {
   int iterations = 100;        // steps timed; the median is reported
   bool use_graph = true;
   StepLengthBounds length_bounds = StepLengthBounds::kTrue;
-  int max_model_len = 8192;  // for the bounds other than kTrue
+  int max_model_len = 8192;  // for kEngineLayerBounds
   PageOrder page_order = PageOrder::kShuffled;
   // Extra steps between cudaProfilerStart and Stop, back to back (CUDA only; 0: none).
   int profiled_steps = 0;
@@ -69,5 +68,16 @@ struct DecodeStepBenchResult {
 
 DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& config,
                                          const DecodeStepBenchOptions& options);
+
+// The same step with the model split over the ranks of `backends` (rank r: backends[r], its
+// shard, its KV heads' pool, communicators[r] for its all-reduces), one thread a rank, captured in
+// a graph on each (step-tuned with one rank only) and replayed on all at once: the slowest rank's
+// median. The bound is one rank's weights + KV at the copy rate (model/tensor_parallel.h), without
+// the all-reduces. Options' profiling, attention trace and breakdown do not apply; the split must
+// be valid (CheckTensorParallel).
+DecodeStepBenchResult RunShardedDecodeStepBench(const std::vector<Backend*>& backends,
+                                                const std::vector<Communicator*>& communicators,
+                                                const ModelConfig& config,
+                                                const DecodeStepBenchOptions& options);
 
 }  // namespace sieve
