@@ -6,7 +6,7 @@
 #   scripts/gpu_check.sh [stage ...]     stages: build [tests_only] golden test sanitize
 #                                        sanitize_engine bench step ab profile timeline sdpa
 #                                        soak
-#                                        serve warm prefill headline accuracy
+#                                        serve warm prefill headline accuracy tp
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
@@ -126,6 +126,17 @@ if has bench; then
   ./build/gpu/sieve bench kernels --result-json "$OUT/kernels.json" > "$LOGS/bench_kernels.log" 2>&1 \
     || note "bench kernels FAILED (rc $?)"
   tail -90 "$LOGS/bench_kernels.log" >> "$summary"
+fi
+
+if has tp; then
+  # Tensor parallelism over TP_SIZE GPUs (default: every GPU of the machine) through NCCL: the
+  # 70B plan's bound with the all-reduce timed on them, and the Llama-3-8B decode step split.
+  ensure_sieve
+  tp_size="${TP_SIZE:-$(nvidia-smi -L | wc -l)}"
+  ./build/gpu/sieve bench kernels --skip-attention --skip-sparsity --skip-gemm --no-step-variants \
+    --tensor-parallel-size "$tp_size" --result-json "$OUT/kernels_tp$tp_size.json" \
+    > "$LOGS/bench_tp.log" 2>&1 || note "bench kernels --tensor-parallel-size $tp_size FAILED (rc $?)"
+  grep -E "^(==|dense|1/10 kept|kept)" "$LOGS/bench_tp.log" | tee -a "$summary"
 fi
 
 step_bench() {  # step_bench BINARY NAME [ARG...]: the decode step (and its variants unless ARG
@@ -270,25 +281,32 @@ PY
   note "headline ceilings: copy $copy GB/s, prefill GEMMs $gemm TFLOP/s, cuDNN SDPA $att4k (4k) / $att16k (16k) TFLOP/s"
   health() { python3 -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8123/health', timeout=2).status == 200 else 1)" 2>/dev/null; }
   workloads=()
-  # name, input tokens, --max-model-len, --kv-budget, attention rate, levels, prompts per level.
+  # name, model shape, input tokens, --max-model-len, --kv-budget, attention rate, levels, prompts
+  # per level. 16k prompts need Llama 3.1's context (Llama 3's is 8192).
   [ "$part" = 4k ] || [ "$part" = all ] && \
-    workloads+=("4k 4000 4600 400 $att4k 1,20,64,128,256 4,40,128,256,256")
-  [ "$part" = 16k ] || [ "$part" = all ] && workloads+=("16k 16000 16600 1024 $att16k 16,48 32,96")
+    workloads+=("4k configs/llama-3-8b 4000 4600 400 $att4k 1,20,64,128,256 4,40,128,256,256")
+  [ "$part" = 16k ] || [ "$part" = all ] && \
+    workloads+=("16k configs/llama-3.1-8b 16000 16600 1024 $att16k 16,48 32,96")
   for workload in "${workloads[@]}"; do
-    read -r name input max_len budget att levels prompts <<< "$workload"
+    read -r name model input max_len budget att levels prompts <<< "$workload"
     for policy in full "full:0-2,pyramidkv:3-31"; do
       kind=$( [ "$policy" = full ] && echo dense || echo sparse )
-      ./build/gpu/sieve serve --model configs/llama-3-8b --load-format dummy --tokenizer "$tok" \
+      ./build/gpu/sieve serve --model "$model" --load-format dummy --tokenizer "$tok" \
         --port 8123 --max-model-len "$max_len" --max-num-batched-tokens 8192 --no-progress \
         --kv-policy "$policy" --kv-budget "$budget" --kv-window 32 \
         > "$LOGS/headline_serve_${name}_$kind.log" 2>&1 &
       pid=$!
-      for i in $(seq 1 600); do health && break; sleep 0.5; done
+      # Until it is ready, or gone (a refused configuration must not cost minutes of waiting).
+      for i in $(seq 1 600); do health && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
+      if ! kill -0 $pid 2>/dev/null; then
+        note "headline $name $kind: serve FAILED: $(tail -1 "$LOGS/headline_serve_${name}_$kind.log")"
+        continue
+      fi
       ./build/gpu/sieve bench sweep --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
         --input-len "$input" --output-len 500 --concurrency "$levels" \
         --num-prompts-per-level "$prompts" --ignore-eos --warmup 2 \
         --no-progress --label "$kind $name" --metadata policy="$policy" budget="$budget" \
-        --bound-model-config configs/llama-3-8b --bound-kv-policy "$policy" \
+        --bound-model-config "$model" --bound-kv-policy "$policy" \
         --bound-kv-budget "$budget" --bound-kv-window 32 --bound-gemm-tflops "$gemm" \
         --bound-attention-tflops "$att" --bound-copy-gbs "$copy" \
         --result-json "$OUT/sweep_${name}_$kind.json" > "$LOGS/headline_${name}_$kind.log" 2>&1 \
@@ -391,7 +409,7 @@ if has warm; then
       --kv-policy "full:0-2,pyramidkv:3-31" --kv-budget 400 --kv-window 32 \
       > "$LOGS/serve_warm_$mode.log" 2>&1 &
     pid=$!
-    for i in $(seq 1 600); do health && break; sleep 0.5; done
+    for i in $(seq 1 600); do health && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
     note "warm start $mode: /health 200 after $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s;" \
       "$(grep -h "warm-up" "$LOGS/serve_warm_$mode.log" | tail -1 | sed 's/.*warm-up/warm-up/')"
     for run in first second; do
@@ -424,7 +442,9 @@ if has serve; then
       --port 8123 --max-model-len 4600 --max-num-batched-tokens 8192 --kv-policy "$policy" \
       --kv-budget 400 --kv-window 32 > "$LOGS/serve_$name.log" 2>&1 &
     pid=$!
-    for i in $(seq 1 180); do (echo > /dev/tcp/127.0.0.1/8123) 2>/dev/null && break; sleep 1; done
+    for i in $(seq 1 180); do
+      (echo > /dev/tcp/127.0.0.1/8123) 2>/dev/null && break; kill -0 $pid 2>/dev/null || break; sleep 1
+    done
     ./build/gpu/sieve bench serve --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
       --input-len 4000 --output-len 500 --num-prompts 40 --max-concurrency 10 --ignore-eos \
       --warmup 2 --no-progress --label "$name" --metadata policy="$policy" \

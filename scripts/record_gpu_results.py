@@ -3,7 +3,7 @@
 
     scripts/record_gpu_results.py FILES_DIR NAME --commit SHA --command "..."
 
-FILES_DIR holds the run's kernels.json, sdpa.json, summary.txt, serve_*.json, prefill_*.json and
+FILES_DIR holds the run's kernels.json, kernels_tpN.json, sdpa.json, summary.txt, serve_*.json, prefill_*.json and
 sweep_*.json (any may be missing). docs/benchmarks.md is rendered from these files by scripts/render_benchmarks.py; numbers
 are never typed by hand.
 """
@@ -28,6 +28,11 @@ def main():
         return json.load(open(path)) if os.path.exists(path) else None
     record["kernels"] = load("kernels.json")
     record["sdpa"] = load("sdpa.json")
+    # scripts/gpu_check.sh tp: kernels_tpN.json, bench kernels --tensor-parallel-size N.
+    for file in sorted(os.listdir(args.files_dir)):
+        match = re.match(r"kernels_tp(\d+)\.json$", file)
+        if match:
+            record.setdefault("kernels_tp", {})[match.group(1)] = load(file)
     serve = {}
     for file in sorted(os.listdir(args.files_dir)):
         match = re.match(r"serve_(\w+)\.json$", file)
@@ -59,6 +64,10 @@ def main():
             sweeps[match.group(1)] = result
     if sweeps:
         record["sweeps"] = sweeps
+    # Anything else a command wrote as text (e.g. a GPU test's own output).
+    for file in sorted(os.listdir(args.files_dir)):
+        if file.endswith(".txt") and file != "summary.txt":
+            record.setdefault("outputs", {})[file] = open(os.path.join(args.files_dir, file)).read()
     summary_path = os.path.join(args.files_dir, "summary.txt")
     if os.path.exists(summary_path):
         summary = open(summary_path).read()

@@ -3,9 +3,8 @@
 
 Every number on the page comes from a record (bench/results/NAME.json, written by
 scripts/record_gpu_results.py or scripts/bench_cpu.sh); nothing is typed by hand. headline.txt names
-one record per benchmark kind (serve, warm-start, prefill-step, decode-step, kernels, cpu) and the
-command that reproduces
-it; bench/results/headline_methods.md, hand-written, follows the tables verbatim. The charts are
+one record per benchmark kind (headline, serve, warm-start, prefill-step, decode-step,
+tensor-parallel, kernels, cpu) and the command that reproduces it; bench/results/headline_methods.md, hand-written, follows the tables verbatim. The charts are
 SVG files in docs/benchmarks/ (scripts/svg_bars.py). Every other record in bench/results/ is the
 history of experiments: kept there, not rendered.
 
@@ -26,7 +25,8 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 RESULTS = os.path.join(ROOT, "bench", "results")
 PAGE = os.path.join("docs", "benchmarks.md")
 CHARTS = os.path.join("docs", "benchmarks")
-KINDS = ("serve", "warm-start", "prefill-step", "decode-step", "kernels", "cpu")
+KINDS = ("headline", "serve", "warm-start", "prefill-step", "decode-step", "tensor-parallel",
+         "kernels", "cpu")
 
 
 def fmt(value, digits=0):
@@ -52,6 +52,111 @@ def provenance(record, name, command):
     gpu = record.get("gpu") or "not recorded"
     return [f"Record `bench/results/{name}.json`: commit `{record['commit']}`, recorded "
             f"{record['recorded']}, device {gpu}.", f"Reproduce: `{command}`.", ""]
+
+
+# The headline workloads (scripts/gpu_check.sh headline): input/output lengths and what each
+# sparse setting keeps; the targets apply to the 4000/500 workload but TTFT and of-bound.
+HEADLINE_WORKLOADS = (("4k", 4000, 400), ("16k", 16000, 1024))
+
+
+def headline_section(record, charts):
+    sweeps = record.get("sweeps") or {}
+    out = ["## The headline: serving throughput, warm, beside its bound", "",
+           "`sieve bench sweep` against `sieve serve` (Llama-3-8B shape, dummy weights, warmed up "
+           "at start; 500 output tokens per request, `--ignore-eos`, two warm-up requests per "
+           "level), dense (`--kv-policy full`) against sparse (`full:0-2,pyramidkv:3-31`, window "
+           "32). Each level's bound is computed by the benchmark: every prompt's prefill at the "
+           "ceilings measured in the same run (the prefill GEMMs' cuBLASLt rate, causal attention "
+           "at cuDNN SDPA's) plus every decode step's weights and KV at the copy rate "
+           "(tools/bench/serving_bound.h).", ""]
+    targets = []
+    for name, input_len, budget in HEADLINE_WORKLOADS:
+        dense, sparse = sweeps.get(f"{name}_dense"), sweeps.get(f"{name}_sparse")
+        if not dense or not sparse:
+            out += [f"{input_len}/500: not in this record.", ""]
+            continue
+        dense_levels = {level["concurrency"]: level for level in dense["levels"]}
+        sparse_levels = {level["concurrency"]: level for level in sparse["levels"]}
+        levels = sorted(set(dense_levels) & set(sparse_levels))
+        out += [f"### {input_len} in / 500 out (sparse budget {budget})", "",
+                "| concurrency | dense tok/s | of bound | sparse tok/s | of bound | sparse bound | "
+                "sparse / dense | TTFT P50 dense / sparse | TPOT P50 dense / sparse |",
+                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        values = []
+        for concurrency in levels:
+            d, p = dense_levels[concurrency], sparse_levels[concurrency]
+            dm, pm = d["metrics"], p["metrics"]
+            ratio = pm["output_throughput"] / dm["output_throughput"]
+            out.append(f"| {concurrency} | {fmt(dm['output_throughput'])} | "
+                       f"{d['bound']['fraction']:.0%} | {fmt(pm['output_throughput'])} | "
+                       f"{p['bound']['fraction']:.0%} | {fmt(p['bound']['output_throughput'])} | "
+                       f"{ratio:.2f}x | {fmt(dm['median_ttft_ms'])} / "
+                       f"{fmt(pm['median_ttft_ms'])} ms | {dm['median_tpot_ms']:.1f} / "
+                       f"{pm['median_tpot_ms']:.1f} ms |")
+            values.append([dm["output_throughput"], pm["output_throughput"],
+                           p["bound"]["output_throughput"]])
+            if name == "4k" and concurrency == 128:
+                tok = pm["output_throughput"]
+                targets.append(f"sparse at C=128: {fmt(tok)} output tok/s (target >= 4,000: "
+                               f"{'met' if tok >= 4000 else 'missed'})")
+            if name == "4k" and concurrency == 256:
+                targets.append(f"sparse / dense at C=256: {ratio:.2f}x (target >= 1.6x: "
+                               f"{'met' if ratio >= 1.6 else 'missed'})")
+            if name == "4k" and concurrency == 20:
+                ttft = pm["median_ttft_ms"]
+                targets.append(f"TTFT P50 at C=20: {fmt(ttft)} ms sparse, "
+                               f"{fmt(dm['median_ttft_ms'])} ms dense (target < 1 s: "
+                               f"{'met' if max(ttft, dm['median_ttft_ms']) < 1000 else 'missed'})")
+        worst = min(sparse_levels[c]["bound"]["fraction"] for c in levels)
+        targets.append(f"every sparse row of {input_len}/500 at 85% of its bound or better: "
+                       f"lowest {worst:.0%} ({'met' if worst >= 0.85 else 'missed'})")
+        charts[f"headline_{name}.svg"] = svg_bars.bar_chart(
+            f"{input_len} in / 500 out: output tokens/s by concurrency", "output tokens/s",
+            [f"C={c}" for c in levels], ["dense", "sparse", "sparse bound"], values)
+        out += ["", f"![output tokens/s by concurrency, {input_len}/500](benchmarks/"
+                f"headline_{name}.svg)", ""]
+    if targets:
+        out += ["Targets:", ""] + [f"- {target}" for target in targets] + [""]
+    return out
+
+
+def tensor_parallel_section(record, charts):
+    runs = record.get("kernels_tp") or {}
+    size, kernels = next(iter(sorted(runs.items())))
+    rows = kernels["tensor_parallel_plan"]
+    first = rows[0]
+    out = ["## Tensor parallelism: the decode step's bound of a Llama-3-70B shape", "",
+           f"What one rank of a Llama-3-70B-shaped model (bf16) must move in a decode step of batch "
+           f"{first['batch']} x {first['context']} context, dense or with 1/10 of the context kept "
+           "(model/tensor_parallel.h): its weights and KV at the copy rate measured in the same run, "
+           "plus its all-reduces (2 a layer, each the batch's residual rows) at an assumed NCCL "
+           "ring bus bandwidth of 370 GB/s and 8 us each (NVLink 4 without NVLink SHARP) until a "
+           "run on that many GPUs measures them (`--tensor-parallel-size N`). \"held\" is the "
+           "rank's weights and KV in memory; the last column is the bound with the LM head split "
+           "by vocabulary instead of replicated.", "",
+           "| KV | TP | held / rank | fits one H200 | memory | all-reduces | bound | tok/s | "
+           "vocab-parallel LM head |",
+           "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for row in rows:
+        label = "dense" if row["kept_fraction"] == 1.0 else "1/10 kept"
+        out.append(f"| {label} | {row['tensor_parallel_size']} | {row['held_bytes'] / 1e9:.1f} GB | "
+                   f"{row['fits']} | {row['memory_ms']:.2f} ms | {row['collective_ms']:.2f} ms | "
+                   f"{row['bound_ms']:.2f} ms | {fmt(row['bound_tokens_per_second'])} | "
+                   f"{row['vocab_parallel_bound_ms']:.2f} ms |")
+    steps = [(key, kernels[key]) for key in ("decode_step_dense_tp", "decode_step_sparse_tp")
+             if key in kernels]
+    if steps:
+        out += ["", f"The Llama-3-8B decode step split over {size} rank(s) through NCCL "
+                "(`--tensor-parallel-size`), beside the plain step of the same run:", "",
+                "| KV | TP | step | plain step | bound (one rank) |", "| --- | ---: | ---: | ---: | ---: |"]
+        for key, step in steps:
+            plain = kernels.get(key.removesuffix("_tp"), {})
+            label = "dense" if step["kept_fraction"] == 1.0 else "1/10 kept"
+            out.append(f"| {label} | {step['tensor_parallel_size']} | {step['step_ms']:.2f} ms | "
+                       f"{plain.get('step_ms', 0):.2f} ms | {step['bound_ms']:.2f} ms |")
+    out.append("")
+    return out
+
 
 
 def serve_section(record, charts):
@@ -253,8 +358,9 @@ def cpu_section(record, charts):
             "```", record["cpu"].strip(), "```", ""]
 
 
-SECTIONS = {"serve": serve_section, "warm-start": warm_start_section,
-            "prefill-step": prefill_step_section, "decode-step": decode_step_section,
+SECTIONS = {"headline": headline_section, "serve": serve_section,
+            "warm-start": warm_start_section, "prefill-step": prefill_step_section,
+            "decode-step": decode_step_section, "tensor-parallel": tensor_parallel_section,
             "kernels": kernels_section, "cpu": cpu_section}
 
 
