@@ -308,7 +308,9 @@ TEST_F(GpuEngineTest, OneRankThroughNcclEqualsThePlainPath) {
       }
       // H2O evicts at every decode step here (prompts past heavy + recent): such steps run
       // eagerly, with the all-reduces; the other policies' run as graphs.
-      if (policy != "h2o") EXPECT_GT((*engine)->Stats().num_decode_graphs, 2);
+      if (policy != "h2o") {
+        EXPECT_GT((*engine)->Stats().num_decode_graphs, 2);
+      }
       std::vector<std::pair<std::vector<int32_t>, std::vector<float>>> ordered;
       for (const RequestId id : ids) ordered.push_back(out[id]);
       return ordered;

@@ -255,11 +255,13 @@ if has prefill; then
   done
 fi
 
-# Issue 19 item 5: the headline, dense against the sparse setting, each level beside its bound
-# (`sieve bench sweep --bound-*`), on warmed-up servers. HEADLINE=4k (4000/500 at C = 1, 20, 64,
-# 128, 256; full:0-2,pyramidkv:3-31, budget 400) or 16k (16000/500 at C = 16, 48; budget 1024) or
-# all (default; more than one device call's 10 minutes). The ceilings are measured first: the
-# copy rate, the prefill GEMMs' rate (bench kernels --prefill-step) and cuDNN SDPA's.
+# The headline, dense against the sparse setting, each level beside its bound (`sieve bench sweep
+# --bound-*`), on warmed-up servers. HEADLINE=4k (4000/500 at C = 1, 20, 64, 128, 256;
+# full:0-2,pyramidkv:3-31, budget 400) or 16k (16000/500 at C = 16, 48; budget 1024) or all
+# (default; more than one device call's 10 minutes), or 70b (the Llama-3-70B shape split over
+# TP_SIZE GPUs, default all: 4000/500 at C = 1, 20, 64, 128, bounds for that many ranks). The
+# ceilings are measured first: the copy rate, the prefill GEMMs' rate (bench kernels
+# --prefill-step) and cuDNN SDPA's.
 if has headline; then
   ensure_sieve
   tok=testdata/tokenizers/llama3/tokenizer.model
@@ -282,18 +284,25 @@ PY
   health() { python3 -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8123/health', timeout=2).status == 200 else 1)" 2>/dev/null; }
   workloads=()
   # name, model shape, input tokens, --max-model-len, --kv-budget, attention rate, levels, prompts
-  # per level. 16k prompts need Llama 3.1's context (Llama 3's is 8192).
+  # per level, tensor parallel size. 16k prompts need Llama 3.1's context (Llama 3's is 8192).
+  # HEADLINE=70b: the Llama-3-70B shape over TP_SIZE GPUs (default: all of them), the
+  # multi-GPU runs' headline.
   [ "$part" = 4k ] || [ "$part" = all ] && \
-    workloads+=("4k configs/llama-3-8b 4000 4600 400 $att4k 1,20,64,128,256 4,40,128,256,256")
+    workloads+=("4k configs/llama-3-8b 4000 4600 400 $att4k 1,20,64,128,256 4,40,128,256,256 1")
   [ "$part" = 16k ] || [ "$part" = all ] && \
-    workloads+=("16k configs/llama-3.1-8b 16000 16600 1024 $att16k 16,48 32,96")
+    workloads+=("16k configs/llama-3.1-8b 16000 16600 1024 $att16k 16,48 32,96 1")
+  tp_size="${TP_SIZE:-$(nvidia-smi -L | wc -l)}"
+  [ "$part" = 70b ] && workloads+=("70b-tp$tp_size configs/llama-3-70b 4000 4600 400 $att4k \
+    1,20,64,128 4,40,128,256 $tp_size")
   for workload in "${workloads[@]}"; do
-    read -r name model input max_len budget att levels prompts <<< "$workload"
-    for policy in full "full:0-2,pyramidkv:3-31"; do
+    read -r name model input max_len budget att levels prompts tp <<< "$workload"
+    layers=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_hidden_layers'])" \
+      "$model/config.json")
+    for policy in full "full:0-2,pyramidkv:3-$((layers - 1))"; do
       kind=$( [ "$policy" = full ] && echo dense || echo sparse )
       ./build/gpu/sieve serve --model "$model" --load-format dummy --tokenizer "$tok" \
         --port 8123 --max-model-len "$max_len" --max-num-batched-tokens 8192 --no-progress \
-        --kv-policy "$policy" --kv-budget "$budget" --kv-window 32 \
+        --tensor-parallel-size "$tp" --kv-policy "$policy" --kv-budget "$budget" --kv-window 32 \
         > "$LOGS/headline_serve_${name}_$kind.log" 2>&1 &
       pid=$!
       # Until it is ready, or gone (a refused configuration must not cost minutes of waiting).
@@ -308,7 +317,7 @@ PY
         --no-progress --label "$kind $name" --metadata policy="$policy" budget="$budget" \
         --bound-model-config "$model" --bound-kv-policy "$policy" \
         --bound-kv-budget "$budget" --bound-kv-window 32 --bound-gemm-tflops "$gemm" \
-        --bound-attention-tflops "$att" --bound-copy-gbs "$copy" \
+        --bound-attention-tflops "$att" --bound-copy-gbs "$copy" --bound-tensor-parallel-size "$tp" \
         --result-json "$OUT/sweep_${name}_$kind.json" > "$LOGS/headline_${name}_$kind.log" 2>&1 \
         || note "headline $name $kind FAILED: $(tail -3 "$LOGS/headline_${name}_$kind.log")"
       kill -TERM $pid; wait $pid

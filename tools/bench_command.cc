@@ -105,6 +105,18 @@ void AddBoundFlags(CLI::App& app, bench::BoundConfig& bound) {
       ->capture_default_str();
   app.add_option("--bound-copy-gbs", bound.copy_gbs,
                  "Bound: device copy rate, read + write, GB/s (sieve bench kernels)");
+  app.add_option("--bound-tensor-parallel-size", bound.tensor_parallel_size,
+                 "Bound: the server's --tensor-parallel-size (one rank's share of the FLOPs, "
+                 "weights and KV, plus 2 all-reduces a layer)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("--bound-allreduce-bus-gbs", bound.allreduce_bus_gbs,
+                 "Bound: all-reduce bus bandwidth, GB/s (sieve bench kernels "
+                 "--tensor-parallel-size N measures an all-reduce)")
+      ->capture_default_str();
+  app.add_option("--bound-allreduce-latency-us", bound.allreduce_latency_us,
+                 "Bound: fixed time of one all-reduce, us")
+      ->capture_default_str();
 }
 
 // Runs `run` and turns its Status into the process exit code.

@@ -283,6 +283,10 @@ Result<RunBound> BoundOfRun(const BoundConfig& config, const std::vector<BenchPr
               {"gemm_tflops", config.gemm_tflops},
               {"attention_tflops", config.attention_tflops},
               {"copy_gbs", config.copy_gbs},
+              {"tensor_parallel_size", config.tensor_parallel_size},
+              {"allreduce_bus_gbs", config.allreduce_bus_gbs},
+              {"allreduce_latency_us", config.allreduce_latency_us},
+              {"all_reduce_s", bound.all_reduce_s},
               {"prefill_s", bound.prefill_s},
               {"decode_s", bound.decode_s},
               {"output_throughput", bound.output_tokens_per_s},
@@ -295,12 +299,16 @@ Result<RunBound> BoundOfRun(const BoundConfig& config, const std::vector<BenchPr
 std::string BoundLine(const BoundConfig& config, const ServingBound& bound, double measured) {
   return fmt::format(
       "Bound: {:.1f} output tok/s (prefill {:.1f} s at {:.4g} TFLOP/s GEMM{}, decode {:.1f} s at "
-      "{:.4g} GB/s; {} on {}): measured {:.0f}% of it\n",
+      "{:.4g} GB/s{}; {} on {}): measured {:.0f}% of it\n",
       bound.output_tokens_per_s, bound.prefill_s, config.gemm_tflops,
       config.attention_tflops > 0
           ? fmt::format(" + {:.4g} TFLOP/s attention", config.attention_tflops)
           : std::string(", attention not counted"),
-      bound.decode_s, config.copy_gbs, config.kv_policy, config.model_config,
+      bound.decode_s, config.copy_gbs,
+      config.tensor_parallel_size > 1 ? fmt::format("; {} ranks, {:.2f} s of all-reduces",
+                                                    config.tensor_parallel_size, bound.all_reduce_s)
+                                      : std::string(),
+      config.kv_policy, config.model_config,
       bound.output_tokens_per_s > 0 ? 100 * measured / bound.output_tokens_per_s : 0.0);
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "model/model_config.h"
+#include "model/tensor_parallel.h"
 #include "sparsity/kv_policy.h"
 
 namespace sieve::bench {
@@ -25,6 +26,13 @@ Status ValidateBoundConfig(const BoundConfig& config) {
   auto model = LoadModelConfig(config.model_config);
   if (!model.ok()) return model.status().WithContext("--bound-model-config");
   SIEVE_RETURN_IF_ERROR(PolicyFor(config, model->num_layers).status());
+  SIEVE_RETURN_IF_ERROR(CheckTensorParallel(*model, config.tensor_parallel_size)
+                            .WithContext("--bound-tensor-parallel-size"));
+  if (config.tensor_parallel_size > 1 &&
+      (!(config.allreduce_bus_gbs > 0) || config.allreduce_latency_us < 0)) {
+    return InvalidArgumentError(
+        "the bound needs --bound-allreduce-bus-gbs > 0 and --bound-allreduce-latency-us >= 0");
+  }
   if (!(config.gemm_tflops > 0) || !(config.copy_gbs > 0) || config.attention_tflops < 0) {
     return InvalidArgumentError(
         "the bound needs --bound-gemm-tflops and --bound-copy-gbs (positive) and "
@@ -41,26 +49,42 @@ Result<ServingBound> ComputeServingBound(const BoundConfig& config,
   if (config.model_config.empty()) return InvalidArgumentError("no --bound-model-config");
   SIEVE_ASSIGN_OR_RETURN(ModelConfig model, LoadModelConfig(config.model_config));
   SIEVE_ASSIGN_OR_RETURN(KvPolicy policy, PolicyFor(config, model.num_layers));
-  const double d = model.hidden_size, hd = model.head_dim, h = model.num_heads,
-               g = model.num_kv_heads, f = model.intermediate_size, v = model.vocab_size;
+  const double d = model.hidden_size, hd = model.head_dim, v = model.vocab_size;
   const int layers = model.num_layers;
-  // The GEMMs of one layer (q, k, v, o, gate, up, down), in weights = FLOPs / 2 per token.
-  const double layer_weights = d * (h + 2 * g) * hd + h * hd * d + 3 * f * d;
+  const int ranks = config.tensor_parallel_size;
+  // Rank 0's share (all ranks hold equal shares): its q heads (with replicated KV heads, its KV
+  // heads' whole groups), KV heads, o columns and MLP units.
+  SIEVE_ASSIGN_OR_RETURN(ShardLayout shard, MakeShardLayout(model, {0, ranks}));
+  const double q_heads = shard.num_q_heads, kv_heads = shard.num_kv_heads,
+               out_heads = shard.num_out_heads, units = static_cast<double>(shard.ffn_size);
+  // The GEMMs of one layer (q, k, v, o, gate, up, down) on one rank, in weights = FLOPs / 2 per
+  // token; the LM head is replicated.
+  const double layer_weights =
+      d * (q_heads + 2 * kv_heads) * hd + out_heads * hd * d + 3 * units * d;
   const double bytes_per_weight = 2;  // bf16
   const double lm_head = v * d;
   ServingBound bound;
   // A decode step reads every layer's weights and the lm_head (the embedding only its rows).
   bound.weight_bytes = bytes_per_weight * (layers * layer_weights + lm_head);
-  // K and V of one entry in one layer, bf16.
-  const double entry_bytes = 2.0 * g * hd * bytes_per_weight;
+  // K and V of one entry in one layer on one rank, bf16.
+  const double entry_bytes = 2.0 * kv_heads * hd * bytes_per_weight;
+  // One all-reduce of `rows` residual rows (bf16): ring, 2 (N - 1) / N of it over each rank's
+  // links, plus the fixed latency.
+  const auto all_reduce_s = [&](double rows) {
+    if (ranks == 1) return 0.0;
+    return config.allreduce_latency_us * 1e-6 + 2.0 * (ranks - 1) / ranks * rows * d *
+                                                    bytes_per_weight /
+                                                    (config.allreduce_bus_gbs * 1e9);
+  };
 
   for (const BoundRequest& request : requests) {
     const double n = request.prompt_len;
     bound.prefill_gemm_flops += 2 * n * layers * layer_weights + 2 * lm_head;
-    // Causal: query i sees i + 1 keys; QK^T and PV, 2 FLOPs a multiply-add, every head.
-    bound.prefill_attention_flops += 4 * h * hd * (n * (n + 1) / 2) * layers;
+    // Causal: query i sees i + 1 keys; QK^T and PV, 2 FLOPs a multiply-add, the rank's heads.
+    bound.prefill_attention_flops += 4 * q_heads * hd * (n * (n + 1) / 2) * layers;
+    bound.all_reduce_s += 2 * layers * all_reduce_s(n);
   }
-  bound.prefill_s = bound.prefill_gemm_flops / (config.gemm_tflops * 1e12);
+  bound.prefill_s = bound.prefill_gemm_flops / (config.gemm_tflops * 1e12) + bound.all_reduce_s;
   if (config.attention_tflops > 0) {
     bound.prefill_s += bound.prefill_attention_flops / (config.attention_tflops * 1e12);
   }
@@ -69,6 +93,7 @@ Result<ServingBound> ComputeServingBound(const BoundConfig& config,
   // output, each reading the weights once and every running sequence's entries.
   const size_t wave = concurrency > 0 ? static_cast<size_t>(concurrency) : requests.size();
   double decode_bytes = 0;
+  double decode_all_reduce_s = 0;
   int64_t output_tokens = 0;
   for (size_t first = 0; first < requests.size(); first += wave) {
     const size_t last = std::min(requests.size(), first + wave);
@@ -88,9 +113,11 @@ Result<ServingBound> ComputeServingBound(const BoundConfig& config,
       }
     }
     decode_bytes += steps * bound.weight_bytes;
+    decode_all_reduce_s += steps * 2 * layers * all_reduce_s(static_cast<double>(last - first));
   }
   decode_bytes += bound.kv_bytes_read;
-  bound.decode_s = decode_bytes / (config.copy_gbs * 1e9);
+  bound.decode_s = decode_bytes / (config.copy_gbs * 1e9) + decode_all_reduce_s;
+  bound.all_reduce_s += decode_all_reduce_s;
   const double total = bound.prefill_s + bound.decode_s;
   bound.output_tokens_per_s = total > 0 ? output_tokens / total : 0;
   return bound;

@@ -1,7 +1,8 @@
 // The bound of a serving run (PERF.md's model), computed by the benchmark beside what it measured:
 // every prompt's prefill at the compute ceilings (its GEMM FLOPs at a GEMM rate, its causal
 // attention FLOPs at an attention rate) plus every decode step at the copy rate (the weights once a
-// step, and each running sequence's KV entries, as the server's KV policy keeps them). Prefill and
+// step, and each running sequence's KV entries, as the server's KV policy keeps them); with tensor
+// parallelism, one rank's share of both plus the all-reduces between them. Prefill and
 // decode are added, not overlapped, and decode batches are full waves of the concurrency: the
 // time no engine can beat on this GPU short of overlapping the two.
 #pragma once
@@ -23,6 +24,14 @@ struct BoundConfig {
   double gemm_tflops = 0;          // bf16 GEMM rate at prefill sizes (bench kernels)
   double attention_tflops = 0;     // causal prefill attention rate (cuDNN SDPA); 0: not counted
   double copy_gbs = 0;             // device copy rate, read + write (bench kernels)
+  // Tensor parallelism: the server's --tensor-parallel-size. Each rank computes 1/N of every
+  // prefill's FLOPs and reads its share of the weights and KV in every decode step
+  // (model/tensor_parallel.h), and all its ranks all-reduce 2 times a layer: a step's rows at
+  // the bus bandwidth plus a fixed latency each (the rates of bench kernels' plan; measured with
+  // bench kernels --tensor-parallel-size N).
+  int tensor_parallel_size = 1;
+  double allreduce_bus_gbs = 370;
+  double allreduce_latency_us = 8;
 };
 
 // One request of the workload.
@@ -35,10 +44,11 @@ struct ServingBound {
   double prefill_s = 0;  // every prompt's prefill
   double decode_s = 0;   // every decode step
   double output_tokens_per_s = 0;
-  double weight_bytes = 0;             // read by every decode step
-  double prefill_gemm_flops = 0;       // over every prompt
-  double prefill_attention_flops = 0;  // over every prompt
-  double kv_bytes_read = 0;            // over every decode step
+  double weight_bytes = 0;             // read by every decode step (one rank's)
+  double prefill_gemm_flops = 0;       // over every prompt (one rank's)
+  double prefill_attention_flops = 0;  // over every prompt (one rank's)
+  double kv_bytes_read = 0;            // over every decode step, one rank's
+  double all_reduce_s = 0;             // in prefill_s and decode_s: the ranks' all-reduces
 };
 
 // Checks the config (the model directory parses, the policy parses for it, rates positive).

@@ -75,6 +75,52 @@ TEST(ServingBoundTest, MovesTheRightWay) {
   EXPECT_NEAR(one->decode_s, (output * one->weight_bytes + kv) / 4194e9, 1e-9);
 }
 
+// Tensor parallelism on the 70B shape: each rank does half the prefill FLOPs and reads half the
+// split weights and KV, plus the replicated LM head, and the ranks' all-reduces are added.
+TEST(ServingBoundTest, TensorParallelRanksShareTheWorkAndAddAllReduces) {
+  BoundConfig one = Llama3Bound("full");
+  one.model_config = ProjectSourceDir() + "/configs/llama-3-70b";
+  one.attention_tflops = 600;
+  BoundConfig two = one;
+  two.tensor_parallel_size = 2;
+  const auto requests = Requests(32, 4000, 500);
+  const auto at_one = ComputeServingBound(one, requests, 16);
+  const auto at_two = ComputeServingBound(two, requests, 16);
+  ASSERT_TRUE(at_one.ok() && at_two.ok()) << at_two.status().ToString();
+  const double lm_head = 128256.0 * 8192;
+  // GEMM FLOPs: the layers' halve, the LM head's (2 per weight, once a prompt) stays.
+  EXPECT_NEAR(at_two->prefill_gemm_flops,
+              (at_one->prefill_gemm_flops - 32 * 2 * lm_head) / 2 + 32 * 2 * lm_head,
+              1e-9 * at_one->prefill_gemm_flops);
+  EXPECT_DOUBLE_EQ(at_two->prefill_attention_flops, at_one->prefill_attention_flops / 2);
+  EXPECT_NEAR(at_two->weight_bytes, (at_one->weight_bytes - 2 * lm_head) / 2 + 2 * lm_head,
+              1e-9 * at_one->weight_bytes);
+  EXPECT_NEAR(at_two->kv_bytes_read, at_one->kv_bytes_read / 2, 1e-9 * at_one->kv_bytes_read);
+  EXPECT_EQ(at_one->all_reduce_s, 0);
+  // 160 all-reduces a prefill of 4000 rows and a decode step of 16 rows (2 waves x 500 steps),
+  // each 8 us + 2 * 1/2 * rows x 8192 x 2 bytes at 370 GB/s.
+  const auto one_all_reduce = [](double rows) { return 8e-6 + rows * 8192 * 2 / 370e9; };
+  EXPECT_NEAR(at_two->all_reduce_s,
+              160 * (32 * one_all_reduce(4000) + 2 * 500 * one_all_reduce(16)), 1e-9);
+  EXPECT_GT(at_two->output_tokens_per_s, 1.5 * at_one->output_tokens_per_s);
+  // Four ranks of 8 KV heads: 2 each; sixteen: a KV head replicated on 2 ranks, each with the
+  // whole group's 8 query heads (the KV the same as at 8 ranks).
+  BoundConfig sixteen = one;
+  sixteen.tensor_parallel_size = 16;
+  BoundConfig eight = one;
+  eight.tensor_parallel_size = 8;
+  const auto at_sixteen = ComputeServingBound(sixteen, requests, 16);
+  const auto at_eight = ComputeServingBound(eight, requests, 16);
+  ASSERT_TRUE(at_sixteen.ok() && at_eight.ok());
+  EXPECT_DOUBLE_EQ(at_sixteen->kv_bytes_read, at_eight->kv_bytes_read);
+  EXPECT_DOUBLE_EQ(at_sixteen->prefill_attention_flops, at_eight->prefill_attention_flops);
+  BoundConfig three = one;
+  three.tensor_parallel_size = 3;
+  const Status bad = ValidateBoundConfig(three);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("--bound-tensor-parallel-size"), std::string::npos) << bad.message();
+}
+
 TEST(ServingBoundTest, BadConfigsAreClearErrors) {
   BoundConfig missing = Llama3Bound("full");
   missing.model_config = "/nonexistent/model";
