@@ -756,22 +756,19 @@ TEST(TensorParallelTest, SplitsThatDoNotDivideAreClearErrors) {
 // dense logits is bf16's: relative L2 within 3e-2 of one GPU's. Under sparse policies bf16
 // near-ties may keep other entries on two GPUs than on one (SPARSITY.md: near-ties are reported,
 // not hidden): their relative L2 is printed, and their layer lengths must agree exactly.
-Ranks CudaRanks(int size) {
+Ranks GpuRanks(int size) {
   Ranks ranks;
-  std::vector<Backend*> pointers;
-  for (int rank = 0; rank < size; ++rank) {
-    auto backend = MakeCudaBackend(rank);
+  if (size == 1) {  // one rank needs no communicator
+    auto backend = MakeCudaBackend(0);
     SIEVE_CHECK(backend.ok()) << backend.status().ToString();
     ranks.backends.push_back(std::move(backend).value());
-    pointers.push_back(ranks.backends.back().get());
-  }
-  if (size == 1) {
-    ranks.communicators.resize(1);  // one rank needs none
+    ranks.communicators.resize(1);
     return ranks;
   }
-  auto communicators = MakeNcclCommunicators(pointers);
-  SIEVE_CHECK(communicators.ok()) << communicators.status().ToString();
-  ranks.communicators = std::move(communicators).value();
+  auto made = MakeCudaRanks(0, size);
+  SIEVE_CHECK(made.ok()) << made.status().ToString();
+  ranks.backends = std::move(made->backends);
+  ranks.communicators = std::move(made->communicators);
   return ranks;
 }
 
@@ -791,13 +788,13 @@ TEST(GpuTensorParallelTest, TwoGpusMatchOne) {
     auto policy = KvPolicy::Parse(spec, config.num_layers, SmallBudgets());
     ASSERT_TRUE(policy.ok()) << policy.status().ToString();
     const Scenario scenario = PlanScenario(config, *policy, RandomSeqs(config, rng), 8, rng);
-    Ranks one = CudaRanks(1);
+    Ranks one = GpuRanks(1);
     const std::vector<RankRun> reference = RunRanks(scenario, factory, one, /*read_kv=*/false);
     for (const StepRecord& record : reference[0].steps) {
       for (const float logit : record.logits) ASSERT_TRUE(std::isfinite(logit)) << spec;
     }
     if (!two) continue;
-    Ranks pair = CudaRanks(2);
+    Ranks pair = GpuRanks(2);
     const std::vector<RankRun> runs = RunRanks(scenario, factory, pair, /*read_kv=*/false);
     double worst = 0;
     for (size_t step = 0; step < scenario.steps.size(); ++step) {

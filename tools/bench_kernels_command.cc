@@ -87,42 +87,6 @@ Result<ModelConfig> LoadConfigHereOrInSource(const std::string& dir) {
   return config;
 }
 
-// --tensor-parallel-size N's ranks: CUDA backends on cuda:0 .. N-1 and their NCCL communicators.
-class Ranks {
- public:
-  std::vector<Backend*> backends() const {
-    std::vector<Backend*> out;
-    for (const auto& backend : backends_) out.push_back(backend.get());
-    return out;
-  }
-  std::vector<Communicator*> communicators() const {
-    std::vector<Communicator*> out;
-    for (const auto& communicator : communicators_) out.push_back(communicator.get());
-    return out;
-  }
-
- private:
-  friend Result<Ranks> MakeRanks(int size);
-  std::vector<std::unique_ptr<Backend>> backends_;
-  std::vector<std::unique_ptr<Communicator>> communicators_;  // destroyed before the backends
-};
-
-Result<Ranks> MakeRanks(int size) {
-  if (size > CudaDeviceCount()) {
-    return InvalidArgumentError("--tensor-parallel-size " + std::to_string(size) + " needs " +
-                                std::to_string(size) + " GPUs; " +
-                                std::to_string(CudaDeviceCount()) + " found");
-  }
-  if (!NcclAvailable()) return UnavailableError("this sieve was built without NCCL");
-  Ranks ranks;
-  for (int rank = 0; rank < size; ++rank) {
-    SIEVE_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeCudaBackend(rank));
-    ranks.backends_.push_back(std::move(backend));
-  }
-  SIEVE_ASSIGN_OR_RETURN(ranks.communicators_, MakeNcclCommunicators(ranks.backends()));
-  return ranks;
-}
-
 // Device-to-device copy of 2 GiB, counting bytes read + written; median of 10 (bytes/s).
 double MeasureCopyBandwidth() {
   const size_t bytes = size_t{2} << 30;
@@ -208,9 +172,9 @@ int Run(const KernelsFlags& flags) {
     return 1;
   }
   // --tensor-parallel-size N: the ranks, and whether the decode-step model splits over them.
-  std::optional<Ranks> ranks;
+  std::optional<CudaRanks> ranks;
   if (flags.tensor_parallel_size > 0) {
-    auto made = MakeRanks(flags.tensor_parallel_size);
+    auto made = MakeCudaRanks(0, flags.tensor_parallel_size);
     Status split = CheckTensorParallel(*config, flags.tensor_parallel_size);
     if (!made.ok() || !split.ok()) {
       std::fprintf(stderr, "error: %s\n", (made.ok() ? split : made.status()).message().c_str());
@@ -241,7 +205,7 @@ int Run(const KernelsFlags& flags) {
       const int count = 2 * plan_config->num_layers;
       plan.measured_size = flags.tensor_parallel_size;
       plan.measured_all_reduce_s =
-          TimeAllReduce(ranks->backends(), ranks->communicators(), elements, count);
+          TimeAllReduce(ranks->backend_pointers(), ranks->communicator_pointers(), elements, count);
       std::printf(
           "== all-reduce of %lld bf16 (%.2f MB), %d back to back in a CUDA graph on each of %d "
           "rank(s) through NCCL: %.2f us each\n",
@@ -460,8 +424,8 @@ int Run(const KernelsFlags& flags) {
       options.context = flags.context;
       options.kept_fraction = kept;
       options.copy_bandwidth = copy;
-      const DecodeStepBenchResult r =
-          RunShardedDecodeStepBench(ranks->backends(), ranks->communicators(), *config, options);
+      const DecodeStepBenchResult r = RunShardedDecodeStepBench(
+          ranks->backend_pointers(), ranks->communicator_pointers(), *config, options);
       const std::string label = std::string(kept == 1.0 ? "dense" : "1/10 kept") +
                                 ", TP=" + std::to_string(flags.tensor_parallel_size);
       std::printf(

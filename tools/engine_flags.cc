@@ -147,9 +147,9 @@ Result<std::unique_ptr<Backend>> MakeBackend(const std::string& device) {
   return MakeCpuBackend();
 }
 
-// The ranks of --tensor-parallel-size N > 1: rank 0's backend is bundle.backend, made already;
-// the others and every rank's communicator go into the bundle. CPU ranks split the threads the
-// one backend would have had.
+// The ranks of --tensor-parallel-size N > 1, in place of bundle.backend (made for --device): rank
+// 0's backend becomes bundle.backend; the others and every rank's communicator go into the
+// bundle. CPU ranks split the threads the one backend would have had.
 Status MakeTensorParallelRanks(const std::string& device, int size, EngineBundle& bundle) {
   if (bundle.backend->device() == Device::kCpu) {
     const int threads = std::max(1, ThreadPool::Default().num_threads() / size);
@@ -165,21 +165,17 @@ Status MakeTensorParallelRanks(const std::string& device, int size, EngineBundle
 #ifdef SIEVE_HAVE_CUDA
   int first = 0;
   if (device.size() > 5 && device[4] == ':') first = std::atoi(device.c_str() + 5);
-  const int available = CudaDeviceCount();
-  if (first + size > available) {
-    return InvalidArgumentError("--tensor-parallel-size " + std::to_string(size) + " needs GPUs " +
-                                "cuda:" + std::to_string(first) +
-                                " .. cuda:" + std::to_string(first + size - 1) + "; " +
-                                std::to_string(available) + " found");
+  auto ranks = MakeCudaRanks(first, size);
+  if (!ranks.ok()) {
+    return ranks.status().WithContext("--tensor-parallel-size " + std::to_string(size));
   }
-  std::vector<Backend*> backends = {bundle.backend.get()};
-  for (int rank = 1; rank < size; ++rank) {
-    SIEVE_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeCudaBackend(first + rank));
-    backends.push_back(backend.get());
-    bundle.other_backends.push_back(std::move(backend));
+  // Rank 0's backend replaces the one made for the device.
+  bundle.backend = std::move(ranks->backends.front());
+  for (size_t rank = 1; rank < ranks->backends.size(); ++rank) {
+    bundle.other_backends.push_back(std::move(ranks->backends[rank]));
   }
+  bundle.communicators = std::move(ranks->communicators);
   bundle.backend->MakeCurrent();
-  SIEVE_ASSIGN_OR_RETURN(bundle.communicators, MakeNcclCommunicators(backends));
   return Status::Ok();
 #else
   (void)device;

@@ -38,12 +38,15 @@ nlohmann::json PrintTensorParallelPlan(const ModelConfig& config, const std::str
       DecodeStepBound bound = ComputeDecodeStepBound(*traffic, rates);
       DecodeStepBound vocab_bound = ComputeDecodeStepBound(*vocab_parallel, rates);
       const bool measured = size == options.measured_size && options.measured_all_reduce_s > 0;
-      if (measured && size > 1) {
-        const double assumed_one = bound.collective_s / traffic->all_reduces;
-        bound.collective_s = traffic->all_reduces * options.measured_all_reduce_s;
-        vocab_bound.collective_s += bound.collective_s - traffic->all_reduces * assumed_one;
-        bound.step_s = bound.memory_s + bound.collective_s;
-        vocab_bound.step_s = vocab_bound.memory_s + vocab_bound.collective_s;
+      if (measured) {
+        // The measured all-reduces in place of the assumed ones (bound.collective_s is only
+        // all-reduces; the vocab-parallel bound's gather stays as assumed).
+        const double change =
+            traffic->all_reduces * options.measured_all_reduce_s - bound.collective_s;
+        for (DecodeStepBound* b : {&bound, &vocab_bound}) {
+          b->collective_s += change;
+          b->step_s += change;
+        }
       }
       const double held = traffic->held_bytes + traffic->kv_bytes;
       const char* fits = options.device_memory_bytes <= 0            ? "-"

@@ -142,4 +142,33 @@ Result<std::vector<std::unique_ptr<Communicator>>> MakeNcclCommunicators(
 
 #endif
 
+std::vector<Backend*> CudaRanks::backend_pointers() const {
+  std::vector<Backend*> out;
+  for (const auto& backend : backends) out.push_back(backend.get());
+  return out;
+}
+
+std::vector<Communicator*> CudaRanks::communicator_pointers() const {
+  std::vector<Communicator*> out;
+  for (const auto& communicator : communicators) out.push_back(communicator.get());
+  return out;
+}
+
+Result<CudaRanks> MakeCudaRanks(int first, int size) {
+  const int available = CudaDeviceCount();
+  if (size < 1 || first < 0 || first + size > available) {
+    return InvalidArgumentError(std::to_string(size) +
+                                " ranks need GPUs cuda:" + std::to_string(first) +
+                                " .. cuda:" + std::to_string(first + size - 1) + "; " +
+                                std::to_string(available) + " found");
+  }
+  CudaRanks ranks;
+  for (int rank = 0; rank < size; ++rank) {
+    SIEVE_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeCudaBackend(first + rank));
+    ranks.backends.push_back(std::move(backend));
+  }
+  SIEVE_ASSIGN_OR_RETURN(ranks.communicators, MakeNcclCommunicators(ranks.backend_pointers()));
+  return ranks;
+}
+
 }  // namespace sieve

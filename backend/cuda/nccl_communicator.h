@@ -26,4 +26,18 @@ bool NcclAvailable();
 Result<std::vector<std::unique_ptr<Communicator>>> MakeNcclCommunicators(
     const std::vector<Backend*>& backends);
 
+// The ranks of a model split over the GPUs cuda:first .. cuda:first + size - 1: a CUDA backend
+// each, and their NCCL communicators (declared after the backends: destroyed first).
+struct CudaRanks {
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<std::unique_ptr<Communicator>> communicators;
+
+  std::vector<Backend*> backend_pointers() const;
+  std::vector<Communicator*> communicator_pointers() const;
+};
+
+// InvalidArgument naming the GPUs when the machine has too few; errors as MakeCudaBackend and
+// MakeNcclCommunicators.
+Result<CudaRanks> MakeCudaRanks(int first, int size);
+
 }  // namespace sieve

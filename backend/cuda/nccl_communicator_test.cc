@@ -26,13 +26,8 @@ namespace {
 
 int DeviceCount() { return CudaDeviceCount(); }
 
-struct Ranks {
-  std::vector<std::unique_ptr<Backend>> backends;
-  std::vector<std::unique_ptr<Communicator>> communicators;
-};
-
 // `size` ranks on devices 0 .. size-1; skips the test when they or NCCL are not there.
-std::optional<Ranks> MakeRanks(int size, std::string& skip_reason) {
+std::optional<CudaRanks> MakeRanks(int size, std::string& skip_reason) {
   if (DeviceCount() < size) {
     skip_reason = std::to_string(size) + " ranks need " + std::to_string(size) + " GPUs; " +
                   std::to_string(DeviceCount()) + " found";
@@ -42,22 +37,13 @@ std::optional<Ranks> MakeRanks(int size, std::string& skip_reason) {
     skip_reason = "built without NCCL";
     return std::nullopt;
   }
-  Ranks ranks;
-  std::vector<Backend*> pointers;
-  for (int rank = 0; rank < size; ++rank) {
-    auto backend = MakeCudaBackend(rank);
-    SIEVE_CHECK(backend.ok()) << backend.status().ToString();
-    ranks.backends.push_back(std::move(backend).value());
-    pointers.push_back(ranks.backends.back().get());
-  }
-  auto communicators = MakeNcclCommunicators(pointers);
-  SIEVE_CHECK(communicators.ok()) << communicators.status().ToString();
-  ranks.communicators = std::move(communicators).value();
-  return ranks;
+  auto ranks = MakeCudaRanks(0, size);
+  SIEVE_CHECK(ranks.ok()) << ranks.status().ToString();
+  return std::move(ranks).value();
 }
 
 // Runs body(rank) on one thread per rank, each with its backend's device current.
-void RunRanks(Ranks& ranks, const std::function<void(int)>& body) {
+void RunRanks(CudaRanks& ranks, const std::function<void(int)>& body) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < static_cast<int>(ranks.backends.size()); ++rank) {
     threads.emplace_back([&, rank] {
@@ -76,7 +62,7 @@ class NcclCommunicatorTest : public ::testing::TestWithParam<int> {};
 TEST_P(NcclCommunicatorTest, AllReduceSumMatchesTheHostSumOnEveryRank) {
   const int size = RanksOf(GetParam());
   std::string skip_reason;
-  std::optional<Ranks> ranks = MakeRanks(size, skip_reason);
+  std::optional<CudaRanks> ranks = MakeRanks(size, skip_reason);
   if (!ranks) GTEST_SKIP() << skip_reason;
   std::mt19937_64 rng = testing::MakeRng();
   for (const DType dtype : {DType::kF32, DType::kBF16}) {
@@ -134,7 +120,7 @@ TEST_P(NcclCommunicatorTest, AllReduceSumMatchesTheHostSumOnEveryRank) {
 TEST_P(NcclCommunicatorTest, AllGatherAndBarrier) {
   const int size = RanksOf(GetParam());
   std::string skip_reason;
-  std::optional<Ranks> ranks = MakeRanks(size, skip_reason);
+  std::optional<CudaRanks> ranks = MakeRanks(size, skip_reason);
   if (!ranks) GTEST_SKIP() << skip_reason;
   std::mt19937_64 rng = testing::MakeRng();
   constexpr int64_t kCount = 333;
@@ -162,7 +148,7 @@ TEST_P(NcclCommunicatorTest, AllGatherAndBarrier) {
 TEST_P(NcclCommunicatorTest, CapturedAllReduceReplaysOnNewInputs) {
   const int size = RanksOf(GetParam());
   std::string skip_reason;
-  std::optional<Ranks> ranks = MakeRanks(size, skip_reason);
+  std::optional<CudaRanks> ranks = MakeRanks(size, skip_reason);
   if (!ranks) GTEST_SKIP() << skip_reason;
   std::mt19937_64 rng = testing::MakeRng();
   constexpr int64_t kCount = 4099;
