@@ -62,13 +62,49 @@ struct RadixSelectSmem {
   int done;                      // the decided prefix already identifies the threshold
 };
 
+// Adds `value` to a 64-bit counter in shared memory with 32-bit atomics: sm_90's 64-bit shared
+// atomicAdd is a compare-and-swap loop, which spins when many threads add to one counter (the
+// weighted select's flush spun ~50 times a warp, a quarter of the sampler's time at 64 rows,
+// under `ncu --set full`). The low word wraps exactly once for each carry its adder sees, so the
+// sum is exact once every adder is done (while it stays below 2^64).
+__device__ inline void AtomicAddSharedU64(unsigned long long* counter, unsigned long long value) {
+  unsigned int* words = reinterpret_cast<unsigned int*>(counter);  // little-endian: low first
+  const unsigned int low = static_cast<unsigned int>(value);
+  const unsigned int high = static_cast<unsigned int>(value >> 32);
+  const unsigned int before = atomicAdd(words, low);
+  const unsigned int carry = before > 0xffffffffu - low ? 1u : 0u;
+  if (high + carry != 0) atomicAdd(words + 1, high + carry);
+}
+
 namespace internal {
 
 template <bool kWeighted>
 __device__ inline void FlushRun(RadixSelectSmem& smem, int bin, unsigned int count,
                                 unsigned long long mass) {
   atomicAdd(&smem.count[bin], count);
-  if constexpr (kWeighted) atomicAdd(&smem.mass[bin], mass);
+  if constexpr (kWeighted) AtomicAddSharedU64(&smem.mass[bin], mass);
+}
+
+// The last runs of a warp's lanes (every lane calls this, converged): the runs in the bin of the
+// warp's first lane that has one are summed across the warp and added once, the others alone.
+// The candidates of a pass share their decided prefix, so most runs of a warp fall in one bin,
+// and one atomic a warp replaces up to 32 on one address.
+template <bool kWeighted>
+__device__ inline void FlushWarpRuns(RadixSelectSmem& smem, int bin, unsigned int count,
+                                     unsigned long long mass) {
+  const unsigned int with_run = __ballot_sync(0xffffffffu, count > 0);
+  if (with_run == 0) return;
+  const int shared_bin = __shfl_sync(0xffffffffu, bin, __ffs(static_cast<int>(with_run)) - 1);
+  const bool joins = count > 0 && bin == shared_bin;
+  unsigned int warp_count = joins ? count : 0u;
+  unsigned long long warp_mass = joins ? mass : 0ull;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    warp_count += __shfl_xor_sync(0xffffffffu, warp_count, offset);
+    if constexpr (kWeighted) warp_mass += __shfl_xor_sync(0xffffffffu, warp_mass, offset);
+  }
+  if (threadIdx.x % 32 == 0) FlushRun<kWeighted>(smem, shared_bin, warp_count, warp_mass);
+  if (count > 0 && !joins) FlushRun<kWeighted>(smem, bin, count, mass);
 }
 
 // Warp 0: walks the 256 bins from the best (255) down and finds the one in which the running
@@ -165,7 +201,7 @@ __device__ unsigned long long BlockRadixSelect(int count, unsigned long long cut
           ++run_count;
           if constexpr (kWeighted) run_mass += weight_of(index);
         });
-    if (run_count > 0) internal::FlushRun<kWeighted>(smem, run_bin, run_count, run_mass);
+    internal::FlushWarpRuns<kWeighted>(smem, run_bin, run_count, run_mass);
     __syncthreads();
     if (threadIdx.x < 32) internal::FindBin<kWeighted>(smem, shift, prefix, remaining);
     __syncthreads();

@@ -273,6 +273,7 @@ class CudaBackend final : public Backend {
     if (count == 0) return true;
     if (sampling_supported_ < 0) sampling_supported_ = cuda::SampleTokensSupported() ? 1 : 0;
     if (sampling_supported_ == 0) return false;  // before sm_90: the engine samples on the host
+    if (logits.dim(1) > cuda::kSampleTokensMaxVocab) return false;  // so does a huge vocabulary
     const size_t param_bytes = rows.size() * sizeof(DeviceSamplingRow);
     // One buffer: params, then tokens, then logprobs; one copy in, one copy out.
     const size_t bytes = param_bytes + rows.size() * 8;

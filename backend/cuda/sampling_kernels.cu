@@ -5,11 +5,12 @@
 // partial results through distributed shared memory (sm_90).
 //
 // Passes over the row (each block reads its chunk; L2-resident after the first pass):
-//   A. max, argmax (ties: lowest id) and the softmax denominator, online, for greedy and logprob.
-//      Greedy rows stop here.
+//   A. max, argmax (ties: lowest id) and the softmax denominator, online a quad of logits at a
+//      time, for greedy and logprob. Greedy rows stop here.
 //   B. (top-k or top-p only) a histogram over kBins bins of s = log2(p_best / p) =
 //      (best - x) * log2(e) / T in [0, kSpan): with top-k the token counts, for top-p alone the
-//      summed fixed-point weights (one shared-memory atomic a token, or two). The bin is a
+//      summed fixed-point weights (three 32-bit shared-memory atomics a token that return
+//      nothing, so the pass never waits on one). The bin is a
 //      non-decreasing function of s, so each bin is a contiguous range of the (logit, lower id
 //      first) key order, bin 0 the best. The top-k cut lies in the first bin where the running
 //      count reaches k, the top-p cut in the first bin where the running weight (of the top-k)
@@ -33,14 +34,20 @@
 // collected, not on their order: the kept set and the draw are reproducible bit for bit, and do
 // not depend on which row or cluster a request lands in.
 //
-// What bounds it (H200, ncu, 64 rows, top-p 0.95: ~140 us, the target is 60): not memory (DRAM 4%,
-// L2 6% of peak) but issue: ~5.6 warp instructions a logit over all passes at 50% occupancy (64
-// registers x 1024 threads a multiprocessor; 14 cycles a warp between instructions), pass B's
-// shared-memory atomics the largest part (64-bit shared atomicAdd is a compare-and-swap loop on
-// sm_90, hence AddWeight's two 32-bit words).
+// What bounds it (H200, 64 rows, top-p 0.95; record 2026-12-02-h200-sampling-ab, whose outputs
+// hold `ncu --set full` of one such launch): not memory (DRAM and L2 under 10% of peak) but issue
+// and latency, 30M warp instructions at 5 blocks a multiprocessor, 42% of issue slots busy. By
+// stall samples: pass B ~32%, the weighted select of the collected bin (its barriers and warp 0's
+// bin search) ~20%, pass D ~20%, pass A ~16%. The same record has the A/B that made it so, 107 ->
+// 70 us: 5 blocks a multiprocessor (one wave for 64 rows instead of two), pass A a quad at a time,
+// pass B's atomics without a return, s computed once a token, and the select's flush summed per
+// warp (select::FlushWarpRuns; before it, 64-bit compare-and-swap loops spinning on one address
+// took a quarter of the time).
 #include <cooperative_groups.h>
 
 #include <cstdint>
+#include <mutex>
+#include <set>
 
 #include "backend/cuda/block_select.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -53,10 +60,13 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-// 8 blocks of 256 threads per row (8 is the portable cluster size): 64 rows are 512 blocks, about 4
-// a multiprocessor, the most that 64 registers a thread allow (an H200 holds 62 such clusters).
+// 8 blocks of 256 threads per row (8 is the portable cluster size): 64 rows are 512 blocks, 3.9
+// a multiprocessor. At 4 blocks a multiprocessor (64 registers a thread) an H200 holds 62 such
+// clusters, so 64 rows took two waves; 5 (48 registers, and the largest shared-memory carveout for
+// 5 x 39 KB) hold them in one.
 constexpr int kCluster = 8;
 constexpr int kThreads = 256;
+constexpr int kBlocksPerSm = 5;
 
 // Thread-block clusters are sm_90's: the device code below is compiled for sm_90 and up only; on
 // older targets the kernel traps, and SampleTokensSupported() keeps it from launching (the
@@ -165,19 +175,6 @@ __device__ inline unsigned long long BlockMinU64(unsigned long long value, Sampl
   return lowest;
 }
 
-// Adds a weight (< 2^41) to a 64-bit shared-memory counter with 32-bit atomics: the 64-bit
-// atomicAdd on shared memory is a compare-and-swap loop on sm_90, and pass B does one per token.
-// The low word wraps exactly once for each carry its adder sees, so the sum is exact once every
-// adder is done.
-__device__ inline void AddWeight(unsigned long long* counter, unsigned long long weight) {
-  unsigned int* words = reinterpret_cast<unsigned int*>(counter);  // little-endian: low first
-  const unsigned int low = static_cast<unsigned int>(weight);
-  const unsigned int high = static_cast<unsigned int>(weight >> 32);
-  const unsigned int before = atomicAdd(words, low);
-  const unsigned int carry = before > 0xffffffffu - low ? 1u : 0u;
-  if (high + carry != 0) atomicAdd(words + 1, high + carry);
-}
-
 // The inverse of select::OrderedBits: the logit a key was built from (-0.0 comes back as +0.0,
 // which every function here treats alike).
 __device__ inline float ValueOfKey(unsigned long long key) {
@@ -203,13 +200,22 @@ struct RowView {
   __device__ float Scaled(float value) const {
     return value == best ? 0.0f : __fmul_rn(__fsub_rn(best, value), scale);
   }
-  // p / p_best = exp((x - best) / T).
-  __device__ float Ratio(float value) const {
-    return value == best ? 1.0f : exp2f(__fmul_rn(__fsub_rn(value, best), scale));
+  // p / p_best = exp((x - best) / T) = 2^-s, from s = Scaled(x): the passes that have s already
+  // spare the subtraction and the product.
+  // For an eligible token (0 <= s < kSpan) 2^-s is a normal float, where ex2.approx.ftz equals
+  // exp2f's ex2.approx without the denormal fix-up around it; ineligible tokens' ratios are never
+  // used.
+  __device__ static float RatioOfScaled(float s) {
+    if (s == 0.0f) return 1.0f;
+    float ratio;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(ratio) : "f"(-s));
+    return ratio;
   }
-  __device__ unsigned long long Weight(float value) const {
-    return __float2ull_rn(Ratio(value) * kWeightScale);
+  __device__ static unsigned long long WeightOfScaled(float s) {
+    return __float2ull_rn(RatioOfScaled(s) * kWeightScale);
   }
+  __device__ float Ratio(float value) const { return RatioOfScaled(Scaled(value)); }
+  __device__ unsigned long long Weight(float value) const { return WeightOfScaled(Scaled(value)); }
 
   // Logits [id, id + 4) (id % 4 == 0), those at or past `end` not loaded (their value unused).
   __device__ float4 LoadQuad(int id, int end) const {
@@ -248,6 +254,29 @@ struct RowView {
   template <typename Fn>
   __device__ void ForChunk(Fn fn) const {
     ForQuads<4 * kThreads>(lo + 4 * static_cast<int>(threadIdx.x), hi, fn);
+  }
+  // Calls fn(id, quad) for the quads of this block's chunk, as ForQuads loads them: a whole quad
+  // at a time, ids at or past hi set to -inf (a masked token).
+  template <typename Fn>
+  __device__ void ForChunkQuads(Fn fn) const {
+    const auto whole = [this, &fn](int id, float4 quad) {
+      if (!kAligned) {
+        if (id + 1 >= hi) quad.y = -INFINITY;
+        if (id + 2 >= hi) quad.z = -INFINITY;
+        if (id + 3 >= hi) quad.w = -INFINITY;
+      }
+      fn(id, quad);
+    };
+    constexpr int kStep = 4 * kThreads;
+    int id = lo + 4 * static_cast<int>(threadIdx.x);
+    for (; id + (kQuadsInFlight - 1) * kStep < hi; id += kQuadsInFlight * kStep) {
+      float4 quads[kQuadsInFlight];
+#pragma unroll
+      for (int u = 0; u < kQuadsInFlight; ++u) quads[u] = LoadQuad(id + u * kStep, hi);
+#pragma unroll
+      for (int u = 0; u < kQuadsInFlight; ++u) whole(id + u * kStep, quads[u]);
+    }
+    for (; id < hi; id += kStep) whole(id, LoadQuad(id, hi));
   }
 };
 
@@ -441,7 +470,7 @@ __device__ Selected ClusterSelect(const Row& row, Pred pred, int count, unsigned
       if ((key & mask) != prefix) return;
       const int digit = static_cast<int>((key >> shift) & 0xff);
       atomicAdd(&smem.digit_count[digit], 1u);
-      AddWeight(&smem.digit_weight[digit], row.Weight(value));
+      select::AtomicAddSharedU64(&smem.digit_weight[digit], row.Weight(value));
     });
     ClusterReduceHistogram<256, true>(smem.digit_count, smem.digit_weight, smem, cluster);
     // Position p is digit 255 - p: best first.
@@ -476,12 +505,13 @@ __device__ Selected ClusterSelect(const Row& row, Pred pred, int count, unsigned
 #endif  // SIEVE_SAMPLING_CLUSTERS
 
 template <bool kAligned>
-__global__ __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 4) void SampleTokensKernel(
-    const float* __restrict__ logits,              // [rows][vocab]
-    int vocab,                                     //
-    const SamplingRowParams* __restrict__ params,  // [rows]
-    int32_t* __restrict__ out_tokens,              // [rows]
-    float* __restrict__ out_logprob) {             // [rows] or null
+__global__ __cluster_dims__(kCluster, 1, 1)
+    __launch_bounds__(kThreads, kBlocksPerSm) void SampleTokensKernel(
+        const float* __restrict__ logits,              // [rows][vocab]
+        int vocab,                                     //
+        const SamplingRowParams* __restrict__ params,  // [rows]
+        int32_t* __restrict__ out_tokens,              // [rows]
+        float* __restrict__ out_logprob) {             // [rows] or null
 #if !SIEVE_SAMPLING_CLUSTERS
   __trap();
 #else
@@ -499,17 +529,27 @@ __global__ __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 4) void 
   RowView<kAligned> row{x, min(vocab, rank * chunk), min(vocab, (rank + 1) * chunk), 0.0f, 0.0f};
 
   // A. max, argmax and sum of exp(x - max) of the raw logits.
+  // A quad at a time: its max first, so that the running max moves (and the sum is rescaled) at
+  // most once a quad and the four terms are independent, without a branch a logit.
   SoftmaxState state{-INFINITY, 0.0f, INT32_MAX};
-  row.ForChunk([&](int id, float value) {
-    if (value == -INFINITY) return;  // masked token: no mass, and never the argmax
-    if (value > state.max) {  // also the first finite logit: the max starts at -inf, sum at 0
-      state.sum = state.sum * exp2f((state.max - value) * kLog2e) + 1.0f;
-      state.max = value;
-      state.argmax = id;
-    } else {
-      state.sum += exp2f((value - state.max) * kLog2e);
-      // Quads do not visit ids in increasing order: ties go to the lowest id explicitly.
-      if (value == state.max && id < state.argmax) state.argmax = id;
+  row.ForChunkQuads([&](int id, float4 quad) {
+    const float quad_max = fmaxf(fmaxf(quad.x, quad.y), fmaxf(quad.z, quad.w));
+    if (quad_max == -INFINITY) return;  // masked tokens only: no mass, and never the argmax
+    if (quad_max > state.max) {  // also the first finite quad: the max starts at -inf, sum at 0
+      state.sum *= exp2f((state.max - quad_max) * kLog2e);
+      state.max = quad_max;
+      state.argmax = INT32_MAX;
+    }
+    // A masked token adds exp2(-inf) = 0; a NaN makes the sum NaN, as it would the softmax.
+    state.sum += (exp2f((quad.x - state.max) * kLog2e) + exp2f((quad.y - state.max) * kLog2e)) +
+                 (exp2f((quad.z - state.max) * kLog2e) + exp2f((quad.w - state.max) * kLog2e));
+    // Quads do not visit ids in increasing order: ties go to the lowest id explicitly.
+    if (quad_max == state.max) {
+      const int first = quad.x == quad_max   ? id
+                        : quad.y == quad_max ? id + 1
+                        : quad.z == quad_max ? id + 2
+                                             : id + 3;
+      state.argmax = min(state.argmax, first);
     }
   });
 #pragma unroll
@@ -561,11 +601,22 @@ __global__ __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 4) void 
     // B. the cluster's histogram of the eligible tokens over the bins of s: with top-k, counts
     // (top-p then needs the weights of the bins before top-k's cut bin only, summed while that
     // bin is collected); top-p alone, weights (how many tokens its cut bin holds is learnt when D
-    // collects them). One shared-memory atomic a token where possible: they bound this pass.
+    // collects them).
     bool weights_ready = !top_k;  // hist_weight holds the cluster's sums for the bins < cut_bin
+    // Top-p alone sums each bin's weights in three 14-bit parts (weight = hi 2^28 + mid 2^14 +
+    // lo, each part < 2^14), one 32-bit counter a part, in the collect buffer (unused until C or
+    // D): a chunk of at most 2^18 tokens cannot carry out of one, so the atomics need not return
+    // their old value (select::AtomicAddSharedU64's must, for the carry) and the pass does not
+    // wait on them.
+    unsigned int* weight_parts = reinterpret_cast<unsigned int*>(smem.buffer);  // [3][kBins]
+    static_assert(3 * kBins * sizeof(unsigned int) <= sizeof(SampleSmem::buffer));
     for (int bin = tid; bin < kBins; bin += kThreads) {
       smem.hist_count[bin] = 0;
-      smem.hist_weight[bin] = 0;
+      if (weights_ready) {
+        weight_parts[bin] = 0;
+        weight_parts[kBins + bin] = 0;
+        weight_parts[2 * kBins + bin] = 0;
+      }
     }
     __syncthreads();
     row.ForChunk([&](int, float value) {
@@ -574,10 +625,20 @@ __global__ __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 4) void 
       const int bin = BinOf(s);
       if (top_k) atomicAdd(&smem.hist_count[bin], 1u);
       if (weights_ready) {
-        const unsigned long long weight = row.Weight(value);
-        if (weight != 0) AddWeight(&smem.hist_weight[bin], weight);
+        const unsigned long long weight = row.WeightOfScaled(s);
+        atomicAdd(&weight_parts[bin], static_cast<unsigned int>(weight) & 0x3fffu);
+        atomicAdd(&weight_parts[kBins + bin], static_cast<unsigned int>(weight >> 14) & 0x3fffu);
+        atomicAdd(&weight_parts[2 * kBins + bin], static_cast<unsigned int>(weight >> 28));
       }
     });
+    if (weights_ready) {
+      __syncthreads();
+      for (int bin = tid; bin < kBins; bin += kThreads) {
+        smem.hist_weight[bin] =
+            weight_parts[bin] + (static_cast<unsigned long long>(weight_parts[kBins + bin]) << 14) +
+            (static_cast<unsigned long long>(weight_parts[2 * kBins + bin]) << 28);
+      }
+    }
     if (top_k) {
       ClusterReduceHistogram<kBins, true>(smem.hist_count, smem.hist_weight, smem, cluster);
     } else {
@@ -615,7 +676,7 @@ __global__ __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 4) void 
             const int bin = BinOf(s);
             if (bin < bin_k) {
               const unsigned long long weight = row.Weight(value);
-              if (weight != 0) AddWeight(&smem.hist_weight[bin], weight);
+              if (weight != 0) select::AtomicAddSharedU64(&smem.hist_weight[bin], weight);
             } else if (bin == bin_k) {
               CollectOwn(KeyOf(id, value), smem);
             }
@@ -660,7 +721,7 @@ __global__ __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 4) void 
         const int bin = BinOf(s);
         if (bin >= bin_k) return;
         const unsigned long long weight = row.Weight(value);
-        if (weight != 0) AddWeight(&smem.hist_weight[bin], weight);
+        if (weight != 0) select::AtomicAddSharedU64(&smem.hist_weight[bin], weight);
       });
       ClusterReduceHistogram<kBins, false>(smem.hist_count, smem.hist_weight, smem, cluster);
     }
@@ -718,6 +779,12 @@ __global__ __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 4) void 
     if (min_p > 0.0f && ratio < min_p) return 0;
     return __float2ull_rn(ratio * kWeightScale);
   };
+  // The same from s = row.Scaled(value).
+  const auto min_p_weight_of_scaled = [min_p](float s) -> unsigned long long {
+    const float ratio = RowView<kAligned>::RatioOfScaled(s);
+    if (min_p > 0.0f && ratio < min_p) return 0;
+    return __float2ull_rn(ratio * kWeightScale);
+  };
 
   // D. the draw. Tiles of `span` consecutive ids, warps taking them in turn.
   const int span = ((row.hi - row.lo + kMaxTiles - 1) / kMaxTiles + kTileMin - 1) / kTileMin *
@@ -741,7 +808,7 @@ __global__ __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 4) void 
         } else if (KeyOf(id, value) < cut) {
           return;
         }
-        weight += min_p_weight(value);
+        weight += min_p_weight_of_scaled(s);
       });
 #pragma unroll
       for (int offset = 16; offset > 0; offset >>= 1) {
@@ -770,7 +837,8 @@ __global__ __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 4) void 
         if (buffer[i] < cut) continue;
         const int id = static_cast<int>(0xffffffffu - static_cast<uint32_t>(buffer[i]));
         const unsigned long long weight = min_p_weight(ValueOfKey(buffer[i]));
-        if (weight != 0) AddWeight(&smem.tile_weight[(id - row.lo) / span], weight);
+        if (weight != 0)
+          select::AtomicAddSharedU64(&smem.tile_weight[(id - row.lo) / span], weight);
       }
     } else {
       // The bin held more than kGather tokens (top-p alone): select it the long way (its size
@@ -900,7 +968,28 @@ bool SampleTokensSupported() {
   return major >= 9;
 }
 
+namespace {
+
+// The shared-memory carveout that lets kBlocksPerSm blocks share a multiprocessor (the driver's
+// default carveout held 4), set once per device and kernel (the attribute is per device).
+void ConfigureSampleKernels() {
+  static std::mutex mutex;
+  static std::set<int> configured;
+  int device = 0;
+  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (!configured.insert(device).second) return;
+  for (const void* kernel : {reinterpret_cast<const void*>(SampleTokensKernel<true>),
+                             reinterpret_cast<const void*>(SampleTokensKernel<false>)}) {
+    SIEVE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
+  }
+}
+
+}  // namespace
+
 int SampleTokensConcurrentRows() {
+  ConfigureSampleKernels();
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(kCluster);
   config.blockDim = dim3(kThreads);
@@ -914,8 +1003,11 @@ void SampleTokens(const float* logits, int rows, int vocab, const SamplingRowPar
                   size_t /*workspace_bytes*/, cudaStream_t stream) {
   if (rows == 0) return;
   SIEVE_CHECK(SampleTokensSupported()) << "GPU sampling needs thread-block clusters (sm_90)";
-  SIEVE_CHECK(rows > 0 && vocab > 0 && rows <= INT32_MAX / kCluster)
+  // Pass B's 14-bit weight parts cannot carry out of 32 bits for chunks of up to 2^18 tokens.
+  SIEVE_CHECK(rows > 0 && vocab > 0 && vocab <= kSampleTokensMaxVocab &&
+              rows <= INT32_MAX / kCluster)
       << "rows " << rows << " vocab " << vocab;
+  ConfigureSampleKernels();
 
   // Rows start on 16 bytes when the base does and vocab % 4 == 0 (cudaMalloc gives 256).
   const bool aligned = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;

@@ -51,6 +51,10 @@ static_assert(sizeof(SamplingRowParams) == 32);
 // shared memory). Kept so that callers size and pass it like the other launchers'.
 size_t SampleTokensWorkspaceBytes(int rows, int vocab);
 
+// The largest vocabulary SampleTokens takes (a block's chunk of at most 2^18 logits keeps pass B's
+// weight sums within 32 bits); callers sample larger ones on the host.
+inline constexpr int kSampleTokensMaxVocab = 1 << 21;
+
 // Whether the current device runs SampleTokens: it needs thread-block clusters (compute
 // capability 9.0 and up). Where it does not, callers sample on the host.
 bool SampleTokensSupported();
