@@ -4,7 +4,8 @@
 Every number on the page comes from a record (bench/results/NAME.json, written by
 scripts/record_gpu_results.py or scripts/bench_cpu.sh); nothing is typed by hand. headline.txt names
 one record per benchmark kind (headline, serve, warm-start, prefill-step, decode-step,
-tensor-parallel, kernels, cpu) and the command that reproduces it; bench/results/headline_methods.md, hand-written, follows the tables verbatim. The charts are
+tensor-parallel, sampling, kernels, cpu; the headline may take one record per workload, rendered as one
+section) and the command that reproduces it; bench/results/headline_methods.md, hand-written, follows the tables verbatim. The charts are
 SVG files in docs/benchmarks/ (scripts/svg_bars.py). Every other record in bench/results/ is the
 history of experiments: kept there, not rendered.
 
@@ -26,7 +27,7 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 PAGE = os.path.join("docs", "benchmarks.md")
 CHARTS = os.path.join("docs", "benchmarks")
 KINDS = ("headline", "serve", "warm-start", "prefill-step", "decode-step", "tensor-parallel",
-         "kernels", "cpu")
+         "sampling", "kernels", "cpu")
 
 
 def fmt(value, digits=0):
@@ -340,13 +341,28 @@ def kernels_section(record, charts):
                        f"{r['cublas_ms'] * 1e3:.1f} us, {fmt(r['cublas_gbs'])} GB/s "
                        f"({r['cublas_gbs'] / copy:.0%}) |")
     summary = record.get("summary", "")
-    for title, pattern in (("Score + select + compact (one layer, against the prefill it follows)",
-                            r"(KV-sparsity pass.*?)(?:\n\n|\Z)"),
-                           ("GPU sampling", r"(GPU sampling.*?)(?:\n==|\nsdpa|\Z)")):
-        block = re.search(pattern, summary, re.S)
-        if block:
-            out += ["", f"{title}:", "", "```", block.group(1).strip(), "```"]
+    # The sampler has its own section (kind `sampling`).
+    block = re.search(r"(KV-sparsity pass.*?)(?:\n\n|\Z)", summary, re.S)
+    if block:
+        out += ["", "Score + select + compact (one layer, against the prefill it follows):", "",
+                "```", block.group(1).strip(), "```"]
     out.append("")
+    return out
+
+
+def sampling_section(record, charts):
+    """The GPU sampler's table from `sieve bench kernels` output saved in the record (the last
+    one found: an A/B record's winner is benched last)."""
+    out = ["## GPU sampling: `sieve bench kernels`", "",
+           "`SampleTokens` (backend/cuda/sampling_kernels.h) on rows of 128,256 logits: greedy, "
+           "top-p, top-k + top-p and min-p, microseconds a step for 1, 64 and 256 rows (the target "
+           "is 60 us at 64 rows, each mode).", ""]
+    texts = list((record.get("outputs") or {}).values()) + [record.get("summary", "")]
+    found = None
+    for text in texts:
+        for block in re.finditer(r"(GPU sampling, vocab.*?)(?:\n==|\n\n|\Z)", text, re.S):
+            found = block.group(1).strip()
+    out += ["```", found, "```", ""] if found else ["No sampling table in this record.", ""]
     return out
 
 
@@ -361,6 +377,7 @@ def cpu_section(record, charts):
 SECTIONS = {"headline": headline_section, "serve": serve_section,
             "warm-start": warm_start_section, "prefill-step": prefill_step_section,
             "decode-step": decode_step_section, "tensor-parallel": tensor_parallel_section,
+            "sampling": sampling_section,
             "kernels": kernels_section, "cpu": cpu_section}
 
 
@@ -374,7 +391,26 @@ def render():
              "in `bench/results/` (the JSON holds the commit, the device and the full output) and "
              "the command that reproduces it. The other records there are the history of "
              "experiments; code comments cite them by file name.", ""]
-    for kind, name, command in read_headline():
+    entries = read_headline()
+    headline_done = False
+    for kind, name, command in entries:
+        if kind == "headline":
+            # Several headline records (one run for 4000/500, another for 16000/500) make one
+            # section: their sweeps together, each record's provenance.
+            if headline_done:
+                continue
+            headline_done = True
+            sources = [(json.load(open(os.path.join(RESULTS, n + ".json"))), n, c)
+                       for k, n, c in entries if k == "headline"]
+            merged = {"sweeps": {}}
+            for record, _, _ in sources:
+                merged["sweeps"].update(record.get("sweeps") or {})
+            section = SECTIONS[kind](merged, charts)
+            lines += section[:2]
+            for record, n, c in sources:
+                lines += provenance(record, n, c)
+            lines += section[2:]
+            continue
         record = json.load(open(os.path.join(RESULTS, name + ".json")))
         section = SECTIONS[kind](record, charts)
         lines += section[:2] + provenance(record, name, command) + section[2:]
