@@ -430,6 +430,7 @@ std::vector<RequestOutput> Engine::Step() {
   for (size_t row = 0; row < sample_ids_.size(); ++row) {
     const SeqId id = sample_ids_[row];
     Sequence& seq = *scheduler_->Find(id);
+    if (!seq.caught_up()) continue;  // a preempted sequence replaying known tokens
     RequestState& state = requests_.at(id);
     RequestOutput output = Advance(state, seq, samples[row]);
     if (output.finished) {
@@ -476,6 +477,8 @@ std::vector<SampleResult> Engine::SampleRows(const Tensor& logits) {
   for (size_t row = 0; row < rows; ++row) {
     const SeqId id = sample_ids_[row];
     const Sequence& seq = *scheduler_->Find(id);
+    // Replayed tokens are known: sampling them would move the request's random stream.
+    if (!seq.caught_up()) continue;
     RequestState& state = requests_.at(id);
     const std::span<float> row_logits(host_logits_.data() + row * vocab, vocab);
     if (!state.forced_tokens.empty()) {

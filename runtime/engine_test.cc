@@ -408,6 +408,87 @@ TEST(EngineTest, SeededSamplingIsReproducibleAcrossBatches) {
   EXPECT_EQ(RunToEnd(*crowd.engine).at(id).tokens, first);
 }
 
+// A request's answer does not depend on whether it was preempted, sparse policies included: a
+// crowd of requests in a pool that forces preemptions answers each one as it is answered alone,
+// token for token and logprob for logprob, greedy and seeded alike (the host sampler's random
+// stream too: replayed tokens are not sampled again).
+TEST(EngineTest, PreemptedRequestsAnswerAsAlone) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  const int64_t page_bytes =
+      2 * 4 * config.num_kv_heads * config.head_dim * 4 + 2 * 4 * config.num_kv_heads * 4;
+  for (const std::string policy :
+       {"full", "snapkv", "pyramidkv", "streamingllm", "h2o", "full:0,snapkv:1-2"}) {
+    SCOPED_TRACE(policy);
+    EngineOptions options;
+    options.kv_policy = policy;
+    options.kv_policy_options.budget = 24;
+    options.kv_policy_options.window = 4;
+    options.kv_policy_options.heavy = 12;
+    options.kv_policy_options.recent = 12;
+    options.kv_policy_options.sinks = 2;
+    options.page_size = 4;
+    options.max_num_seqs = 8;
+    // Prompts prefilled over several steps, so that admitted sequences still grow and policies
+    // whose decode never grows (streamingllm) are preempted too; h2o scores every prompt row in
+    // one step.
+    options.max_num_batched_tokens = policy == "h2o" ? 128 : 24;
+    options.max_model_len = 160;
+    struct Request {
+      std::vector<int32_t> prompt;
+      SamplingParams params;
+    };
+    std::vector<Request> requests;
+    for (int index = 0; index < 8; ++index) {
+      SamplingParams params = Greedy(30 + static_cast<int>(rng() % 20));
+      if (index % 3 == 2) {  // seeded sampling on the host (logprobs ask for it)
+        params.temperature = 0.9f;
+        params.seed = rng();
+        params.logprobs = 1;
+      }
+      requests.push_back({RandomPrompt(rng, 40 + static_cast<int>(rng() % 40)), params});
+    }
+    std::vector<Completion> alone;
+    int peak_pages = 0;
+    for (const Request& request : requests) {
+      TestEngine t = MakeEngine(config, options);
+      ASSERT_TRUE(t.engine->Add({request.prompt, request.params, ""}).ok());
+      const auto done = RunToEnd(*t.engine);
+      ASSERT_EQ(done.size(), 1u);
+      alone.push_back(done.begin()->second);
+      const EngineStats stats = t.engine->Stats();
+      ASSERT_EQ(stats.num_preemptions, 0);
+      peak_pages = std::max(peak_pages, static_cast<int>(stats.peak_pages_used));
+    }
+    // Pools for about two of them at their largest, then tighter, until one preempts (how many
+    // it takes depends on the prompts' lengths); each holds the largest alone, so nobody waits
+    // forever. Every crowd answers each request as it was answered alone.
+    int64_t preemptions = 0;
+    for (const double pools : {2.0, 1.5, 1.2}) {
+      if (preemptions > 0) break;
+      EngineOptions tight = options;
+      tight.kv_memory_bytes = page_bytes * (static_cast<int64_t>(pools * peak_pages) + 4);
+      TestEngine crowd = MakeEngine(config, tight);
+      std::vector<RequestId> ids;
+      for (const Request& request : requests) {
+        const auto id = crowd.engine->Add({request.prompt, request.params, ""});
+        ASSERT_TRUE(id.ok()) << id.status().ToString();
+        ids.push_back(*id);
+      }
+      const auto done = RunToEnd(*crowd.engine);
+      const EngineStats stats = crowd.engine->Stats();
+      EXPECT_EQ(stats.num_pages_used, 0);
+      preemptions = stats.num_preemptions;
+      for (size_t index = 0; index < requests.size(); ++index) {
+        const Completion& got = done.at(ids[index]);
+        EXPECT_EQ(got.tokens, alone[index].tokens) << "request " << index << ", pool " << pools;
+        EXPECT_EQ(got.logprobs, alone[index].logprobs) << "request " << index << ", pool " << pools;
+      }
+    }
+    EXPECT_GT(preemptions, 0) << "no pool was tight enough to preempt";
+  }
+}
+
 // Random add / step / abort traffic with random policies and a small pool (so preemption
 // happens): no page leaks or double frees, every finished request got exactly its tokens.
 TEST(EngineTest, RandomTrafficKeepsInvariants) {

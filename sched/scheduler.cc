@@ -165,9 +165,16 @@ int Scheduler::PagesAfterCompression(const Sequence& seq) const {
   if (seq.state == SequenceState::kRunning && !seq.in_prefill()) {
     return kv_->PagesUsedBySequence(seq.id);
   }
+  // A sparse sequence back from a preemption also replays its generated tokens into the cache
+  // (at most the layer's decode cap, where it evicts).
+  const int replayed = static_cast<int>(seq.tokens.size()) - seq.prefill_target;
+  const std::vector<int> after_prompt = seq.policy->EntriesAfterPrompt(seq.prefill_target);
   int pages = 0;
-  for (const int entries : seq.policy->EntriesAfterPrompt(seq.prefill_target)) {
-    pages += kv_->PagesFor(entries + 1);  // + the first decode entry
+  for (int layer = 0; layer < static_cast<int>(after_prompt.size()); ++layer) {
+    int entries = after_prompt[layer] + replayed + 1;  // + the first decode entry
+    const int cap = seq.policy->DecodeLimitFor(layer).max_entries;
+    if (cap > 0) entries = std::max(after_prompt[layer] + 1, std::min(entries, cap + 1));
+    pages += kv_->PagesFor(entries);
   }
   return pages;
 }
@@ -270,7 +277,9 @@ void Scheduler::Commit(const StepPlan& plan) {
     std::erase(running_, id);
     seq.state = SequenceState::kWaiting;
     seq.num_computed = 0;
-    seq.prefill_target = static_cast<int>(seq.tokens.size());
+    // Dense: everything at once. Sparse: the prompt, then the generated tokens replayed.
+    seq.prefill_target =
+        seq.policy->IsDense() ? static_cast<int>(seq.tokens.size()) : seq.num_prompt_tokens;
     ++seq.num_preemptions;
     ++num_preemptions_;
     // Back to the queue in arrival order: it goes before everything that came after it.

@@ -10,7 +10,13 @@
 //
 // When a running sequence cannot get the pages it needs, the newest running sequence is
 // preempted: all its pages are freed and it returns to the waiting queue with everything it has
-// generated, to be prefilled again (recompute). Nothing is lost; the count is kept.
+// generated, to be computed again (recompute). Nothing is lost; the count is kept. A dense
+// sequence prefills its prompt and generated tokens at once. A sparse one must get back the cache
+// it had, which no prefill of the longer sequence gives (its plan would select again over it, with
+// generated tokens as the window, and keep entries computed by attention over everything): it
+// prefills its prompt with the prompt's plan, as the first time, then replays each generated token
+// as a decode step (evictions included). Replayed steps compute logits that nobody samples
+// (Sequence::caught_up), so the answer continues as if it had never been preempted.
 #pragma once
 
 #include <cstdint>

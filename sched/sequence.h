@@ -21,13 +21,17 @@ struct Sequence {
   SequenceState state = SequenceState::kWaiting;
   // Progress of the KV cache: tokens [0, num_computed) are in it (or were, then compressed).
   int num_computed = 0;
-  // Tokens to prefill before decoding: the prompt, or after a preemption the prompt and the
-  // tokens generated so far (recompute).
+  // Tokens to prefill before decoding: the prompt, or after a preemption of a dense sequence the
+  // prompt and the tokens generated so far (recompute). A sparse sequence prefills its prompt
+  // again and then replays its generated tokens as decode steps (see Scheduler).
   int prefill_target = 0;
   int num_preemptions = 0;
 
   int num_generated() const { return static_cast<int>(tokens.size()) - num_prompt_tokens; }
   bool in_prefill() const { return num_computed < prefill_target; }
+  // After a step (Scheduler::Complete): whether every known token is in the cache, so that the
+  // step's logits give the next token. False while a preempted sequence replays.
+  bool caught_up() const { return num_computed == static_cast<int>(tokens.size()); }
 };
 
 }  // namespace sieve

@@ -18,9 +18,9 @@ Then checks, each failing the run with a message:
     an OpenAI-shaped error body, no 5xx anywhere (the client's view and the server's
     sieve:http_requests_total), and the server stayed up the whole time;
   - greedy and seeded answers under load equal the same request sent alone to the idle server
-    afterwards (dense requests: exactly; sparse policies: reported, not failed, because a
-    preempted sparse request recomputes prompt + generated tokens as its prompt, which its
-    policy compresses differently; each is checked to be deterministic alone);
+    afterwards, exactly, dense and sparse policies alike (preemption is transparent: a sparse
+    request prefills its prompt again and replays its generated tokens as decode steps); each
+    sparse one is also checked to be deterministic alone;
   - once the clients are done, every KV page is free (sieve:kv_cache_pages_used and every
     layer's sieve:kv_cache_pages_used_by_layer are 0, nothing running or waiting);
   - the server's RSS is flat over the second half of the load (see --rss-limit-mib);
@@ -756,11 +756,11 @@ class Soak:
         if n > 1 and job.mode == "greedy":  # a prompt's n greedy choices are one answer n times
             for first in range(0, job.choices, n):
                 if len(set(results[first:first + n])) != 1:
-                    if job.dense and self.args.greedy_check == "strict":
+                    if self.args.greedy_check == "strict":
                         raise Failure(f"{job.kind}: the greedy choices of one prompt differ: "
                                       f"{results[first:first + n]} (request "
                                       f"{json.dumps(job.body)[:300]})")
-                    with self.lock:  # sparse: each choice may be preempted on its own
+                    with self.lock:
                         self.choice_mismatches["dense" if job.dense else "sparse"] += 1
         with self.lock:
             self.policies[job.body.get("kv_policy", "(server default)")] += 1
@@ -1134,7 +1134,7 @@ def main():
                         help="distinct sparse deterministic requests replayed alone, each twice "
                              "(default: %(default)s)")
     parser.add_argument("--greedy-check", choices=["strict", "report"], default=None,
-                        help="strict: a dense greedy or seeded answer under load that differs "
+                        help="strict: a greedy or seeded answer under load that differs "
                              "from the one alone fails the run; report: counted only "
                              "(default: strict on the CPU, whose ops are batch-invariant; "
                              "report elsewhere)")
@@ -1275,7 +1275,7 @@ def run(args, server, port, log_path, wall_start):
                            f" of {len(soak.observed[key])}) {differing[0][0]} [{differing[0][1]}]")
                 if len(replay["examples"]) < 5:
                     replay["examples"].append(example)
-                if dense and args.greedy_check == "strict":
+                if args.greedy_check == "strict":
                     failures.append("answer under load differs from the same request alone: " +
                                     example)
     after = scrape(port, 30) if server.poll() is None else final
@@ -1414,8 +1414,8 @@ def print_summary(summary):
           f"{replay['dense_keys'] + replay['sparse_keys']} requests alone: dense "
           f"{replay['dense_keys']} (of {replay['dense_keys_seen']} seen), "
           f"{replay['dense_mismatches']} differ; sparse {replay['sparse_keys']} (of "
-          f"{replay['sparse_keys_seen']}), {replay['sparse_mismatches']} differ (preemption "
-          f"recomputes them), {replay['sparse_nondeterministic']} nondeterministic alone")
+          f"{replay['sparse_keys_seen']}), {replay['sparse_mismatches']} differ, "
+          f"{replay['sparse_nondeterministic']} nondeterministic alone")
     mismatches = summary["greedy_choice_mismatches"]
     if mismatches:
         print(f"            greedy n > 1 answers whose choices differ: {mismatches}")
