@@ -6,13 +6,13 @@
 #   scripts/gpu_check.sh [stage ...]     stages: build [tests_only] golden test sanitize
 #                                        sanitize_engine bench step ab profile timeline sdpa
 #                                        soak
-#                                        serve warm prefill headline accuracy tp
+#                                        serve warm prefill headline accuracy tp sampling
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
 # for the tree in .ab/ (made by `scripts/prepare_ab.sh REV`, carried), alternately, AB_ROUNDS
-# times each (default 3): a change's effect measured in one run on one machine. `build` also
-# builds .ab/'s `sieve` when it exists.
+# times each (default 3): a change's effect measured in one run on one machine; `sampling` does
+# the same for the GPU sampler's table. `build` also builds .ab/'s `sieve` when it exists.
 # Needs the carried .deb/ (PCRE2 headers, absent on the GPU machine). `serve` and `warm` use the
 # committed Llama 3 tokenizer (testdata/tokenizers/llama3).
 set -uo pipefail
@@ -68,7 +68,7 @@ if has build; then
     note "build of the GPU tests FAILED"; grep -E "error|Error" -A6 "$LOGS/build_tests.log" | head -120; exit 1
   fi
   note "build of the GPU tests: ok in $(( $(date +%s) - start )) s"
-  if has ab && [ -d .ab ]; then
+  if { has ab || has sampling; } && [ -d .ab ]; then
     # Builds while the tests run: they use the GPU, this the CPUs.
     (cd .ab && cmake --preset gpu && cmake --build --preset gpu -j "$(nproc)" --target sieve) \
       > "$LOGS/build_ab.log" 2>&1 &
@@ -175,6 +175,30 @@ if has ab; then
   else
     note "ab: no .ab/ build (build_ab.log)"; tail -20 "$LOGS/build_ab.log" 2>/dev/null
   fi
+fi
+
+if has sampling; then
+  # The GPU sampler's table (sieve bench kernels: 1/64/256 rows, greedy, top-p, top-k + top-p,
+  # min-p), for this tree and, with .ab/ (scripts/prepare_ab.sh REV, carried), for that tree's
+  # sieve, alternately, AB_ROUNDS times each: a sampler change measured in one run.
+  ensure_sieve
+  sieves=(./build/gpu/sieve)
+  if [ -n "${ab_build:-}" ] && wait "$ab_build" && [ -x .ab/build/gpu/sieve ]; then
+    sieves+=(.ab/build/gpu/sieve)
+  elif [ -d .ab ]; then
+    note "sampling: no .ab/ build (build_ab.log; the build stage builds it)"
+  fi
+  for round in $(seq 1 "${AB_ROUNDS:-3}"); do
+    for binary in "${sieves[@]}"; do
+      name=$( [ "$binary" = ./build/gpu/sieve ] && echo this || echo ab )
+      "$binary" bench kernels --skip-attention --skip-gemm --skip-decode-step \
+        > "$LOGS/sampling_${name}_$round.log" 2>&1 || note "sampling bench $name FAILED"
+      grep -E "^ +(1|64|256) \|" "$LOGS/sampling_${name}_$round.log" | tr -s " " | tr "\n" ";" | \
+        sed "s/^/sampling $name $round: /" >> "$summary"
+      echo >> "$summary"
+    done
+  done
+  grep -A6 "^GPU sampling" "$LOGS/sampling_this_1.log" | tee -a "$summary"
 fi
 
 if has profile; then

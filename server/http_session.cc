@@ -587,7 +587,9 @@ void HttpSession::SendResponse(int status, std::string content_type, std::string
 }
 
 void HttpSession::SendError(const ApiError& error, bool close, bool linger) {
-  if (error.http_status >= 500) {
+  // /health's 503 is the state it reports (warming up, shutting down), asked for every second
+  // or so by whatever waits on the server: not a failure worth a warning each time.
+  if (error.http_status >= 500 && endpoint_ != "/health") {
     spdlog::warn("{} {}: {}", error.http_status, endpoint_, error.message);
   } else {
     spdlog::debug("{} {}: {}", error.http_status, endpoint_, error.message);
