@@ -2,7 +2,8 @@
 // driving N ranks, each a CPU backend with its model shard and its own KV pool, joined by the
 // in-process communicator. Greedy tokens on 2 and 4 ranks must equal one rank's, dense and under
 // every KV policy (SnapKV, PyramidKV, StreamingLLM, H2O, a full + SnapKV mix, a score-capped
-// decode), with batched and chunked prefills, padded decode batches and preemption, on random
+// decode), with batched and chunked prefills, padded decode batches and preemption (dense, and
+// sparse, which replays generated tokens), on random
 // models (MHA; GQA with 2 KV heads, replicated on 4 ranks) and on fixture checkpoints loaded
 // sharded. The chosen tokens' log-probabilities must agree within 1e-4 (f32: the ranks' partial
 // sums are added in another order, ~1e-6). Bad splits are clear errors at load.
@@ -128,6 +129,10 @@ std::vector<std::pair<std::string, EngineOptions>> EveryPolicy(int layers) {
   tight.max_num_batched_tokens = 48;  // chunked prefills
   tight.page_size = 4;
   cases.emplace_back("full, chunked, preempting", tight);
+  // Preempted sparse sequences replay their generated tokens as decode steps.
+  EngineOptions tight_sparse = tight;
+  tight_sparse.kv_policy = "pyramidkv";
+  cases.emplace_back("pyramidkv, chunked, preempting", tight_sparse);
   return cases;
 }
 
@@ -146,16 +151,20 @@ void CheckGreedyTokens(const ModelConfig& config, const ModelFactory& factory,
       for (int32_t& token : prompt) token = static_cast<int32_t>(rng() % config.vocab_size);
       prompts.push_back(std::move(prompt));
     }
-    if (policy == "full, chunked, preempting") {
-      // Pages for about two sequences at a time: the others wait or are preempted.
+    const bool preempting = policy.ends_with(", preempting");
+    if (preempting) {
+      // Dense: pages for about two sequences at a time, the others wait or are preempted. Sparse
+      // (compressed to ~50 entries a layer): pages for the longest prompt's chunks and a little
+      // more, so that a prefill preempts the compressed ones.
       const int64_t page_bytes = 2 * 4 * config.num_kv_heads * config.head_dim * 4;
-      options.kv_memory_bytes = page_bytes * config.num_layers * 2 * (170 / 4);
+      const int pages_a_layer = policy.starts_with("full") ? 2 * (170 / 4) : 48;
+      options.kv_memory_bytes = page_bytes * config.num_layers * pages_a_layer;
     }
     const auto run = [&](int size) {
       EngineOptions rank_options = options;
       // A rank holds G / N KV heads (at least one): its pages are smaller, so the same memory
       // per rank holds more of them; the preempting case keeps the page count of one rank.
-      if (policy == "full, chunked, preempting") {
+      if (preempting) {
         rank_options.kv_memory_bytes =
             options.kv_memory_bytes * std::max(1, config.num_kv_heads / size) / config.num_kv_heads;
       }
@@ -175,8 +184,8 @@ void CheckGreedyTokens(const ModelConfig& config, const ModelFactory& factory,
       return std::make_pair(ordered, ranks.engine->Stats());
     };
     const auto [expected, expected_stats] = run(1);
-    if (policy == "full, chunked, preempting") {
-      EXPECT_GT(expected_stats.num_preemptions, 0) << "the pool is meant to preempt";
+    if (preempting) {
+      EXPECT_GT(expected_stats.num_preemptions, 0) << policy << ": the pool is meant to preempt";
     }
     if (policy.rfind("full", 0) != 0 || policy.find("snapkv") != std::string::npos) {
       EXPECT_GT(expected_stats.compression_ratio(), 1.0) << policy << " is meant to compress";
