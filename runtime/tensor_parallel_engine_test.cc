@@ -4,8 +4,9 @@
 // every KV policy (SnapKV, PyramidKV, StreamingLLM, H2O, a full + SnapKV mix, a score-capped
 // decode), with batched and chunked prefills, padded decode batches and preemption (dense, and
 // sparse, which replays generated tokens), on random models (MHA; GQA with 2 KV heads, replicated
-// on 4 ranks) and on fixture checkpoints loaded sharded. The chosen tokens' log-probabilities must agree within 1e-4 (f32: the ranks' partial
-// sums are added in another order, ~1e-6). Bad splits are clear errors at load.
+// on 4 ranks) and on fixture checkpoints loaded sharded. The chosen tokens' log-probabilities
+// must agree within 1e-4 (f32: the ranks' partial sums are added in another order, ~1e-6). Bad
+// splits are clear errors at load.
 #include <gtest/gtest.h>
 
 #include <algorithm>
