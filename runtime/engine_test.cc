@@ -89,6 +89,28 @@ SamplingParams Greedy(int max_tokens) {
   return params;
 }
 
+// Small budgets and 4-entry pages, so that a sparse policy drops entries within a short prompt and
+// a pool of a few dozen pages forces preemption.
+EngineOptions TightPolicyOptions(const std::string& policy) {
+  EngineOptions options;
+  options.kv_policy = policy;
+  options.kv_policy_options.budget = 24;
+  options.kv_policy_options.window = 4;
+  options.kv_policy_options.heavy = 12;
+  options.kv_policy_options.recent = 12;
+  options.kv_policy_options.sinks = 2;
+  options.page_size = 4;
+  options.max_model_len = 160;
+  return options;
+}
+
+// Bytes of one KV page of `page_size` entries of one layer on the CPU backend: K and V in f32, and
+// the side pools (positions, scores).
+int64_t PageBytes(const ModelConfig& config, int page_size) {
+  return 2 * page_size * config.num_kv_heads * config.head_dim * 4 +
+         2 * page_size * config.num_kv_heads * 4;
+}
+
 class GoldenGreedyTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenGreedyTest, ContinuationMatchesTransformers) {
@@ -415,25 +437,15 @@ TEST(EngineTest, SeededSamplingIsReproducibleAcrossBatches) {
 TEST(EngineTest, PreemptedRequestsAnswerAsAlone) {
   auto rng = testing::MakeRng();
   const ModelConfig config = SmallConfig();
-  const int64_t page_bytes =
-      2 * 4 * config.num_kv_heads * config.head_dim * 4 + 2 * 4 * config.num_kv_heads * 4;
   for (const std::string policy :
        {"full", "snapkv", "pyramidkv", "streamingllm", "h2o", "full:0,snapkv:1-2"}) {
     SCOPED_TRACE(policy);
-    EngineOptions options;
-    options.kv_policy = policy;
-    options.kv_policy_options.budget = 24;
-    options.kv_policy_options.window = 4;
-    options.kv_policy_options.heavy = 12;
-    options.kv_policy_options.recent = 12;
-    options.kv_policy_options.sinks = 2;
-    options.page_size = 4;
+    EngineOptions options = TightPolicyOptions(policy);
     options.max_num_seqs = 8;
     // Prompts prefilled over several steps, so that admitted sequences still grow and policies
     // whose decode never grows (streamingllm) are preempted too; h2o scores every prompt row in
     // one step.
     options.max_num_batched_tokens = policy == "h2o" ? 128 : 24;
-    options.max_model_len = 160;
     struct Request {
       std::vector<int32_t> prompt;
       SamplingParams params;
@@ -467,7 +479,8 @@ TEST(EngineTest, PreemptedRequestsAnswerAsAlone) {
     for (const double pools : {2.0, 1.5, 1.2}) {
       if (preemptions > 0) break;
       EngineOptions tight = options;
-      tight.kv_memory_bytes = page_bytes * (static_cast<int64_t>(pools * peak_pages) + 4);
+      tight.kv_memory_bytes =
+          PageBytes(config, options.page_size) * (static_cast<int64_t>(pools * peak_pages) + 4);
       TestEngine crowd = MakeEngine(config, tight);
       std::vector<RequestId> ids;
       for (const Request& request : requests) {
@@ -498,23 +511,14 @@ TEST(EngineTest, RandomTrafficKeepsInvariants) {
       "full", "snapkv", "pyramidkv", "streamingllm", "h2o", "full:0,snapkv:1-2", "full:0-1,h2o:2"};
   int64_t preemptions = 0;
   for (int round = 0; round < 10; ++round) {
-    EngineOptions options;
-    options.kv_policy = policies[rng() % policies.size()];
-    options.kv_policy_options.budget = 24;
-    options.kv_policy_options.window = 4;
-    options.kv_policy_options.heavy = 12;
-    options.kv_policy_options.recent = 12;
-    options.kv_policy_options.sinks = 2;
+    EngineOptions options = TightPolicyOptions(policies[rng() % policies.size()]);
     options.kv_policy_options.decode_cap = rng() % 2 ? 0 : 48;
-    options.page_size = 4;
     options.max_num_seqs = 6;
     options.max_num_batched_tokens = 32 + static_cast<int>(rng() % 64);
     options.enable_chunked_prefill = rng() % 3 != 0;
-    options.max_model_len = 160;
     // A pool small enough that sequences must be preempted.
-    const int64_t page_bytes =
-        2 * 4 * config.num_kv_heads * config.head_dim * 4 + 2 * 4 * config.num_kv_heads * 4;
-    options.kv_memory_bytes = page_bytes * (config.num_layers * 40 + static_cast<int>(rng() % 60));
+    options.kv_memory_bytes = PageBytes(config, options.page_size) *
+                              (config.num_layers * 40 + static_cast<int>(rng() % 60));
     TestEngine t = MakeEngine(config, options, rng());
     std::map<RequestId, int> expected_tokens;
     std::map<RequestId, size_t> received;

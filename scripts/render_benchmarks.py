@@ -2,12 +2,13 @@
 """Renders docs/benchmarks.md, the results page, from the records bench/results/headline.txt names.
 
 Every number on the page comes from a record (bench/results/NAME.json, written by
-scripts/record_gpu_results.py or scripts/bench_cpu.sh); nothing is typed by hand. headline.txt names
-one record per benchmark kind (headline, serve, warm-start, prefill-step, decode-step,
-tensor-parallel, sampling, kernels, cpu; the headline may take one record per workload, rendered as one
-section) and the command that reproduces it; bench/results/headline_methods.md, hand-written, follows the tables verbatim. The charts are
-SVG files in docs/benchmarks/ (scripts/svg_bars.py). Every other record in bench/results/ is the
-history of experiments: kept there, not rendered.
+scripts/record_gpu_results.py or scripts/bench_cpu.sh); nothing is typed by hand. headline.txt
+names one record per benchmark kind (headline, serve, warm-start, prefill-step, decode-step,
+tensor-parallel, sampling, kernels, cpu; the headline may take one record per workload, rendered
+as one section) and the command that reproduces it; bench/results/headline_methods.md,
+hand-written, follows the tables verbatim. The charts are SVG files in docs/benchmarks/
+(scripts/svg_bars.py). Every other record in bench/results/ is the history of experiments: kept
+there, not rendered.
 
   python3 scripts/render_benchmarks.py            # write docs/benchmarks.md and its charts
   python3 scripts/render_benchmarks.py --check    # CI: exit 1 when the page or a chart is stale

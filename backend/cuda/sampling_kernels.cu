@@ -235,48 +235,44 @@ struct RowView {
     if (kAligned || id + 2 < end) fn(id + 2, quad.z);
     if (kAligned || id + 3 < end) fn(id + 3, quad.w);
   }
-  // Calls fn(id, x[id]) for the ids below `end` of the quads starting at first, first + kStep,
-  // first + 2 kStep, ... (first and kStep multiples of 4), kQuadsInFlight quads loaded before any
-  // is used. The ids are not visited in increasing order: callers may not depend on it.
-  template <int kStep, typename Fn>
-  __device__ void ForQuads(int first, int end, Fn fn) const {
+  // Calls quad_fn(id, quad) for the quads starting at first, first + kStep, first + 2 kStep, ...
+  // below `end` (first and kStep multiples of 4), kQuadsInFlight quads loaded before any is used.
+  // The quads are not visited in increasing order: callers may not depend on it.
+  template <int kStep, typename QuadFn>
+  __device__ void ForWholeQuads(int first, int end, QuadFn quad_fn) const {
     int id = first;
     for (; id + (kQuadsInFlight - 1) * kStep < end; id += kQuadsInFlight * kStep) {
       float4 quads[kQuadsInFlight];
 #pragma unroll
       for (int u = 0; u < kQuadsInFlight; ++u) quads[u] = LoadQuad(id + u * kStep, end);
 #pragma unroll
-      for (int u = 0; u < kQuadsInFlight; ++u) Visit(id + u * kStep, end, quads[u], fn);
+      for (int u = 0; u < kQuadsInFlight; ++u) quad_fn(id + u * kStep, quads[u]);
     }
-    for (; id < end; id += kStep) Visit(id, end, LoadQuad(id, end), fn);
+    for (; id < end; id += kStep) quad_fn(id, LoadQuad(id, end));
+  }
+  // Calls fn(id, x[id]) for the ids below `end` of those quads, a logit at a time.
+  template <int kStep, typename Fn>
+  __device__ void ForQuads(int first, int end, Fn fn) const {
+    ForWholeQuads<kStep>(first, end, [&](int id, const float4& quad) { Visit(id, end, quad, fn); });
   }
   // Calls fn(id, x[id]) for every id of this block's chunk.
   template <typename Fn>
   __device__ void ForChunk(Fn fn) const {
     ForQuads<4 * kThreads>(lo + 4 * static_cast<int>(threadIdx.x), hi, fn);
   }
-  // Calls fn(id, quad) for the quads of this block's chunk, as ForQuads loads them: a whole quad
-  // at a time, ids at or past hi set to -inf (a masked token).
+  // Calls fn(id, quad) for the quads of this block's chunk, a whole quad at a time, ids at or past
+  // hi set to -inf (a masked token).
   template <typename Fn>
   __device__ void ForChunkQuads(Fn fn) const {
-    const auto whole = [this, &fn](int id, float4 quad) {
-      if (!kAligned) {
-        if (id + 1 >= hi) quad.y = -INFINITY;
-        if (id + 2 >= hi) quad.z = -INFINITY;
-        if (id + 3 >= hi) quad.w = -INFINITY;
-      }
-      fn(id, quad);
-    };
-    constexpr int kStep = 4 * kThreads;
-    int id = lo + 4 * static_cast<int>(threadIdx.x);
-    for (; id + (kQuadsInFlight - 1) * kStep < hi; id += kQuadsInFlight * kStep) {
-      float4 quads[kQuadsInFlight];
-#pragma unroll
-      for (int u = 0; u < kQuadsInFlight; ++u) quads[u] = LoadQuad(id + u * kStep, hi);
-#pragma unroll
-      for (int u = 0; u < kQuadsInFlight; ++u) whole(id + u * kStep, quads[u]);
-    }
-    for (; id < hi; id += kStep) whole(id, LoadQuad(id, hi));
+    ForWholeQuads<4 * kThreads>(lo + 4 * static_cast<int>(threadIdx.x), hi,
+                                [&](int id, float4 quad) {
+                                  if (!kAligned) {
+                                    if (id + 1 >= hi) quad.y = -INFINITY;
+                                    if (id + 2 >= hi) quad.z = -INFINITY;
+                                    if (id + 3 >= hi) quad.w = -INFINITY;
+                                  }
+                                  fn(id, quad);
+                                });
   }
 };
 
@@ -774,16 +770,14 @@ __global__ __cluster_dims__(kCluster, 1, 1)
     pending_bin = -1;  // only the best token is kept: the selection does not matter
   }
   // The weight of a token that passed top-k and top-p, after min-p.
-  const auto min_p_weight = [&row, min_p](float value) -> unsigned long long {
-    const float ratio = row.Ratio(value);
-    if (min_p > 0.0f && ratio < min_p) return 0;
-    return __float2ull_rn(ratio * kWeightScale);
-  };
-  // The same from s = row.Scaled(value).
+  // From s = row.Scaled(value), which the draw's pass has already.
   const auto min_p_weight_of_scaled = [min_p](float s) -> unsigned long long {
     const float ratio = RowView<kAligned>::RatioOfScaled(s);
     if (min_p > 0.0f && ratio < min_p) return 0;
     return __float2ull_rn(ratio * kWeightScale);
+  };
+  const auto min_p_weight = [&row, &min_p_weight_of_scaled](float value) {
+    return min_p_weight_of_scaled(row.Scaled(value));
   };
 
   // D. the draw. Tiles of `span` consecutive ids, warps taking them in turn.
