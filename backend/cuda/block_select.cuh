@@ -64,9 +64,10 @@ struct RadixSelectSmem {
 
 // Adds `value` to a 64-bit counter in shared memory with 32-bit atomics: sm_90's 64-bit shared
 // atomicAdd is a compare-and-swap loop, which spins when many threads add to one counter (the
-// weighted select's flush spun ~50 times a warp, a quarter of the sampler's time at 64 rows,
-// under `ncu --set full`). The low word wraps exactly once for each carry its adder sees, so the
-// sum is exact once every adder is done (while it stays below 2^64).
+// weighted select's flush spun ~48 times a warp and held ~19% of the sampler's stall samples at
+// 64 rows: record 2026-12-02-h200-sampling-occupancy-ab, its ncu_stalls_v3.txt). The low word wraps
+// exactly once for each carry its adder sees, so the sum is exact once every adder is done (while
+// it stays below 2^64).
 __device__ inline void AtomicAddSharedU64(unsigned long long* counter, unsigned long long value) {
   unsigned int* words = reinterpret_cast<unsigned int*>(counter);  // little-endian: low first
   const unsigned int low = static_cast<unsigned int>(value);

@@ -35,14 +35,14 @@
 // not depend on which row or cluster a request lands in.
 //
 // What bounds it (H200, 64 rows, top-p 0.95; record 2026-12-02-h200-sampling-ab, whose outputs
-// hold `ncu --set full` of one such launch): not memory (DRAM and L2 under 10% of peak) but issue
-// and latency, 30M warp instructions at 5 blocks a multiprocessor, 42% of issue slots busy. By
-// stall samples: pass B ~32%, the weighted select of the collected bin (its barriers and warp 0's
-// bin search) ~20%, pass D ~20%, pass A ~16%. The same record has the A/B that made it so, 107 ->
-// 70 us: 5 blocks a multiprocessor (one wave for 64 rows instead of two), pass A a quad at a time,
-// pass B's atomics without a return, s computed once a token, and the select's flush summed per
-// warp (select::FlushWarpRuns; before it, 64-bit compare-and-swap loops spinning on one address
-// took a quarter of the time).
+// hold `ncu --set full` of one such launch and scripts/ncu_stalls.py of its source page): not
+// memory (DRAM 9%, L2 14% of peak) but issue and latency, 30M warp instructions at 5 blocks a
+// multiprocessor, 42% of issue slots busy. By stall samples: pass B ~32%, the weighted select of
+// the collected bin (its barriers and warp 0's bin search) ~20%, pass D ~20%, pass A ~16%. The same
+// record has the A/B that made it so, 107 -> 70 us: 5 blocks a multiprocessor (one wave for 64 rows
+// instead of two), pass A a quad at a time, pass B's atomics without a return, s computed once a
+// token, and the select's flush summed per warp (select::FlushWarpRuns; before it, 64-bit
+// compare-and-swap loops spinning on one address held a fifth of the stall samples).
 #include <cooperative_groups.h>
 
 #include <cstdint>
