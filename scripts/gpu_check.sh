@@ -258,7 +258,7 @@ if has prefill; then
     fi
   fi
   [ -f "$OUT/sdpa.json" ] || python3 scripts/sdpa_bench.py > "$OUT/sdpa.json" 2> "$LOGS/sdpa.log"
-  cudnn=$(python3 -c "import json; r=[x for x in json.load(open('$OUT/sdpa.json'))['results'] if x['backend']=='cudnn' and x['n']==4096]; print(round(r[0]['tflops']) if r else 0)" 2>/dev/null || echo 0)
+  cudnn=$(python3 -c "import json; r=[x for x in json.load(open('$OUT/sdpa.json'))['results'] if x['backend']=='cudnn' and x['n']==4096 and x.get('d', 128)==128]; print(round(r[0]['tflops']) if r else 0)" 2>/dev/null || echo 0)
   note "prefill: cuDNN SDPA at 4k: $cudnn TFLOP/s (the bound's attention rate)"
   [ -f build/gpu/tools/libsieve_kernel_timeline.so ] || \
     cmake --build --preset gpu --target sieve_kernel_timeline > "$LOGS/build_timeline.log" 2>&1
@@ -300,7 +300,7 @@ k = json.load(open(f"{sys.argv[1]}/kernels.json"))
 p = k["prefill_step_dense"]
 gemm = p["gemm_flops"] / (p["gemm_bound_ms"] * 1e-3) / 1e12  # the prefill GEMMs' alone rate
 sdpa = {r["n"]: r.get("tflops", 0) for r in json.load(open(f"{sys.argv[1]}/sdpa.json"))["results"]
-        if r["backend"] == "cudnn"}
+        if r["backend"] == "cudnn" and r.get("d", 128) == 128}
 print(round(k["copy_bandwidth_gbs"]), round(gemm), round(sdpa.get(4096, 0)), round(sdpa.get(16384, 0)))
 PY
 )
@@ -425,7 +425,7 @@ fi
 
 if has sdpa; then
   python3 scripts/sdpa_bench.py > "$OUT/sdpa.json" 2> "$LOGS/sdpa.log" || note "sdpa FAILED"
-  python3 -c "import json; d=json.load(open('$OUT/sdpa.json')); [print('sdpa', r['backend'], r['n'], round(r.get('tflops',0)), 'TFLOP/s', r.get('error','')) for r in d['results']]" >> "$summary"
+  python3 -c "import json; d=json.load(open('$OUT/sdpa.json')); [print('sdpa', r['backend'], r['n'], 'd', r.get('d', 128), round(r.get('tflops',0)), 'TFLOP/s', r.get('error','')) for r in d['results']]" >> "$summary"
 fi
 
 # Warm start (issue 19 item 1): a fresh server's first benchmark against its second, with the

@@ -23,6 +23,7 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.h"
@@ -143,11 +144,18 @@ struct PrefillCase {
 
 void PrintTo(const PrefillCase& test_case, std::ostream* os) { *os << test_case.name; }
 
-class PrefillAttentionTest : public ::testing::TestWithParam<PrefillCase> {};
+// Each case runs both kernels: the sm_80 one everywhere, the sm_90a (wgmma) one where the device
+// and the build have it (PrefillAttention's choice there).
+class PrefillAttentionTest
+    : public ::testing::TestWithParam<std::tuple<PrefillCase, PrefillKernel>> {};
 
 TEST_P(PrefillAttentionTest, MatchesCpu) {
   SIEVE_REQUIRE_GPU();
-  const PrefillCase& test_case = GetParam();
+  const PrefillCase& test_case = std::get<0>(GetParam());
+  const PrefillKernel kernel = std::get<1>(GetParam());
+  if (kernel == PrefillKernel::kSm90 && !PrefillAttentionSm90Supported()) {
+    GTEST_SKIP() << "the sm_90a kernel needs an H100/H200 and a build for sm_90a";
+  }
   std::mt19937_64 rng = sieve::testing::MakeRng();
   const int num_heads = test_case.num_heads;
   const int kv_heads = test_case.num_kv_heads;
@@ -216,14 +224,16 @@ TEST_P(PrefillAttentionTest, MatchesCpu) {
   view.num_seqs = view.num_prefill_seqs = num_seqs;
   view.max_query_len = max_query_len;
   view.max_kv_len = max_kv_len;
+  view.num_prefill_keys = keys;
   const int64_t out_stride = q_width + 16;  // the 16 padding columns must stay NaN
   const int64_t lse_stride = num_heads + 3;
   std::vector<bf16> first_run;
   for (int run = 0; run < 2; ++run) {
     DeviceBuffer<bf16> out_dev(NanBf16(static_cast<size_t>(tokens) * out_stride));
     DeviceBuffer<float> lse_dev(std::vector<float>(static_cast<size_t>(tokens) * lse_stride, NAN));
-    PrefillAttention(qkv_dev.get(), qkv_width, k_dev.get(), v_dev.get(), num_heads, kv_heads,
-                     head_dim, view, out_dev.get(), out_stride, lse_dev.get(), lse_stride, nullptr);
+    PrefillAttentionWithKernel(kernel, qkv_dev.get(), qkv_width, k_dev.get(), v_dev.get(),
+                               num_heads, kv_heads, head_dim, view, out_dev.get(), out_stride,
+                               lse_dev.get(), lse_stride, nullptr);
     SIEVE_CUDA_CHECK(cudaGetLastError());
     SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<bf16> out_bits = out_dev.ToHost();
@@ -263,23 +273,28 @@ TEST_P(PrefillAttentionTest, MatchesCpu) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, PrefillAttentionTest,
-    ::testing::Values(
-        // MHA, d = 64, lengths around the 128-row and 64-key tiles, a length-1 sequence.
-        PrefillCase{"mha_d64", 4, 4, 64, {1, 37, 128, 200}, {0, 0, 0, 0}},
-        // Llama-3-8B heads, d = 128.
-        PrefillCase{"gqa32x8_d128", 32, 8, 128, {1, 65, 130, 257}, {0, 0, 0, 0}},
-        // Chunked prefill: cached context before each chunk (bottom-right causal alignment).
-        PrefillCase{
-            "gqa8x2_d128_chunked", 8, 2, 128, {100, 1, 64, 129, 7}, {50, 300, 0, 127, 1000}},
-        PrefillCase{"gqa8x2_d64_chunked", 8, 2, 64, {33, 129, 1}, {5, 64, 77}},
-        // Long sequences: many key tiles, the online-softmax rescaling over ~50 tiles.
-        PrefillCase{"long3000_d128", 8, 2, 128, {3000}, {0}},
-        PrefillCase{"long_chunked_d64", 8, 2, 64, {1000, 257}, {2000, 0}},
-        // Peaky softmax (score std 4): the running max moves a lot between tiles.
-        PrefillCase{"peaky_d128", 8, 2, 128, {300}, {200}, 4.0f},
-        // A group size that is not a power of two.
-        PrefillCase{"group3_d64", 12, 4, 64, {70}, {10}}),
-    [](const ::testing::TestParamInfo<PrefillCase>& info) { return info.param.name; });
+    ::testing::Combine(
+        ::testing::Values(
+            // MHA, d = 64, lengths around the 128-row and 64-key tiles, a length-1 sequence.
+            PrefillCase{"mha_d64", 4, 4, 64, {1, 37, 128, 200}, {0, 0, 0, 0}},
+            // Llama-3-8B heads, d = 128.
+            PrefillCase{"gqa32x8_d128", 32, 8, 128, {1, 65, 130, 257}, {0, 0, 0, 0}},
+            // Chunked prefill: cached context before each chunk (bottom-right causal alignment).
+            PrefillCase{
+                "gqa8x2_d128_chunked", 8, 2, 128, {100, 1, 64, 129, 7}, {50, 300, 0, 127, 1000}},
+            PrefillCase{"gqa8x2_d64_chunked", 8, 2, 64, {33, 129, 1}, {5, 64, 77}},
+            // Long sequences: many key tiles, the online-softmax rescaling over ~50 tiles.
+            PrefillCase{"long3000_d128", 8, 2, 128, {3000}, {0}},
+            PrefillCase{"long_chunked_d64", 8, 2, 64, {1000, 257}, {2000, 0}},
+            // Peaky softmax (score std 4): the running max moves a lot between tiles.
+            PrefillCase{"peaky_d128", 8, 2, 128, {300}, {200}, 4.0f},
+            // A group size that is not a power of two.
+            PrefillCase{"group3_d64", 12, 4, 64, {70}, {10}}),
+        ::testing::Values(PrefillKernel::kSm80, PrefillKernel::kSm90)),
+    [](const ::testing::TestParamInfo<std::tuple<PrefillCase, PrefillKernel>>& info) {
+      return std::get<0>(info.param).name +
+             (std::get<1>(info.param) == PrefillKernel::kSm90 ? "_sm90" : "_sm80");
+    });
 
 // ------------------------------------------------------------------------------------------
 // Decode

@@ -1,5 +1,7 @@
 // Prefill attention: varlen causal flash attention (FlashAttention-2 style) over the prefill
-// sequences of a step, with bottom-right causal alignment for chunked prefill and GQA.
+// sequences of a step, with bottom-right causal alignment for chunked prefill and GQA. This is the
+// sm_80 kernel (A100, RTX 4090, and the reference for the Hopper one); PrefillAttention runs
+// prefill_attention_sm90.cu's wgmma kernel where the device and the build have it.
 //
 // One CTA = 128 query rows of one (sequence, query head); 8 warps own 16 rows each. K/V tiles of
 // 64 keys stream through shared memory with cp.async, double-buffered, one barrier per tile. Each
@@ -16,6 +18,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/flash_warp.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/prefill_attention.h"
 #include "core/check.h"
 
 namespace sieve::cuda {
@@ -40,24 +43,6 @@ template <int kHeadDim>
 constexpr int SmemBytes() {
   return SmemQBytes<kHeadDim>() + 2 * kStages * SmemKvTileBytes<kHeadDim>();
 }
-
-struct PrefillParams {
-  const bf16* q;                // [T_p][q_stride], head h in columns [h d, (h + 1) d)
-  const bf16* k;                // [keys][G][d]
-  const bf16* v;                // [keys][G][d]
-  bf16* out;                    // [T_p][out_stride]
-  float* lse;                   // [T_p][lse_stride] or null
-  const int32_t* query_start;   // [S_p + 1]
-  const int32_t* key_start;     // [S_p + 1]
-  const int32_t* context_lens;  // [>= S_p]
-  int64_t q_stride;
-  int64_t out_stride;
-  int64_t lse_stride;
-  int num_kv_heads;
-  int group;  // query heads per KV head
-  float scale;
-  float scale_log2;
-};
 
 // Grid: x = query head, y = prefill sequence, z = query tile counted from the end, so the tiles
 // with the most keys (the last rows of the longest chunks) start first and the short ones fill in
@@ -234,9 +219,10 @@ bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer
 
 }  // namespace
 
-void PrefillAttention(const bf16* q, int64_t q_stride, const bf16* k, const bf16* v, int num_heads,
-                      int num_kv_heads, int head_dim, const StepView& step, bf16* out,
-                      int64_t out_stride, float* lse, int64_t lse_stride, cudaStream_t stream) {
+void PrefillAttentionWithKernel(PrefillKernel kernel, const bf16* q, int64_t q_stride,
+                                const bf16* k, const bf16* v, int num_heads, int num_kv_heads,
+                                int head_dim, const StepView& step, bf16* out, int64_t out_stride,
+                                float* lse, int64_t lse_stride, cudaStream_t stream) {
   if (step.num_prefill_seqs <= 0 || step.max_query_len <= 0) return;
   SIEVE_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0)
       << num_heads << " query heads, " << num_kv_heads << " KV heads";
@@ -264,11 +250,23 @@ void PrefillAttention(const bf16* q, int64_t q_stride, const bf16* k, const bf16
   params.group = num_heads / num_kv_heads;
   params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   params.scale_log2 = params.scale * static_cast<float>(M_LOG2E);
-  if (head_dim == 64) {
+  if (kernel == PrefillKernel::kAuto) {
+    kernel = PrefillAttentionSm90Supported() ? PrefillKernel::kSm90 : PrefillKernel::kSm80;
+  }
+  if (kernel == PrefillKernel::kSm90) {
+    LaunchPrefillAttentionSm90(params, head_dim, num_heads, step, stream);
+  } else if (head_dim == 64) {
     LaunchPrefill<64>(params, num_heads, step, stream);
   } else {
     LaunchPrefill<128>(params, num_heads, step, stream);
   }
+}
+
+void PrefillAttention(const bf16* q, int64_t q_stride, const bf16* k, const bf16* v, int num_heads,
+                      int num_kv_heads, int head_dim, const StepView& step, bf16* out,
+                      int64_t out_stride, float* lse, int64_t lse_stride, cudaStream_t stream) {
+  PrefillAttentionWithKernel(PrefillKernel::kAuto, q, q_stride, k, v, num_heads, num_kv_heads,
+                             head_dim, step, out, out_stride, lse, lse_stride, stream);
 }
 
 }  // namespace sieve::cuda

@@ -1,0 +1,36 @@
+// What the two prefill attention kernels share: their parameters, and the launcher of the Hopper
+// one (prefill_attention_sm90.cu). PrefillAttention (prefill_attention.cu) picks the kernel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/kernels.h"
+
+namespace sieve::cuda {
+
+struct PrefillParams {
+  const bf16* q;                // [T_p][q_stride], head h in columns [h d, (h + 1) d)
+  const bf16* k;                // [keys][G][d]
+  const bf16* v;                // [keys][G][d]
+  bf16* out;                    // [T_p][out_stride]
+  float* lse;                   // [T_p][lse_stride] or null
+  const int32_t* query_start;   // [S_p + 1]
+  const int32_t* key_start;     // [S_p + 1]
+  const int32_t* context_lens;  // [>= S_p]
+  int64_t q_stride;
+  int64_t out_stride;
+  int64_t lse_stride;
+  int num_kv_heads;
+  int group;  // query heads per KV head
+  float scale;
+  float scale_log2;
+};
+
+// The wgmma kernel: 128 query rows of one (sequence, head) per CTA, two warpgroups of 64 rows,
+// K/V tiles of 128 keys. head_dim 64 or 128; only where PrefillAttentionSm90Supported().
+void LaunchPrefillAttentionSm90(const PrefillParams& params, int head_dim, int num_heads,
+                                const StepView& step, cudaStream_t stream);
+
+}  // namespace sieve::cuda

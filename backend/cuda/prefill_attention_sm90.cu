@@ -1,0 +1,490 @@
+// Prefill attention on Hopper (sm_90a): the same varlen causal flash attention as
+// prefill_attention.cu (bottom-right causal alignment, GQA, the LSE), built as FlashAttention-3
+// is: tensor copies (TMA) into 128-byte-swizzled shared memory, warpgroup MMA (wgmma.cuh), and
+// warp specialisation.
+//
+// Work item = 128 query rows of one (sequence, query head). The grid is persistent (one CTA per
+// SM) and walks the items longest first. Three warpgroups: a producer (one thread issues the
+// tensor copies of Q and of the K/V tiles of 128 keys onto transaction barriers, running ahead
+// into the next item) and two consumers of 64 rows each. A consumer issues S_n = Q K_n^T and
+// O += P_{n-1} V_{n-1} together and runs tile n's softmax while the second product is still on
+// the tensor cores; the two consumers take turns issuing (named barriers), so one's softmax
+// overlaps the other's products. A K/V stage goes back to the producer once both consumers'
+// products on it are done, the Q tile once their last S is. The design and its numbers are in
+// README_attention.md.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/flash_warp.cuh"
+#include "backend/cuda/prefill_attention.h"
+#include "backend/cuda/wgmma.cuh"
+#include "core/check.h"
+
+namespace sieve::cuda {
+namespace {
+
+// Some of these are used only by the kernel body, which the host pass and builds for other
+// architectures leave out.
+constexpr int kBlockM = 128;                   // query rows per work item
+[[maybe_unused]] constexpr int kBlockN = 128;  // keys per tile
+[[maybe_unused]] constexpr int kConsumerRows = 64;
+constexpr int kThreads = 3 * 128;
+// K/V stages: 3 against 2 took causal 4k x 4 from 504 to 596 TFLOP/s and 16k from 546 to 590-612
+// (bench/results/2026-12-02-h200-prefill-sm90-ab.json).
+constexpr int kStages = 3;
+constexpr int kTileRows = 128;  // Q, K and V tiles all have 128 rows
+[[maybe_unused]] constexpr uint32_t kPanelBytes = kTileRows * 128;  // a 64-column panel
+[[maybe_unused]] constexpr int kProducerRegisters = 24;
+[[maybe_unused]] constexpr int kConsumerRegisters = 240;
+[[maybe_unused]] constexpr int kIssueBarrier = 1;  // named barriers 1 and 2
+
+template <int kHeadDim>
+constexpr uint32_t TileBytes() {
+  return kTileRows * kHeadDim * 2;
+}
+// d = 128: 32 KiB Q + 3 stages x (32 + 32) KiB K/V = 224 KiB, 1 KiB to align the tiles to the
+// 1024-byte swizzle atoms, and the barriers (225.1 of the 227 KiB a block may have); d = 64:
+// 113 KiB.
+template <int kHeadDim>
+constexpr int SmemBytes() {
+  return 1024 + static_cast<int>((1 + 2 * kStages) * TileBytes<kHeadDim>()) + 128;
+}
+
+struct TensorMaps {
+  CUtensorMap q;  // [T_p][H d] of q: boxes of 128 rows x 64 columns, 128-byte swizzle
+  CUtensorMap k;  // [keys][G d]
+  CUtensorMap v;
+};
+
+// What a work item covers; the producer and the consumers derive the same.
+struct WorkItem {
+  int head;
+  int query_begin;  // the sequence's first row in q / out
+  int query_len;
+  int row0;  // the item's first row in the chunk
+  int key_begin;
+  int kv_len;
+  int context;
+  int num_tiles;  // 0: nothing to do (past the chunk)
+};
+
+[[maybe_unused]] __device__ __forceinline__ WorkItem DecodeWorkItem(const PrefillParams& params,
+                                                                    int work, int num_heads,
+                                                                    int num_seqs, int num_q_tiles) {
+  // Heads fastest, then sequences, then query tiles counted from the end: the items with the
+  // most keys come first and the short ones fill in behind them.
+  WorkItem item;
+  item.head = work % num_heads;
+  const int seq = (work / num_heads) % num_seqs;
+  const int q_tile = num_q_tiles - 1 - work / (num_heads * num_seqs);
+  item.query_begin = params.query_start[seq];
+  item.query_len = params.query_start[seq + 1] - item.query_begin;
+  item.row0 = q_tile * kBlockM;
+  item.key_begin = params.key_start[seq];
+  item.kv_len = params.key_start[seq + 1] - item.key_begin;
+  item.context = params.context_lens[seq];
+  item.num_tiles = 0;
+  if (item.row0 < item.query_len) {
+    // Row i sees keys j <= context + i: the item's last row bounds the keys any row needs.
+    const int rows = min(kBlockM, item.query_len - item.row0);
+    const int num_keys = min(item.kv_len, item.context + item.row0 + rows);
+    item.num_tiles = (num_keys + kBlockN - 1) / kBlockN;
+  }
+  return item;
+}
+
+// O += P V over one tile: kHeadDim output columns, so one wgmma of N = kHeadDim per 16 keys.
+template <int kHeadDim>
+__device__ __forceinline__ void MmaPv(float (&acc)[kHeadDim / 2], const uint32_t (&p)[4],
+                                      uint64_t desc_v) {
+#if SIEVE_SM90A
+  if constexpr (kHeadDim == 128) {
+    wgmma::MmaRs64x128(acc, p, desc_v);
+  } else {
+    wgmma::MmaRs64x64(acc, p, desc_v);
+  }
+#endif
+}
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(kThreads, 1)
+    PrefillAttentionSm90Kernel(const __grid_constant__ TensorMaps maps, const PrefillParams params,
+                               int num_heads, int num_seqs, int num_q_tiles) {
+#if SIEVE_SM90A
+  constexpr uint32_t kTileBytes = TileBytes<kHeadDim>();
+  constexpr int kPanels = kHeadDim / 64;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t smem_q = (flash::SharedAddress(smem_raw) + 1023) & ~1023u;
+  const uint32_t smem_k = smem_q + kTileBytes;
+  const uint32_t smem_v = smem_k + kStages * kTileBytes;
+  // Barriers after the tiles: Q full and empty, then per stage K full, V full and empty.
+  const uint32_t bar_q_full = smem_v + kStages * kTileBytes;
+  const uint32_t bar_q_empty = bar_q_full + 8;
+  const auto bar_k_full = [&](int stage) { return bar_q_full + 16 + 24 * stage; };
+  const auto bar_v_full = [&](int stage) { return bar_q_full + 24 + 24 * stage; };
+  const auto bar_empty = [&](int stage) { return bar_q_full + 32 + 24 * stage; };
+  const int num_work = num_heads * num_seqs * num_q_tiles;
+
+  if (threadIdx.x == 0) {
+    wgmma::BarrierInit(bar_q_full, 1);
+    wgmma::BarrierInit(bar_q_empty, 8);  // each consumer warp
+    for (int stage = 0; stage < kStages; ++stage) {
+      wgmma::BarrierInit(bar_k_full(stage), 1);
+      wgmma::BarrierInit(bar_v_full(stage), 1);
+      wgmma::BarrierInit(bar_empty(stage), 8);
+    }
+    wgmma::FenceBarrierInit();
+  }
+  __syncthreads();
+
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  if (warpgroup == 0) {
+    // The producer. Keys past a sequence belong to the next one (masked) or lie past the scratch
+    // (the copy zero-fills them); Q rows past the chunk likewise are computed, never stored.
+    wgmma::RegistersDecrease<kProducerRegisters>();
+    if (threadIdx.x != 0) return;
+    int items = 0;  // items loaded so far: the Q barriers' phase
+    int tiles = 0;  // K/V tiles loaded so far: the stage and its phase
+    for (int work = static_cast<int>(blockIdx.x); work < num_work;
+         work += static_cast<int>(gridDim.x)) {
+      const WorkItem item = DecodeWorkItem(params, work, num_heads, num_seqs, num_q_tiles);
+      if (item.num_tiles == 0) continue;
+      if (items > 0) wgmma::BarrierWait(bar_q_empty, (items - 1) & 1);
+      wgmma::BarrierArriveExpectBytes(bar_q_full, kTileBytes);
+      for (int panel = 0; panel < kPanels; ++panel) {
+        wgmma::TensorCopy2d(smem_q + panel * kPanelBytes, &maps.q,
+                            item.head * kHeadDim + panel * 64, item.query_begin + item.row0,
+                            bar_q_full);
+      }
+      ++items;
+      const int kv_column = item.head / params.group * kHeadDim;
+      for (int tile = 0; tile < item.num_tiles; ++tile, ++tiles) {
+        const int stage = tiles % kStages;
+        if (tiles >= kStages) wgmma::BarrierWait(bar_empty(stage), ((tiles / kStages) & 1) ^ 1);
+        const int key = item.key_begin + tile * kBlockN;
+        wgmma::BarrierArriveExpectBytes(bar_k_full(stage), kTileBytes);
+        for (int panel = 0; panel < kPanels; ++panel) {
+          wgmma::TensorCopy2d(smem_k + stage * kTileBytes + panel * kPanelBytes, &maps.k,
+                              kv_column + panel * 64, key, bar_k_full(stage));
+        }
+        wgmma::BarrierArriveExpectBytes(bar_v_full(stage), kTileBytes);
+        for (int panel = 0; panel < kPanels; ++panel) {
+          wgmma::TensorCopy2d(smem_v + stage * kTileBytes + panel * kPanelBytes, &maps.v,
+                              kv_column + panel * 64, key, bar_v_full(stage));
+        }
+      }
+    }
+    return;
+  }
+  wgmma::RegistersIncrease<kConsumerRegisters>();
+
+  const int consumer = warpgroup - 1;
+  const int warp = (static_cast<int>(threadIdx.x) / 32) & 3;  // in the warpgroup
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int g = lane / 4;
+  const int t = lane & 3;
+  float acc[kHeadDim / 2];      // O: the warpgroup's 64 x kHeadDim accumulator
+  float s[kBlockN / 2];         // S, then its exponentials: 64 x 128
+  uint32_t p[kBlockN / 16][4];  // P in bf16, the A fragments of O += P V
+  float m[2];                   // running max of the raw scores of rows g and g + 8
+  float l[2];                   // this lane's share of the running sums
+  float alpha[2];               // how much the accumulated output shrinks this tile
+  int lane_key_last[2];         // inclusive key bound of each of the lane's two rows
+  int group_key_first_row;      // the warpgroup's first row's bound: tiles below need no mask
+
+  // S = Q K^T of one tile into s: K-major A (this warpgroup's 64 rows of Q) and B (the tile's 128
+  // keys); a k16 step is 32 bytes into a panel's rows, 4 steps a panel. Issued, not waited for.
+  const auto issue_scores = [&](int stage) {
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t panel = (kk >> 2) * kPanelBytes + (kk & 3) * 32;
+      const uint64_t desc_q =
+          wgmma::Descriptor(smem_q + panel + consumer * kConsumerRows * 128, 0, 1024);
+      const uint64_t desc_k = wgmma::Descriptor(smem_k + stage * kTileBytes + panel, 0, 1024);
+      wgmma::MmaSs64x128(s, desc_q, desc_k, kk > 0 ? 1 : 0);
+    }
+    wgmma::Commit();
+  };
+  // O += P V of one tile: V is N-major, a k16 step is 16 rows (2 KiB) down its panels, and
+  // N = kHeadDim spans its panels, kPanelBytes apart. Issued, not waited for.
+  const auto issue_values = [&](int stage) {
+#pragma unroll
+    for (int kb = 0; kb < kBlockN / 16; ++kb) {
+      MmaPv<kHeadDim>(
+          acc, p[kb],
+          wgmma::Descriptor(smem_v + stage * kTileBytes + kb * 16 * 128, kPanelBytes, 1024));
+    }
+    wgmma::Commit();
+  };
+  // Mask and online softmax of the tile of keys [first, first + 128) in s, as flash_warp.cuh's:
+  // exponentials in s, m and l updated, alpha set.
+  const auto softmax = [&](int first, float scale_log2) {
+    if (first + kBlockN - 1 > group_key_first_row) {
+#pragma unroll
+      for (int n = 0; n < kBlockN / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = first + n * 8 + 2 * t + (e & 1);
+          if (key > lane_key_last[e >> 1]) s[4 * n + e] = -INFINITY;
+        }
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float row_max = m[half];
+#pragma unroll
+      for (int n = 0; n < kBlockN / 8; ++n) {
+        row_max = fmaxf(row_max, fmaxf(s[4 * n + 2 * half], s[4 * n + 2 * half + 1]));
+      }
+      row_max = flash::QuadMax(row_max);
+      // A row that has seen only masked keys keeps max -inf; exponentiating against 0 keeps
+      // every term exactly 0 rather than NaN.
+      const float max_scaled = (row_max == -INFINITY ? 0.0f : row_max) * scale_log2;
+      alpha[half] = flash::Exp2(m[half] * scale_log2 - max_scaled);
+      m[half] = row_max;
+      float row_sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kBlockN / 8; ++n) {
+#pragma unroll
+        for (int e = 2 * half; e < 2 * half + 2; ++e) {
+          s[4 * n + e] = flash::Exp2(fmaf(s[4 * n + e], scale_log2, -max_scaled));
+          row_sum += s[4 * n + e];
+        }
+      }
+      l[half] = l[half] * alpha[half] + row_sum;
+    }
+  };
+  // P's A fragment for keys 16 kb.. is S's accumulator blocks 2 kb and 2 kb + 1.
+  const auto pack_probabilities = [&] {
+#pragma unroll
+    for (int kb = 0; kb < kBlockN / 16; ++kb) {
+      p[kb][0] = flash::PackBf16(s[8 * kb + 0], s[8 * kb + 1]);
+      p[kb][1] = flash::PackBf16(s[8 * kb + 2], s[8 * kb + 3]);
+      p[kb][2] = flash::PackBf16(s[8 * kb + 4], s[8 * kb + 5]);
+      p[kb][3] = flash::PackBf16(s[8 * kb + 6], s[8 * kb + 7]);
+    }
+  };
+  const auto rescale_output = [&] {
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+      acc[4 * n + 0] *= alpha[0];
+      acc[4 * n + 1] *= alpha[0];
+      acc[4 * n + 2] *= alpha[1];
+      acc[4 * n + 3] *= alpha[1];
+    }
+  };
+  const auto release = [&](uint32_t barrier) {
+    if (lane == 0) wgmma::BarrierArrive(barrier);
+  };
+
+  // Consumer 0 issues first. Both consumers run every tile of every item (a warpgroup whose rows
+  // are past the chunk computes rows it never stores), so their turns stay paired.
+  if (consumer == 0) wgmma::NamedBarrierArrive(kIssueBarrier, 256);
+  int items = 0;
+  int tiles = 0;
+  for (int work = static_cast<int>(blockIdx.x); work < num_work;
+       work += static_cast<int>(gridDim.x)) {
+    const WorkItem item = DecodeWorkItem(params, work, num_heads, num_seqs, num_q_tiles);
+    if (item.num_tiles == 0) continue;
+    const int group_row0 = item.row0 + consumer * kConsumerRows;  // in the chunk
+    const int row_g = group_row0 + warp * 16 + g;
+    // Rows past the chunk are clamped to existing keys.
+    lane_key_last[0] = min(item.context + row_g, item.kv_len - 1);
+    lane_key_last[1] = min(item.context + row_g + 8, item.kv_len - 1);
+    group_key_first_row = min(item.context + group_row0, item.kv_len - 1);
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) acc[i] = 0.0f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
+
+    wgmma::BarrierWait(bar_q_full, items & 1);
+    // Tile 0: its scores only.
+    {
+      const int stage = tiles % kStages;
+      wgmma::BarrierWait(bar_k_full(stage), (tiles / kStages) & 1);
+      wgmma::NamedBarrierSync(kIssueBarrier + consumer, 256);
+      wgmma::Fence();
+      issue_scores(stage);
+      wgmma::NamedBarrierArrive(kIssueBarrier + 1 - consumer, 256);
+      wgmma::Wait<0>();
+      wgmma::PinRegisters(s);
+      if (item.num_tiles == 1) release(bar_q_empty);
+      softmax(0, params.scale_log2);
+      pack_probabilities();
+    }
+    for (int tile = 1; tile < item.num_tiles; ++tile) {
+      const int stage = (tiles + tile) % kStages;
+      const int prev_stage = (tiles + tile - 1) % kStages;
+      wgmma::BarrierWait(bar_k_full(stage), ((tiles + tile) / kStages) & 1);
+      wgmma::NamedBarrierSync(kIssueBarrier + consumer, 256);
+      wgmma::PinRegisters(acc);
+      wgmma::Fence();
+      issue_scores(stage);
+      wgmma::BarrierWait(bar_v_full(prev_stage), ((tiles + tile - 1) / kStages) & 1);
+      issue_values(prev_stage);
+      wgmma::NamedBarrierArrive(kIssueBarrier + 1 - consumer, 256);
+      wgmma::Wait<1>();
+      wgmma::PinRegisters(s);
+      if (tile == item.num_tiles - 1) release(bar_q_empty);
+      softmax(tile * kBlockN, params.scale_log2);
+      wgmma::Wait<0>();
+      wgmma::PinRegisters(acc);
+      release(bar_empty(prev_stage));
+      rescale_output();
+      pack_probabilities();
+    }
+    // The last tile's O += P V.
+    {
+      const int last = tiles + item.num_tiles - 1;
+      wgmma::BarrierWait(bar_v_full(last % kStages), (last / kStages) & 1);
+      wgmma::PinRegisters(acc);
+      wgmma::Fence();
+      issue_values(last % kStages);
+      wgmma::Wait<0>();
+      wgmma::PinRegisters(acc);
+      release(bar_empty(last % kStages));
+    }
+    tiles += item.num_tiles;
+    ++items;
+
+    // Epilogue, straight from registers (shared memory already holds the next item's tiles):
+    // normalise, bf16 pairs, each quad writing 16 contiguous bytes of a row.
+    float inv_sum[2];
+    float row_lse[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float sum = flash::QuadSum(l[half]);
+      inv_sum[half] = sum > 0.0f ? 1.0f / sum : 0.0f;
+      row_lse[half] = sum > 0.0f ? m[half] * params.scale + logf(sum) : -INFINITY;
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int query_row = row_g + 8 * half;
+      if (query_row >= item.query_len) continue;
+      bf16* out_row = params.out +
+                      static_cast<int64_t>(item.query_begin + query_row) * params.out_stride +
+                      static_cast<int64_t>(item.head) * kHeadDim + 2 * t;
+#pragma unroll
+      for (int n = 0; n < kHeadDim / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(out_row + 8 * n) = flash::PackBf16(
+            acc[4 * n + 2 * half] * inv_sum[half], acc[4 * n + 2 * half + 1] * inv_sum[half]);
+      }
+      if (params.lse != nullptr && t == 0) {
+        params.lse[static_cast<int64_t>(item.query_begin + query_row) * params.lse_stride +
+                   item.head] = row_lse[half];
+      }
+    }
+  }
+#endif  // SIEVE_SM90A
+}
+
+// cuTensorMapEncodeTiled from the driver, found once through the runtime (no libcuda link).
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    SIEVE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000,
+                                                      cudaEnableDefault, &found));
+    SIEVE_CHECK(found == cudaDriverEntryPointSuccess && function != nullptr)
+        << "the CUDA driver has no cuTensorMapEncodeTiled";
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+  }();
+  return encode;
+}
+
+// A [rows][width] bf16 matrix with row stride `stride` (elements) as boxes of 128 rows x 64
+// columns, 128-byte swizzled: each box lands as one panel of a tile.
+CUtensorMap PanelTensorMap(const bf16* base, int64_t width, int64_t rows, int64_t stride) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(width), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride) * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(kTileRows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult result = TensorMapEncoder()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides, box,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  SIEVE_CHECK(result == CUDA_SUCCESS) << "cuTensorMapEncodeTiled failed: " << result;
+  return map;
+}
+
+template <int kHeadDim>
+void Launch(const PrefillParams& params, int num_heads, const StepView& step, cudaStream_t stream) {
+  constexpr int kSmem = SmemBytes<kHeadDim>();
+  static std::atomic<uint64_t> configured_devices{0};
+  static std::atomic<int> sm_count{0};
+  int device = 0;
+  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((configured_devices.load(std::memory_order_acquire) & bit) == 0) {
+    SIEVE_CUDA_CHECK(cudaFuncSetAttribute(PrefillAttentionSm90Kernel<kHeadDim>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    int count = 0;
+    SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    sm_count.store(count, std::memory_order_relaxed);
+    configured_devices.fetch_or(bit, std::memory_order_release);
+  }
+  SIEVE_CHECK(step.num_prefill_tokens > 0 && step.num_prefill_keys > 0)
+      << "prefill step without its token and key counts";
+  const int64_t kv_width = static_cast<int64_t>(params.num_kv_heads) * kHeadDim;
+  TensorMaps maps;
+  maps.q = PanelTensorMap(params.q, static_cast<int64_t>(num_heads) * kHeadDim,
+                          step.num_prefill_tokens, params.q_stride);
+  maps.k = PanelTensorMap(params.k, kv_width, step.num_prefill_keys, kv_width);
+  maps.v = PanelTensorMap(params.v, kv_width, step.num_prefill_keys, kv_width);
+  const int num_q_tiles = (step.max_query_len + kBlockM - 1) / kBlockM;
+  const int64_t num_work = static_cast<int64_t>(num_heads) * step.num_prefill_seqs * num_q_tiles;
+  SIEVE_CHECK(num_work < (int64_t{1} << 31)) << "prefill grid too large";
+  const int64_t grid = std::min<int64_t>(num_work, sm_count.load(std::memory_order_relaxed));
+  PrefillAttentionSm90Kernel<kHeadDim><<<static_cast<int>(grid), kThreads, kSmem, stream>>>(
+      maps, params, num_heads, step.num_prefill_seqs, num_q_tiles);
+  SIEVE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool PrefillAttentionSm90Supported() {
+  // Per device: an sm_90 part, and a binary whose kernel was compiled for sm_90a (a build for
+  // other architectures has the kernel without its body; its PTX would JIT to nothing useful).
+  static std::atomic<uint64_t> checked{0};
+  static std::atomic<uint64_t> supported{0};
+  int device = 0;
+  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((checked.load(std::memory_order_acquire) & bit) == 0) {
+    int major = 0;
+    int minor = 0;
+    SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    bool ok = false;
+    if (major == 9 && minor == 0) {
+      cudaFuncAttributes attributes{};
+      ok = cudaFuncGetAttributes(&attributes, PrefillAttentionSm90Kernel<128>) == cudaSuccess &&
+           attributes.binaryVersion == 90 && attributes.ptxVersion == 90;
+      (void)cudaGetLastError();  // a kernel image that does not load is an answer, not an error
+    }
+    if (ok) supported.fetch_or(bit, std::memory_order_release);
+    checked.fetch_or(bit, std::memory_order_release);
+  }
+  return (supported.load(std::memory_order_acquire) & bit) != 0;
+}
+
+void LaunchPrefillAttentionSm90(const PrefillParams& params, int head_dim, int num_heads,
+                                const StepView& step, cudaStream_t stream) {
+  SIEVE_CHECK(PrefillAttentionSm90Supported()) << "the sm_90a prefill kernel needs an H100/H200";
+  if (head_dim == 64) {
+    Launch<64>(params, num_heads, step, stream);
+  } else {
+    Launch<128>(params, num_heads, step, stream);
+  }
+}
+
+}  // namespace sieve::cuda
