@@ -11,7 +11,7 @@ namespace sieve::cuda {
 struct AttentionBenchResult {
   std::string name;         // "prefill causal n=4096 x4 H32/G8 d128"
   std::string unit;         // "TFLOP/s" or "GB/s"
-  double median_ms = 0.0;   // one kernel call (decode: the whole op, combine and all)
+  double median_ms = 0.0;   // one call (prefill: calls back to back; decode: the whole op)
   double value = 0.0;       // achieved rate, in `unit`
   double bound = 0.0;       // the device ceiling PERF.md quotes (bf16 GEMM TFLOP/s, copy GB/s)
   double target = 0.0;      // PERF.md's bar for this row, in `unit`; 0 when it sets none
