@@ -420,18 +420,16 @@ template <int kHeadDim>
 void Launch(const PrefillParams& params, int num_heads, const StepView& step, cudaStream_t stream) {
   constexpr int kSmem = SmemBytes<kHeadDim>();
   static std::atomic<uint64_t> configured_devices{0};
-  static std::atomic<int> sm_count{0};
   int device = 0;
   SIEVE_CUDA_CHECK(cudaGetDevice(&device));
   const uint64_t bit = uint64_t{1} << (device & 63);
   if ((configured_devices.load(std::memory_order_acquire) & bit) == 0) {
     SIEVE_CUDA_CHECK(cudaFuncSetAttribute(PrefillAttentionSm90Kernel<kHeadDim>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    int count = 0;
-    SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    sm_count.store(count, std::memory_order_relaxed);
     configured_devices.fetch_or(bit, std::memory_order_release);
   }
+  int sm_count = 0;  // a cached attribute: cheap to ask each launch
+  SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
   SIEVE_CHECK(step.num_prefill_tokens > 0 && step.num_prefill_keys > 0)
       << "prefill step without its token and key counts";
   const int64_t kv_width = static_cast<int64_t>(params.num_kv_heads) * kHeadDim;
@@ -443,7 +441,7 @@ void Launch(const PrefillParams& params, int num_heads, const StepView& step, cu
   const int num_q_tiles = (step.max_query_len + kBlockM - 1) / kBlockM;
   const int64_t num_work = static_cast<int64_t>(num_heads) * step.num_prefill_seqs * num_q_tiles;
   SIEVE_CHECK(num_work < (int64_t{1} << 31)) << "prefill grid too large";
-  const int64_t grid = std::min<int64_t>(num_work, sm_count.load(std::memory_order_relaxed));
+  const int64_t grid = std::min<int64_t>(num_work, sm_count);
   PrefillAttentionSm90Kernel<kHeadDim><<<static_cast<int>(grid), kThreads, kSmem, stream>>>(
       maps, params, num_heads, step.num_prefill_seqs, num_q_tiles);
   SIEVE_CUDA_CHECK_LAUNCH();
