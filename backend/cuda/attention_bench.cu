@@ -80,29 +80,35 @@ void FillRandom(bf16* data, int64_t count, uint64_t seed, cudaStream_t stream) {
   SIEVE_CUDA_CHECK_LAUNCH();
 }
 
-// Median time of one call of `launch(iteration)` in milliseconds, CUDA events around each call.
-template <typename Launch>
-double MedianMs(const AttentionBenchOptions& options, cudaStream_t stream, Launch&& launch) {
+// Milliseconds between two events recorded on `stream` around `work()`.
+template <typename Work>
+float TimedMs(cudaStream_t stream, Work&& work) {
   cudaEvent_t start;
   cudaEvent_t stop;
   SIEVE_CUDA_CHECK(cudaEventCreate(&start));
   SIEVE_CUDA_CHECK(cudaEventCreate(&stop));
+  SIEVE_CUDA_CHECK(cudaEventRecord(start, stream));
+  work();
+  SIEVE_CUDA_CHECK(cudaEventRecord(stop, stream));
+  SIEVE_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0.0f;
+  SIEVE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  SIEVE_CUDA_CHECK(cudaEventDestroy(start));
+  SIEVE_CUDA_CHECK(cudaEventDestroy(stop));
+  return ms;
+}
+
+// Median time of one call of `launch(iteration)` in milliseconds, CUDA events around each call.
+template <typename Launch>
+double MedianMs(const AttentionBenchOptions& options, cudaStream_t stream, Launch&& launch) {
   int iteration = 0;
   for (int warm = 0; warm < options.warmup; ++warm) launch(iteration++);
   SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream));
   std::vector<float> times;
   const int iterations = std::max(options.iterations, 1);
   for (int repeat = 0; repeat < iterations; ++repeat) {
-    SIEVE_CUDA_CHECK(cudaEventRecord(start, stream));
-    launch(iteration++);
-    SIEVE_CUDA_CHECK(cudaEventRecord(stop, stream));
-    SIEVE_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    SIEVE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
+    times.push_back(TimedMs(stream, [&] { launch(iteration++); }));
   }
-  SIEVE_CUDA_CHECK(cudaEventDestroy(start));
-  SIEVE_CUDA_CHECK(cudaEventDestroy(stop));
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
 }
@@ -113,25 +119,16 @@ double MedianMs(const AttentionBenchOptions& options, cudaStream_t stream, Launc
 // engine, instead of idling the GPU inside the timed window.
 template <typename Launch>
 double BackToBackMs(const AttentionBenchOptions& options, cudaStream_t stream, Launch&& launch) {
-  cudaEvent_t start;
-  cudaEvent_t stop;
-  SIEVE_CUDA_CHECK(cudaEventCreate(&start));
-  SIEVE_CUDA_CHECK(cudaEventCreate(&stop));
   for (int warm = 0; warm < options.warmup; ++warm) launch();
   SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream));
   std::vector<float> means;
   const int iterations = std::max(options.iterations, 1);
   for (int round = 0; round < 3; ++round) {
-    SIEVE_CUDA_CHECK(cudaEventRecord(start, stream));
-    for (int call = 0; call < iterations; ++call) launch();
-    SIEVE_CUDA_CHECK(cudaEventRecord(stop, stream));
-    SIEVE_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    SIEVE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    const float ms = TimedMs(stream, [&] {
+      for (int call = 0; call < iterations; ++call) launch();
+    });
     means.push_back(ms / static_cast<float>(iterations));
   }
-  SIEVE_CUDA_CHECK(cudaEventDestroy(start));
-  SIEVE_CUDA_CHECK(cudaEventDestroy(stop));
   std::sort(means.begin(), means.end());
   return means[1];
 }

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -37,6 +38,18 @@ int CurrentDeviceAttribute() {
     if (device < kMaxDevices) values[device].store(value);
   }
   return value;
+}
+
+// Runs `configure()` the first time it is called for `device` with this `done` set: kernel
+// attributes (the opt-in to more than 48 KiB of dynamic shared memory, the carveout) are per
+// device and must be set before the kernel's first launch there. Two racing first calls may both
+// configure, which is harmless.
+template <typename Configure>
+void OncePerDevice(std::atomic<uint64_t>& done, int device, Configure&& configure) {
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((done.load(std::memory_order_acquire) & bit) != 0) return;
+  configure();
+  done.fetch_or(bit, std::memory_order_release);
 }
 
 }  // namespace sieve::cuda

@@ -762,14 +762,12 @@ void LaunchDecodeMain(const DecodeParams& params, int device, cudaStream_t strea
   // Above 48 KiB of dynamic shared memory needs an opt-in, once per device. The carveout asks for
   // all of the SM's shared memory (the copies bypass L1): 4 narrow CTAs need 217 KiB of it.
   static std::atomic<uint64_t> configured_devices{0};
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((configured_devices.load(std::memory_order_acquire) & bit) == 0) {
+  OncePerDevice(configured_devices, device, [&] {
     SIEVE_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     SIEVE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                           cudaSharedmemCarveoutMaxShared));
-    configured_devices.fetch_or(bit, std::memory_order_release);
-  }
+  });
   const dim3 grid(params.num_decode * params.num_kv_heads * params.head_chunks, params.num_splits);
   LaunchWithPdl(kernel, grid, CtaShape<kWarps>::kThreads, kSmem, stream, params);
 }

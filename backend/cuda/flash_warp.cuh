@@ -118,13 +118,65 @@ __device__ __forceinline__ void LoadTileAsync(uint32_t tile, const __nv_bfloat16
 }
 
 // ---------------------------------------------------------------------------------------------
-// The state of one warp's 16 query rows during the key loop.
+// The masking and online softmax of a warp's 16 rows against a tile of keys in accumulator (C
+// fragment) layout: s[n][e] is the score of row g + 8 (e >> 1) and key 8n + 2t + (e & 1). The
+// sm_80 warp tile below and the Hopper prefill kernel (prefill_attention_sm90.cu, whose wgmma
+// accumulators have this layout per warp) share them.
+
+// Drops key j of the tile (counted from its first key) for row g + 8 * half when j >
+// key_limit[half].
+template <int kBlocks>
+__device__ __forceinline__ void MaskKeysPast(float (&s)[kBlocks][4], const int (&key_limit)[2]) {
+  const int t = static_cast<int>(threadIdx.x) & 3;
+#pragma unroll
+  for (int n = 0; n < kBlocks; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = n * 8 + 2 * t + (e & 1);
+      if (key > key_limit[e >> 1]) s[n][e] = -INFINITY;
+    }
+  }
+}
+
+// Row g + 8 * half: the running max m becomes the tile's, the scores become exp2(s * scale_log2 -
+// m * scale_log2) in place, the lane's share of the running sum l is rescaled and grows by its
+// terms. Returns alpha, the factor the output accumulated so far must be multiplied by. Scores
+// stay raw and the exponent is one FFMA (scale_log2 = log2(e) / sqrt(d)).
+template <int kBlocks>
+__device__ __forceinline__ float OnlineSoftmaxRow(float (&s)[kBlocks][4], int half, float& m,
+                                                  float& l, float scale_log2) {
+  float row_max = m;
+#pragma unroll
+  for (int n = 0; n < kBlocks; ++n) {
+    row_max = fmaxf(row_max, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
+  }
+  row_max = QuadMax(row_max);
+  // A row that has seen only masked keys keeps max -inf; exponentiating against 0 instead keeps
+  // every term exactly 0 rather than NaN (-inf - -inf).
+  const float max_scaled = (row_max == -INFINITY ? 0.0f : row_max) * scale_log2;
+  const float alpha = Exp2(m * scale_log2 - max_scaled);  // 0 when m was -inf
+  m = row_max;
+  float row_sum = 0.0f;
+#pragma unroll
+  for (int n = 0; n < kBlocks; ++n) {
+#pragma unroll
+    for (int e = 2 * half; e < 2 * half + 2; ++e) {
+      s[n][e] = Exp2(fmaf(s[n][e], scale_log2, -max_scaled));
+      row_sum += s[n][e];
+    }
+  }
+  l = l * alpha + row_sum;
+  return alpha;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The online-softmax state of a warp's 16 query rows (also the Hopper prefill kernel's, per warp
+// of its warpgroups).
 template <int kHeadDim>
-struct WarpRows {
-  uint32_t q[kHeadDim / 16][4];  // A fragments of the 16 query rows, one per 16-wide k step
-  float acc[kHeadDim / 8][4];    // unnormalised output, one C fragment per 8 output columns
-  float m[2];                    // running max of the raw scores of rows g and g + 8
-  float l[2];                    // this lane's share of the running sums (a quad holds the row)
+struct SoftmaxRows {
+  float acc[kHeadDim / 8][4];  // unnormalised output, one C fragment per 8 output columns
+  float m[2];                  // running max of the raw scores of rows g and g + 8
+  float l[2];                  // this lane's share of the running sums (a quad holds the row)
 
   __device__ __forceinline__ void Reset() {
 #pragma unroll
@@ -135,6 +187,16 @@ struct WarpRows {
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.0f;
   }
+};
+
+// The state of one warp's 16 query rows during the key loop: their Q fragments beside the softmax
+// state.
+template <int kHeadDim>
+struct WarpRows : SoftmaxRows<kHeadDim> {
+  using SoftmaxRows<kHeadDim>::acc;
+  using SoftmaxRows<kHeadDim>::m;
+  using SoftmaxRows<kHeadDim>::l;
+  uint32_t q[kHeadDim / 16][4];  // A fragments of the 16 query rows, one per 16-wide k step
 
   // Loads the A fragments of rows [row0, row0 + 16) of a swizzled Q tile.
   __device__ __forceinline__ void LoadQ(uint32_t q_tile, int row0) {
@@ -158,7 +220,6 @@ struct WarpRows {
                                              float scale_log2, const int (&key_limit)[2]) {
     static_assert(kKeys % 16 == 0);
     const int lane = static_cast<int>(threadIdx.x) & 31;
-    const int t = lane & 3;
 
     // S = Q K^T: B[k][n] = K[n][k] is K's rows as stored, so plain ldmatrix. One x4 gives b0, b1
     // of two 8-key tiles: matrices (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, k 0-7),
@@ -182,41 +243,12 @@ struct WarpRows {
       }
     }
 
-    if constexpr (kMasked) {
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = n * 8 + 2 * t + (e & 1);
-          if (key > key_limit[e >> 1]) s[n][e] = -INFINITY;
-        }
-      }
-    }
+    if constexpr (kMasked) MaskKeysPast(s, key_limit);
 
-    // Online softmax: new row max, rescale what was accumulated, exponentiate this tile.
+      // Online softmax: new row max, rescale what was accumulated, exponentiate this tile.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float row_max = m[half];
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
-        row_max = fmaxf(row_max, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
-      }
-      row_max = QuadMax(row_max);
-      // A row that has seen only masked keys keeps max -inf; exponentiating against 0 instead
-      // keeps every term exactly 0 rather than NaN (-inf - -inf).
-      const float max_scaled = (row_max == -INFINITY ? 0.0f : row_max) * scale_log2;
-      const float alpha = Exp2(m[half] * scale_log2 - max_scaled);  // 0 when m was -inf
-      m[half] = row_max;
-      float row_sum = 0.0f;
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
-#pragma unroll
-        for (int e = 2 * half; e < 2 * half + 2; ++e) {
-          s[n][e] = Exp2(fmaf(s[n][e], scale_log2, -max_scaled));
-          row_sum += s[n][e];
-        }
-      }
-      l[half] = l[half] * alpha + row_sum;
+      const float alpha = OnlineSoftmaxRow(s, half, m[half], l[half], scale_log2);
 #pragma unroll
       for (int n = 0; n < kHeadDim / 8; ++n) {
         acc[n][2 * half] *= alpha;

@@ -203,12 +203,10 @@ void LaunchPrefill(const PrefillParams& params, int num_heads, const StepView& s
   static std::atomic<uint64_t> configured_devices{0};
   int device = 0;
   SIEVE_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((configured_devices.load(std::memory_order_acquire) & bit) == 0) {
+  OncePerDevice(configured_devices, device, [] {
     SIEVE_CUDA_CHECK(cudaFuncSetAttribute(PrefillAttentionKernel<kHeadDim>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    configured_devices.fetch_or(bit, std::memory_order_release);
-  }
+  });
   const int num_q_tiles = (step.max_query_len + kBlockM - 1) / kBlockM;
   const dim3 grid(num_heads, step.num_prefill_seqs, num_q_tiles);
   PrefillAttentionKernel<kHeadDim><<<grid, kThreads, kSmem, stream>>>(params);

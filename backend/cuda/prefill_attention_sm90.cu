@@ -103,7 +103,7 @@ struct WorkItem {
 
 // O += P V over one tile: kHeadDim output columns, so one wgmma of N = kHeadDim per 16 keys.
 template <int kHeadDim>
-__device__ __forceinline__ void MmaPv(float (&acc)[kHeadDim / 2], const uint32_t (&p)[4],
+__device__ __forceinline__ void MmaPv(float (&acc)[kHeadDim / 8][4], const uint32_t (&p)[4],
                                       uint64_t desc_v) {
 #if SIEVE_SM90A
   if constexpr (kHeadDim == 128) {
@@ -191,14 +191,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane / 4;
   const int t = lane & 3;
-  float acc[kHeadDim / 2];      // O: the warpgroup's 64 x kHeadDim accumulator
-  float s[kBlockN / 2];         // S, then its exponentials: 64 x 128
-  uint32_t p[kBlockN / 16][4];  // P in bf16, the A fragments of O += P V
-  float m[2];                   // running max of the raw scores of rows g and g + 8
-  float l[2];                   // this lane's share of the running sums
-  float alpha[2];               // how much the accumulated output shrinks this tile
-  int lane_key_last[2];         // inclusive key bound of each of the lane's two rows
-  int group_key_first_row;      // the warpgroup's first row's bound: tiles below need no mask
+  // O (the warpgroup's 64 x kHeadDim accumulator, this warp's 16 rows of it per thread as
+  // flash_warp.cuh's fragments), the running max and sums.
+  flash::SoftmaxRows<kHeadDim> rows;
+  float(&acc)[kHeadDim / 8][4] = rows.acc;
+  float(&m)[2] = rows.m;
+  float(&l)[2] = rows.l;
+  float s[kBlockN / 8][4];        // S, then its exponentials: 64 x 128
+  uint32_t p[kBlockN / 16][4];    // P in bf16, the A fragments of O += P V
+  float alpha[2];                 // how much the accumulated output shrinks this tile
+  int lane_key_last[2] = {0, 0};  // inclusive key bound of each of the lane's two rows
+  int group_key_first_row = 0;    // the warpgroup's first row's bound: tiles below need no mask
 
   // S = Q K^T of one tile into s: K-major A (this warpgroup's 64 rows of Q) and B (the tile's 128
   // keys); a k16 step is 32 bytes into a panel's rows, 4 steps a panel. Issued, not waited for.
@@ -224,61 +227,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma::Commit();
   };
-  // Mask and online softmax of the tile of keys [first, first + 128) in s, as flash_warp.cuh's:
+  // Mask and online softmax of the tile of keys [first, first + 128) in s (flash_warp.cuh's):
   // exponentials in s, m and l updated, alpha set.
   const auto softmax = [&](int first, float scale_log2) {
     if (first + kBlockN - 1 > group_key_first_row) {
-#pragma unroll
-      for (int n = 0; n < kBlockN / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = first + n * 8 + 2 * t + (e & 1);
-          if (key > lane_key_last[e >> 1]) s[4 * n + e] = -INFINITY;
-        }
-      }
+      flash::MaskKeysPast(s, {lane_key_last[0] - first, lane_key_last[1] - first});
     }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float row_max = m[half];
-#pragma unroll
-      for (int n = 0; n < kBlockN / 8; ++n) {
-        row_max = fmaxf(row_max, fmaxf(s[4 * n + 2 * half], s[4 * n + 2 * half + 1]));
-      }
-      row_max = flash::QuadMax(row_max);
-      // A row that has seen only masked keys keeps max -inf; exponentiating against 0 keeps
-      // every term exactly 0 rather than NaN.
-      const float max_scaled = (row_max == -INFINITY ? 0.0f : row_max) * scale_log2;
-      alpha[half] = flash::Exp2(m[half] * scale_log2 - max_scaled);
-      m[half] = row_max;
-      float row_sum = 0.0f;
-#pragma unroll
-      for (int n = 0; n < kBlockN / 8; ++n) {
-#pragma unroll
-        for (int e = 2 * half; e < 2 * half + 2; ++e) {
-          s[4 * n + e] = flash::Exp2(fmaf(s[4 * n + e], scale_log2, -max_scaled));
-          row_sum += s[4 * n + e];
-        }
-      }
-      l[half] = l[half] * alpha[half] + row_sum;
-    }
+    alpha[0] = flash::OnlineSoftmaxRow(s, 0, m[0], l[0], scale_log2);
+    alpha[1] = flash::OnlineSoftmaxRow(s, 1, m[1], l[1], scale_log2);
   };
   // P's A fragment for keys 16 kb.. is S's accumulator blocks 2 kb and 2 kb + 1.
   const auto pack_probabilities = [&] {
 #pragma unroll
     for (int kb = 0; kb < kBlockN / 16; ++kb) {
-      p[kb][0] = flash::PackBf16(s[8 * kb + 0], s[8 * kb + 1]);
-      p[kb][1] = flash::PackBf16(s[8 * kb + 2], s[8 * kb + 3]);
-      p[kb][2] = flash::PackBf16(s[8 * kb + 4], s[8 * kb + 5]);
-      p[kb][3] = flash::PackBf16(s[8 * kb + 6], s[8 * kb + 7]);
+      p[kb][0] = flash::PackBf16(s[2 * kb][0], s[2 * kb][1]);
+      p[kb][1] = flash::PackBf16(s[2 * kb][2], s[2 * kb][3]);
+      p[kb][2] = flash::PackBf16(s[2 * kb + 1][0], s[2 * kb + 1][1]);
+      p[kb][3] = flash::PackBf16(s[2 * kb + 1][2], s[2 * kb + 1][3]);
     }
   };
   const auto rescale_output = [&] {
 #pragma unroll
     for (int n = 0; n < kHeadDim / 8; ++n) {
-      acc[4 * n + 0] *= alpha[0];
-      acc[4 * n + 1] *= alpha[0];
-      acc[4 * n + 2] *= alpha[1];
-      acc[4 * n + 3] *= alpha[1];
+      acc[n][0] *= alpha[0];
+      acc[n][1] *= alpha[0];
+      acc[n][2] *= alpha[1];
+      acc[n][3] *= alpha[1];
     }
   };
   const auto release = [&](uint32_t barrier) {
@@ -300,10 +274,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     lane_key_last[0] = min(item.context + row_g, item.kv_len - 1);
     lane_key_last[1] = min(item.context + row_g + 8, item.kv_len - 1);
     group_key_first_row = min(item.context + group_row0, item.kv_len - 1);
-#pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) acc[i] = 0.0f;
-    m[0] = m[1] = -INFINITY;
-    l[0] = l[1] = 0.0f;
+    rows.Reset();
 
     wgmma::BarrierWait(bar_q_full, items & 1);
     // Tile 0: its scores only.
@@ -374,8 +345,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                       static_cast<int64_t>(item.head) * kHeadDim + 2 * t;
 #pragma unroll
       for (int n = 0; n < kHeadDim / 8; ++n) {
-        *reinterpret_cast<uint32_t*>(out_row + 8 * n) = flash::PackBf16(
-            acc[4 * n + 2 * half] * inv_sum[half], acc[4 * n + 2 * half + 1] * inv_sum[half]);
+        *reinterpret_cast<uint32_t*>(out_row + 8 * n) =
+            flash::PackBf16(acc[n][2 * half] * inv_sum[half], acc[n][2 * half + 1] * inv_sum[half]);
       }
       if (params.lse != nullptr && t == 0) {
         params.lse[static_cast<int64_t>(item.query_begin + query_row) * params.lse_stride +
@@ -422,14 +393,10 @@ void Launch(const PrefillParams& params, int num_heads, const StepView& step, cu
   static std::atomic<uint64_t> configured_devices{0};
   int device = 0;
   SIEVE_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((configured_devices.load(std::memory_order_acquire) & bit) == 0) {
+  OncePerDevice(configured_devices, device, [] {
     SIEVE_CUDA_CHECK(cudaFuncSetAttribute(PrefillAttentionSm90Kernel<kHeadDim>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    configured_devices.fetch_or(bit, std::memory_order_release);
-  }
-  int sm_count = 0;  // a cached attribute: cheap to ask each launch
-  SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  });
   SIEVE_CHECK(step.num_prefill_tokens > 0 && step.num_prefill_keys > 0)
       << "prefill step without its token and key counts";
   const int64_t kv_width = static_cast<int64_t>(params.num_kv_heads) * kHeadDim;
@@ -441,7 +408,8 @@ void Launch(const PrefillParams& params, int num_heads, const StepView& step, cu
   const int num_q_tiles = (step.max_query_len + kBlockM - 1) / kBlockM;
   const int64_t num_work = static_cast<int64_t>(num_heads) * step.num_prefill_seqs * num_q_tiles;
   SIEVE_CHECK(num_work < (int64_t{1} << 31)) << "prefill grid too large";
-  const int64_t grid = std::min<int64_t>(num_work, sm_count);
+  const int64_t grid =
+      std::min<int64_t>(num_work, CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>());
   PrefillAttentionSm90Kernel<kHeadDim><<<static_cast<int>(grid), kThreads, kSmem, stream>>>(
       maps, params, num_heads, step.num_prefill_seqs, num_q_tiles);
   SIEVE_CUDA_CHECK_LAUNCH();
