@@ -229,12 +229,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // Mask and online softmax of the tile of keys [first, first + 128) in s (flash_warp.cuh's):
   // exponentials in s, m and l updated, alpha set.
-  const auto softmax = [&](int first, float scale_log2) {
+  const auto softmax = [&](int first) {
     if (first + kBlockN - 1 > group_key_first_row) {
       flash::MaskKeysPast(s, {lane_key_last[0] - first, lane_key_last[1] - first});
     }
-    alpha[0] = flash::OnlineSoftmaxRow(s, 0, m[0], l[0], scale_log2);
-    alpha[1] = flash::OnlineSoftmaxRow(s, 1, m[1], l[1], scale_log2);
+    alpha[0] = flash::OnlineSoftmaxRow(s, 0, m[0], l[0], params.scale_log2);
+    alpha[1] = flash::OnlineSoftmaxRow(s, 1, m[1], l[1], params.scale_log2);
   };
   // P's A fragment for keys 16 kb.. is S's accumulator blocks 2 kb and 2 kb + 1.
   const auto pack_probabilities = [&] {
@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::Wait<0>();
       wgmma::PinRegisters(s);
       if (item.num_tiles == 1) release(bar_q_empty);
-      softmax(0, params.scale_log2);
+      softmax(0);
       pack_probabilities();
     }
     for (int tile = 1; tile < item.num_tiles; ++tile) {
@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::Wait<1>();
       wgmma::PinRegisters(s);
       if (tile == item.num_tiles - 1) release(bar_q_empty);
-      softmax(tile * kBlockN, params.scale_log2);
+      softmax(tile * kBlockN);
       wgmma::Wait<0>();
       wgmma::PinRegisters(acc);
       release(bar_empty(prev_stage));
