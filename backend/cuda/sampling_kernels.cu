@@ -9,10 +9,10 @@
 //      time, for greedy and logprob. Greedy rows stop here.
 //   B. (top-k or top-p only) a histogram over kBins bins of s = log2(p_best / p) =
 //      (best - x) * log2(e) / T in [0, kSpan): with top-k the token counts, for top-p alone the
-//      summed fixed-point weights (three 32-bit shared-memory atomics a token that return
-//      nothing, so the pass never waits on one). The bin is a
-//      non-decreasing function of s, so each bin is a contiguous range of the (logit, lower id
-//      first) key order, bin 0 the best. The top-k cut lies in the first bin where the running
+//      summed cut weights (RowView::CutShift: one 32-bit shared-memory atomic a token that
+//      returns nothing, so the pass never waits on one). The bin is a non-decreasing function of
+//      s, so each bin is a contiguous range of the (logit, lower id first) key order, bin 0 the
+//      best. The top-k cut lies in the first bin where the running
 //      count reaches k, the top-p cut in the first bin where the running weight (of the top-k)
 //      reaches top_p of it: only that bin's keys are collected into shared memory, where the exact
 //      key is selected (select::BlockRadixSelect).
@@ -30,7 +30,8 @@
 // Tokens with s >= kSpan have weight 0 (2^-48 * 2^40 < 1/2) and are never counted or drawn:
 // leaving them out of the top-k count changes nothing that can be drawn. Min-p needs no pass of
 // its own: it is a test on each token's probability ratio in D. Every weight is a 40-bit
-// fixed-point integer and every sum an integer, and a selection depends only on the set of keys
+// fixed-point integer (the cut's rounded down to 17 significant bits at vocab 128K, the draw's in
+// full) and every sum an integer, and a selection depends only on the set of keys
 // collected, not on their order: the kept set and the draw are reproducible bit for bit, and do
 // not depend on which row or cluster a request lands in.
 //
@@ -42,7 +43,9 @@
 // record has the A/B that made it so, 107 -> 70 us: 5 blocks a multiprocessor (one wave for 64 rows
 // instead of two), pass A a quad at a time, pass B's atomics without a return, s computed once a
 // token, and the select's flush summed per warp (select::FlushWarpRuns; before it, 64-bit
-// compare-and-swap loops spinning on one address held a fifth of the stall samples).
+// compare-and-swap loops spinning on one address held a fifth of the stall samples). Cut weights
+// (RowView::CutShift: pass B's one atomic a token instead of three) then took it from 68-69 to
+// 63-64 us (record 2026-12-02-h200-sampling-cut-weights-ab).
 #include <cooperative_groups.h>
 
 #include <cstdint>
@@ -100,7 +103,7 @@ constexpr int kTileMin = 32 * 4 * kQuadsInFlight;
 // Chunks start at multiples of this many ids (whole quads, whole 128-byte lines).
 constexpr int kChunkAlign = 128;
 
-constexpr float kWeightScale = 1099511627776.0f;  // 2^40: weights are round(p / p_best * 2^40)
+constexpr float kWeightScale = 1099511627776.0f;  // 2^40: the draw weighs round(p / p_best * 2^40)
 
 // Online softmax state of a set of logits: its max, the lowest id holding it, and the sum of
 // exp(x - max). Combining is exact for the max and argmax, so greedy is the true argmax.
@@ -186,6 +189,10 @@ __device__ inline unsigned long long KeyOf(int id, float value) {
   return select::CompositeKey(select::OrderedBits(value), static_cast<uint32_t>(id));
 }
 
+// Eligible tokens (s < kSpan) and their bin; bins are non-increasing in the logit.
+__device__ inline bool Eligible(float s) { return s < kSpan; }
+__device__ inline int BinOf(float s) { return min(kBins - 1, static_cast<int>(s * kBinsPerUnit)); }
+
 // One row as a block of its cluster sees it. The explicitly rounded operations keep the compiler
 // from contracting them differently at different call sites: every pass must see the same
 // weights and bins for the same logit.
@@ -194,7 +201,8 @@ struct RowView {
   const float* x;  // the row's logits
   int lo, hi;      // this block's chunk [lo, hi)
   float best;
-  float scale;  // log2(e) / T
+  float scale;   // log2(e) / T
+  int cut_bits;  // a cut weight's mantissa is at most 2^cut_bits (CutShift)
 
   // s = log(p_best / p) = (best - x) / T >= 0; NaN for a NaN logit (never eligible).
   __device__ float Scaled(float value) const {
@@ -211,11 +219,29 @@ struct RowView {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(ratio) : "f"(-s));
     return ratio;
   }
-  __device__ static unsigned long long WeightOfScaled(float s) {
-    return __float2ull_rn(RatioOfScaled(s) * kWeightScale);
+  // Where the kept set is decided (pass B's histogram, the weighted selections) an eligible token
+  // weighs its cut weight: p / p_best in fixed point (2^40 = 1) rounded down to a multiple of
+  // 2^CutShift(bin), one shift for the whole bin, which leaves the mantissa (the weight >> shift)
+  // at most 2^cut_bits. A chunk's mantissas then sum below 2^31 in one 32-bit counter a bin: pass
+  // B adds a token with one shared-memory atomic (40-bit weights took three 14-bit parts). A token
+  // keeps cut_bits significant bits (17 at vocab 128K), finer than a float cumulative sum; the
+  // draw (D) weighs tokens in full.
+  __device__ int CutShift(int bin) const {
+    static_assert(kBins == 1024 && kSpan == 48.0f, "floor(bin * kSpan / kBins) below");
+    return max(0, 40 - cut_bits - ((3 * bin) >> 6));  // p / p_best <= 2^-floor(bin * 3 / 64)
+  }
+  __device__ unsigned int CutMantissaOfScaled(float s, int bin) const {
+    const float scale_up = __int_as_float((127 + 40 - CutShift(bin)) << 23);  // 2^(40 - shift)
+    return __float2uint_rz(RatioOfScaled(s) * scale_up);
+  }
+  __device__ unsigned long long CutWeightOfScaled(float s) const {
+    const int bin = BinOf(s);
+    return static_cast<unsigned long long>(CutMantissaOfScaled(s, bin)) << CutShift(bin);
   }
   __device__ float Ratio(float value) const { return RatioOfScaled(Scaled(value)); }
-  __device__ unsigned long long Weight(float value) const { return WeightOfScaled(Scaled(value)); }
+  __device__ unsigned long long CutWeight(float value) const {
+    return CutWeightOfScaled(Scaled(value));
+  }
 
   // Logits [id, id + 4) (id % 4 == 0), those at or past `end` not loaded (their value unused).
   __device__ float4 LoadQuad(int id, int end) const {
@@ -275,10 +301,6 @@ struct RowView {
                                 });
   }
 };
-
-// Eligible tokens (s < kSpan) and their bin; bins are non-increasing in the logit.
-__device__ inline bool Eligible(float s) { return s < kSpan; }
-__device__ inline int BinOf(float s) { return min(kBins - 1, static_cast<int>(s * kBinsPerUnit)); }
 
 // Positions 0..N-1 of values value_at(p): the first position at which the running sum reaches
 // `target` and the sum of the positions before it; position N (before = total) when the total
@@ -374,6 +396,26 @@ __device__ void ClusterReduceHistogram(unsigned int* counts, unsigned long long*
   __syncthreads();
 }
 
+// A pass adds its tokens' cut-weight mantissas (RowView::CutShift) with one 32-bit atomic a token
+// into the first kBins words of smem.hist_weight (the collect buffer may be in use); this turns
+// them into the bins' 64-bit cut weights in place. Every thread calls it after the pass.
+template <typename Row>
+__device__ void SpreadMantissas(const Row& row, SampleSmem& smem) {
+  constexpr int kPer = kBins / kThreads;
+  const int tid = static_cast<int>(threadIdx.x);
+  const unsigned int* mantissas = reinterpret_cast<const unsigned int*>(smem.hist_weight);
+  unsigned int own[kPer];
+  __syncthreads();  // the pass's atomics are done
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) own[i] = mantissas[tid + i * kThreads];
+  __syncthreads();  // every mantissa read before the weights overwrite them
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int bin = tid + i * kThreads;
+    smem.hist_weight[bin] = static_cast<unsigned long long>(own[i]) << row.CutShift(bin);
+  }
+}
+
 // Shares the keys every block appended to its buffer[0, own_count) (at most kGather in all, the
 // caller knows how many): every block's buffer gets all of them, its own first, in an order that
 // varies from run to run; what is computed from them depends only on the set. Returns their
@@ -466,7 +508,7 @@ __device__ Selected ClusterSelect(const Row& row, Pred pred, int count, unsigned
       if ((key & mask) != prefix) return;
       const int digit = static_cast<int>((key >> shift) & 0xff);
       atomicAdd(&smem.digit_count[digit], 1u);
-      select::AtomicAddSharedU64(&smem.digit_weight[digit], row.Weight(value));
+      select::AtomicAddSharedU64(&smem.digit_weight[digit], row.CutWeight(value));
     });
     ClusterReduceHistogram<256, true>(smem.digit_count, smem.digit_weight, smem, cluster);
     // Position p is digit 255 - p: best first.
@@ -488,7 +530,7 @@ __device__ Selected ClusterSelect(const Row& row, Pred pred, int count, unsigned
       [&](int id, float value) { return pred(id, value) && (KeyOf(id, value) & mask) == prefix; },
       smem, cluster);
   const unsigned long long* buffer = smem.buffer;
-  const auto weight_at = [buffer, &row](int i) { return row.Weight(ValueOfKey(buffer[i])); };
+  const auto weight_at = [buffer, &row](int i) { return row.CutWeight(ValueOfKey(buffer[i])); };
   const unsigned long long cut = SelectCollected<kWeighted>(collected, 0, target, weight_at, smem);
 
   unsigned long long kept = 0;
@@ -522,7 +564,10 @@ __global__ __cluster_dims__(kCluster, 1, 1)
   const SamplingRowParams knobs = params[row_index];
   // Contiguous chunks starting at multiples of kChunkAlign ids.
   const int chunk = (vocab + kCluster * kChunkAlign - 1) / (kCluster * kChunkAlign) * kChunkAlign;
-  RowView<kAligned> row{x, min(vocab, rank * chunk), min(vocab, (rank + 1) * chunk), 0.0f, 0.0f};
+  // chunk < 2^(32 - clz(chunk)), so a chunk's cut-weight mantissas sum below 2^31.
+  const int cut_bits = __clz(chunk) - 1;
+  RowView<kAligned> row{
+      x, min(vocab, rank * chunk), min(vocab, (rank + 1) * chunk), 0.0f, 0.0f, cut_bits};
 
   // A. max, argmax and sum of exp(x - max) of the raw logits.
   // A quad at a time: its max first, so that the running max moves (and the sum is rescaled) at
@@ -599,20 +644,13 @@ __global__ __cluster_dims__(kCluster, 1, 1)
     // bin is collected); top-p alone, weights (how many tokens its cut bin holds is learnt when D
     // collects them).
     bool weights_ready = !top_k;  // hist_weight holds the cluster's sums for the bins < cut_bin
-    // Top-p alone sums each bin's weights in three 14-bit parts (weight = hi 2^28 + mid 2^14 +
-    // lo, each part < 2^14), one 32-bit counter a part, in the collect buffer (unused until C or
-    // D): a chunk of at most 2^18 tokens cannot carry out of one, so the atomics need not return
-    // their old value (select::AtomicAddSharedU64's must, for the carry) and the pass does not
-    // wait on them.
-    unsigned int* weight_parts = reinterpret_cast<unsigned int*>(smem.buffer);  // [3][kBins]
-    static_assert(3 * kBins * sizeof(unsigned int) <= sizeof(SampleSmem::buffer));
+    // Top-p alone sums each bin's cut-weight mantissas in one 32-bit counter a bin: a chunk's sum
+    // stays below 2^31 (RowView::CutShift), so the atomics need not return their old value
+    // (select::AtomicAddSharedU64's must, for the carry) and the pass does not wait on them.
+    unsigned int* mantissas = reinterpret_cast<unsigned int*>(smem.hist_weight);  // SpreadMantissas
     for (int bin = tid; bin < kBins; bin += kThreads) {
       smem.hist_count[bin] = 0;
-      if (weights_ready) {
-        weight_parts[bin] = 0;
-        weight_parts[kBins + bin] = 0;
-        weight_parts[2 * kBins + bin] = 0;
-      }
+      if (weights_ready) mantissas[bin] = 0;
     }
     __syncthreads();
     row.ForChunk([&](int, float value) {
@@ -620,21 +658,9 @@ __global__ __cluster_dims__(kCluster, 1, 1)
       if (!Eligible(s)) return;
       const int bin = BinOf(s);
       if (top_k) atomicAdd(&smem.hist_count[bin], 1u);
-      if (weights_ready) {
-        const unsigned long long weight = row.WeightOfScaled(s);
-        atomicAdd(&weight_parts[bin], static_cast<unsigned int>(weight) & 0x3fffu);
-        atomicAdd(&weight_parts[kBins + bin], static_cast<unsigned int>(weight >> 14) & 0x3fffu);
-        atomicAdd(&weight_parts[2 * kBins + bin], static_cast<unsigned int>(weight >> 28));
-      }
+      if (weights_ready) atomicAdd(&mantissas[bin], row.CutMantissaOfScaled(s, bin));
     });
-    if (weights_ready) {
-      __syncthreads();
-      for (int bin = tid; bin < kBins; bin += kThreads) {
-        smem.hist_weight[bin] =
-            weight_parts[bin] + (static_cast<unsigned long long>(weight_parts[kBins + bin]) << 14) +
-            (static_cast<unsigned long long>(weight_parts[2 * kBins + bin]) << 28);
-      }
-    }
+    if (weights_ready) SpreadMantissas(row, smem);
     if (top_k) {
       ClusterReduceHistogram<kBins, true>(smem.hist_count, smem.hist_weight, smem, cluster);
     } else {
@@ -662,7 +688,8 @@ __global__ __cluster_dims__(kCluster, 1, 1)
           pending_target = static_cast<unsigned long long>(cut_bin_kept);
         } else if (cut_bin_count <= kGather) {
           // One pass: the weights of the bins before cut_bin, for top-p, and cut_bin's keys.
-          for (int bin = tid; bin < kBins; bin += kThreads) smem.hist_weight[bin] = 0;
+          unsigned int* mantissas = reinterpret_cast<unsigned int*>(smem.hist_weight);
+          for (int bin = tid; bin < kBins; bin += kThreads) mantissas[bin] = 0;
           if (tid == 0) smem.own_count = 0;
           __syncthreads();
           const int bin_k = cut_bin;
@@ -671,17 +698,17 @@ __global__ __cluster_dims__(kCluster, 1, 1)
             if (!Eligible(s)) return;
             const int bin = BinOf(s);
             if (bin < bin_k) {
-              const unsigned long long weight = row.Weight(value);
-              if (weight != 0) select::AtomicAddSharedU64(&smem.hist_weight[bin], weight);
+              atomicAdd(&mantissas[bin], row.CutMantissaOfScaled(s, bin));
             } else if (bin == bin_k) {
               CollectOwn(KeyOf(id, value), smem);
             }
           });
+          SpreadMantissas(row, smem);
           ClusterReduceHistogram<kBins, false>(smem.hist_count, smem.hist_weight, smem, cluster);
           const int collected = ClusterShareCollected(smem, cluster);
           const unsigned long long* buffer = smem.buffer;
           const auto weight_at = [buffer, &row](int i) {
-            return row.Weight(ValueOfKey(buffer[i]));
+            return row.CutWeight(ValueOfKey(buffer[i]));
           };
           cut = SelectCollected<false>(collected, 0, static_cast<unsigned long long>(cut_bin_kept),
                                        weight_at, smem);
@@ -708,17 +735,17 @@ __global__ __cluster_dims__(kCluster, 1, 1)
     }
     if (top_p && !weights_ready) {
       // The weights of the bins before cut_bin (all bins when top-k kept every eligible token).
-      for (int bin = tid; bin < kBins; bin += kThreads) smem.hist_weight[bin] = 0;
+      unsigned int* mantissas = reinterpret_cast<unsigned int*>(smem.hist_weight);
+      for (int bin = tid; bin < kBins; bin += kThreads) mantissas[bin] = 0;
       __syncthreads();
       const int bin_k = cut_bin;
       row.ForChunk([&](int, float value) {
         const float s = row.Scaled(value);
         if (!Eligible(s)) return;
         const int bin = BinOf(s);
-        if (bin >= bin_k) return;
-        const unsigned long long weight = row.Weight(value);
-        if (weight != 0) select::AtomicAddSharedU64(&smem.hist_weight[bin], weight);
+        if (bin < bin_k) atomicAdd(&mantissas[bin], row.CutMantissaOfScaled(s, bin));
       });
+      SpreadMantissas(row, smem);
       ClusterReduceHistogram<kBins, false>(smem.hist_count, smem.hist_weight, smem, cluster);
     }
     if (top_p) {
@@ -741,7 +768,7 @@ __global__ __cluster_dims__(kCluster, 1, 1)
         const unsigned long long* buffer = smem.buffer;
         cut = SelectCollected<true>(
             cut_bin_count, cut, target,
-            [buffer, &row](int i) { return row.Weight(ValueOfKey(buffer[i])); }, smem);
+            [buffer, &row](int i) { return row.CutWeight(ValueOfKey(buffer[i])); }, smem);
       } else if (bin != cut_bin && (!top_k || smem.hist_count[bin] <= kGather)) {
         // Every key of `bin` is in the top-k (better than cut_bin): collected in D. Without
         // top-k the bin's size is unknown: D falls back when it holds more than kGather.
@@ -821,7 +848,7 @@ __global__ __cluster_dims__(kCluster, 1, 1)
     const int collected = ClusterShareCollected(smem, cluster, &appended);
     if (appended <= kGather) {
       const unsigned long long* buffer = smem.buffer;
-      const auto weight_at = [buffer, &row](int i) { return row.Weight(ValueOfKey(buffer[i])); };
+      const auto weight_at = [buffer, &row](int i) { return row.CutWeight(ValueOfKey(buffer[i])); };
       cut = pending_weighted
                 ? SelectCollected<true>(collected, 0, pending_target, weight_at, smem)
                 : SelectCollected<false>(collected, 0, pending_target, weight_at, smem);
@@ -997,7 +1024,7 @@ void SampleTokens(const float* logits, int rows, int vocab, const SamplingRowPar
                   size_t /*workspace_bytes*/, cudaStream_t stream) {
   if (rows == 0) return;
   SIEVE_CHECK(SampleTokensSupported()) << "GPU sampling needs thread-block clusters (sm_90)";
-  // Pass B's 14-bit weight parts cannot carry out of 32 bits for chunks of up to 2^18 tokens.
+  // At the largest vocabulary (chunks of 2^18 tokens) cut weights keep 12 significant bits.
   SIEVE_CHECK(rows > 0 && vocab > 0 && vocab <= kSampleTokensMaxVocab &&
               rows <= INT32_MAX / kCluster)
       << "rows " << rows << " vocab " << vocab;
