@@ -26,12 +26,18 @@
 //      last selection, when it needs a collect, is done in this pass: it collects the cut bin's
 //      keys while summing the better bins, and adds the kept keys of the bin once the cut is known
 //      (top-p alone learns only here how many tokens its bin holds; over kGather, it selects the
-//      long way and sums the tiles again).
+//      long way and sums the tiles again). Min-p, and top-k alone, draw here.
+//   E. the draw of top-p (with or without top-k) when min-p is off, instead of D (DrawOverBins):
+//      every bin before the top-p cut's bin is kept whole, so a uniform number over the bins' cut
+//      weights picks a bin, and one pass collects that bin alone to pick the token by a weighted
+//      selection (the cut's bin is cut first; a number past its cut is drawn again, from the
+//      second random word). D's pass weighs every token; E's only tests each token's bin.
 // Tokens with s >= kSpan have weight 0 (2^-48 * 2^40 < 1/2) and are never counted or drawn:
 // leaving them out of the top-k count changes nothing that can be drawn. Min-p needs no pass of
 // its own: it is a test on each token's probability ratio in D. Every weight is a 40-bit
-// fixed-point integer (the cut's rounded down to 17 significant bits at vocab 128K, the draw's in
-// full) and every sum an integer, and a selection depends only on the set of keys
+// fixed-point integer (cut weights rounded down to 17 significant bits at vocab 128K: the kept
+// set and E's draw; D's draw in full) and every sum an integer, and a selection depends only on
+// the set of keys
 // collected, not on their order: the kept set and the draw are reproducible bit for bit, and do
 // not depend on which row or cluster a request lands in.
 //
@@ -45,7 +51,8 @@
 // token, and the select's flush summed per warp (select::FlushWarpRuns; before it, 64-bit
 // compare-and-swap loops spinning on one address held a fifth of the stall samples). Cut weights
 // (RowView::CutShift: pass B's one atomic a token instead of three) then took it from 68-69 to
-// 63-64 us (record 2026-12-02-h200-sampling-cut-weights-ab).
+// 63-64 us (record 2026-12-02-h200-sampling-cut-weights-ab), and E's draw over the bins to 56-57
+// us, top-k 50 + top-p 0.9 from 70-71 to 62-63 (record 2026-12-02-h200-sampling-bin-draw-ab).
 #include <cooperative_groups.h>
 
 #include <cstdint>
@@ -219,13 +226,13 @@ struct RowView {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(ratio) : "f"(-s));
     return ratio;
   }
-  // Where the kept set is decided (pass B's histogram, the weighted selections) an eligible token
-  // weighs its cut weight: p / p_best in fixed point (2^40 = 1) rounded down to a multiple of
-  // 2^CutShift(bin), one shift for the whole bin, which leaves the mantissa (the weight >> shift)
-  // at most 2^cut_bits. A chunk's mantissas then sum below 2^31 in one 32-bit counter a bin: pass
-  // B adds a token with one shared-memory atomic (40-bit weights took three 14-bit parts). A token
-  // keeps cut_bits significant bits (17 at vocab 128K), finer than a float cumulative sum; the
-  // draw (D) weighs tokens in full.
+  // Where the kept set is decided (pass B's histogram, the weighted selections), and in E's draw,
+  // an eligible token weighs its cut weight: p / p_best in fixed point (2^40 = 1) rounded down to a
+  // multiple of 2^CutShift(bin), one shift for the whole bin, which leaves the mantissa (the weight
+  // >> shift) at most 2^cut_bits. A chunk's mantissas then sum below 2^31 in one 32-bit counter a
+  // bin: pass B adds a token with one shared-memory atomic (40-bit weights took three 14-bit
+  // parts). A token keeps cut_bits significant bits (17 at vocab 128K), finer than a float
+  // cumulative sum; D's draw weighs tokens in full.
   __device__ int CutShift(int bin) const {
     static_assert(kBins == 1024 && kSpan == 48.0f, "floor(bin * kSpan / kBins) below");
     return max(0, 40 - cut_bits - ((3 * bin) >> 6));  // p / p_best <= 2^-floor(bin * 3 / 64)
@@ -540,6 +547,106 @@ __device__ Selected ClusterSelect(const Row& row, Pred pred, int count, unsigned
   return {cut, weight_above + BlockSumU64(kept, smem)};
 }
 
+// E. the draw of top-p (with or without top-k) when min-p is off, over the bins instead of the
+// ids. The kept set is every key of the bins before `bin` (their cut weights sum to `before`)
+// and the keys of `bin` from its top-p cut up (the cut leaves `target` of its weight to reach).
+// A uniform u in [0, before + W) is drawn, W the bin's weight before its cut (its kept weight
+// when its keys are collected already, `collected`): u < before falls in a whole bin, which one
+// pass collects to find the token; otherwise one pass collects `bin`, which gives its cut and
+// kept weight K, and u - before < K is the token, else (probability (W - K) / (before + W)) u is
+// drawn again in [0, before + K), from the second random word. Every token's chance is its cut
+// weight over the kept total, as D's inverse CDF over the ids gives with full weights. The token
+// within a bin is the key at which the running weight, keys from the largest down, first passes
+// the remainder: a weighted selection. Returns the token.
+template <typename Row, typename KeptWeight>
+// Not inlined, and its arguments by value: the row's view (which the passes before it read in
+// their loops) and the knobs stay out of local memory, where taking their address would put them.
+__device__ __noinline__ int DrawOverBins(const Row row, uint64_t seed, uint64_t offset,
+                                         KeptWeight kept_weight, unsigned long long before, int bin,
+                                         unsigned long long target, unsigned long long top_k_cut,
+                                         bool collected, int collected_count, SampleSmem& smem,
+                                         cg::cluster_group cluster) {
+  const unsigned long long* buffer = smem.buffer;
+  const auto weight_at = [buffer, &row](int i) { return row.CutWeight(ValueOfKey(buffer[i])); };
+  const auto id_of_key = [](unsigned long long key) {
+    return static_cast<int>(0xffffffffu - static_cast<uint32_t>(key));
+  };
+  // The key of bin b's candidates (key >= floor) at which the running weight passes `remainder`.
+  const auto token_in_bin = [&](int b, unsigned long long floor, unsigned long long remainder) {
+    const auto in_bin = [&row, b, floor](int id, float value) {
+      const float s = row.Scaled(value);
+      return Eligible(s) && BinOf(s) == b && KeyOf(id, value) >= floor;
+    };
+    if (threadIdx.x == 0) smem.own_count = 0;
+    __syncthreads();
+    row.ForChunk([&](int id, float value) {
+      if (in_bin(id, value)) CollectOwn(KeyOf(id, value), smem);
+    });
+    int appended = 0;
+    const int count = ClusterShareCollected(smem, cluster, &appended);
+    if (appended <= kGather) {
+      return id_of_key(SelectCollected<true>(count, floor, remainder + 1, weight_at, smem));
+    }
+    return id_of_key(ClusterSelect<true>(row, in_bin, appended, remainder + 1, smem, cluster).cut);
+  };
+  // A whole bin before `bin`: the crossing of u + 1 over the bins' weights.
+  const auto token_before = [&](unsigned long long u) {
+    const Crossing whole = BlockFindCrossing<kBins>(kept_weight, u + 1, smem);
+    return token_in_bin(whole.position, top_k_cut, u - whole.before);
+  };
+  // Bin `bin`'s top-p cut among `count` collected keys, and the weight kept from it on.
+  const auto cut_collected = [&](int count, unsigned long long* kept) {
+    const unsigned long long cut = SelectCollected<true>(count, top_k_cut, target, weight_at, smem);
+    unsigned long long sum = 0;
+    for (int i = static_cast<int>(threadIdx.x); i < count; i += kThreads) {
+      if (buffer[i] >= cut) sum += weight_at(i);
+    }
+    *kept = BlockSumU64(sum, smem);
+    return cut;
+  };
+
+  if (collected) {  // top-k's cut bin, in every buffer already: its cut and K first
+    unsigned long long kept = 0;
+    const unsigned long long cut = cut_collected(collected_count, &kept);
+    const unsigned long long u = __umul64hi(SampleRandomBits(seed, offset), before + kept);
+    if (u < before) return token_before(u);
+    return id_of_key(SelectCollected<true>(collected_count, cut, u - before + 1, weight_at, smem));
+  }
+  const unsigned long long u =
+      __umul64hi(SampleRandomBits(seed, offset), before + kept_weight(bin));
+  if (u < before) return token_before(u);
+  // u is in `bin`: collect it (top-k's candidates only), cut it, and take u there if it is kept.
+  const auto in_cut_bin = [&row, bin, top_k_cut](int id, float value) {
+    const float s = row.Scaled(value);
+    return Eligible(s) && BinOf(s) == bin && KeyOf(id, value) >= top_k_cut;
+  };
+  if (threadIdx.x == 0) smem.own_count = 0;
+  __syncthreads();
+  row.ForChunk([&](int id, float value) {
+    if (in_cut_bin(id, value)) CollectOwn(KeyOf(id, value), smem);
+  });
+  int appended = 0;
+  const int count = ClusterShareCollected(smem, cluster, &appended);
+  unsigned long long cut = 0, kept = 0;
+  if (appended <= kGather) {
+    cut = cut_collected(count, &kept);
+  } else {
+    const Selected selected = ClusterSelect<true>(row, in_cut_bin, appended, target, smem, cluster);
+    cut = selected.cut;
+    kept = selected.weight;
+  }
+  unsigned long long again = u - before;
+  if (again >= kept) {  // u fell past the cut: draw again over the kept set, now known
+    again = __umul64hi(SampleRandomBits(seed, offset, true), before + kept);
+    if (again < before) return token_before(again);
+    again -= before;
+  }
+  if (appended <= kGather) {  // the buffer still holds the bin
+    return id_of_key(SelectCollected<true>(count, cut, again + 1, weight_at, smem));
+  }
+  return token_in_bin(bin, cut, again);
+}
+
 #endif  // SIEVE_SAMPLING_CLUSTERS
 
 template <bool kAligned>
@@ -763,6 +870,17 @@ __global__ __cluster_dims__(kCluster, 1, 1)
       const Crossing crossing = BlockFindCrossing<kBins>(kept_weight, target, smem);
       const int bin = min(crossing.position, kBins - 1);  // always reached: target <= total
       target -= crossing.before;
+      if (knobs.min_p <= 0.0f) {
+        // Without min-p every bin before `bin` is kept whole: draw over the bins (E), whose pass
+        // collects one bin, instead of over the ids (D), whose pass weighs every token.
+        const unsigned long long top_k_cut = cut;
+        const int token = DrawOverBins(row, knobs.seed, knobs.offset, kept_weight, crossing.before,
+                                       bin, target, top_k_cut, bin == cut_bin && cut_bin_collected,
+                                       cut_bin_count, smem, cluster);
+        cluster.sync();  // no block exits while another reads its shared memory
+        if (rank == 0 && tid == 0) finish(token);
+        return;
+      }
       if (bin == cut_bin && cut_bin_collected) {
         // The top-k's cut bin is in every buffer already.
         const unsigned long long* buffer = smem.buffer;

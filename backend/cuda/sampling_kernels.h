@@ -17,14 +17,17 @@
 // How (sampling_kernels.cu): a cluster of 8 thread blocks per row (sm_90), each reading one
 // contiguous chunk of the row; a histogram of log-probability bins finds the bin holding the
 // top-k or top-p cut, only that bin's tokens are collected and the exact cut found among them;
-// no sort. Greedy reads the row once, min-p twice, top-k and top-p three or four times.
+// no sort. Top-p without min-p draws over the bins, then collects the drawn bin. Greedy reads the
+// row once, min-p twice, top-k and top-p three or four times.
 //
 // Differences from the host Sampler, none of which matters for the distribution: the order that
 // top-k and top-p walk is by raw logit (the same as by logit / T, except where the division rounds
 // two different logits to one value); probabilities are 40-bit fixed point relative to the best
 // token's, p / p_best = exp2((x - best) * log2(e) / T) in f32 (a token below 2^-41 of the best is
-// never drawn: at most vocab * 2^-41 ~ 6e-8 of the mass); the random stream is Philox4x32-10
-// keyed by (seed, offset), not std::mt19937_64.
+// never drawn: at most vocab * 2^-41 ~ 6e-8 of the mass), and where top-p decides the kept set,
+// and draws when min-p is off, they are rounded down to 17 significant bits at vocab 128K (12 at
+// the largest vocabulary): a relative change of at most 2^-17 a token; the random stream is
+// Philox4x32-10 keyed by (seed, offset), not std::mt19937_64.
 // Every step is integer arithmetic, a fixed-order reduction, or a selection that depends only on
 // a set of keys: the same inputs give the same tokens on every run, whichever row a request is in.
 #pragma once
@@ -51,8 +54,8 @@ static_assert(sizeof(SamplingRowParams) == 32);
 // shared memory). Kept so that callers size and pass it like the other launchers'.
 size_t SampleTokensWorkspaceBytes(int rows, int vocab);
 
-// The largest vocabulary SampleTokens takes (a block's chunk of at most 2^18 logits keeps pass B's
-// weight sums within 32 bits); callers sample larger ones on the host.
+// The largest vocabulary SampleTokens takes (a block's chunk of at most 2^18 logits leaves cut
+// weights 12 significant bits); callers sample larger ones on the host.
 inline constexpr int kSampleTokensMaxVocab = 1 << 21;
 
 // Whether the current device runs SampleTokens: it needs thread-block clusters (compute
@@ -101,13 +104,16 @@ __host__ __device__ inline Philox4x32Out Philox4x32_10(const uint32_t (&counter)
   return {{c0, c1, c2, c3}};
 }
 
-// The 64 random bits of draw (seed, offset): counter (offset, 0), key seed.
-__host__ __device__ inline uint64_t SampleRandomBits(uint64_t seed, uint64_t offset) {
+// The 64 random bits of draw (seed, offset): counter (offset, 0), key seed; words 0 and 1 of the
+// block, or 2 and 3 for `second` (a draw that was rejected and is made again).
+__host__ __device__ inline uint64_t SampleRandomBits(uint64_t seed, uint64_t offset,
+                                                     bool second = false) {
   const uint32_t counter[4] = {static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32),
                                0u, 0u};
   const uint32_t key[2] = {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
   const Philox4x32Out out = Philox4x32_10(counter, key);
-  return (static_cast<uint64_t>(out.words[0]) << 32) | out.words[1];
+  const int high = second ? 2 : 0;
+  return (static_cast<uint64_t>(out.words[high]) << 32) | out.words[high + 1];
 }
 
 }  // namespace sieve::cuda
