@@ -558,9 +558,9 @@ __device__ Selected ClusterSelect(const Row& row, Pred pred, int count, unsigned
 // weight over the kept total, as D's inverse CDF over the ids gives with full weights. The token
 // within a bin is the key at which the running weight, keys from the largest down, first passes
 // the remainder: a weighted selection. Returns the token.
-template <typename Row, typename KeptWeight>
 // Not inlined, and its arguments by value: the row's view (which the passes before it read in
 // their loops) and the knobs stay out of local memory, where taking their address would put them.
+template <typename Row, typename KeptWeight>
 __device__ __noinline__ int DrawOverBins(const Row row, uint64_t seed, uint64_t offset,
                                          KeptWeight kept_weight, unsigned long long before, int bin,
                                          unsigned long long target, unsigned long long top_k_cut,
