@@ -558,8 +558,10 @@ __device__ Selected ClusterSelect(const Row& row, Pred pred, int count, unsigned
 // weight over the kept total, as D's inverse CDF over the ids gives with full weights. The token
 // within a bin is the key at which the running weight, keys from the largest down, first passes
 // the remainder: a weighted selection. Returns the token.
-// Not inlined, and its arguments by value: the row's view (which the passes before it read in
-// their loops) and the knobs stay out of local memory, where taking their address would put them.
+// Not inlined, and its arguments by value, not by reference: a first version that took the row's
+// view and the knobs by reference (their addresses taken, so possibly in local memory, where the
+// passes before it read the view in their loops) slowed every mode at 64 rows, greedy from 15 to
+// 19 us (record 2026-12-02-h200-sampling-bin-draw-ab, by_reference_version.txt).
 template <typename Row, typename KeptWeight>
 __device__ __noinline__ int DrawOverBins(const Row row, uint64_t seed, uint64_t offset,
                                          KeptWeight kept_weight, unsigned long long before, int bin,
