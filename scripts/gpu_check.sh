@@ -178,7 +178,7 @@ if has ab; then
 fi
 
 if has sampling; then
-  # The GPU sampler's table (sieve bench kernels: 1/64/256 rows, greedy, top-p, top-k + top-p,
+  # The GPU sampler's table (sieve bench kernels: 1/64/256 rows, greedy, top-k, top-p, top-k + top-p,
   # min-p), for this tree and, with .ab/ (scripts/prepare_ab.sh REV, carried), for that tree's
   # sieve, alternately, AB_ROUNDS times each: a sampler change measured in one run.
   ensure_sieve

@@ -355,9 +355,10 @@ def sampling_section(record, charts):
     """The GPU sampler's table from `sieve bench kernels` output saved in the record (the last
     one found: an A/B record's winner is benched last)."""
     out = ["## GPU sampling: `sieve bench kernels`", "",
-           "`SampleTokens` (backend/cuda/sampling_kernels.h) on rows of 128,256 logits: greedy, "
-           "top-p, top-k + top-p and min-p, microseconds a step for 1, 64 and 256 rows (the target "
-           "is 60 us at 64 rows, each mode).", ""]
+           "`SampleTokens` (backend/cuda/sampling_kernels.h) on rows of 128,256 logits, "
+           "microseconds a step for 1, 64 and 256 rows in each mode the table's header names "
+           "(greedy, and of top-k, top-p, top-k + top-p and min-p those the record's benchmark "
+           "ran; the target is 60 us at 64 rows, each mode).", ""]
     texts = list((record.get("outputs") or {}).values()) + [record.get("summary", "")]
     found = None
     for text in texts:

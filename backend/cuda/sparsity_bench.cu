@@ -237,6 +237,7 @@ void BenchSampling(const SparsityBenchOptions& options) {
     SamplingRowParams knobs;
   };
   const Mode kModes[] = {{"greedy", {0.0f, 0, 1.0f, 0.0f, 1, 0}},
+                         {"top_k50", {0.8f, 50, 1.0f, 0.0f, 1, 0}},
                          {"top_p0.95", {0.8f, 0, 0.95f, 0.0f, 1, 0}},
                          {"top_k50_p0.9", {0.8f, 50, 0.9f, 0.0f, 1, 0}},
                          {"min_p0.05", {0.8f, 0, 1.0f, 0.05f, 1, 0}}};
