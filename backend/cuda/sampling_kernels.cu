@@ -103,6 +103,10 @@ constexpr float kLog2e = 1.44269504088896340736f;
 constexpr int kWeightlessBin = static_cast<int>(42.0f * kBinsPerUnit) + 1;
 // The most keys one bin may hold to be collected (C) without narrowing it first.
 constexpr int kGather = 2048;
+// The most keys a top-k row's head may hold to be sorted whole (DrawFromHead): two a thread of
+// the block that scans them, in the upper half of its collect buffer.
+constexpr int kHead = 512;
+static_assert(kHead <= 2 * kThreads && 2 * kHead <= kGather);
 // The draw's tiles per block: a chunk is cut into at most kMaxTiles tiles of a multiple of
 // kTileMin ids (a warp's 32 lanes x kQuadsInFlight quads).
 constexpr int kMaxTiles = 256;
@@ -244,6 +248,13 @@ struct RowView {
   __device__ unsigned long long CutWeightOfScaled(float s) const {
     const int bin = BinOf(s);
     return static_cast<unsigned long long>(CutMantissaOfScaled(s, bin)) << CutShift(bin);
+  }
+  // D's draw weight (and the head's without top-p): p / p_best in full 40-bit fixed point, 0 below
+  // min-p's ratio (min_p <= 0: none).
+  __device__ static unsigned long long DrawWeightOfScaled(float s, float min_p) {
+    const float ratio = RatioOfScaled(s);
+    if (min_p > 0.0f && ratio < min_p) return 0;
+    return __float2ull_rn(ratio * kWeightScale);
   }
   __device__ float Ratio(float value) const { return RatioOfScaled(Scaled(value)); }
   __device__ unsigned long long CutWeight(float value) const {
@@ -649,6 +660,105 @@ __device__ __noinline__ int DrawOverBins(const Row row, uint64_t seed, uint64_t 
   return token_in_bin(bin, cut, again);
 }
 
+// The draw of a top-k row (with top-p, or min-p, but not both) from its head: the eligible tokens
+// of the bins up to top-k's cut bin `last_bin`, all of them (B's counts said how many: at most
+// kHead). One pass collects them (ClusterShareCollected: every block gets all); the cluster sorts
+// them, best first, each block placing its own keys (a warp a key: its position is the number of
+// keys above it) in block 0's buffer; block 0 scans their weights once, and the top-k cut, the
+// top-p cut and the drawn token are positions in those prefix sums, found without a selection. The
+// general path takes a radix selection for each (C, E, D). Weights are E's cut weights with top-p
+// (the kept set is decided on them) and D's full ones (min-p applied) without; the draw is the
+// first position whose running weight passes a uniform u below the kept total: each kept token's
+// chance is its weight over that total, as on the general path. Returns the token in block 0, -1
+// in the others, which may exit then.
+template <typename Row>
+__device__ __noinline__ int DrawFromHead(const Row row, int last_bin, int top_k, float top_p,
+                                         float min_p, uint64_t seed, uint64_t offset,
+                                         SampleSmem& smem, cg::cluster_group cluster) {
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  if (tid == 0) smem.own_count = 0;
+  __syncthreads();
+  row.ForChunk([&](int id, float value) {
+    const float s = row.Scaled(value);
+    if (Eligible(s) && BinOf(s) <= last_bin) CollectOwn(KeyOf(id, value), smem);
+  });
+  const int count = ClusterShareCollected(smem, cluster);  // <= kHead: no key left out
+  // Each block places its own keys, buffer[0, own_count); the buffers' orders differ.
+  unsigned long long* sorted = cluster.map_shared_rank(&smem, 0)->buffer + kHead;
+  const int own = smem.own_count;
+  const unsigned long long* keys = smem.buffer;
+  for (int i = warp; i < own; i += kWarps) {
+    const unsigned long long key = keys[i];
+    unsigned int above = 0;
+    for (int j = lane; j < count; j += 32) above += keys[j] > key ? 1u : 0u;
+    above = __reduce_add_sync(0xffffffffu, above);
+    if (lane == 0) sorted[above] = key;
+  }
+  cluster.sync();  // block 0 holds the sorted head; the others are done
+  if (cluster.block_rank() != 0) return -1;
+
+  // Block 0: inclusive prefix sums of the weights, positions [tid * kPer, tid * kPer + kPer).
+  constexpr int kPer = kHead / kThreads;
+  const unsigned long long* best_first = smem.buffer + kHead;
+  unsigned long long running[kPer];
+  unsigned long long own_sum = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int position = tid * kPer + i;
+    if (position < count) {
+      const float value = ValueOfKey(best_first[position]);
+      own_sum +=
+          top_p < 1.0f ? row.CutWeight(value) : Row::DrawWeightOfScaled(row.Scaled(value), min_p);
+    }
+    running[i] = own_sum;
+  }
+  unsigned long long inclusive = own_sum;
+#pragma unroll
+  for (int step = 1; step < 32; step <<= 1) {
+    const unsigned long long other = __shfl_up_sync(0xffffffffu, inclusive, step);
+    if (lane >= step) inclusive += other;
+  }
+  if (lane == 31) smem.warp_u64[warp] = inclusive;
+  __syncthreads();
+  unsigned long long base = inclusive - own_sum;
+  for (int other = 0; other < warp; ++other) base += smem.warp_u64[other];
+  unsigned long long* prefix = smem.buffer;  // the unsorted keys are no longer needed
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int position = tid * kPer + i;
+    if (position < count) prefix[position] = base + running[i];
+  }
+  __syncthreads();
+  // The first position whose running weight reaches `target` (<= the total: one exists).
+  const auto first_reaching = [&](unsigned long long target) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int position = tid * kPer + i;
+      if (position < count && prefix[position] >= target &&
+          (position == 0 || prefix[position - 1] < target)) {
+        smem.found_position = position;
+      }
+    }
+    __syncthreads();
+    const int found = smem.found_position;
+    __syncthreads();  // read before the next search writes it
+    return found;
+  };
+  // The head holds top-k's cut bin whole, so at least top_k tokens.
+  int last = min(top_k, count) - 1;
+  if (top_p < 1.0f) {
+    const unsigned long long total = prefix[last];
+    const double wanted = ceil(static_cast<double>(top_p) * static_cast<double>(total));
+    unsigned long long target = wanted < 1.0 ? 1ull : static_cast<unsigned long long>(wanted);
+    if (target > total) target = total;
+    last = first_reaching(target);
+  }
+  // The best token weighs 2^40 (its ratio is 1, min-p <= 1 keeps it): the total is positive.
+  const unsigned long long u = __umul64hi(SampleRandomBits(seed, offset), prefix[last]);
+  const int drawn = first_reaching(u + 1);
+  return static_cast<int>(0xffffffffu - static_cast<uint32_t>(best_first[drawn]));
+}
+
 #endif  // SIEVE_SAMPLING_CLUSTERS
 
 template <bool kAligned>
@@ -792,6 +902,13 @@ __global__ __cluster_dims__(kCluster, 1, 1)
         cut_bin = crossing.position;
         cut_bin_count = static_cast<int>(smem.hist_count[cut_bin]);
         cut_bin_kept = static_cast<int>(knobs.top_k - crossing.before);
+        const unsigned long long head = crossing.before + cut_bin_count;
+        if (head <= kHead && (!top_p || knobs.min_p <= 0.0f) && knobs.min_p <= 1.0f) {
+          const int token = DrawFromHead(row, cut_bin, knobs.top_k, knobs.top_p, knobs.min_p,
+                                         knobs.seed, knobs.offset, smem, cluster);
+          if (rank == 0 && tid == 0) finish(token);
+          return;
+        }
         if (!top_p && cut_bin_count <= kGather) {
           pending_bin = cut_bin;
           pending_target = static_cast<unsigned long long>(cut_bin_kept);
@@ -919,9 +1036,7 @@ __global__ __cluster_dims__(kCluster, 1, 1)
   // The weight of a token that passed top-k and top-p, after min-p.
   // From s = row.Scaled(value), which the draw's pass has already.
   const auto min_p_weight_of_scaled = [min_p](float s) -> unsigned long long {
-    const float ratio = RowView<kAligned>::RatioOfScaled(s);
-    if (min_p > 0.0f && ratio < min_p) return 0;
-    return __float2ull_rn(ratio * kWeightScale);
+    return RowView<kAligned>::DrawWeightOfScaled(s, min_p);
   };
   const auto min_p_weight = [&row, &min_p_weight_of_scaled](float value) {
     return min_p_weight_of_scaled(row.Scaled(value));
