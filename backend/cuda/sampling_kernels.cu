@@ -1,8 +1,8 @@
 // GPU sampler (sampling_kernels.h): a thread-block cluster of kCluster blocks per logits row, no
-// sort. One block per row left most of the H200's 132 multiprocessors idle at decode batch sizes
-// and walked 128K logits with 512 threads in every radix pass (1.25 ms a step for top-p at 64
-// rows); a cluster splits the row into kCluster contiguous chunks, and its blocks combine their
-// partial results through distributed shared memory (sm_90).
+// sort of the row. One block per row left most of the H200's 132 multiprocessors idle at decode
+// batch sizes and walked 128K logits with 512 threads in every radix pass (1.25 ms a step for
+// top-p at 64 rows); a cluster splits the row into kCluster contiguous chunks, and its blocks
+// combine their partial results through distributed shared memory (sm_90).
 //
 // Passes over the row (each block reads its chunk; L2-resident after the first pass):
 //   A. max, argmax (ties: lowest id) and the softmax denominator, online a quad of logits at a
@@ -16,6 +16,10 @@
 //      count reaches k, the top-p cut in the first bin where the running weight (of the top-k)
 //      reaches top_p of it: only that bin's keys are collected into shared memory, where the exact
 //      key is selected (select::BlockRadixSelect).
+//   H. (top-k, with top-p or min-p but not both) when the head, every eligible token of the bins up
+//      to top-k's cut bin, holds at most kHead tokens (B's counts tell): one pass collects it,
+//      the cluster sorts it, and the top-k cut, the top-p cut and the draw are positions in one
+//      prefix-sum scan of its weights (DrawFromHead). Rows with a larger head go on to C or D.
 //   C. (top-k with top-p) one pass collects top-k's cut bin and sums the weights of the bins
 //      before it, which is all top-p needs. A bin of more than kGather tokens (heavy ties, flat
 //      rows) is first narrowed by cluster-wide radix passes, 8 key bits a pass, until few enough
@@ -26,7 +30,7 @@
 //      last selection, when it needs a collect, is done in this pass: it collects the cut bin's
 //      keys while summing the better bins, and adds the kept keys of the bin once the cut is known
 //      (top-p alone learns only here how many tokens its bin holds; over kGather, it selects the
-//      long way and sums the tiles again). Min-p, and top-k alone, draw here.
+//      long way and sums the tiles again). Min-p, and top-k alone with a larger head, draw here.
 //   E. the draw of top-p (with or without top-k) when min-p is off, instead of D (DrawOverBins):
 //      every bin before the top-p cut's bin is kept whole, so a uniform number over the bins' cut
 //      weights picks a bin, and one pass collects that bin alone to pick the token by a weighted
