@@ -668,13 +668,13 @@ __device__ __noinline__ int DrawOverBins(const Row row, uint64_t seed, uint64_t 
 // of the bins up to top-k's cut bin `last_bin`, all of them (B's counts said how many: at most
 // kHead). One pass collects them (ClusterShareCollected: every block gets all); the cluster sorts
 // them, best first, each block placing its own keys (a warp a key: its position is the number of
-// keys above it) in block 0's buffer; block 0 scans their weights once, and the top-k cut, the
-// top-p cut and the drawn token are positions in those prefix sums, found without a selection. The
-// general path takes a radix selection for each (C, E, D). Weights are E's cut weights with top-p
-// (the kept set is decided on them) and D's full ones (min-p applied) without; the draw is the
-// first position whose running weight passes a uniform u below the kept total: each kept token's
-// chance is its weight over that total, as on the general path. Returns the token in block 0, -1
-// in the others, which may exit then.
+// keys above it) in block 0's buffer; there the top-k cut is a position, and the top-p cut and the
+// drawn token are where a running sum of the sorted weights reaches a target (BlockFindCrossing),
+// where the general path takes a radix selection for each (C, E, D). Weights are E's cut weights
+// with top-p (the kept set is decided on them) and D's full ones (min-p applied) without; the draw
+// is the first position whose running weight passes a uniform u below the kept total: each kept
+// token's chance is its weight over that total, as on the general path. Returns the token in block
+// 0, -1 in the others, which may exit then.
 template <typename Row>
 __device__ __noinline__ int DrawFromHead(const Row row, int last_bin, int top_k, float top_p,
                                          float min_p, uint64_t seed, uint64_t offset,
@@ -701,65 +701,34 @@ __device__ __noinline__ int DrawFromHead(const Row row, int last_bin, int top_k,
   cluster.sync();  // block 0 holds the sorted head; the others are done
   if (cluster.block_rank() != 0) return -1;
 
-  // Block 0: inclusive prefix sums of the weights, positions [tid * kPer, tid * kPer + kPer).
-  constexpr int kPer = kHead / kThreads;
+  // Block 0: the weights of the sorted keys, the first `kept` of them (0 past those).
   const unsigned long long* best_first = smem.buffer + kHead;
-  unsigned long long running[kPer];
-  unsigned long long own_sum = 0;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int position = tid * kPer + i;
-    if (position < count) {
+  const auto weights_of_first = [&row, best_first, top_p, min_p](int kept) {
+    return [&row, best_first, top_p, min_p, kept](int position) -> unsigned long long {
+      if (position >= kept) return 0;
       const float value = ValueOfKey(best_first[position]);
-      own_sum +=
-          top_p < 1.0f ? row.CutWeight(value) : Row::DrawWeightOfScaled(row.Scaled(value), min_p);
-    }
-    running[i] = own_sum;
-  }
-  unsigned long long inclusive = own_sum;
-#pragma unroll
-  for (int step = 1; step < 32; step <<= 1) {
-    const unsigned long long other = __shfl_up_sync(0xffffffffu, inclusive, step);
-    if (lane >= step) inclusive += other;
-  }
-  if (lane == 31) smem.warp_u64[warp] = inclusive;
-  __syncthreads();
-  unsigned long long base = inclusive - own_sum;
-  for (int other = 0; other < warp; ++other) base += smem.warp_u64[other];
-  unsigned long long* prefix = smem.buffer;  // the unsorted keys are no longer needed
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int position = tid * kPer + i;
-    if (position < count) prefix[position] = base + running[i];
-  }
-  __syncthreads();
-  // The first position whose running weight reaches `target` (<= the total: one exists).
-  const auto first_reaching = [&](unsigned long long target) {
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int position = tid * kPer + i;
-      if (position < count && prefix[position] >= target &&
-          (position == 0 || prefix[position - 1] < target)) {
-        smem.found_position = position;
-      }
-    }
-    __syncthreads();
-    const int found = smem.found_position;
-    __syncthreads();  // read before the next search writes it
-    return found;
+      return top_p < 1.0f ? row.CutWeight(value)
+                          : Row::DrawWeightOfScaled(row.Scaled(value), min_p);
+    };
+  };
+  const auto total_of_first = [&](int kept) {
+    const auto weight_at = weights_of_first(kept);
+    unsigned long long sum = 0;
+    for (int position = tid; position < kept; position += kThreads) sum += weight_at(position);
+    return BlockSumU64(sum, smem);
   };
   // The head holds top-k's cut bin whole, so at least top_k tokens.
-  int last = min(top_k, count) - 1;
+  int kept = min(top_k, count);
   if (top_p < 1.0f) {
-    const unsigned long long total = prefix[last];
+    const unsigned long long total = total_of_first(kept);
     const double wanted = ceil(static_cast<double>(top_p) * static_cast<double>(total));
     unsigned long long target = wanted < 1.0 ? 1ull : static_cast<unsigned long long>(wanted);
     if (target > total) target = total;
-    last = first_reaching(target);
+    kept = BlockFindCrossing<kHead>(weights_of_first(kept), target, smem).position + 1;
   }
   // The best token weighs 2^40 (its ratio is 1, min-p <= 1 keeps it): the total is positive.
-  const unsigned long long u = __umul64hi(SampleRandomBits(seed, offset), prefix[last]);
-  const int drawn = first_reaching(u + 1);
+  const unsigned long long u = __umul64hi(SampleRandomBits(seed, offset), total_of_first(kept));
+  const int drawn = BlockFindCrossing<kHead>(weights_of_first(kept), u + 1, smem).position;
   return static_cast<int>(0xffffffffu - static_cast<uint32_t>(best_first[drawn]));
 }
 
