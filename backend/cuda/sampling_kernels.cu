@@ -57,6 +57,9 @@
 // (RowView::CutShift: pass B's one atomic a token instead of three) then took it from 68-69 to
 // 63-64 us (record 2026-12-02-h200-sampling-cut-weights-ab), and E's draw over the bins to 56-57
 // us, top-k 50 + top-p 0.9 from 70-71 to 62-63 (record 2026-12-02-h200-sampling-bin-draw-ab).
+// The head path (H) took top-k 50 + top-p 0.9 from 63 to 43 us and top-k 50 from 50 to 42; top-p
+// alone, whose code did not change, went from 57 to 59 (the kernel's register allocation around
+// the added call: 1.44 KB of spill stores for 1.34) (record 2026-12-03-h200-sampling-head-ab).
 #include <cooperative_groups.h>
 
 #include <cstdint>
