@@ -11,8 +11,9 @@
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
 # for the tree in .ab/ (made by `scripts/prepare_ab.sh REV`, carried), alternately, AB_ROUNDS
-# times each (default 3): a change's effect measured in one run on one machine; `sampling` does
-# the same for the GPU sampler's table. `build` also builds .ab/'s `sieve` when it exists.
+# times each (default 3; AB_STEP_ARGS adds arguments, e.g. "--batch 1 --context 4000"): a change's
+# effect measured in one run on one machine; `sampling` does the same for the GPU sampler's table.
+# `build` also builds .ab/'s `sieve` when it exists.
 # Needs the carried .deb/ (PCRE2 headers, absent on the GPU machine). `serve` and `warm` use the
 # committed Llama 3 tokenizer (testdata/tokenizers/llama3).
 set -uo pipefail
@@ -168,8 +169,11 @@ fi
 if has ab; then
   if [ -n "${ab_build:-}" ] && wait "$ab_build" && [ -x .ab/build/gpu/sieve ]; then
     for round in $(seq 1 "${AB_ROUNDS:-3}"); do
-      step_bench ./build/gpu/sieve "this_$round" --no-step-variants
-      step_bench .ab/build/gpu/sieve "ab_$round" --no-step-variants
+      # AB_STEP_ARGS: other step shapes, e.g. "--batch 1 --context 4000" (word-split on purpose).
+      # shellcheck disable=SC2086
+      step_bench ./build/gpu/sieve "this_$round" --no-step-variants ${AB_STEP_ARGS:-}
+      # shellcheck disable=SC2086
+      step_bench .ab/build/gpu/sieve "ab_$round" --no-step-variants ${AB_STEP_ARGS:-}
     done
     grep -A12 "^1/10 kept  " "$LOGS/step_this_1.log" | head -12 >> "$summary"
   else
