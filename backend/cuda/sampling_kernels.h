@@ -17,8 +17,10 @@
 // How (sampling_kernels.cu): a cluster of 8 thread blocks per row (sm_90), each reading one
 // contiguous chunk of the row; a histogram of log-probability bins finds the bin holding the
 // top-k or top-p cut, only that bin's tokens are collected and the exact cut found among them;
-// no sort. Top-p without min-p draws over the bins, then collects the drawn bin. Greedy reads the
-// row once, min-p twice, top-k and top-p three or four times.
+// no sort of the row. Top-p without min-p draws over the bins, then collects the drawn bin. Top-k
+// (with top-p or min-p, not both) whose bins up to the cut hold at most 512 tokens collects those
+// and sorts them, and cuts and draws on their prefix sums. Greedy reads the row once, min-p twice,
+// top-k (from its head) three times, the rest three or four times.
 //
 // Differences from the host Sampler, none of which matters for the distribution: the order that
 // top-k and top-p walk is by raw logit (the same as by logit / T, except where the division rounds
