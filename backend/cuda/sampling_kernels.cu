@@ -18,8 +18,8 @@
 //      key is selected (select::BlockRadixSelect).
 //   H. (top-k, with top-p or min-p but not both) when the head, every eligible token of the bins up
 //      to top-k's cut bin, holds at most kHead tokens (B's counts tell): one pass collects it,
-//      the cluster sorts it, and the top-k cut, the top-p cut and the draw are positions in one
-//      prefix-sum scan of its weights (DrawFromHead). Rows with a larger head go on to C or D.
+//      the cluster sorts it, and the top-k cut, the top-p cut and the draw are positions in the
+//      running sums of its sorted weights (DrawFromHead). Rows with a larger head go on to C or D.
 //   C. (top-k with top-p) one pass collects top-k's cut bin and sums the weights of the bins
 //      before it, which is all top-p needs. A bin of more than kGather tokens (heavy ties, flat
 //      rows) is first narrowed by cluster-wide radix passes, 8 key bits a pass, until few enough
@@ -111,7 +111,7 @@ constexpr int kWeightlessBin = static_cast<int>(42.0f * kBinsPerUnit) + 1;
 // The most keys one bin may hold to be collected (C) without narrowing it first.
 constexpr int kGather = 2048;
 // The most keys a top-k row's head may hold to be sorted whole (DrawFromHead): two a thread of
-// the block that scans them, in the upper half of its collect buffer.
+// the block that sums them (BlockFindCrossing<kHead>), in the upper half of its collect buffer.
 constexpr int kHead = 512;
 static_assert(kHead <= 2 * kThreads && 2 * kHead <= kGather);
 // The draw's tiles per block: a chunk is cut into at most kMaxTiles tiles of a multiple of
