@@ -50,7 +50,8 @@ constexpr int kSmemEveryDevice = 99 * 1024;
 constexpr int kHeadsPerCta = 16;  // query heads per CTA: the M of one mma tile
 constexpr int kMinSplitEntries = 128;
 constexpr int kMaxSplitEntries = 4096;
-// What DecodeAttentionSplits fills: 2 wide CTAs per SM, what the shared memory allows at d = 128.
+// Wide CTAs an SM holds at once at d = 128, what the shared memory allows: one wave of them is
+// where ChooseDecodeCta turns to narrow CTAs.
 constexpr int kWideCtasPerSm = 2;
 
 // How many pieces a sequence of `length` entries is cut into when `fill_splits` pieces per
@@ -612,8 +613,14 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
 
 // Merges the splits of one (decode sequence, head): weights exp(lse_s - max lse). Grid (B, H),
 // one thread per output column. A sequence that used one split was written by the main kernel.
+// At batch 1 this kernel is on the step's critical path 32 times a step, and what it costs there
+// is round trips to the L2, so none of its loads waits for another: each thread loads one split's
+// lse (a chunk of kHeadDim splits at a time), the block takes their maximum, and each thread then
+// loads its column of 8 splits at once (predicated, no branch between the loads).
 template <int kHeadDim>
 __global__ void __launch_bounds__(kHeadDim) DecodeCombineKernel(const DecodeParams params) {
+  __shared__ float weights[kHeadDim];  // exp(lse_s - max lse) of one chunk of splits, 0 if empty
+  __shared__ float warp_max[kHeadDim / 32];
   PdlWait();
   PdlLaunchDependents();
   const int decode_index = static_cast<int>(blockIdx.x);
@@ -624,19 +631,51 @@ __global__ void __launch_bounds__(kHeadDim) DecodeCombineKernel(const DecodePara
   const int column = static_cast<int>(threadIdx.x);
   const int64_t split_stride = static_cast<int64_t>(params.num_decode) * params.num_heads;
   const int64_t row = static_cast<int64_t>(decode_index) * params.num_heads + head;
-  float m_max = -INFINITY;
-  for (int split = 0; split < used_splits; ++split) {
-    m_max = fmaxf(m_max, params.partial_lse[split * split_stride + row]);
+  const float* lse = params.partial_lse + row;
+  // An empty piece has lse -inf: it adds nothing, and its partial output was never written.
+  float own_lse = column < used_splits ? lse[column * split_stride] : -INFINITY;
+  float m_max = own_lse;
+  for (int split = column + kHeadDim; split < used_splits; split += kHeadDim) {
+    m_max = fmaxf(m_max, lse[split * split_stride]);
   }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    m_max = fmaxf(m_max, __shfl_xor_sync(0xffffffffu, m_max, offset));
+  }
+  if (column % 32 == 0) warp_max[column / 32] = m_max;
+  __syncthreads();
+#pragma unroll
+  for (int warp = 0; warp < kHeadDim / 32; ++warp) m_max = fmaxf(m_max, warp_max[warp]);
+  constexpr int kInFlight = 8;
   float total = 0.0f;
   float value = 0.0f;
-  if (m_max != -INFINITY) {
-    for (int split = 0; split < used_splits; ++split) {
-      const float part_lse = params.partial_lse[split * split_stride + row];
-      if (part_lse == -INFINITY) continue;  // empty piece: its partial output was never written
-      const float weight = expf(part_lse - m_max);
-      total += weight;
-      value += weight * params.partial_out[(split * split_stride + row) * kHeadDim + column];
+  const float* part_out = params.partial_out + row * kHeadDim + column;
+  for (int base = 0; base < used_splits; base += kHeadDim) {
+    const int count = min(kHeadDim, used_splits - base);
+    if (base > 0) {
+      __syncthreads();  // the chunk before is read
+      own_lse = column < count ? lse[(base + column) * split_stride] : -INFINITY;
+    }
+    // With every piece empty m_max is -inf too, and every weight 0.
+    if (column < count) weights[column] = own_lse == -INFINITY ? 0.0f : expf(own_lse - m_max);
+    __syncthreads();
+    for (int first = 0; first < count; first += kInFlight) {
+      float weight[kInFlight];
+      float part[kInFlight];
+      // Every load is made (past the chunk, of its last split again; an empty piece's slot holds
+      // stale workspace bytes) and the select after drops what does not count.
+#pragma unroll
+      for (int j = 0; j < kInFlight; ++j) {
+        const int index = min(first + j, count - 1);
+        const float loaded = weights[index];
+        weight[j] = first + j < count ? loaded : 0.0f;
+        part[j] = part_out[(base + index) * split_stride * kHeadDim];
+      }
+#pragma unroll
+      for (int j = 0; j < kInFlight; ++j) {
+        total += weight[j];
+        value += weight[j] > 0.0f ? weight[j] * part[j] : 0.0f;
+      }
     }
   }
   const int token = params.query_start[seq];
@@ -727,12 +766,18 @@ int64_t CtasPerSplit(int num_decode_seqs, int num_heads, int num_kv_heads) {
          CeilDiv(num_heads / num_kv_heads, kHeadsPerCta);
 }
 
-// One wave of wide CTAs, the occupancy the splits aim for.
+// One wave of wide CTAs.
 int64_t TargetCtas() { return static_cast<int64_t>(kWideCtasPerSm) * SmCount(); }
 
-// Splits per sequence that fill that wave (SplitsForLength's fill_splits).
+// Splits per sequence that the split-K aims for (SplitsForLength's fill_splits): as many as put
+// one CTA on every SM, never more. Fewer, longer pieces streamed better than a full wave of 2 per
+// SM (and need a smaller combine), and rounding up to cover the SMs started a partial second wave:
+// back to back, batch 1 x 4096 entries took 11.5 us with 16 splits against 12.4 with 32, batch 16
+// 66 us with one split against 68 with 2 and 82 with 4; the best of 1-32 splits at every batch of
+// 1-32 is this rule's count or within 0.5 us of it (forced-split rows of
+// bench/results/2026-12-03-h200-decode-split-fill-ab.json).
 int64_t FillSplits(int num_decode_seqs, int num_heads, int num_kv_heads) {
-  return CeilDiv(TargetCtas(), CtasPerSplit(num_decode_seqs, num_heads, num_kv_heads));
+  return std::max<int64_t>(1, SmCount() / CtasPerSplit(num_decode_seqs, num_heads, num_kv_heads));
 }
 
 // Workspace: final lse [B][H], then (with splits) partial lse [slots][H] and partial outputs
