@@ -12,9 +12,9 @@
 
 namespace sieve::cuda {
 
-// The grid's split count (flash-decoding) for the longest sequence, `max_kv_len` entries: enough
-// CTAs to fill the device twice over when the batch is small, at least 128 entries a piece, and
-// pieces of at most 4096 entries so that one long sequence does not trail a large batch. Fewer
+// The grid's split count (flash-decoding) for the longest sequence, `max_kv_len` entries: as many
+// as put one CTA on every SM when the batch is small (never more), at least 128 entries a piece,
+// and pieces of at most 4096 entries so that one long sequence does not trail a large batch. Fewer
 // when `workspace_bytes` cannot hold the partial results. Each sequence then uses the same rule
 // with its own length, up to this count: a CUDA graph sized for max_model_len does not cut a
 // sparse layer's 400 entries as if they were 8192, and a sequence of one split skips the combine.
