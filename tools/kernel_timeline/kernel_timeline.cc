@@ -11,6 +11,10 @@
 // collected only inside the profiler range, so a benchmark's thousands of other steps cost
 // nothing; the records are flushed and written when the range ends. CUPTI's kernel timestamps
 // add a little to each kernel, so read the gaps against the step's untraced time.
+//
+// With SIEVE_TIMELINE_WHOLE=1 the range is the whole process instead (written at exit): how a
+// program that never calls the profiler API spends its GPU time, e.g. `sieve serve` under a few
+// requests, where the gaps between decode steps are the host's share of each step.
 #include <cupti.h>
 #include <cxxabi.h>
 
@@ -19,6 +23,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -33,11 +38,13 @@ struct KernelRecord {
   uint32_t stream_id;
   int32_t grid[3];
   int32_t block[3];
-  std::string name;
+  uint32_t name;  // index into names: a whole run holds millions of records, of few kernels
 };
 
 std::mutex records_mutex;
 std::vector<KernelRecord> records;
+std::vector<std::string> names;
+std::unordered_map<std::string, uint32_t> name_index;
 bool tracing = false;
 
 void Check(CUptiResult result, const char* what) {
@@ -54,6 +61,13 @@ std::string Demangle(const char* name) {
   std::string text = status == 0 && plain != nullptr ? plain : name;
   std::free(plain);
   return text;
+}
+
+uint32_t NameIndex(const char* mangled) {
+  const std::string key = mangled != nullptr ? mangled : "?";
+  const auto [it, inserted] = name_index.try_emplace(key, static_cast<uint32_t>(names.size()));
+  if (inserted) names.push_back(Demangle(mangled));
+  return it->second;
 }
 
 void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size, size_t* max_records) {
@@ -78,7 +92,7 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
                        kernel->streamId,
                        {kernel->gridX, kernel->gridY, kernel->gridZ},
                        {kernel->blockX, kernel->blockY, kernel->blockZ},
-                       Demangle(kernel->name)});
+                       NameIndex(kernel->name)});
   }
   std::free(buffer);
 }
@@ -95,7 +109,7 @@ void WriteCsv() {
   std::lock_guard<std::mutex> lock(records_mutex);
   std::fprintf(file, "Start (ns),Duration (ns),Graph,Node,Stream,Grid,Block,Name\n");
   for (const KernelRecord& r : records) {
-    std::string name = r.name;
+    std::string name = names[r.name];
     for (char& c : name) {
       if (c == '"') c = '\'';
     }
@@ -124,10 +138,26 @@ void CUPTIAPI OnRuntimeApi(void*, CUpti_CallbackDomain, CUpti_CallbackId id, con
   }
 }
 
+void WriteWholeRun() {
+  Check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "flush");
+  WriteCsv();
+}
+
+bool WholeRun() {
+  const char* whole = std::getenv("SIEVE_TIMELINE_WHOLE");
+  return whole != nullptr && std::strcmp(whole, "1") == 0;
+}
+
 }  // namespace
 
 extern "C" int InitializeInjection() {
   Check(cuptiActivityRegisterCallbacks(BufferRequested, BufferCompleted), "register buffers");
+  if (WholeRun()) {
+    Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernel records");
+    tracing = true;
+    std::atexit(WriteWholeRun);
+    return 1;
+  }
   CUpti_SubscriberHandle subscriber;
   Check(cuptiSubscribe(&subscriber, OnRuntimeApi, nullptr), "subscribe");
   Check(cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API,
