@@ -1,5 +1,6 @@
-// The GEMMs of the CUDA backend (the planner of gemm.cc over cuBLASLt's candidates) against a
-// double-precision host product of the same bf16 inputs, on fresh random data. Tolerances are
+// The GEMMs of the CUDA backend (the planner of gemm.cc over cuBLASLt's candidates and the skinny
+// kernel of skinny_gemm.cu) against a double-precision host product of the same bf16 inputs, on
+// fresh random data. Tolerances are
 // relative L2 errors: 1e-5 for f32 outputs (f32 accumulation over k <= 4096), 1e-2 for bf16
 // outputs (one bf16 rounding of each output is ~4e-3 alone).
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 
 #include "backend/cuda/cuda_test_util.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/skinny_gemm.h"
 
 namespace sieve::cuda {
 namespace {
@@ -184,15 +186,20 @@ TEST_F(CudaGemmTest, EveryTuningOptionMatchesHostProduct) {
       const std::vector<std::string> options = open[0].options;
       ASSERT_GE(options.size(), 2u) << open[0].shape;
       int retiled = 0;
+      int skinny = 0;
       for (int option = 0; option < static_cast<int>(options.size()); ++option) {
         runner.SetOpenPlanOption(0, option);
         const double error = run();
         EXPECT_LE(error, kBf16Tolerance) << options[option] << (accumulate ? " +=" : "");
         EXPECT_EQ(runner.last_plan(), options[option]);
         retiled += options[option].find("re-tiled") != std::string::npos;
+        skinny += options[option].find("skinny") != std::string::npos;
       }
-      std::printf("%d x %d x %d%s: %zu options, %d re-tiled\n", m, n, k, accumulate ? " +=" : "",
-                  options.size(), retiled);
+      // The skinny kernel is a candidate exactly where it takes the rows.
+      EXPECT_EQ(skinny, m <= kSkinnyGemmMaxRows ? static_cast<int>(SkinnyGemmSplits(k).size()) : 0)
+          << m << " rows";
+      std::printf("%d x %d x %d%s: %zu options, %d re-tiled, %d skinny\n", m, n, k,
+                  accumulate ? " +=" : "", options.size(), retiled, skinny);
       runner.CloseOpenPlan(0);
       EXPECT_TRUE(runner.OpenPlans().empty());
       EXPECT_LE(run(), kBf16Tolerance) << runner.last_plan();
@@ -245,6 +252,100 @@ TEST_F(CudaGemmTest, ShapesOfOneRowBucketShareTheTimedChoice) {
       }
     }
   }
+}
+
+// (accumulate, k split) for each of `splits`, both ways.
+std::vector<std::pair<bool, int>> Combinations(const std::vector<int>& splits) {
+  std::vector<std::pair<bool, int>> out;
+  for (const bool accumulate : {false, true}) {
+    for (const int split : splits) out.emplace_back(accumulate, split);
+  }
+  return out;
+}
+
+// The skinny kernel alone, at every row count it takes (its three x-tile widths and their edges)
+// and every k split, on ragged n and k (k a multiple of 8, as it requires), plain and
+// accumulating, f32 and bf16 out.
+TEST_F(CudaGemmTest, SkinnyKernelMatchesHostProduct) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const int m : {1, 2, 7, 8, 9, 16, 17, 31, 32}) {
+    for (const auto& [n, k] : {std::pair{1, 8}, std::pair{40, 72}, std::pair{200, 264},
+                               std::pair{130, 4096}, std::pair{1000, 1032}}) {
+      const Problem problem(m, n, k, rng_);
+      DeviceBuffer<__nv_bfloat16> x(testing::ToBf16(problem.x));
+      DeviceBuffer<__nv_bfloat16> w(testing::ToBf16(problem.w));
+      ASSERT_TRUE(SkinnyGemmSupports(m, k, w.get(), problem.ldw, x.get(), problem.ldx));
+      for (const auto& [accumulate, splits] : Combinations(SkinnyGemmSplits(k))) {
+        std::vector<float> base(static_cast<size_t>(m) * problem.ldo);
+        for (float& value : base) value = normal(rng_);
+        testing::RoundToBf16(base);
+        const std::string shape = std::to_string(m) + "x" + std::to_string(n) + "x" +
+                                  std::to_string(k) + (accumulate ? " +=" : "") + " split " +
+                                  std::to_string(splits);
+        DeviceBuffer<float> out_f32(base);
+        SkinnyGemm(m, n, k, w.get(), problem.ldw, x.get(), problem.ldx, out_f32.get(), problem.ldo,
+                   true, accumulate, splits, stream_);
+        DeviceBuffer<__nv_bfloat16> out_bf16(testing::ToBf16(base));
+        SkinnyGemm(m, n, k, w.get(), problem.ldw, x.get(), problem.ldx, out_bf16.get(), problem.ldo,
+                   false, accumulate, splits, stream_);
+        SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        const std::vector<float>* added = accumulate ? &base : nullptr;
+        EXPECT_LE(problem.Error(out_f32.ToHost(), added), kF32Tolerance) << shape << " f32";
+        EXPECT_LE(problem.Error(out_bf16.ToHost(), added), kBf16Tolerance) << shape << " bf16";
+        // Outside the [m][n] block (the stride's padding) nothing is written.
+        const std::vector<float> after = out_f32.ToHost();
+        for (int row = 0; row < m; ++row) {
+          for (int col = n; col < problem.ldo; ++col) {
+            ASSERT_EQ(after[row * problem.ldo + col], base[row * problem.ldo + col]) << shape;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Wherever the skinny kernel takes the shape, it is the plan's pick or one of its step-tuning
+// options, however it timed alone (its overlap with the kernel before shows only in a step).
+TEST_F(CudaGemmTest, SkinnyKernelIsPickedOrAStepTuningOption) {
+  for (const auto& [m, n, k] :
+       {std::tuple{1, 4096, 4096}, std::tuple{4, 4096, 14336}, std::tuple{32, 6144, 4096}}) {
+    const Problem problem(m, n, k, rng_);
+    DeviceBuffer<__nv_bfloat16> x(testing::ToBf16(problem.x)), w(testing::ToBf16(problem.w));
+    DeviceBuffer<__nv_bfloat16> out(static_cast<size_t>(m) * problem.ldo);
+    GemmRunner runner(stream_);
+    const auto run = [&] {
+      runner.Run(m, n, k, w.get(), problem.ldw, x.get(), problem.ldx, out.get(), problem.ldo,
+                 false);
+      SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    };
+    run();  // times the candidates
+    run();  // the weight comes round: the plan settles
+    runner.MarkTuningScope();
+    run();
+    const std::vector<GemmRunner::OpenPlan> open = runner.OpenPlans();
+    bool skinny = runner.last_plan().find("skinny") != std::string::npos;
+    for (const GemmRunner::OpenPlan& plan : open) {
+      for (const std::string& option : plan.options) {
+        skinny = skinny || option.find("skinny") != std::string::npos;
+      }
+    }
+    EXPECT_TRUE(skinny) << m << " x " << n << " x " << k << ": " << runner.last_plan();
+    std::printf("%d x %d x %d: %s, %zu open plan(s)\n", m, n, k, runner.last_plan().c_str(),
+                open.size());
+  }
+}
+
+// What the skinny kernel refuses, so that the runner keeps cuBLASLt for it.
+TEST_F(CudaGemmTest, SkinnyKernelRefusesWhatItCannotRead) {
+  DeviceBuffer<__nv_bfloat16> buffer(4096);
+  const __nv_bfloat16* aligned = buffer.get();
+  EXPECT_TRUE(SkinnyGemmSupports(32, 64, aligned, 64, aligned, 64));
+  EXPECT_FALSE(SkinnyGemmSupports(33, 64, aligned, 64, aligned, 64));  // too many rows
+  EXPECT_FALSE(SkinnyGemmSupports(0, 64, aligned, 64, aligned, 64));
+  EXPECT_FALSE(SkinnyGemmSupports(4, 60, aligned, 64, aligned, 64));      // k not a multiple of 8
+  EXPECT_FALSE(SkinnyGemmSupports(4, 64, aligned, 68, aligned, 64));      // w's rows unaligned
+  EXPECT_FALSE(SkinnyGemmSupports(4, 64, aligned + 1, 64, aligned, 64));  // w unaligned
+  EXPECT_FALSE(SkinnyGemmSupports(4, 64, aligned, 64, aligned + 4, 64));  // x unaligned
 }
 
 TEST_F(CudaGemmTest, RunnerMatchesHostProduct) {

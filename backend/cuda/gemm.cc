@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/skinny_gemm.h"
 #include "core/check.h"
 
 #define SIEVE_CUBLAS_CHECK(call)                                                       \
@@ -224,7 +225,9 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
   const auto found = plans_.find(key);
   if (found != plans_.end()) {
     Plan& plan = found->second;
-    if (!plan.settled) ContinuePlanning(plan, m, n, k, w, x, ldx, out, ldo, out_f32, accumulate);
+    if (!plan.settled) {
+      ContinuePlanning(plan, m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate);
+    }
     return plan;
   }
   Plan plan;
@@ -259,6 +262,7 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
                                                     results.data(), &cublas_count));
   cublasLtMatmulPreferenceDestroy(preference);
 
+  if (SkinnyGemmSupports(m, k, w, ldw, x, ldx)) plan.skinny_splits = SkinnyGemmSplits(k);
   if (ReusePlanOfBucket(plan, key, m, n, k, out_f32,
                         cublas_count > 0 ? &results[0].algo : nullptr)) {
     return plans_.emplace(key, std::move(plan)).first->second;
@@ -281,10 +285,10 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
       plan.cublas_candidates.push_back(algo);
     }
   }
-  plan.medians.resize(plan.cublas_candidates.size());
-  plan.name = "cuBLASLt, candidate 1 of " + std::to_string(plan.cublas_candidates.size());
+  plan.medians.resize(CandidateCount(plan));
+  plan.name = "cuBLASLt, candidate 1 of " + std::to_string(CandidateCount(plan));
   Plan& stored = plans_.emplace(key, std::move(plan)).first->second;
-  ContinuePlanning(stored, m, n, k, w, x, ldx, out, ldo, out_f32, accumulate);
+  ContinuePlanning(stored, m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate);
   // The bucket's source: its own m once that is timed (a decode batch padded to it), else the
   // first m timed in it. A plan made inside a capture (untimed) is no source.
   if (!stored.timed_weights.empty()) {
@@ -369,16 +373,20 @@ bool GemmRunner::ReusePlanOfBucket(Plan& plan, const Key& key, int64_t m, int64_
 
   plan.algo = timed_algo_fits ? timed.algo : *fallback;
   const std::string from = "the plan of m = " + std::to_string(std::get<0>(source_key->second));
-  plan.name = timed_algo_fits ? "cuBLASLt, " + from
-                              : "cuBLASLt, heuristic's first (" + from + " does not fit)";
+  plan.skinny = plan.skinny_splits.empty() ? 0 : timed.skinny;
+  plan.name = plan.skinny > 0
+                  ? "skinny kernel, k split " + std::to_string(plan.skinny) + ", " + from
+              : timed_algo_fits ? "cuBLASLt, " + from
+                                : "cuBLASLt, heuristic's first (" + from + " does not fit)";
   const bool accumulate = std::get<7>(key);
   Settle(plan, m, n, k, out_f32, accumulate);
   return true;
 }
 
 void GemmRunner::ContinuePlanning(Plan& plan, int64_t m, int64_t n, int64_t k,
-                                  const __nv_bfloat16* w, const __nv_bfloat16* x, int64_t ldx,
-                                  void* out, int64_t ldo, bool out_f32, bool accumulate) {
+                                  const __nv_bfloat16* w, int64_t ldw, const __nv_bfloat16* x,
+                                  int64_t ldx, void* out, int64_t ldo, bool out_f32,
+                                  bool accumulate) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   SIEVE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
   const bool capturing = capture != cudaStreamCaptureStatusNone;
@@ -386,7 +394,7 @@ void GemmRunner::ContinuePlanning(Plan& plan, int64_t m, int64_t n, int64_t k,
                            plan.timed_weights.end();
   const int weights_to_time = m <= kMaxDecodeRows ? kPlannedWeights : 1;
   if (!capturing && !comes_round && plan.medians.size() > 1) {
-    TimeCandidates(plan, m, k, w, x, ldx, out, ldo, out_f32, accumulate);
+    TimeCandidates(plan, m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate);
     plan.timed_weights.push_back(w);
   }
   Choose(plan);
@@ -396,9 +404,9 @@ void GemmRunner::ContinuePlanning(Plan& plan, int64_t m, int64_t n, int64_t k,
   }
 }
 
-void GemmRunner::TimeCandidates(Plan& plan, int64_t m, int64_t k, const __nv_bfloat16* w,
-                                const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo,
-                                bool out_f32, bool accumulate) {
+void GemmRunner::TimeCandidates(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w,
+                                int64_t ldw, const __nv_bfloat16* x, int64_t ldx, void* out,
+                                int64_t ldo, bool out_f32, bool accumulate) {
   if (flush_ == nullptr && cudaMalloc(&flush_, flush_bytes_) != cudaSuccess) {
     cudaGetLastError();  // no room for the flush buffer: time with warm caches instead
     flush_ = nullptr;
@@ -421,6 +429,16 @@ void GemmRunner::TimeCandidates(Plan& plan, int64_t m, int64_t k, const __nv_bfl
       return cublasLtMatmul(lt_, plan.op, &alpha, w, plan.a, x, plan.b, &beta, target, plan.c,
                             target, plan.c, &algo, workspace_, kWorkspaceBytes,
                             stream_) == CUBLAS_STATUS_SUCCESS;
+    });
+  }
+  for (const int splits : plan.skinny_splits) {
+    launches.push_back([&, splits] {
+      if (!SkinnyGemmSupports(m, k, w, ldw, x, ldx)) return false;
+      // A plain launch: with PDL its first weight loads could start before the timing's start
+      // event, under the flush, and time it short.
+      NoteNonTriggeringLaunch(stream_);
+      SkinnyGemm(m, n, k, w, ldw, x, ldx, target, ldo, out_f32, accumulate, splits, stream_);
+      return true;
     });
   }
   // In a decode step x, the kernel before's output, sits in the L2 and the weights do not. The
@@ -453,34 +471,44 @@ float GemmRunner::CandidateTime(const Plan& plan, size_t index) {
 }
 
 std::string GemmRunner::CandidateName(const Plan& plan, size_t index) {
-  return "cuBLASLt, candidate " + std::to_string(index + 1) + " of " +
-         std::to_string(plan.cublas_candidates.size()) +
+  const std::string of = " of " + std::to_string(CandidateCount(plan));
+  if (IsSkinny(plan, index)) {
+    const int splits = plan.skinny_splits[index - plan.cublas_candidates.size()];
+    return "skinny kernel, k split " + std::to_string(splits) + ", candidate " +
+           std::to_string(index + 1) + of;
+  }
+  return "cuBLASLt, candidate " + std::to_string(index + 1) + of +
          (index >= plan.heuristic_count ? ", re-tiled" : "");
 }
 
 std::string GemmRunner::OptionName(const Plan& plan, size_t index) {
+  if (IsSkinny(plan, index)) return CandidateName(plan, index);
   return CandidateName(plan, index) + Describe(plan.cublas_candidates[index]);
 }
 
 void GemmRunner::Apply(Plan& plan, int index) {
   const size_t at = static_cast<size_t>(index);
   plan.chosen = index;
-  plan.algo = plan.cublas_candidates[at];
+  plan.skinny = IsSkinny(plan, at) ? plan.skinny_splits[at - plan.cublas_candidates.size()] : 0;
+  if (plan.skinny == 0) plan.algo = plan.cublas_candidates[at];
   plan.name = CandidateName(plan, at);
 }
 
 void GemmRunner::Choose(Plan& plan) {
-  int best = -1;
-  float best_ms = -1.0f;
-  for (size_t index = 0; index < plan.medians.size(); ++index) {
-    const float ms = CandidateTime(plan, index);
-    if (ms < 0) continue;
-    if (best_ms < 0 || ms < best_ms) {
-      best_ms = ms;
-      best = static_cast<int>(index);
+  // cuBLASLt's fastest first, so that its algo stays the plan's whatever wins.
+  for (const bool skinny : {false, true}) {
+    int best = -1;
+    float best_ms = -1.0f;
+    for (size_t index = 0; index < plan.medians.size(); ++index) {
+      const float ms = CandidateTime(plan, index);
+      if (ms < 0 || (!skinny && IsSkinny(plan, index))) continue;
+      if (best_ms < 0 || ms < best_ms) {
+        best_ms = ms;
+        best = static_cast<int>(index);
+      }
     }
+    if (best >= 0) Apply(plan, best);
   }
-  if (best >= 0) Apply(plan, best);
 }
 
 void GemmRunner::Settle(Plan& plan, int64_t m, int64_t n, int64_t k, bool out_f32,
@@ -503,8 +531,26 @@ void GemmRunner::Settle(Plan& plan, int64_t m, int64_t n, int64_t k, bool out_f3
     for (const auto& [ms, index] : near) {
       if (plan.options.size() < tuning_options_) plan.options.push_back(index);
     }
+    // The skinny kernel's fastest split is an option however it timed alone: in a step it starts
+    // streaming its weights while the kernel before still runs, which no timing alone shows. At
+    // batch 1 the step took the skinny down GEMM though cuBLASLt's was faster alone (4.35 against
+    // 4.47 ms a step; bench/results/2026-12-03-h200-decode-skinny-gemm-ab.json).
+    int skinny = -1;
+    for (size_t index = plan.cublas_candidates.size(); index < plan.medians.size(); ++index) {
+      const float ms = CandidateTime(plan, index);
+      if (ms >= 0 && (skinny < 0 || ms < CandidateTime(plan, static_cast<size_t>(skinny)))) {
+        skinny = static_cast<int>(index);
+      }
+    }
+    const bool has_skinny = std::any_of(plan.options.begin(), plan.options.end(), [&](int index) {
+      return IsSkinny(plan, static_cast<size_t>(index));
+    });
+    if (skinny >= 0 && !has_skinny) {
+      if (plan.options.size() >= std::max<size_t>(tuning_options_, 2)) plan.options.pop_back();
+      plan.options.push_back(skinny);
+    }
   }
-  plan.name += Describe(plan.algo);
+  if (plan.skinny == 0) plan.name += Describe(plan.algo);
   if (!verbose_) return;
   for (size_t index = 0; index < plan.medians.size() && !plan.timed_weights.empty(); ++index) {
     std::string label = OptionName(plan, index) + ", per weight";
@@ -533,6 +579,10 @@ void GemmRunner::Run(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, in
   if (plan.options.size() > 1 && !plan.closed &&
       std::find(scope_.begin(), scope_.end(), &plan) == scope_.end()) {
     scope_.push_back(&plan);
+  }
+  if (plan.skinny > 0 && SkinnyGemmSupports(m, k, w, ldw, x, ldx)) {
+    SkinnyGemm(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, plan.skinny, stream_);
+    return;
   }
   const float alpha = 1.0f;
   const float beta = accumulate ? 1.0f : 0.0f;

@@ -1,6 +1,7 @@
 // Every GEMM of the CUDA backend: out[m][n] = x[m][k] . w[n][k]^T, bf16 in, f32 accumulation,
-// bf16 or f32 out, through cuBLASLt. The candidates of a shape: cuBLASLt's heuristic picks and, up
-// to 256 rows, its first configuration re-tiled (gemm.cc). The first calls of a shape outside
+// bf16 or f32 out. The candidates of a shape: cuBLASLt's heuristic picks, up to 256 rows its first
+// configuration re-tiled (gemm.cc), and up to 32 rows the skinny kernel (skinny_gemm.h). The first
+// calls of a shape outside
 // graph capture time every candidate with cold weights (the L2 refilled with other data before
 // each timed call, as in a decode step whose weights never fit the L2), on the weights of up to 4
 // calls (a step's first layers), and keep the fastest on average; later calls, captured or not,
@@ -36,7 +37,8 @@ class GemmRunner {
            const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32,
            bool accumulate = false);
 
-  // The plan the last Run used (call after one), e.g. "cuBLASLt, candidate 2 of 8 (algo 66, ...)".
+  // The plan the last Run used (call after one), e.g. "cuBLASLt, candidate 2 of 8 (algo 66, ...)"
+  // or "skinny kernel, k split 2, candidate 10 of 11".
   const std::string& last_plan() const { return last_plan_->name; }
 
   // Step tuning (runtime/step_tuning.h). A settled plan whose next-fastest candidates timed within
@@ -66,11 +68,15 @@ class GemmRunner {
     cublasLtMatrixLayout_t a = nullptr;
     cublasLtMatrixLayout_t b = nullptr;
     cublasLtMatrixLayout_t c = nullptr;
-    cublasLtMatmulAlgo_t algo{};
+    cublasLtMatmulAlgo_t algo{};  // cuBLASLt's configuration (with `skinny`: where it refuses)
+    int skinny = 0;               // the skinny kernel is the choice, at this many k splits
     std::string name;
-    // Planning: the candidates (cuBLASLt's heuristic algos, then the re-tiled ones), each one's
-    // median per weight it was timed on, those weights, and whether the choice is final.
+    // Planning: the candidates (cuBLASLt's heuristic algos, then the re-tiled ones, then the
+    // skinny kernel where it takes the shape), each one's median per weight it was timed on, those
+    // weights, and whether the choice is final.
     std::vector<cublasLtMatmulAlgo_t> cublas_candidates;
+    // Candidates cublas_candidates.size() + i: the skinny kernel at k splits skinny_splits[i].
+    std::vector<int> skinny_splits;
     std::vector<std::vector<float>> medians;  // [candidate][weight]
     std::vector<const void*> timed_weights;
     bool settled = false;
@@ -91,11 +97,11 @@ class GemmRunner {
   // the plan) and picks the fastest so far; settles the plan after kPlannedWeights weights (one
   // for prefill shapes), when a timed weight comes round again, or inside a capture.
   void ContinuePlanning(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w,
-                        const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32,
-                        bool accumulate);
-  void TimeCandidates(Plan& plan, int64_t m, int64_t k, const __nv_bfloat16* w,
-                      const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32,
-                      bool accumulate);
+                        int64_t ldw, const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo,
+                        bool out_f32, bool accumulate);
+  void TimeCandidates(Plan& plan, int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w,
+                      int64_t ldw, const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo,
+                      bool out_f32, bool accumulate);
   // Rows rounded up to a power of two. A shape whose m is not one shares the timed choice of its
   // bucket (prefill chunks and unpadded decode batches come in every size): the bucket's own m if
   // that was timed, else the first m timed in it. A power-of-two m (a padded decode batch, which
@@ -104,7 +110,8 @@ class GemmRunner {
   // Gives a new plan (descriptors made) the settled choice of its bucket's timed plan, if there is
   // one, and settles it: its cuBLASLt algo if cublasLtMatmulAlgoCheck accepts it for this m, else
   // `fallback` (the heuristic's first for this m). False when there is no such plan or nothing of
-  // it fits: the shape is planned afresh.
+  // it fits: the shape is planned afresh. The skinny kernel, where the bucket's plan picked it,
+  // for every m it takes.
   bool ReusePlanOfBucket(Plan& plan, const Key& key, int64_t m, int64_t n, int64_t k, bool out_f32,
                          const cublasLtMatmulAlgo_t* fallback);
   // cuBLASLt's heuristic's first configuration with other tiles and split-k counts (gemm.cc).
@@ -113,11 +120,19 @@ class GemmRunner {
       int heuristic_count);
   Plan& OpenPlanAt(int index);
   static float CandidateTime(const Plan& plan, size_t index);
-  // "cuBLASLt, candidate 2 of 8" (", re-tiled" past the heuristic's own).
+  static size_t CandidateCount(const Plan& plan) {
+    return plan.cublas_candidates.size() + plan.skinny_splits.size();
+  }
+  static bool IsSkinny(const Plan& plan, size_t index) {
+    return index >= plan.cublas_candidates.size();
+  }
+  // "cuBLASLt, candidate 2 of 8" (", re-tiled" past the heuristic's own), "skinny kernel, k split
+  // 2, candidate 10 of 11".
   static std::string CandidateName(const Plan& plan, size_t index);
   // CandidateName plus cuBLASLt's configuration, e.g. " (algo 66, tile 164, ...)".
   static std::string OptionName(const Plan& plan, size_t index);
-  // Picks the fastest candidate so far.
+  // Picks the fastest candidate so far; cuBLASLt's fastest stays the algo either way (it serves
+  // calls whose pointers the skinny kernel refuses).
   static void Choose(Plan& plan);
   // Makes candidate `index` the plan's choice.
   static void Apply(Plan& plan, int index);

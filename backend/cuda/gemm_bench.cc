@@ -77,7 +77,7 @@ int RunGemmBenchmarks(const GemmBenchOptions& options) {
       "GEMMs at decode batch sizes: bf16 weights streamed cold (rotating copies > 3x the L2), "
       "%d calls back to back in a CUDA graph, median of 5 replays; %% of the copy rate\n",
       options.iterations);
-  std::printf("   m  gemm         n x k      |         cuBLASLt (the runner)      | plan\n");
+  std::printf("   m  gemm         n x k      |      the runner (cuBLASLt or skinny) | plan\n");
   // The plans are made (timed) per runner before capture; cuBLASLt keeps its own launches.
   for (const int m : options.rows) {
     double cublas_total_ms = 0, total_bytes = 0;
