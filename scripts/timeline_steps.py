@@ -16,17 +16,10 @@ kind of kernel's mean count and time a window, inside the graph or outside it.
 """
 import collections
 import csv
-import re
 import statistics
 import sys
 
-
-def kind(name):
-    name = name.replace("(anonymous namespace)::", "")
-    name = re.sub(r"<.*", "", name)
-    name = re.sub(r"\(.*", "", name)
-    name = name.replace("void ", "").strip()
-    return name.split("::")[-1][:48]
+from timeline_gaps import kind  # a kernel's name without template arguments or parameters
 
 
 def percentiles(values):

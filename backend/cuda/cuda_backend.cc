@@ -362,8 +362,7 @@ class CudaBackend final : public Backend {
     const Tensor& rows = *norm.rows;
     CheckDevice(rows, "RMSNorm rows");
     SIEVE_CHECK(rows.dtype() == DType::kBF16 && rows.rank() == 2 && rows.stride(1) == 1 &&
-                rows.dim(1) % 8 == 0 && rows.stride(0) % 8 == 0 &&
-                reinterpret_cast<uintptr_t>(rows.data()) % 16 == 0)
+                rows.dim(1) % 8 == 0 && rows.stride(0) % 8 == 0 && cuda::Aligned16(rows.data()))
         << "folded RMSNorm rows must be aligned bf16 rows, width a multiple of 8: "
         << rows.ShapeString();
     view.rows = Bf16(rows);

@@ -24,6 +24,11 @@
 
 namespace sieve::cuda {
 
+// Whether `pointer` may be read or written in 16-byte vectors (the kernels' uint4 accesses).
+inline bool Aligned16(const void* pointer) {
+  return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
+}
+
 // `kAttribute` of the current device, read once per device (launch paths ask on every call);
 // device ids past the cache read it every time.
 template <cudaDeviceAttr kAttribute>

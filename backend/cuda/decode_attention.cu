@@ -856,8 +856,6 @@ void LaunchDecode(const DecodeParams& params, DecodeCta cta, cudaStream_t stream
   }
 }
 
-bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
-
 // SetDecodeAttentionTrace's buffer, read by every launch.
 struct TraceTarget {
   uint64_t* buffer = nullptr;

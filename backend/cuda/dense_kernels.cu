@@ -252,8 +252,6 @@ int GridFor(int64_t count) {
 
 namespace {
 
-bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
-
 void LaunchCopyRows(const bf16* src, int64_t src_stride, const int32_t* rows, int count, int width,
                     bf16* dst, int64_t dst_stride, cudaStream_t stream) {
   if (count == 0) return;

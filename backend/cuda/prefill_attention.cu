@@ -213,8 +213,6 @@ void LaunchPrefill(const PrefillParams& params, int num_heads, const StepView& s
   SIEVE_CUDA_CHECK_LAUNCH();
 }
 
-bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
-
 }  // namespace
 
 void PrefillAttentionWithKernel(PrefillKernel kernel, const bf16* q, int64_t q_stride,

@@ -187,8 +187,6 @@ void LaunchTiles(int64_t m, int64_t n, int64_t k, const bf16* w, int64_t ldw, co
   }
 }
 
-bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
-
 }  // namespace
 
 bool SkinnyGemmSupports(int64_t m, int64_t k, const bf16* w, int64_t ldw, const bf16* x,

@@ -36,8 +36,6 @@ __device__ inline void StoreFloat8(float* dst, const float (&values)[8]) {
   reinterpret_cast<float4*>(dst)[1] = make_float4(values[4], values[5], values[6], values[7]);
 }
 
-bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
-
 // Raises `kernel`'s dynamic shared-memory limit to `wanted` bytes or what the device's opt-in
 // maximum leaves beside the kernel's static shared memory, whichever is smaller, once per device
 // (`done` is the kernel's own cache); returns the limit. Above 48 KB a block's dynamic shared
