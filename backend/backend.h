@@ -212,18 +212,30 @@ class Backend {
     uint64_t seed;
     uint64_t offset;  // the request's draw counter (its t-th token uses draw t)
   };
-  // Picks each row's token from logits [R][V] f32 without moving the logits to the host: tokens
-  // [R] and the chosen tokens' raw log-probabilities [R]. False when the backend cannot (the
-  // caller samples on the host; runtime/sampler.h is the twin).
-  virtual bool SampleOnDevice(const Tensor& logits, const std::vector<DeviceSamplingRow>& rows,
-                              std::vector<int32_t>& tokens, std::vector<float>& logprobs) {
-    (void)logits, (void)rows, (void)tokens, (void)logprobs;
+  // Picks each row's token from logits [R][V] f32 without moving the logits to the host, and
+  // does not wait for it: writes the tokens to `tokens` [>= R] i32 on the device (where a later
+  // step reads them: GatherInt32) and starts copying tokens and the chosen tokens' raw
+  // log-probabilities to the host. TakeSamples waits for the oldest sampling begun and not yet
+  // taken and returns its results; at most two may be outstanding. False: the backend cannot
+  // sample these rows (nothing was begun; the caller samples on the host, and runtime/sampler.h
+  // is the twin). The engine overlaps its host work for the next step with the device's
+  // (runtime/README.md).
+  virtual bool BeginSampling(const Tensor& logits, const std::vector<DeviceSamplingRow>& rows,
+                             Tensor& tokens) {
+    (void)logits, (void)rows, (void)tokens;
     return false;
+  }
+  virtual void TakeSamples(std::vector<int32_t>& tokens, std::vector<float>& logprobs) {
+    (void)tokens, (void)logprobs;
+    SIEVE_CHECK(false) << "no sampling was begun";
   }
 
   // ---- bookkeeping ----
   // dst[patches[p][0]] = patches[p][1] for p < count.    patches [>= count][2] i32, dst i32.
   virtual void ScatterInt32(const Tensor& patches, int count, Tensor& dst) = 0;
+  // dst[pairs[p][0]] = src[pairs[p][1]] for p < count.   pairs [>= count][2] i32, src, dst i32.
+  // (A step's token ids from the samples of the step before, still on the device.)
+  virtual void GatherInt32(const Tensor& src, const Tensor& pairs, int count, Tensor& dst) = 0;
 };
 
 // The CPU reference backend; `num_threads` <= 0 uses the default pool.

@@ -78,15 +78,21 @@ struct StepMeta {
   int num_sample_rows = 0;       // R
 
   // ---- device arrays (int32) ----
-  Tensor token_ids;         // [T]
-  Tensor positions;         // [T] true RoPE position of each token
-  Tensor query_start;       // [S + 1] first token row of each sequence (cumulative)
-  Tensor key_start;         // [S_p + 1] first row of each prefill sequence in the K/V scratch
-  Tensor context_lens;      // [S] tokens already cached before this step (prefill: chunk start)
-  Tensor seq_slots;         // [S] row of each sequence in the page tables
-  Tensor write_start;       // [L][S] entry index in layer l where this step's tokens are written;
-                            //        -1: not written (the layer is compressed at the prompt's end)
-  Tensor sample_rows;       // [R] token rows whose logits are computed
+  Tensor token_ids;     // [T]
+  Tensor positions;     // [T] true RoPE position of each token
+  Tensor query_start;   // [S + 1] first token row of each sequence (cumulative)
+  Tensor key_start;     // [S_p + 1] first row of each prefill sequence in the K/V scratch
+  Tensor context_lens;  // [S] tokens already cached before this step (prefill: chunk start)
+  Tensor seq_slots;     // [S] row of each sequence in the page tables
+  Tensor write_start;   // [L][S] entry index in layer l where this step's tokens are written;
+                        //        -1: not written (the layer is compressed at the prompt's end)
+  Tensor sample_rows;   // [R] token rows whose logits are computed
+  // Token ids not known on the host when the step was planned: samples of the step before, still
+  // on the device (the engine plans a step before it reads the previous one's tokens). Written
+  // into token_ids before the forward pass: token_ids[token_feed[f][0]] = those samples'
+  // [token_feed[f][1]] for f < num_fed_tokens (Backend::GatherInt32).
+  Tensor token_feed;        // [>= F][2]
+  int num_fed_tokens = 0;   // F (host)
   Tensor compression_jobs;  // [J][kCompressionJobInts] sorted by layer
   // Host-side: jobs [job_begin[l], job_begin[l + 1]) belong to layer l; the sizes of their
   // scratch buffers.

@@ -165,6 +165,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(
   for (const auto& other : engine->other_ranks_) ranks.push_back(other.get());
   engine->runner_ = std::make_unique<ModelRunner>(ranks, *engine->kv_, runner_options);
   engine->stats_.entries_kept_by_layer.assign(config.num_layers, 0);
+  for (Tensor& samples : engine->sampled_tokens_) {
+    samples = backend.Allocate({options.max_num_seqs}, DType::kI32);
+  }
   engine->options_ = options;
   return engine;
 }
@@ -320,14 +323,16 @@ bool Engine::Abort(RequestId id) {
   output.finished = true;
   output.finish_reason = FinishReason::kAbort;
   output.num_prompt_tokens = it->second.num_prompt_tokens;
-  output.num_generated_tokens = seq ? seq->num_generated() : 0;
+  output.num_generated_tokens = seq ? seq->num_known_generated() : 0;
   scheduler_->Remove(id);
   requests_.erase(it);
   aborted_.push_back(std::move(output));
   return true;
 }
 
-bool Engine::HasWork() const { return scheduler_->HasWork() || !aborted_.empty(); }
+bool Engine::HasWork() const {
+  return scheduler_->HasWork() || !aborted_.empty() || in_flight_.has_value();
+}
 
 void Engine::Finish(RequestState& state, RequestOutput& output, FinishReason reason) {
   if (state.decoder) state.text += state.decoder->Flush();
@@ -335,10 +340,15 @@ void Engine::Finish(RequestState& state, RequestOutput& output, FinishReason rea
   output.finish_reason = reason;
 }
 
-RequestOutput Engine::Advance(RequestState& state, Sequence& seq, const SampleResult& sample) {
+RequestOutput Engine::Advance(RequestState& state, Sequence& seq, const SampleResult& sample,
+                              int position) {
   const SamplingParams& params = state.sampling;
   const int32_t token = sample.token;
-  seq.tokens.push_back(token);
+  SIEVE_CHECK(position < static_cast<int>(seq.tokens.size()) &&
+              seq.tokens[position] == kUnknownToken);
+  seq.tokens[position] = token;
+  // Later tokens may be placeholders of a step in flight: count to this one.
+  const int generated = position + 1 - seq.num_prompt_tokens;
   ++stats_.generation_tokens;
   RequestOutput output;
   output.id = state.id;
@@ -376,8 +386,7 @@ RequestOutput Engine::Advance(RequestState& state, Sequence& seq, const SampleRe
     if (first_match != std::string::npos) {
       Finish(state, output, FinishReason::kStop);
       state.text.resize(first_match);  // the stop string and anything after it are dropped
-    } else if (seq.num_generated() >= params.max_tokens ||
-               static_cast<int>(seq.tokens.size()) >= seq.max_total_tokens) {
+    } else if (generated >= params.max_tokens || position + 1 >= seq.max_total_tokens) {
       Finish(state, output, FinishReason::kLength);
     }
   }
@@ -398,20 +407,75 @@ RequestOutput Engine::Advance(RequestState& state, Sequence& seq, const SampleRe
     state.emitted = emit_to;
   }
   output.num_prompt_tokens = state.num_prompt_tokens;
-  output.num_generated_tokens = seq.num_generated();
+  output.num_generated_tokens = generated;
   return output;
 }
 
 std::vector<RequestOutput> Engine::Step() {
   std::vector<RequestOutput> outputs;
   outputs.swap(aborted_);
+  if (in_flight_) {
+    // The next step is planned and launched before the samples of the one in flight are read,
+    // when it can run without them on the host (the device feeds them to it): the host's work
+    // below then runs while the device computes.
+    std::optional<LaunchedStep> next;
+    if (scheduler_->HasSchedulableWork()) {
+      scheduler_->Plan(plan_);
+      if (!plan_.empty() && CanLaunchAhead(plan_)) {
+        scheduler_->Commit(plan_);
+        next = Launch(plan_, &*in_flight_);
+        ++stats_.steps_launched_ahead;
+      }
+    }
+    Collect(*in_flight_, outputs);
+    in_flight_ = std::move(next);
+    if (in_flight_ && !in_flight_->on_device) {  // the backend declined: sampled on the host
+      Collect(*in_flight_, outputs);
+      in_flight_.reset();
+    }
+    return outputs;
+  }
   if (!scheduler_->HasWork()) return outputs;
-  StepPlan& plan = plan_;
-  scheduler_->Plan(plan);
-  scheduler_->Commit(plan);
-  if (plan.empty()) return outputs;
+  scheduler_->Plan(plan_);
+  scheduler_->Commit(plan_);
+  if (plan_.empty()) return outputs;
+  in_flight_ = Launch(plan_, nullptr);
+  // Left in flight only when a next step could be launched before its samples are read.
+  if (!options_.overlap_steps || !in_flight_->on_device || runner_->num_ranks() > 1 ||
+      !scheduler_->HasSchedulableWork()) {
+    Collect(*in_flight_, outputs);
+    in_flight_.reset();
+  }
+  return outputs;
+}
+
+bool Engine::CanLaunchAhead(const StepPlan& plan) const {
+  if (!options_.overlap_steps || runner_->num_ranks() > 1) return false;
+  for (const auto* list : {&plan.prefills, &plan.decodes}) {
+    for (const ScheduledSequence& scheduled : *list) {
+      if (!scheduled.sample) continue;
+      const RequestState& state = requests_.at(scheduled.id);
+      if (!state.forced_tokens.empty() || !state.sampling.SamplesOnDevice()) return false;
+    }
+  }
+  return true;
+}
+
+Engine::LaunchedStep Engine::Launch(const StepPlan& plan, const LaunchedStep* previous) {
+  LaunchedStep step;
+  ModelRunner::TokenFeed* feed = nullptr;
+  if (previous != nullptr) {
+    SIEVE_CHECK(previous->on_device);
+    feed = &token_feed_;
+    feed->samples = &sampled_tokens_[previous->samples_buffer];
+    feed->rows.clear();
+    for (size_t row = 0; row < previous->sample_ids.size(); ++row) {
+      if (previous->positions[row] < 0) continue;
+      feed->rows[previous->sample_ids[row]] = {previous->positions[row], static_cast<int>(row)};
+    }
+  }
   ++stats_.steps;
-  const Tensor& logits = runner_->Run(plan, *scheduler_, sample_ids_);
+  const Tensor& logits = runner_->Run(plan, *scheduler_, step.sample_ids, feed);
   scheduler_->Complete(plan);
   for (const ScheduledSequence& scheduled : plan.prefills) {
     stats_.prompt_tokens += scheduled.num_tokens;
@@ -426,33 +490,61 @@ std::vector<RequestOutput> Engine::Step() {
   }
   stats_.peak_pages_used = std::max(stats_.peak_pages_used, kv_->num_used_pages());
 
-  const std::vector<SampleResult> samples = SampleRows(logits);
-  for (size_t row = 0; row < sample_ids_.size(); ++row) {
-    const SeqId id = sample_ids_[row];
+  SampleRows(logits, step);
+  // Each sample's place in its sequence, held by a placeholder until it is read. A sequence
+  // whose sample is its last by length gets no further step.
+  step.positions.reserve(step.sample_ids.size());
+  for (const SeqId id : step.sample_ids) {
     Sequence& seq = *scheduler_->Find(id);
-    if (!seq.caught_up()) continue;  // a preempted sequence replaying known tokens
-    RequestState& state = requests_.at(id);
-    RequestOutput output = Advance(state, seq, samples[row]);
+    if (!seq.caught_up()) {  // a preempted sequence replaying known tokens
+      step.positions.push_back(-1);
+      continue;
+    }
+    step.positions.push_back(static_cast<int>(seq.tokens.size()));
+    seq.tokens.push_back(kUnknownToken);
+    if (static_cast<int>(seq.tokens.size()) >= seq.max_total_tokens) seq.finishing = true;
+  }
+  return step;
+}
+
+void Engine::Collect(LaunchedStep& step, std::vector<RequestOutput>& outputs) {
+  if (step.on_device) {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    model_->backend().TakeSamples(tokens, logprobs);
+    SIEVE_CHECK(tokens.size() == step.sample_ids.size() && logprobs.size() == tokens.size());
+    step.host_samples.resize(tokens.size());
+    for (size_t row = 0; row < tokens.size(); ++row) {
+      step.host_samples[row].token = tokens[row];
+      step.host_samples[row].logprob = logprobs[row];
+    }
+    step.on_device = false;
+  }
+  for (size_t row = 0; row < step.sample_ids.size(); ++row) {
+    if (step.positions[row] < 0) continue;
+    const SeqId id = step.sample_ids[row];
+    const auto it = requests_.find(id);
+    if (it == requests_.end()) continue;  // aborted (or finished) since the step was launched
+    Sequence& seq = *scheduler_->Find(id);
+    RequestOutput output = Advance(it->second, seq, step.host_samples[row], step.positions[row]);
     if (output.finished) {
       scheduler_->Remove(id);
-      requests_.erase(id);
+      requests_.erase(it);
     }
     outputs.push_back(std::move(output));
   }
-  return outputs;
 }
 
-std::vector<SampleResult> Engine::SampleRows(const Tensor& logits) {
-  const size_t rows = sample_ids_.size();
-  std::vector<SampleResult> samples(rows);
+void Engine::SampleRows(const Tensor& logits, LaunchedStep& step) {
+  const std::vector<SeqId>& sample_ids = step.sample_ids;
+  const size_t rows = sample_ids.size();
   std::vector<Backend::DeviceSamplingRow> device_rows;
   device_rows.reserve(rows);
   bool on_device = true;
-  for (const SeqId id : sample_ids_) {
+  for (const SeqId id : sample_ids) {
     const RequestState& state = requests_.at(id);
     const SamplingParams& p = state.sampling;
-    if (p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f ||
-        p.logprobs > 0 || !state.forced_tokens.empty()) {
+    if (!p.SamplesOnDevice() || !state.forced_tokens.empty()) {
       on_device = false;
       break;
     }
@@ -461,21 +553,19 @@ std::vector<SampleResult> Engine::SampleRows(const Tensor& logits) {
                            static_cast<uint64_t>(seq.num_generated())});
   }
   Backend& backend = model_->backend();
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  if (on_device && backend.SampleOnDevice(logits.Rows(0, static_cast<int64_t>(rows)), device_rows,
-                                          tokens, logprobs)) {
-    for (size_t row = 0; row < rows; ++row) {
-      samples[row].token = tokens[row];
-      samples[row].logprob = logprobs[row];
-    }
-    return samples;
+  if (on_device && backend.BeginSampling(logits.Rows(0, static_cast<int64_t>(rows)), device_rows,
+                                         sampled_tokens_[next_samples_buffer_])) {
+    step.on_device = true;
+    step.samples_buffer = next_samples_buffer_;
+    next_samples_buffer_ ^= 1;
+    return;
   }
+  step.host_samples.assign(rows, SampleResult{});
   const int vocab = model_->config().vocab_size;
   host_logits_.resize(rows * vocab);
   if (rows > 0) backend.CopyToHost(logits.Rows(0, static_cast<int64_t>(rows)), host_logits_.data());
   for (size_t row = 0; row < rows; ++row) {
-    const SeqId id = sample_ids_[row];
+    const SeqId id = sample_ids[row];
     const Sequence& seq = *scheduler_->Find(id);
     // Replayed tokens are known: sampling them would move the request's random stream.
     if (!seq.caught_up()) continue;
@@ -483,14 +573,13 @@ std::vector<SampleResult> Engine::SampleRows(const Tensor& logits) {
     const std::span<float> row_logits(host_logits_.data() + row * vocab, vocab);
     if (!state.forced_tokens.empty()) {
       const int32_t token = state.forced_tokens[static_cast<size_t>(seq.num_generated())];
-      samples[row].token = token;
-      samples[row].logprob = Sampler::RawLogprob(row_logits, token);
+      step.host_samples[row].token = token;
+      step.host_samples[row].logprob = Sampler::RawLogprob(row_logits, token);
       continue;
     }
-    samples[row] =
+    step.host_samples[row] =
         Sampler::Sample(row_logits, state.sampling, seq.tokens, seq.num_prompt_tokens, state.rng);
   }
-  return samples;
 }
 
 EngineStats Engine::Stats() const {

@@ -4,7 +4,9 @@
 // only the thread that calls Step() may touch it (Add and Abort included — see AsyncEngine for the
 // thread-safe front door the server uses). Each Step() plans one batch (continuous batching:
 // prefill chunks and decodes together), runs the forward pass, samples, detokenizes, checks stop
-// conditions, and returns what each request produced in that step.
+// conditions, and returns what each request produced. Steps overlap (EngineOptions::
+// overlap_steps): while the device runs one step, the host reads the samples of the step before,
+// so a Step() may return the previous step's outputs, or none; call it while HasWork().
 #pragma once
 
 #include <chrono>
@@ -51,6 +53,13 @@ struct EngineOptions {
   // kv_policy does not evict, so that requests may carry a policy that does (sieve eval runs
   // every policy on one engine). Costs 8 bytes per entry and KV head, and H2O's score updates.
   bool eviction_pools = false;
+  // Plan and launch each step before reading the samples of the one before (which the device
+  // then feeds to it), so that the host's work for a step (reading samples, detokenizing, stop
+  // conditions, planning, uploading) runs while the device computes the previous one, and the
+  // device never waits for it. Where a step cannot (a row samples on the host: penalties, top
+  // log-probabilities, teacher forcing, a backend without device sampling; tensor parallelism),
+  // steps run one at a time. Off: always one at a time (tests compare the two).
+  bool overlap_steps = true;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort };
@@ -95,7 +104,8 @@ struct EngineStats {
   int64_t prompt_tokens = 0;  // prompt tokens prefilled (recomputes included)
   int64_t generation_tokens = 0;
   int64_t steps = 0;
-  int num_decode_graphs = 0;  // decode graphs captured (warm-up and first use)
+  int64_t steps_launched_ahead = 0;  // launched before the step before's samples were read
+  int num_decode_graphs = 0;         // decode graphs captured (warm-up and first use)
   // Over every prompt that finished prefill: sum of its length, and of entries each layer kept.
   int64_t compressed_prompt_tokens = 0;
   std::vector<int64_t> entries_kept_by_layer;  // [L]
@@ -177,11 +187,31 @@ class Engine {
 
   Engine(std::unique_ptr<LlamaModel> model, const Tokenizer* tokenizer,
          std::vector<int32_t> eos_ids, const EngineOptions& options);
-  // Appends a sampled token; returns the request's output for this step.
-  RequestOutput Advance(RequestState& state, Sequence& seq, const SampleResult& sample);
-  // Samples every row of `logits` [R][V] (rows in sample_ids_ order): on the device when the
-  // backend can and no row needs host-only features (penalties, top log-probabilities).
-  std::vector<SampleResult> SampleRows(const Tensor& logits);
+  // A step launched whose samples the host has not read yet.
+  struct LaunchedStep {
+    std::vector<SeqId> sample_ids;  // by sample row
+    // By sample row: where the sample goes in its sequence's tokens (a placeholder there until
+    // the sample is read); -1 for a row nobody samples (a preempted sequence replaying).
+    std::vector<int> positions;
+    bool on_device = false;                  // sampling begun on the device: Backend::TakeSamples
+    std::vector<SampleResult> host_samples;  // else sampled on the host already
+    int samples_buffer = 0;                  // sampled_tokens_[.] holds the device samples
+  };
+  // Runs a planned, committed step: the forward pass (its tokens that `previous` sampled fed
+  // from the device), Complete, stats, and sampling begun. Every sampled sequence gets a
+  // placeholder token, and is marked finishing when that token is its last by length.
+  LaunchedStep Launch(const StepPlan& plan, const LaunchedStep* previous);
+  // Reads a launched step's samples into its sequences and appends each request's output.
+  void Collect(LaunchedStep& step, std::vector<RequestOutput>& outputs);
+  // Whether every row `plan` samples can be sampled on the device, fed by the step in flight.
+  bool CanLaunchAhead(const StepPlan& plan) const;
+  // Writes the sampled token at `position` of the sequence; returns the request's output.
+  RequestOutput Advance(RequestState& state, Sequence& seq, const SampleResult& sample,
+                        int position);
+  // Samples every row of `logits` [R][V] (rows in step.sample_ids order): begun on the device
+  // when the backend can and no row needs host-only features (penalties, top log-probabilities,
+  // teacher forcing), else on the host now.
+  void SampleRows(const Tensor& logits, LaunchedStep& step);
   void Finish(RequestState& state, RequestOutput& output, FinishReason reason);
 
   EngineOptions options_;
@@ -200,8 +230,11 @@ class Engine {
   std::mt19937_64 seed_source_;
   EngineStats stats_;
   StepPlan plan_;  // reused every step: planning allocates nothing in steady state
-  std::vector<SeqId> sample_ids_;
   std::vector<float> host_logits_;
+  std::optional<LaunchedStep> in_flight_;  // launched, samples not read yet
+  ModelRunner::TokenFeed token_feed_;      // reused by every Launch
+  Tensor sampled_tokens_[2];  // device samples of the last two steps, alternately: fed forward
+  int next_samples_buffer_ = 0;
 };
 
 }  // namespace sieve

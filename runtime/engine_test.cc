@@ -502,6 +502,80 @@ TEST(EngineTest, PreemptedRequestsAnswerAsAlone) {
   }
 }
 
+// Overlapped steps (each planned and launched before the samples of the one before are read,
+// the device feeding them) answer every request as steps one at a time do, bitwise: with
+// sparse and evicting policies, chunked prefill, a pool tight enough to preempt, requests that
+// stop on a token (the step launched ahead computed a row nobody reads), and host-sampled
+// requests among them (those steps run one at a time). No page leaks.
+TEST(EngineTest, OverlappedStepsAnswerAsOneAtATime) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  for (const std::string policy : {"full", "pyramidkv", "h2o"}) {
+    SCOPED_TRACE(policy);
+    EngineOptions options = TightPolicyOptions(policy);
+    options.max_num_seqs = 6;
+    options.max_num_batched_tokens = policy == "h2o" ? 128 : 32;
+    options.kv_memory_bytes = PageBytes(config, options.page_size) * config.num_layers * 60;
+    struct Request {
+      std::vector<int32_t> prompt;
+      SamplingParams params;
+    };
+    std::vector<Request> requests;
+    for (int index = 0; index < 10; ++index) {
+      SamplingParams params = Greedy(20 + static_cast<int>(rng() % 30));
+      if (index == 4) {  // sampled on the host: its steps run one at a time
+        params.temperature = 0.8f;
+        params.seed = rng();
+        params.logprobs = 2;
+      }
+      requests.push_back({RandomPrompt(rng, 10 + static_cast<int>(rng() % 60)), params});
+    }
+    const auto run = [&](bool overlap, std::vector<Completion>& completions) {
+      EngineOptions run_options = options;
+      run_options.overlap_steps = overlap;
+      TestEngine t = MakeEngine(config, run_options);
+      std::vector<RequestId> ids;
+      for (const Request& request : requests) {
+        const auto id = t.engine->Add({request.prompt, request.params, ""});
+        EXPECT_TRUE(id.ok()) << id.status().ToString();
+        ids.push_back(*id);
+      }
+      const auto done = RunToEnd(*t.engine);
+      for (const RequestId id : ids) completions.push_back(done.at(id));
+      const EngineStats stats = t.engine->Stats();
+      EXPECT_EQ(stats.num_pages_used, 0);
+      return stats;
+    };
+    // One at a time first, to find a token each even-numbered request meets mid-way: it stops
+    // there in the runs compared.
+    std::vector<Completion> first;
+    run(false, first);
+    for (size_t index = 0; index < requests.size(); index += 2) {
+      const std::vector<int32_t>& tokens = first[index].tokens;
+      requests[index].params.stop_token_ids = {tokens[tokens.size() / 2]};
+    }
+    std::vector<Completion> apart, overlapped;
+    const EngineStats apart_stats = run(false, apart);
+    const EngineStats overlapped_stats = run(true, overlapped);
+    EXPECT_EQ(apart_stats.steps_launched_ahead, 0);
+    EXPECT_GT(overlapped_stats.steps_launched_ahead, 0);
+    EXPECT_EQ(overlapped_stats.generation_tokens, apart_stats.generation_tokens);
+    int stopped = 0;
+    for (size_t index = 0; index < requests.size(); ++index) {
+      SCOPED_TRACE("request " + std::to_string(index));
+      EXPECT_EQ(overlapped[index].tokens, apart[index].tokens);
+      EXPECT_EQ(overlapped[index].logprobs, apart[index].logprobs);
+      EXPECT_EQ(overlapped[index].reason, apart[index].reason);
+      stopped += apart[index].reason == FinishReason::kStop ? 1 : 0;
+    }
+    EXPECT_GE(stopped, 5) << "the even-numbered requests stop on their stop token";
+    std::printf("%s: %lld of %lld steps launched ahead, %lld preemptions\n", policy.c_str(),
+                static_cast<long long>(overlapped_stats.steps_launched_ahead),
+                static_cast<long long>(overlapped_stats.steps),
+                static_cast<long long>(overlapped_stats.num_preemptions));
+  }
+}
+
 // Random add / step / abort traffic with random policies and a small pool (so preemption
 // happens): no page leaks or double frees, every finished request got exactly its tokens.
 TEST(EngineTest, RandomTrafficKeepsInvariants) {

@@ -279,6 +279,12 @@ TEST_F(GpuEngineTest, OneRankThroughNcclEqualsThePlainPath) {
       options.kv_policy_options.window = 8;
       options.kv_policy_options.heavy = 32;
       options.kv_policy_options.recent = 32;
+      // Both engines share the backend's GEMM plans. Step tuning would let the first engine's
+      // decode graphs re-pick, by timing, the kernel of a plan that its eager steps had already
+      // used, and the second engine's eager steps would then round differently (the sampled
+      // rows' lm_head, a skinny-GEMM shape, moved a log-probability by an ulp). Without it
+      // each plan keeps its first pick, for both.
+      options.step_tuning = false;
       std::unique_ptr<LlamaModel> model;
       if (through_nccl) {
         auto shard = LlamaModel::RandomShard(config, *gpu_, seed, 1024, {0, 1}, &nccl, 0.08f);
@@ -323,6 +329,113 @@ TEST_F(GpuEngineTest, OneRankThroughNcclEqualsThePlainPath) {
       EXPECT_EQ(plain[index].second, sharded[index].second) << "request " << index;
       EXPECT_EQ(plain[index].first.size(), static_cast<size_t>(5 + index * 4));
     }
+  }
+}
+
+// Overlapped steps on the GPU (each launched before the step before's samples are read, its
+// tokens fed from the device into the step's ids, graphs included) answer every request as
+// steps one at a time do, bitwise: greedy and seeded top-p / top-k / min-p rows sampled on the
+// device, one host-sampled request among them (its steps run one at a time), dense and sparse.
+// Every request ends by length, so both runs batch the same rows (the GPU's GEMMs round by
+// batch size; a request stopping on a token, whose overlapped run computes one row nobody
+// reads, is runtime/engine_test.cc's, on the batch-invariant CPU).
+TEST_F(GpuEngineTest, OverlappedStepsAnswerAsOneAtATime) {
+  ModelConfig config = TinyRandomModelConfig();
+  config.head_dim = 64;
+  config.hidden_size = config.num_heads * config.head_dim;
+  auto rng = testing::MakeRng();
+  const uint64_t seed = rng();
+  struct Request {
+    std::vector<int32_t> prompt;
+    SamplingParams params;
+  };
+  std::vector<Request> requests;
+  for (int index = 0; index < 12; ++index) {
+    Request request;
+    request.prompt.resize(30 + rng() % 400);
+    for (int32_t& token : request.prompt) token = static_cast<int32_t>(rng() % config.vocab_size);
+    SamplingParams& params = request.params;
+    params.max_tokens = 20 + index * 3;
+    params.ignore_eos = true;
+    params.seed = rng();
+    params.logprobs = 0;
+    switch (index % 4) {
+      case 0:
+        params.temperature = 0;
+        break;
+      case 1:
+        params.temperature = 0.8f;
+        params.top_p = 0.9f;
+        break;
+      case 2:
+        params.temperature = 1.0f;
+        params.top_k = 20;
+        params.min_p = 0.05f;
+        break;
+      default:
+        params.temperature = 0.7f;
+        break;
+    }
+    if (index == 5) params.logprobs = 2;  // on the host
+    requests.push_back(std::move(request));
+  }
+  for (const std::string policy : {"full", "full:0,snapkv:1-3"}) {
+    SCOPED_TRACE(policy);
+    struct Answer {
+      std::vector<int32_t> tokens;
+      std::vector<float> logprobs;
+      FinishReason reason = FinishReason::kNone;
+    };
+    const auto run = [&](bool overlap, EngineStats* stats) {
+      EngineOptions options;
+      options.kv_memory_bytes = 256 << 20;
+      options.max_model_len = 1024;
+      options.max_num_batched_tokens = 512;
+      options.kv_policy = policy;
+      options.kv_policy_options.budget = 64;
+      options.kv_policy_options.window = 8;
+      options.step_tuning = false;  // one engine's tuning would move the other's plans
+      options.overlap_steps = overlap;
+      auto engine = Engine::Create(LlamaModel::Random(config, *gpu_, seed, 1024, 0.08f), nullptr,
+                                   {}, options);
+      SIEVE_CHECK(engine.ok()) << engine.status().ToString();
+      std::vector<RequestId> ids;
+      for (const Request& request : requests) {
+        ids.push_back(*(*engine)->Add({request.prompt, request.params, ""}));
+      }
+      std::map<RequestId, Answer> out;
+      while ((*engine)->HasWork()) {
+        for (const RequestOutput& output : (*engine)->Step()) {
+          Answer& answer = out[output.id];
+          answer.tokens.insert(answer.tokens.end(), output.new_tokens.begin(),
+                               output.new_tokens.end());
+          for (const auto& logprob : output.new_logprobs)
+            answer.logprobs.push_back(logprob.logprob);
+          if (output.finished) answer.reason = output.finish_reason;
+        }
+      }
+      *stats = (*engine)->Stats();
+      std::vector<Answer> ordered;
+      for (const RequestId id : ids) ordered.push_back(out[id]);
+      return ordered;
+    };
+    EngineStats apart_stats, overlapped_stats;
+    const std::vector<Answer> apart = run(false, &apart_stats);
+    const std::vector<Answer> overlapped = run(true, &overlapped_stats);
+    EXPECT_EQ(apart_stats.steps_launched_ahead, 0);
+    EXPECT_GT(overlapped_stats.steps_launched_ahead, overlapped_stats.steps / 2);
+    EXPECT_EQ(overlapped_stats.num_pages_used, 0);
+    EXPECT_GT(overlapped_stats.num_decode_graphs, 2);
+    for (size_t index = 0; index < requests.size(); ++index) {
+      SCOPED_TRACE("request " + std::to_string(index));
+      EXPECT_EQ(overlapped[index].tokens, apart[index].tokens);
+      EXPECT_EQ(overlapped[index].logprobs, apart[index].logprobs);
+      EXPECT_EQ(overlapped[index].reason, FinishReason::kLength);
+      EXPECT_EQ(overlapped[index].tokens.size(), static_cast<size_t>(20 + index * 3));
+    }
+    std::printf("%s: %lld of %lld steps launched ahead\n", policy.c_str(),
+                static_cast<long long>(overlapped_stats.steps_launched_ahead),
+                static_cast<long long>(overlapped_stats.steps));
   }
 }
 

@@ -183,7 +183,7 @@ void ModelRunner::PrepareStep(const StepPlan& plan, const Scheduler& scheduler,
 }
 
 void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
-                            std::vector<SeqId>& sample_ids, int pad_to) {
+                            std::vector<SeqId>& sample_ids, int pad_to, const TokenFeed* feed) {
   const int layers = model_.config().num_layers;
   const int kv_heads = model_.config().num_kv_heads;
   std::vector<const ScheduledSequence*> order;
@@ -223,8 +223,9 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
   std::vector<int32_t>& context_lens = scratch_.context_lens;
   std::vector<int32_t>& slots = scratch_.slots;
   std::vector<int32_t>& sample_rows = scratch_.sample_rows;
-  for (auto* v :
-       {&token_ids, &positions, &query_start, &key_start, &context_lens, &slots, &sample_rows}) {
+  std::vector<int32_t>& token_feed = scratch_.token_feed;
+  for (auto* v : {&token_ids, &positions, &query_start, &key_start, &context_lens, &slots,
+                  &sample_rows, &token_feed}) {
     v->clear();
   }
   query_start.push_back(0);
@@ -244,9 +245,24 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
     const ScheduledSequence& scheduled = *order[index];
     const Sequence& seq = *scheduler.Find(scheduled.id);
     const int slot = kv_.Slot(scheduled.id);
+    const std::pair<int, int>* fed = nullptr;  // (position, sample row) of a token on the device
+    if (feed != nullptr) {
+      const auto it = feed->rows.find(scheduled.id);
+      if (it != feed->rows.end()) fed = &it->second;
+    }
     for (int offset = 0; offset < scheduled.num_tokens; ++offset) {
-      token_ids.push_back(seq.tokens[scheduled.context_len + offset]);
-      positions.push_back(scheduled.context_len + offset);
+      const int position = scheduled.context_len + offset;
+      if (fed != nullptr && position == fed->first) {
+        token_feed.push_back(static_cast<int32_t>(token_ids.size()));
+        token_feed.push_back(fed->second);
+        token_ids.push_back(0);
+      } else {
+        const int32_t token = seq.tokens[position];
+        SIEVE_CHECK(token >= 0) << "sequence " << scheduled.id << " reads token " << position
+                                << ", which is not known yet";
+        token_ids.push_back(token);
+      }
+      positions.push_back(position);
     }
     step.num_tokens += scheduled.num_tokens;
     query_start.push_back(step.num_tokens);
@@ -348,6 +364,7 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
     step.eviction_begin[layer + 1] = static_cast<int32_t>(step.evictions_host.size());
   }
   step.num_sample_rows = static_cast<int>(sample_rows.size());
+  step.num_fed_tokens = static_cast<int>(token_feed.size() / 2);
   PackStep();
 }
 
@@ -357,6 +374,10 @@ void ModelRunner::PackStep() {
   const std::vector<int32_t>&token_ids = s.token_ids, &positions = s.positions,
         &query_start = s.query_start, &key_start = s.key_start, &context_lens = s.context_lens,
         &slots = s.slots, &sample_rows = s.sample_rows, &write_start = s.write_start;
+  // A pair per sequence whether fed or not, so that a graph's buffer keeps its size.
+  std::vector<int32_t>& token_feed = scratch_.token_feed;
+  SIEVE_CHECK(static_cast<int>(token_feed.size()) <= 2 * step.num_seqs);
+  token_feed.resize(2 * static_cast<size_t>(std::max(step.num_seqs, 1)), 0);
   // Pack every array into one buffer; Upload makes the StepMeta tensors views of one copy.
   host_meta_.clear();
   sections_.clear();
@@ -374,6 +395,7 @@ void ModelRunner::PackStep() {
   append(&StepMeta::seq_slots, slots.data(), size(slots), 1);
   append(&StepMeta::write_start, write_start.data(), size(write_start), 1);
   append(&StepMeta::sample_rows, sample_rows.data(), size(sample_rows), 1);
+  append(&StepMeta::token_feed, token_feed.data(), size(token_feed) / 2, 2);
   append(&StepMeta::compression_jobs, reinterpret_cast<const int32_t*>(step.jobs_host.data()),
          size(step.jobs_host), kCompressionJobInts);
   append(&StepMeta::eviction_jobs, reinterpret_cast<const int32_t*>(step.evictions_host.data()),
@@ -421,6 +443,7 @@ bool ModelRunner::RunDecodeGraph(int rank, int bucket) {
   Backend& backend = model.backend();
   DecodeGraph& graph = state.graphs[{bucket, step_.layer_max_kv_len}];
   Upload(rank, graph.meta, graph.step);  // same size every time for a bucket: same address
+  FeedTokens(rank, graph.step);
   Tensor& logits = LogitsOf(rank);
   if (graph.graph >= 0) {
     backend.ReplayGraph(graph.graph);
@@ -450,10 +473,18 @@ void ModelRunner::RunEager(int rank) {
   Rank& state = ranks_[rank];
   StepMeta& step = state.step;
   Upload(rank, state.device_meta, step);
+  FeedTokens(rank, step);
   state.model->EnsureWorkspace(state.workspace, step_.num_tokens, step_.num_prefill_keys,
                                std::max(1, step_.num_sample_rows), step_.max_scores_per_layer,
                                step_.max_indices_per_layer);
   state.model->Forward(step, state.pool, state.workspace, LogitsOf(rank));
+}
+
+void ModelRunner::FeedTokens(int rank, StepMeta& step) {
+  if (step_.num_fed_tokens == 0) return;
+  SIEVE_CHECK(rank == 0 && feed_samples_ != nullptr);
+  ranks_[0].model->backend().GatherInt32(*feed_samples_, step.token_feed, step_.num_fed_tokens,
+                                         step.token_ids);
 }
 
 bool ModelRunner::uses_graphs() const {
@@ -521,7 +552,7 @@ void ModelRunner::WarmUpPrefill(int tokens) {
   step.eviction_begin.assign(layers + 1, 0);
   Scratch& s = scratch_;
   for (auto* v : {&s.token_ids, &s.positions, &s.query_start, &s.key_start, &s.context_lens,
-                  &s.slots, &s.sample_rows, &s.write_start}) {
+                  &s.slots, &s.sample_rows, &s.write_start, &s.token_feed}) {
     v->clear();
   }
   s.query_start.push_back(0);
@@ -561,13 +592,16 @@ void ModelRunner::WarmUpPrefill(int tokens) {
 }
 
 const Tensor& ModelRunner::Run(const StepPlan& plan, const Scheduler& scheduler,
-                               std::vector<SeqId>& sample_ids) {
+                               std::vector<SeqId>& sample_ids, const TokenFeed* feed) {
+  SIEVE_CHECK(feed == nullptr || ranks_.size() == 1)
+      << "fed tokens live on rank 0's device; with several ranks every token must be known";
   bool evicts = false;
   for (const ScheduledSequence& decode : plan.decodes) evicts = evicts || decode.evicts;
   const bool padded =
       options_.pad_decode_batches && plan.prefills.empty() && !plan.decodes.empty() && !evicts;
   const int bucket = padded ? BucketFor(static_cast<int>(plan.decodes.size())) : 0;
-  BuildStep(plan, scheduler, sample_ids, bucket);
+  BuildStep(plan, scheduler, sample_ids, bucket, feed);
+  feed_samples_ = feed != nullptr ? feed->samples : nullptr;
   logits_view_ = logits_device_.Rows(0, step_.num_sample_rows);
   const bool graph = padded && uses_graphs();
   ForEachRank([&](int rank) {

@@ -24,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -58,11 +59,21 @@ class ModelRunner {
               const ModelRunnerOptions& options);
   ~ModelRunner();
 
+  // Token ids of a step that are samples of the step before it, still on the device: the engine
+  // plans and launches step N + 1 before it reads step N's tokens (runtime/README.md).
+  struct TokenFeed {
+    const Tensor* samples = nullptr;  // [R] i32, rank 0's device: step N's tokens by sample row
+    // By sequence: the index in Sequence::tokens of the token step N sampled for it (a
+    // placeholder on the host), and that token's row in `samples`.
+    std::unordered_map<SeqId, std::pair<int, int>> rows;
+  };
+
   // Runs the step. Returns the logits [R][V] f32 of its sampled rows on the device (valid until
   // the next Run), in plan order: prefills whose final chunk ran, then decodes; `sample_ids`
-  // receives each row's sequence.
+  // receives each row's sequence. With `feed` (one rank only), the tokens it names are read
+  // from its samples on the device; every other token must be known.
   const Tensor& Run(const StepPlan& plan, const Scheduler& scheduler,
-                    std::vector<SeqId>& sample_ids);
+                    std::vector<SeqId>& sample_ids, const TokenFeed* feed = nullptr);
 
   // The host half of Run: builds and uploads the step's metadata and page-table changes.
   // Public so the scheduler benchmark can time a step's host work without the forward pass.
@@ -130,7 +141,7 @@ class ModelRunner {
   // The step's host half: builds step_'s host fields and host_meta_ (and takes the page-table
   // patches) without touching a device.
   void BuildStep(const StepPlan& plan, const Scheduler& scheduler, std::vector<SeqId>& sample_ids,
-                 int pad_to);
+                 int pad_to, const TokenFeed* feed = nullptr);
   // Runs job(rank) for every rank at once and returns when all are done (one rank: a call).
   void ForEachRank(const std::function<void(int rank)>& job);
   // Rank `rank`'s share of a step's uploads: the page-table patches and the lengths.
@@ -146,6 +157,8 @@ class ModelRunner {
   bool RunDecodeGraph(int rank, int bucket);
   // Rank `rank` runs step_ eagerly.
   void RunEager(int rank);
+  // Writes the fed tokens (TokenFeed) into `step`'s uploaded token ids.
+  void FeedTokens(int rank, StepMeta& step);
   // The logits rank `rank`'s Forward writes: rank 0's view; none for the others.
   Tensor& LogitsOf(int rank) { return rank == 0 ? logits_view_ : no_logits_; }
 
@@ -166,11 +179,12 @@ class ModelRunner {
   std::vector<int32_t> lengths_;  // [L][max_seqs] lengths seen by this step's attention
   struct Scratch {
     std::vector<int32_t> token_ids, positions, query_start, key_start, context_lens, slots,
-        sample_rows, write_start;
+        sample_rows, write_start, token_feed;
     std::vector<std::vector<CompressionJob>> jobs_by_layer;
     std::vector<std::vector<EvictionJob>> evictions_by_layer;
   } scratch_;
-  Tensor logits_device_;  // [max rows][V] f32, rank 0's
+  const Tensor* feed_samples_ = nullptr;  // this step's TokenFeed::samples
+  Tensor logits_device_;                  // [max rows][V] f32, rank 0's
   Tensor logits_view_;
   Tensor no_logits_;  // undefined: ranks > 0 skip the LM head
   int64_t graph_steps_ = 0;

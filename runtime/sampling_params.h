@@ -28,6 +28,12 @@ struct SamplingParams {
   // Ranges as vLLM checks them; the message names the field.
   Status Validate() const;
   bool greedy() const { return temperature <= 0.0f; }
+  // Whether a backend's device sampler can take it (Backend::BeginSampling): no penalties (they
+  // need the sequence's tokens) and no top log-probabilities beyond the chosen token's.
+  bool SamplesOnDevice() const {
+    return repetition_penalty == 1.0f && presence_penalty == 0.0f && frequency_penalty == 0.0f &&
+           logprobs <= 0;
+  }
 };
 
 }  // namespace sieve

@@ -65,6 +65,14 @@ bool Scheduler::Remove(SeqId id) {
   return true;
 }
 
+bool Scheduler::HasSchedulableWork() const {
+  if (!waiting_.empty()) return true;
+  for (const SeqId id : running_) {
+    if (!seqs_.at(id).finishing) return true;
+  }
+  return false;
+}
+
 Sequence* Scheduler::Find(SeqId id) {
   const auto it = seqs_.find(id);
   return it == seqs_.end() ? nullptr : &it->second;
@@ -201,6 +209,7 @@ void Scheduler::Plan(StepPlan& plan) const {
   for (const SeqId id : running_) {
     if (is_preempted(id)) continue;
     const Sequence& seq = seqs_.at(id);
+    if (seq.finishing) continue;
     ScheduledSequence scheduled;
     if (seq.in_prefill()) {
       const int chunk = ChunkSize(seq, token_budget);

@@ -68,6 +68,9 @@ class Scheduler {
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int64_t num_preemptions() const { return num_preemptions_; }
   bool HasWork() const { return !running_.empty() || !waiting_.empty(); }
+  // Whether a next step could schedule anything: a waiting sequence or a running one that is
+  // not finishing (Sequence::finishing).
+  bool HasSchedulableWork() const;
   const std::vector<SeqId>& running() const { return running_; }
 
  private:

@@ -11,6 +11,10 @@ namespace sieve {
 
 enum class SequenceState { kWaiting, kRunning, kFinished };
 
+// In Sequence::tokens, a token sampled by a step whose samples the engine has not read yet (the
+// device has it: Engine's overlapped steps).
+inline constexpr int32_t kUnknownToken = -1;
+
 struct Sequence {
   SeqId id = 0;
   int64_t arrival = 0;               // FCFS order (smaller = earlier)
@@ -26,8 +30,17 @@ struct Sequence {
   // again and then replays its generated tokens as decode steps (see Scheduler).
   int prefill_target = 0;
   int num_preemptions = 0;
+  // Its last token has been sampled by a step whose results the engine has not read yet
+  // (Engine's overlapped steps): no further step is planned for it.
+  bool finishing = false;
 
   int num_generated() const { return static_cast<int>(tokens.size()) - num_prompt_tokens; }
+  // Generated tokens whose values the host knows (the unknown ones are the last).
+  int num_known_generated() const {
+    int known = num_generated();
+    for (auto it = tokens.rbegin(); it != tokens.rend() && *it == kUnknownToken; ++it) --known;
+    return known;
+  }
   bool in_prefill() const { return num_computed < prefill_target; }
   // After a step (Scheduler::Complete): whether every known token is in the cache, so that the
   // step's logits give the next token. False while a preempted sequence replays.

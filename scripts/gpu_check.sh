@@ -6,13 +6,16 @@
 #   scripts/gpu_check.sh [stage ...]     stages: build [tests_only] golden test sanitize
 #                                        sanitize_engine bench step ab profile timeline sdpa
 #                                        soak
-#                                        serve warm prefill headline accuracy tp sampling
+#                                        serve serve_ab warm prefill headline accuracy tp
+#                                        sampling
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
 # for the tree in .ab/ (made by `scripts/prepare_ab.sh REV`, carried), alternately, AB_ROUNDS
 # times each (default 3; AB_STEP_ARGS adds arguments, e.g. "--batch 1 --context 4000"): a change's
-# effect measured in one run on one machine; `sampling` does the same for the GPU sampler's table.
+# effect measured in one run on one machine; `sampling` does the same for the GPU sampler's table,
+# and `serve_ab` for serving (sieve serve + sieve bench serve at SERVE_AB_LEVELS, default 1 and
+# 32, sparse 4000-token prompts).
 # `build` also builds .ab/'s `sieve` when it exists.
 # Needs the carried .deb/ (PCRE2 headers, absent on the GPU machine). `serve` and `warm` use the
 # committed Llama 3 tokenizer (testdata/tokenizers/llama3).
@@ -69,7 +72,7 @@ if has build; then
     note "build of the GPU tests FAILED"; grep -E "error|Error" -A6 "$LOGS/build_tests.log" | head -120; exit 1
   fi
   note "build of the GPU tests: ok in $(( $(date +%s) - start )) s"
-  if { has ab || has sampling; } && [ -d .ab ]; then
+  if { has ab || has sampling || has serve_ab; } && [ -d .ab ]; then
     # Builds while the tests run: they use the GPU, this the CPUs.
     (cd .ab && cmake --preset gpu && cmake --build --preset gpu -j "$(nproc)" --target sieve) \
       > "$LOGS/build_ab.log" 2>&1 &
@@ -179,6 +182,49 @@ if has ab; then
   else
     note "ab: no .ab/ build (build_ab.log)"; tail -20 "$LOGS/build_ab.log" 2>/dev/null
   fi
+fi
+
+if has serve_ab; then
+  # A serving change against .ab/'s tree (scripts/prepare_ab.sh REV, carried) in one run: for each
+  # tree in turn, AB_ROUNDS times (default 2), a warmed-up server (Llama-3-8B shape, dummy
+  # weights, full:0-2,pyramidkv:3-31 budget 400, --max-num-seqs 64) and at each level C of
+  # SERVE_AB_LEVELS (default "1 32") 4000/300 prompts: 3 at C = 1, 2C otherwise.
+  ensure_sieve
+  tok=testdata/tokenizers/llama3/tokenizer.model
+  health() { python3 -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8123/health', timeout=2).status == 200 else 1)" 2>/dev/null; }
+  sieves=(./build/gpu/sieve)
+  if [ -n "${ab_build:-}" ]; then
+    wait "$ab_build"
+  elif [ -d .ab ]; then
+    (cd .ab && { [ -f build/gpu/build.ninja ] || cmake --preset gpu; } && \
+      cmake --build --preset gpu -j "$(nproc)" --target sieve) > "$LOGS/build_ab.log" 2>&1
+  fi
+  if [ -x .ab/build/gpu/sieve ]; then
+    sieves+=(.ab/build/gpu/sieve)
+  else
+    note "serve_ab: no .ab/ build (build_ab.log)"; tail -20 "$LOGS/build_ab.log" 2>/dev/null
+  fi
+  for round in $(seq 1 "${AB_ROUNDS:-2}"); do
+    for binary in "${sieves[@]}"; do
+      name=$( [ "$binary" = ./build/gpu/sieve ] && echo this || echo ab )
+      "$binary" serve --model configs/llama-3-8b --load-format dummy --tokenizer "$tok" \
+        --port 8123 --max-model-len 4600 --max-num-batched-tokens 8192 --max-num-seqs 64 \
+        --no-progress --kv-policy "full:0-2,pyramidkv:3-31" --kv-budget 400 --kv-window 32 \
+        > "$LOGS/serve_ab_${name}_$round.log" 2>&1 &
+      pid=$!
+      for i in $(seq 1 600); do health && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
+      for level in ${SERVE_AB_LEVELS:-1 32}; do
+        prompts=$(( level == 1 ? 3 : 2 * level ))
+        log="$LOGS/bench_serve_ab_${name}_${round}_c$level.log"
+        "$binary" bench serve --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
+          --input-len 4000 --output-len 300 --num-prompts "$prompts" --max-concurrency "$level" \
+          --ignore-eos --warmup 1 --no-progress > "$log" 2>&1 || note "serve_ab $name C=$level FAILED"
+        echo "serve_ab $name $round C=$level: $(grep -E "Output token throughput|Mean TPOT|Median TPOT|Median ITL|Mean TTFT" "$log" | tr -s ' ' | tr '\n' ';')" >> "$summary"
+      done
+      kill -TERM $pid; wait $pid
+    done
+  done
+  grep "serve_ab" "$summary"
 fi
 
 if has sampling; then

@@ -51,12 +51,25 @@ class CpuBackend final : public Backend {
                    const StepMeta& step, int layer, KvPool& pool) override;
   void EvictEntries(const StepMeta& step, int layer, KvPool& pool) override;
   void ScatterInt32(const Tensor& patches, int count, Tensor& dst) override;
+  void GatherInt32(const Tensor& src, const Tensor& pairs, int count, Tensor& dst) override;
+
+  // Greedy rows only (any other row: false, the engine samples them on the host): the argmax
+  // and its raw log-probability, as runtime/sampler.h's greedy path. Done at once; TakeSamples
+  // hands the results out in order.
+  bool BeginSampling(const Tensor& logits, const std::vector<DeviceSamplingRow>& rows,
+                     Tensor& tokens) override;
+  void TakeSamples(std::vector<int32_t>& tokens, std::vector<float>& logprobs) override;
 
  private:
   // out = x @ w^T, or out += x @ w^T with `accumulate` (f32 sum of out and the product).
   void Gemm(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate);
 
   ThreadPool& pool_;
+  struct Samples {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+  };
+  std::vector<Samples> begun_;  // oldest first
 };
 
 // RowRms on the CPU. CheckRowRms: norm.rows, when set, is a 2-D f32 host tensor of `rows` rows.

@@ -226,4 +226,52 @@ void CpuBackend::ScatterInt32(const Tensor& patches, int count, Tensor& dst) {
   }
 }
 
+void CpuBackend::GatherInt32(const Tensor& src, const Tensor& pairs, int count, Tensor& dst) {
+  const int32_t* pair = I32(pairs);
+  const int32_t* from = I32(src);
+  int32_t* out = dst.data_as<int32_t>();
+  for (int index = 0; index < count; ++index) {
+    SIEVE_CHECK(pair[2 * index] >= 0 && pair[2 * index] < dst.numel() && pair[2 * index + 1] >= 0 &&
+                pair[2 * index + 1] < src.numel());
+    out[pair[2 * index]] = from[pair[2 * index + 1]];
+  }
+}
+
+bool CpuBackend::BeginSampling(const Tensor& logits, const std::vector<DeviceSamplingRow>& rows,
+                               Tensor& tokens) {
+  SIEVE_CHECK(begun_.size() < 2) << "at most two samplings may be outstanding";
+  for (const DeviceSamplingRow& row : rows) {
+    if (row.temperature > 0) return false;
+  }
+  SIEVE_CHECK(logits.dtype() == DType::kF32 && logits.dim(0) >= static_cast<int64_t>(rows.size()) &&
+              tokens.numel() >= static_cast<int64_t>(rows.size()));
+  const int64_t vocab = logits.dim(1);
+  Samples samples;
+  for (size_t row = 0; row < rows.size(); ++row) {
+    const float* values = logits.data_as<float>() + row * logits.stride(0);
+    // The first largest, and log_softmax with a double sum: runtime/sampler.cc's greedy row.
+    int32_t best = 0;
+    for (int32_t index = 1; index < vocab; ++index) {
+      if (values[index] > values[best]) best = index;
+    }
+    const float max = values[best];
+    double sum = 0;
+    for (int64_t index = 0; index < vocab; ++index) {
+      sum += std::exp(static_cast<double>(values[index] - max));
+    }
+    samples.tokens.push_back(best);
+    samples.logprobs.push_back(values[best] - (max + static_cast<float>(std::log(sum))));
+  }
+  std::copy(samples.tokens.begin(), samples.tokens.end(), tokens.data_as<int32_t>());
+  begun_.push_back(std::move(samples));
+  return true;
+}
+
+void CpuBackend::TakeSamples(std::vector<int32_t>& tokens, std::vector<float>& logprobs) {
+  SIEVE_CHECK(!begun_.empty()) << "no sampling was begun";
+  tokens = std::move(begun_.front().tokens);
+  logprobs = std::move(begun_.front().logprobs);
+  begun_.erase(begun_.begin());
+}
+
 }  // namespace sieve

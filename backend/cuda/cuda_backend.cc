@@ -42,6 +42,13 @@ class CudaBackend final : public Backend {
     cudaFree(attention_workspace_);
     cudaFree(select_workspace_);
     cudaFree(sample_buffer_);
+    for (HostSamples& host : host_samples_) {
+      cudaFreeHost(host.memory);
+      if (host.done != nullptr) cudaEventDestroy(host.done);
+    }
+    cudaFreeHost(staging_);
+    for (const Staged& staged : staged_) cudaEventDestroy(staged.copied);
+    for (cudaEvent_t event : spare_events_) cudaEventDestroy(event);
     cudaStreamDestroy(stream_);
   }
 
@@ -85,9 +92,9 @@ class CudaBackend final : public Backend {
   void CopyFromHost(const void* src, size_t bytes, Tensor& dst) override {
     CheckDevice(dst, "copy destination");
     SIEVE_CHECK(bytes <= dst.nbytes()) << bytes << " bytes into " << dst.ShapeString();
-    // From pageable memory the call returns once the source has been staged, so the caller may
-    // reuse its buffer at once.
-    SIEVE_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, bytes, cudaMemcpyHostToDevice, stream_));
+    // The caller may reuse its buffer at once: the source is staged (StageAndCopy) before this
+    // returns.
+    StageAndCopy(dst.data(), src, bytes);
   }
 
   void CopyToHost(const Tensor& src, void* dst) override {
@@ -266,34 +273,67 @@ class CudaBackend final : public Backend {
         cuda::DecodeAttentionWorkspaceBytes(max_batch, num_heads, head_dim, max_kv_len));
   }
 
-  bool SampleOnDevice(const Tensor& logits, const std::vector<DeviceSamplingRow>& rows,
-                      std::vector<int32_t>& tokens, std::vector<float>& logprobs) override {
+  bool BeginSampling(const Tensor& logits, const std::vector<DeviceSamplingRow>& rows,
+                     Tensor& tokens) override {
     static_assert(sizeof(DeviceSamplingRow) == sizeof(cuda::SamplingRowParams));
+    SIEVE_CHECK(begun_.size() < 2) << "at most two samplings may be outstanding";
     const int count = static_cast<int>(rows.size());
-    if (count == 0) return true;
     if (sampling_supported_ < 0) sampling_supported_ = cuda::SampleTokensSupported() ? 1 : 0;
     if (sampling_supported_ == 0) return false;  // before sm_90: the engine samples on the host
     if (logits.dim(1) > cuda::kSampleTokensMaxVocab) return false;  // so does a huge vocabulary
+    CheckDevice(tokens, "sampled tokens");
+    SIEVE_CHECK(tokens.dtype() == DType::kI32 && tokens.numel() >= count);
+    // The device side (params in, log-probabilities out) is ordered by the stream and shared by
+    // every sampling; the host side is not, so each of the two outstanding has its own pinned
+    // buffer and event.
     const size_t param_bytes = rows.size() * sizeof(DeviceSamplingRow);
-    // One buffer: params, then tokens, then logprobs; one copy in, one copy out.
-    const size_t bytes = param_bytes + rows.size() * 8;
-    EnsureWorkspace(sample_buffer_, sample_buffer_bytes_, bytes);
+    EnsureWorkspace(sample_buffer_, sample_buffer_bytes_, param_bytes + rows.size() * 4 + 4);
     auto* params = static_cast<cuda::SamplingRowParams*>(sample_buffer_);
-    auto* out_tokens = reinterpret_cast<int32_t*>(static_cast<char*>(sample_buffer_) + param_bytes);
-    float* out_logprobs = reinterpret_cast<float*>(out_tokens + count);
-    SIEVE_CUDA_CHECK(
-        cudaMemcpyAsync(params, rows.data(), param_bytes, cudaMemcpyHostToDevice, stream_));
-    const int vocab = static_cast<int>(logits.dim(1));
-    cuda::SampleTokens(logits.data_as<float>(), count, vocab, params, out_tokens, out_logprobs,
-                       nullptr, 0, stream_);
-    std::vector<int32_t> host(2 * rows.size());
-    SIEVE_CUDA_CHECK(
-        cudaMemcpyAsync(host.data(), out_tokens, rows.size() * 8, cudaMemcpyDeviceToHost, stream_));
-    SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    tokens.assign(host.begin(), host.begin() + count);
-    logprobs.resize(count);
-    std::memcpy(logprobs.data(), host.data() + count, count * sizeof(float));
+    float* out_logprobs =
+        reinterpret_cast<float*>(static_cast<char*>(sample_buffer_) + param_bytes);
+    HostSamples& host = host_samples_[next_host_samples_];
+    next_host_samples_ ^= 1;
+    if (host.capacity < count) {
+      cudaFreeHost(host.memory);
+      host.capacity = std::max(count, 2 * host.capacity);
+      SIEVE_CUDA_CHECK(cudaMallocHost(&host.memory, static_cast<size_t>(host.capacity) * 8));
+    }
+    if (host.done == nullptr) {
+      SIEVE_CUDA_CHECK(cudaEventCreateWithFlags(&host.done, cudaEventDisableTiming));
+    }
+    host.count = count;
+    if (count > 0) {
+      StageAndCopy(params, rows.data(), param_bytes);
+      cuda::SampleTokens(logits.data_as<float>(), count, static_cast<int>(logits.dim(1)), params,
+                         tokens.data_as<int32_t>(), out_logprobs, nullptr, 0, stream_);
+      SIEVE_CUDA_CHECK(
+          cudaMemcpyAsync(host.memory, tokens.data(), count * 4, cudaMemcpyDeviceToHost, stream_));
+      SIEVE_CUDA_CHECK(cudaMemcpyAsync(static_cast<int32_t*>(host.memory) + count, out_logprobs,
+                                       count * 4, cudaMemcpyDeviceToHost, stream_));
+    }
+    SIEVE_CUDA_CHECK(cudaEventRecord(host.done, stream_));
+    begun_.push_back(&host);
     return true;
+  }
+
+  void TakeSamples(std::vector<int32_t>& tokens, std::vector<float>& logprobs) override {
+    SIEVE_CHECK(!begun_.empty()) << "no sampling was begun";
+    HostSamples& host = *begun_.front();
+    begun_.erase(begun_.begin());
+    SIEVE_CUDA_CHECK(cudaEventSynchronize(host.done));
+    const auto* values = static_cast<const int32_t*>(host.memory);
+    tokens.assign(values, values + host.count);
+    logprobs.resize(host.count);
+    if (host.count > 0) std::memcpy(logprobs.data(), values + host.count, host.count * 4);
+  }
+
+  void GatherInt32(const Tensor& src, const Tensor& pairs, int count, Tensor& dst) override {
+    CheckDevice(src, "gather source");
+    CheckDevice(pairs, "gather pairs");
+    CheckDevice(dst, "gather destination");
+    if (count == 0) return;
+    cuda::GatherInt32(src.data_as<int32_t>(), pairs.data_as<int32_t>(), count,
+                      dst.data_as<int32_t>(), stream_);
   }
 
   std::vector<double> TimeGraphReplays(int graph, int count, int per_sample) override {
@@ -346,6 +386,46 @@ class CudaBackend final : public Backend {
  private:
   // Linear and LinearAdd: out (+)= x w^T through the GEMM runner.
   void RunLinear(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate);
+  // Host-to-device copies of up to a quarter of the ring are staged in pinned memory: from
+  // pageable memory the driver may wait for the stream's earlier work before it copies (CUDA's
+  // "API synchronization behavior"), which would hold the engine's upload of a step until the
+  // step before it has run (Engine's overlapped steps). A region of the ring is reused once
+  // the copy out of it has happened.
+  void StageAndCopy(void* dst, const void* src, size_t bytes) {
+    constexpr size_t kRingBytes = size_t{4} << 20;
+    if (bytes == 0) return;
+    if (bytes > kRingBytes / 4) {
+      SIEVE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+      return;
+    }
+    if (staging_ == nullptr) SIEVE_CUDA_CHECK(cudaMallocHost(&staging_, kRingBytes));
+    // Copies done by now free their regions (oldest first; the stream runs them in order).
+    while (!staged_.empty() && cudaEventQuery(staged_.front().copied) == cudaSuccess) {
+      spare_events_.push_back(staged_.front().copied);
+      staged_.erase(staged_.begin());
+    }
+    size_t offset = (staging_head_ + 255) / 256 * 256;
+    if (offset + bytes > kRingBytes) offset = 0;
+    for (const Staged& staged : staged_) {  // still being copied out of: wait for it
+      if (staged.offset < offset + bytes && offset < staged.offset + staged.bytes) {
+        SIEVE_CUDA_CHECK(cudaEventSynchronize(staged.copied));
+      }
+    }
+    std::memcpy(static_cast<char*>(staging_) + offset, src, bytes);
+    SIEVE_CUDA_CHECK(cudaMemcpyAsync(dst, static_cast<char*>(staging_) + offset, bytes,
+                                     cudaMemcpyHostToDevice, stream_));
+    cudaEvent_t copied = nullptr;
+    if (spare_events_.empty()) {
+      SIEVE_CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+    } else {
+      copied = spare_events_.back();
+      spare_events_.pop_back();
+    }
+    SIEVE_CUDA_CHECK(cudaEventRecord(copied, stream_));
+    staged_.push_back({offset, bytes, copied});
+    staging_head_ = offset + bytes;
+  }
+
   void EnsureWorkspace(void*& buffer, size_t& capacity, size_t bytes) {
     if (bytes <= capacity) return;
     SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -423,9 +503,29 @@ class CudaBackend final : public Backend {
   void* select_workspace_ = nullptr;
   size_t select_workspace_bytes_ = 0;
   std::vector<cudaGraphExec_t> graphs_;
-  void* sample_buffer_ = nullptr;
-  int sampling_supported_ = -1;  // SampleTokensSupported(), asked once
+  void* sample_buffer_ = nullptr;  // one sampling's params, then its log-probabilities
+  int sampling_supported_ = -1;    // SampleTokensSupported(), asked once
   size_t sample_buffer_bytes_ = 0;
+  // BeginSampling's results on their way to the host: tokens [count], then log-probabilities.
+  struct HostSamples {
+    void* memory = nullptr;  // pinned
+    int capacity = 0;        // rows
+    int count = 0;
+    cudaEvent_t done = nullptr;  // the copies have landed
+  };
+  HostSamples host_samples_[2];
+  // StageAndCopy's pinned ring and the copies out of it not known to be done, oldest first.
+  struct Staged {
+    size_t offset;
+    size_t bytes;
+    cudaEvent_t copied;
+  };
+  void* staging_ = nullptr;
+  size_t staging_head_ = 0;
+  std::vector<Staged> staged_;
+  std::vector<cudaEvent_t> spare_events_;
+  int next_host_samples_ = 0;
+  std::vector<HostSamples*> begun_;  // oldest first
 };
 
 void CudaBackend::RunLinear(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) {

@@ -189,6 +189,66 @@ TEST_F(CudaDenseTest, SiluMulAndScatter) {
   EXPECT_EQ(got, expected);
 }
 
+// Sampling begun without waiting (the engine's overlapped steps): two outstanding at once, taken
+// in order, each row's token and raw log-probability as the CPU twin gives them (greedy rows;
+// the CPU samples no other kind on its "device"), the tokens left on the device for the next
+// step; then GatherInt32 feeds them into a step's token ids as the CPU's does.
+TEST_F(CudaDenseTest, BeginSamplingTakesInOrderAndLeavesTokensForTheNextStep) {
+  const int rows = 37, vocab = 32000;
+  std::vector<std::vector<float>> logits;
+  std::vector<Tensor> gpu_logits;
+  for (int batch = 0; batch < 2; ++batch) {
+    logits.push_back(Random(static_cast<size_t>(rows) * vocab, 3.0f));
+    gpu_logits.push_back(gpu_->Allocate({rows, vocab}, DType::kF32));
+    gpu_->CopyFromHost(logits.back().data(), logits.back().size() * 4, gpu_logits.back());
+  }
+  std::vector<Backend::DeviceSamplingRow> greedy(rows, {0.0f, 0, 1.0f, 0.0f, 1, 0});
+  std::vector<Tensor> gpu_tokens, cpu_tokens;
+  for (int batch = 0; batch < 2; ++batch) {
+    gpu_tokens.push_back(gpu_->Allocate({rows + 3}, DType::kI32));
+    cpu_tokens.push_back(CpuInts(std::vector<int32_t>(rows + 3, -1), {rows + 3}));
+    ASSERT_TRUE(gpu_->BeginSampling(gpu_logits[batch], greedy, gpu_tokens[batch]));
+    ASSERT_TRUE(cpu_->BeginSampling(Cpu(logits[batch], {rows, vocab}), greedy, cpu_tokens[batch]));
+  }
+  for (int batch = 0; batch < 2; ++batch) {
+    std::vector<int32_t> gpu_taken, cpu_taken;
+    std::vector<float> gpu_logprobs, cpu_logprobs;
+    gpu_->TakeSamples(gpu_taken, gpu_logprobs);
+    cpu_->TakeSamples(cpu_taken, cpu_logprobs);
+    EXPECT_EQ(gpu_taken, cpu_taken) << "batch " << batch;
+    ASSERT_EQ(gpu_logprobs.size(), cpu_logprobs.size());
+    for (int row = 0; row < rows; ++row) {
+      EXPECT_NEAR(gpu_logprobs[row], cpu_logprobs[row], 1e-4)
+          << "batch " << batch << " row " << row;
+    }
+    std::vector<int32_t> on_device(rows + 3);
+    gpu_->CopyToHost(gpu_tokens[batch], on_device.data());
+    on_device.resize(rows);
+    EXPECT_EQ(on_device, gpu_taken) << "batch " << batch;
+  }
+  // Feed some of the second batch's tokens into a step's ids.
+  std::vector<int32_t> ids(300), pairs;
+  for (int32_t& id : ids) id = static_cast<int32_t>(rng_() % 100000);
+  for (int index = 0; index < 300; index += 1 + static_cast<int>(rng_() % 7)) {
+    pairs.push_back(index);
+    pairs.push_back(static_cast<int32_t>(rng_() % rows));
+  }
+  const int count = static_cast<int>(pairs.size() / 2);
+  Tensor gpu_ids = GpuInts(ids, {300});
+  Tensor cpu_ids = CpuInts(ids, {300});
+  gpu_->GatherInt32(gpu_tokens[1], GpuInts(pairs, {count, 2}), count, gpu_ids);
+  cpu_->GatherInt32(cpu_tokens[1], CpuInts(pairs, {count, 2}), count, cpu_ids);
+  std::vector<int32_t> got(300);
+  gpu_->CopyToHost(gpu_ids, got.data());
+  EXPECT_EQ(got,
+            std::vector<int32_t>(cpu_ids.data_as<int32_t>(), cpu_ids.data_as<int32_t>() + 300));
+  EXPECT_NE(got, ids) << "nothing was fed";
+  // The CPU's device sampler takes greedy rows only.
+  std::vector<Backend::DeviceSamplingRow> sampled = greedy;
+  sampled[3].temperature = 0.7f;
+  EXPECT_FALSE(cpu_->BeginSampling(Cpu(logits[0], {rows, vocab}), sampled, cpu_tokens[0]));
+}
+
 // A folded RMSNorm's scale in SiLU: silu(s g) (s u) with s from a residual row, both kernels
 // (vector widths and the scalar fallback), against the CPU.
 TEST_F(CudaDenseTest, SiluMulScalesByRowRms) {

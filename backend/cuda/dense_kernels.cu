@@ -206,6 +206,13 @@ __global__ void ScatterInt32Kernel(const int32_t* __restrict__ patches, int coun
   if (index < count) dst[patches[2 * index]] = patches[2 * index + 1];
 }
 
+__global__ void GatherInt32Kernel(const int32_t* __restrict__ src,
+                                  const int32_t* __restrict__ pairs, int count,
+                                  int32_t* __restrict__ dst) {
+  const int index = blockIdx.x * blockDim.x + threadIdx.x;
+  if (index < count) dst[pairs[2 * index]] = src[pairs[2 * index + 1]];
+}
+
 __device__ __forceinline__ uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -326,6 +333,14 @@ void ScatterInt32(const int32_t* patches, int count, int32_t* dst, cudaStream_t 
   if (count == 0) return;
   ScatterInt32Kernel<<<(count + kThreads - 1) / kThreads, kThreads, 0, stream>>>(patches, count,
                                                                                  dst);
+  SIEVE_CUDA_CHECK_LAUNCH();
+}
+
+void GatherInt32(const int32_t* src, const int32_t* pairs, int count, int32_t* dst,
+                 cudaStream_t stream) {
+  if (count == 0) return;
+  GatherInt32Kernel<<<(count + kThreads - 1) / kThreads, kThreads, 0, stream>>>(src, pairs, count,
+                                                                                dst);
   SIEVE_CUDA_CHECK_LAUNCH();
 }
 

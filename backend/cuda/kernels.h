@@ -68,6 +68,9 @@ void ScaleColumns(bf16* w, int64_t w_stride, int rows, int cols, const bf16* sca
 void GatherRows(const bf16* x, int64_t x_stride, const int32_t* rows, int count, int width,
                 bf16* out, int64_t out_stride, cudaStream_t stream);
 void ScatterInt32(const int32_t* patches, int count, int32_t* dst, cudaStream_t stream);
+// dst[pairs[p][0]] = src[pairs[p][1]] for p < count.
+void GatherInt32(const int32_t* src, const int32_t* pairs, int count, int32_t* dst,
+                 cudaStream_t stream);
 // Seeded N(0, stddev), counter-based: the same seed gives the same values on any GPU.
 void FillRandomBf16(bf16* out, int64_t count, uint64_t seed, float stddev, cudaStream_t stream);
 // Reads `bytes` of `buffer` (16-byte aligned, a multiple of 16): with a buffer twice the L2 this
