@@ -279,11 +279,8 @@ TEST_F(GpuEngineTest, OneRankThroughNcclEqualsThePlainPath) {
       options.kv_policy_options.window = 8;
       options.kv_policy_options.heavy = 32;
       options.kv_policy_options.recent = 32;
-      // Both engines share the backend's GEMM plans. Step tuning would let the first engine's
-      // decode graphs re-pick, by timing, the kernel of a plan that its eager steps had already
-      // used, and the second engine's eager steps would then round differently (the sampled
-      // rows' lm_head, a skinny-GEMM shape, moved a log-probability by an ulp). Without it
-      // each plan keeps its first pick, for both.
+      // The engines share the backend's GEMM plans (see the warm runs below); step tuning
+      // would re-pick a plan's kernel by timing between them.
       options.step_tuning = false;
       std::unique_ptr<LlamaModel> model;
       if (through_nccl) {
@@ -321,6 +318,11 @@ TEST_F(GpuEngineTest, OneRankThroughNcclEqualsThePlainPath) {
       for (const RequestId id : ids) ordered.push_back(out[id]);
       return ordered;
     };
+    // A GEMM shape's first calls time its candidates, each computing with another kernel
+    // (cuBLASLt's, or the skinny one, whose sums round differently), until the plan settles:
+    // the compared runs come after runs that settle every plan they use.
+    run(false);
+    run(true);
     const auto plain = run(false);
     const auto sharded = run(true);
     ASSERT_EQ(plain.size(), sharded.size());
@@ -420,6 +422,9 @@ TEST_F(GpuEngineTest, OverlappedStepsAnswerAsOneAtATime) {
       return ordered;
     };
     EngineStats apart_stats, overlapped_stats;
+    // First a run that settles every GEMM plan the compared runs use: a shape's first calls time
+    // its candidates, each computing with another kernel (OneRankThroughNcclEqualsThePlainPath).
+    run(false, &apart_stats);
     const std::vector<Answer> apart = run(false, &apart_stats);
     const std::vector<Answer> overlapped = run(true, &overlapped_stats);
     EXPECT_EQ(apart_stats.steps_launched_ahead, 0);

@@ -285,9 +285,14 @@ class CudaBackend final : public Backend {
     SIEVE_CHECK(tokens.dtype() == DType::kI32 && tokens.numel() >= count);
     // The device side (params in, log-probabilities out) is ordered by the stream and shared by
     // every sampling; the host side is not, so each of the two outstanding has its own pinned
-    // buffer and event.
+    // buffer and event. Both are sized for kSamplingRows rows at once: growing them synchronises
+    // (the device buffer's free waits for the stream, cudaFreeHost for the device), which would
+    // hold the samples of the step before until this step has run.
+    constexpr int kSamplingRows = 1024;
+    const int capacity_rows = std::max(count, kSamplingRows);
     const size_t param_bytes = rows.size() * sizeof(DeviceSamplingRow);
-    EnsureWorkspace(sample_buffer_, sample_buffer_bytes_, param_bytes + rows.size() * 4 + 4);
+    EnsureWorkspace(sample_buffer_, sample_buffer_bytes_,
+                    capacity_rows * (sizeof(DeviceSamplingRow) + 4));
     auto* params = static_cast<cuda::SamplingRowParams*>(sample_buffer_);
     float* out_logprobs =
         reinterpret_cast<float*>(static_cast<char*>(sample_buffer_) + param_bytes);
@@ -295,7 +300,7 @@ class CudaBackend final : public Backend {
     next_host_samples_ ^= 1;
     if (host.capacity < count) {
       cudaFreeHost(host.memory);
-      host.capacity = std::max(count, 2 * host.capacity);
+      host.capacity = std::max(capacity_rows, 2 * host.capacity);
       SIEVE_CUDA_CHECK(cudaMallocHost(&host.memory, static_cast<size_t>(host.capacity) * 8));
     }
     if (host.done == nullptr) {
