@@ -39,6 +39,14 @@ Engine::Engine(std::unique_ptr<LlamaModel> model, const Tokenizer* tokenizer,
       eos_ids_(std::move(eos_ids)),
       seed_source_(std::random_device{}()) {}
 
+Engine::~Engine() {
+  if (in_flight_ && in_flight_->on_device) {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    model_->backend().TakeSamples(tokens, logprobs);
+  }
+}
+
 Result<std::unique_ptr<Engine>> Engine::Create(
     std::unique_ptr<LlamaModel> model, const Tokenizer* tokenizer, std::vector<int32_t> eos_ids,
     const EngineOptions& options_in, std::vector<std::unique_ptr<LlamaModel>> other_ranks) {

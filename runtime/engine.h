@@ -141,6 +141,10 @@ class Engine {
       std::unique_ptr<LlamaModel> model, const Tokenizer* tokenizer, std::vector<int32_t> eos_ids,
       const EngineOptions& options, std::vector<std::unique_ptr<LlamaModel>> other_ranks = {});
 
+  // Reads the samples of a step still in flight, if any: the backend outlives the engine and
+  // must not be left holding them.
+  ~Engine();
+
   // Validates and queues a request. InvalidArgument / OutOfRange errors say what is wrong
   // (bad sampling values, prompt longer than the context, unknown token ids, bad kv_policy).
   Result<RequestId> Add(Request request);

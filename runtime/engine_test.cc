@@ -576,6 +576,39 @@ TEST(EngineTest, OverlappedStepsAnswerAsOneAtATime) {
   }
 }
 
+// An engine destroyed with a step in flight reads its samples first: the backend (which outlives
+// engines) must not keep them, or the next engine on it would take them for its own.
+TEST(EngineTest, EngineDestroyedWithAStepInFlightLeavesTheBackendClean) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  const std::vector<int32_t> prompt = RandomPrompt(rng, 40);
+  EngineOptions options;
+  options.max_model_len = 512;
+  options.kv_memory_bytes = int64_t{64} << 20;
+  const auto run = [&](Backend& backend, int steps) {
+    auto engine =
+        Engine::Create(LlamaModel::Random(config, backend, 7, 512, 0.08f), nullptr, {}, options);
+    SIEVE_CHECK(engine.ok()) << engine.status().ToString();
+    EXPECT_TRUE((*engine)->Add({prompt, Greedy(12), ""}).ok());
+    std::vector<int32_t> tokens;
+    for (int step = 0; (*engine)->HasWork() && (steps < 0 || step < steps); ++step) {
+      for (const RequestOutput& output : (*engine)->Step()) {
+        tokens.insert(tokens.end(), output.new_tokens.begin(), output.new_tokens.end());
+      }
+    }
+    return tokens;
+  };
+  auto fresh = MakeCpuBackend();
+  const std::vector<int32_t> expected = run(*fresh, -1);
+  ASSERT_EQ(expected.size(), 12u);
+  auto shared = MakeCpuBackend();
+  for (int round = 0; round < 3; ++round) {
+    const std::vector<int32_t> partial = run(*shared, 3);  // left with a step in flight
+    EXPECT_LT(partial.size(), expected.size());
+  }
+  EXPECT_EQ(run(*shared, -1), expected);
+}
+
 // Random add / step / abort traffic with random policies and a small pool (so preemption
 // happens): no page leaks or double frees, every finished request got exactly its tokens.
 TEST(EngineTest, RandomTrafficKeepsInvariants) {
