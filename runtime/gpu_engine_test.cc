@@ -428,7 +428,10 @@ TEST_F(GpuEngineTest, OverlappedStepsAnswerAsOneAtATime) {
     const std::vector<Answer> apart = run(false, &apart_stats);
     const std::vector<Answer> overlapped = run(true, &overlapped_stats);
     EXPECT_EQ(apart_stats.steps_launched_ahead, 0);
-    EXPECT_GT(overlapped_stats.steps_launched_ahead, overlapped_stats.steps / 2);
+    // Request 5 samples on the host, and all twelve start together: only the steps after it has
+    // finished are launched ahead (20 of 57: t_engine.txt of record
+    // 2026-12-03-h200-headline-4k-overlapped-steps).
+    EXPECT_GE(overlapped_stats.steps_launched_ahead, 10);
     EXPECT_EQ(overlapped_stats.num_pages_used, 0);
     EXPECT_GT(overlapped_stats.num_decode_graphs, 2);
     for (size_t index = 0; index < requests.size(); ++index) {
