@@ -111,6 +111,10 @@ std::string ServerMetrics::Render(const AsyncEngineStats& stats) {
           static_cast<double>(engine.generation_tokens));
   counter("sieve:engine_steps_total", "Engine steps (forward passes).",
           static_cast<double>(engine.steps));
+  counter("sieve:engine_steps_launched_ahead_total",
+          "Engine steps launched before the samples of the step before were read (overlapped "
+          "with the host's work).",
+          static_cast<double>(engine.steps_launched_ahead));
   int64_t kept = 0;
   for (const int64_t entries : engine.entries_kept_by_layer) kept += entries;
   counter("sieve:kv_prompt_tokens_total",

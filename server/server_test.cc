@@ -891,9 +891,12 @@ TEST(ServerTest, MetricsModelsAndHealth) {
         "sieve:num_preemptions_total", "sieve:prompt_tokens_total", "sieve:generation_tokens_total",
         "sieve:kv_entries_kept_total", "sieve:kv_prompt_tokens_total", "sieve:kv_compression_ratio",
         "sieve:time_to_first_token_seconds_count", "sieve:inter_token_latency_seconds_count",
-        "sieve:e2e_request_latency_seconds_count", "sieve:kv_cache_pages_used_by_layer"}) {
+        "sieve:e2e_request_latency_seconds_count", "sieve:kv_cache_pages_used_by_layer",
+        "sieve:engine_steps_total", "sieve:engine_steps_launched_ahead_total"}) {
     EXPECT_GE(Metric(metrics.body, name), 0.0) << name << " missing";
   }
+  EXPECT_LE(Metric(metrics.body, "sieve:engine_steps_launched_ahead_total"),
+            Metric(metrics.body, "sieve:engine_steps_total"));
   EXPECT_NE(metrics.body.find("# TYPE sieve:time_to_first_token_seconds histogram"),
             std::string::npos);
   EXPECT_NE(metrics.body.find("# TYPE sieve:generation_tokens_total counter"), std::string::npos);
