@@ -116,6 +116,23 @@ int ExpectSameUpToNearTies(const Run& cpu, const Run& gpu, const std::string& wh
   return wide;
 }
 
+// Options of the GPU engines whose runs are compared bitwise (prompts up to ~430 tokens, prefilled
+// in chunks of 512). The engines share the backend's GEMM plans, which step tuning would re-pick
+// by timing between them: off.
+EngineOptions ComparedEngineOptions(const std::string& policy) {
+  EngineOptions options;
+  options.kv_memory_bytes = 256 << 20;
+  options.max_model_len = 1024;
+  options.max_num_batched_tokens = 512;
+  options.kv_policy = policy;
+  options.kv_policy_options.budget = 64;
+  options.kv_policy_options.window = 8;
+  options.kv_policy_options.heavy = 32;
+  options.kv_policy_options.recent = 32;
+  options.step_tuning = false;
+  return options;
+}
+
 class GpuEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -270,18 +287,7 @@ TEST_F(GpuEngineTest, OneRankThroughNcclEqualsThePlainPath) {
   for (const std::string policy : {"full", "full:0,snapkv:1-3", "h2o"}) {
     SCOPED_TRACE(policy);
     const auto run = [&](bool through_nccl) {
-      EngineOptions options;
-      options.kv_memory_bytes = 256 << 20;
-      options.max_model_len = 1024;
-      options.max_num_batched_tokens = 512;
-      options.kv_policy = policy;
-      options.kv_policy_options.budget = 64;
-      options.kv_policy_options.window = 8;
-      options.kv_policy_options.heavy = 32;
-      options.kv_policy_options.recent = 32;
-      // The engines share the backend's GEMM plans (see the warm runs below); step tuning
-      // would re-pick a plan's kernel by timing between them.
-      options.step_tuning = false;
+      const EngineOptions options = ComparedEngineOptions(policy);
       std::unique_ptr<LlamaModel> model;
       if (through_nccl) {
         auto shard = LlamaModel::RandomShard(config, *gpu_, seed, 1024, {0, 1}, &nccl, 0.08f);
@@ -389,14 +395,7 @@ TEST_F(GpuEngineTest, OverlappedStepsAnswerAsOneAtATime) {
       FinishReason reason = FinishReason::kNone;
     };
     const auto run = [&](bool overlap, EngineStats* stats) {
-      EngineOptions options;
-      options.kv_memory_bytes = 256 << 20;
-      options.max_model_len = 1024;
-      options.max_num_batched_tokens = 512;
-      options.kv_policy = policy;
-      options.kv_policy_options.budget = 64;
-      options.kv_policy_options.window = 8;
-      options.step_tuning = false;  // one engine's tuning would move the other's plans
+      EngineOptions options = ComparedEngineOptions(policy);
       options.overlap_steps = overlap;
       auto engine = Engine::Create(LlamaModel::Random(config, *gpu_, seed, 1024, 0.08f), nullptr,
                                    {}, options);
