@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/logging.h"
+#include "core/logits.h"
 
 namespace sieve {
 
@@ -582,7 +583,7 @@ void Engine::SampleRows(const Tensor& logits, LaunchedStep& step) {
     if (!state.forced_tokens.empty()) {
       const int32_t token = state.forced_tokens[static_cast<size_t>(seq.num_generated())];
       step.host_samples[row].token = token;
-      step.host_samples[row].logprob = Sampler::RawLogprob(row_logits, token);
+      step.host_samples[row].logprob = LogSoftmaxAt(row_logits, token);
       continue;
     }
     step.host_samples[row] =

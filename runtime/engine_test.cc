@@ -80,6 +80,22 @@ std::vector<int32_t> RandomPrompt(std::mt19937_64& rng, int length) {
   return prompt;
 }
 
+struct PromptAndParams {
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+};
+
+// Adds every request (each must be accepted) and returns their ids in order.
+std::vector<RequestId> AddAll(Engine& engine, const std::vector<PromptAndParams>& requests) {
+  std::vector<RequestId> ids;
+  for (const PromptAndParams& request : requests) {
+    const auto id = engine.Add({request.prompt, request.params, ""});
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    ids.push_back(id.ok() ? *id : -1);
+  }
+  return ids;
+}
+
 SamplingParams Greedy(int max_tokens) {
   SamplingParams params;
   params.temperature = 0;
@@ -446,11 +462,7 @@ TEST(EngineTest, PreemptedRequestsAnswerAsAlone) {
     // whose decode never grows (streamingllm) are preempted too; h2o scores every prompt row in
     // one step.
     options.max_num_batched_tokens = policy == "h2o" ? 128 : 24;
-    struct Request {
-      std::vector<int32_t> prompt;
-      SamplingParams params;
-    };
-    std::vector<Request> requests;
+    std::vector<PromptAndParams> requests;
     for (int index = 0; index < 8; ++index) {
       SamplingParams params = Greedy(30 + static_cast<int>(rng() % 20));
       if (index % 3 == 2) {  // seeded sampling on the host (logprobs ask for it)
@@ -462,7 +474,7 @@ TEST(EngineTest, PreemptedRequestsAnswerAsAlone) {
     }
     std::vector<Completion> alone;
     int peak_pages = 0;
-    for (const Request& request : requests) {
+    for (const PromptAndParams& request : requests) {
       TestEngine t = MakeEngine(config, options);
       ASSERT_TRUE(t.engine->Add({request.prompt, request.params, ""}).ok());
       const auto done = RunToEnd(*t.engine);
@@ -482,12 +494,7 @@ TEST(EngineTest, PreemptedRequestsAnswerAsAlone) {
       tight.kv_memory_bytes =
           PageBytes(config, options.page_size) * (static_cast<int64_t>(pools * peak_pages) + 4);
       TestEngine crowd = MakeEngine(config, tight);
-      std::vector<RequestId> ids;
-      for (const Request& request : requests) {
-        const auto id = crowd.engine->Add({request.prompt, request.params, ""});
-        ASSERT_TRUE(id.ok()) << id.status().ToString();
-        ids.push_back(*id);
-      }
+      const std::vector<RequestId> ids = AddAll(*crowd.engine, requests);
       const auto done = RunToEnd(*crowd.engine);
       const EngineStats stats = crowd.engine->Stats();
       EXPECT_EQ(stats.num_pages_used, 0);
@@ -516,11 +523,7 @@ TEST(EngineTest, OverlappedStepsAnswerAsOneAtATime) {
     options.max_num_seqs = 6;
     options.max_num_batched_tokens = policy == "h2o" ? 128 : 32;
     options.kv_memory_bytes = PageBytes(config, options.page_size) * config.num_layers * 60;
-    struct Request {
-      std::vector<int32_t> prompt;
-      SamplingParams params;
-    };
-    std::vector<Request> requests;
+    std::vector<PromptAndParams> requests;
     for (int index = 0; index < 10; ++index) {
       SamplingParams params = Greedy(20 + static_cast<int>(rng() % 30));
       if (index == 4) {  // sampled on the host: its steps run one at a time
@@ -534,12 +537,7 @@ TEST(EngineTest, OverlappedStepsAnswerAsOneAtATime) {
       EngineOptions run_options = options;
       run_options.overlap_steps = overlap;
       TestEngine t = MakeEngine(config, run_options);
-      std::vector<RequestId> ids;
-      for (const Request& request : requests) {
-        const auto id = t.engine->Add({request.prompt, request.params, ""});
-        EXPECT_TRUE(id.ok()) << id.status().ToString();
-        ids.push_back(*id);
-      }
+      const std::vector<RequestId> ids = AddAll(*t.engine, requests);
       const auto done = RunToEnd(*t.engine);
       for (const RequestId id : ids) completions.push_back(done.at(id));
       const EngineStats stats = t.engine->Stats();

@@ -6,6 +6,8 @@
 #include <numeric>
 #include <unordered_map>
 
+#include "core/logits.h"
+
 namespace sieve {
 
 namespace {
@@ -34,31 +36,13 @@ void ApplyPenalties(std::span<float> logits, const SamplingParams& params,
   }
 }
 
-int32_t ArgMax(std::span<const float> values) {
-  int32_t best = 0;
-  for (int32_t index = 1; index < static_cast<int32_t>(values.size()); ++index) {
-    if (values[index] > values[best]) best = index;
-  }
-  return best;
-}
-
 void LogSoftmax(std::span<const float> logits, std::vector<float>& out) {
-  const float max = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (const float logit : logits) sum += std::exp(static_cast<double>(logit - max));
-  const float log_sum = max + static_cast<float>(std::log(sum));
+  const float log_sum = LogSumExp(logits);
   out.resize(logits.size());
   for (size_t index = 0; index < logits.size(); ++index) out[index] = logits[index] - log_sum;
 }
 
 }  // namespace
-
-float Sampler::RawLogprob(std::span<const float> logits, int32_t token) {
-  const float max = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (const float logit : logits) sum += std::exp(static_cast<double>(logit - max));
-  return logits[static_cast<size_t>(token)] - (max + static_cast<float>(std::log(sum)));
-}
 
 SampleResult Sampler::Sample(std::span<float> logits, const SamplingParams& params,
                              std::span<const int32_t> history, int num_prompt,

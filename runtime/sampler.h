@@ -34,9 +34,6 @@ class Sampler {
   static SampleResult Sample(std::span<float> logits, const SamplingParams& params,
                              std::span<const int32_t> history, int num_prompt,
                              std::mt19937_64& rng);
-  // log_softmax(logits)[token]: a given token's log-probability under the raw distribution
-  // (teacher forcing scores text with it).
-  static float RawLogprob(std::span<const float> logits, int32_t token);
 };
 
 }  // namespace sieve

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_math.h"
+#include "core/logits.h"
 
 namespace sieve {
 
@@ -245,22 +246,14 @@ bool CpuBackend::BeginSampling(const Tensor& logits, const std::vector<DeviceSam
   }
   SIEVE_CHECK(logits.dtype() == DType::kF32 && logits.dim(0) >= static_cast<int64_t>(rows.size()) &&
               tokens.numel() >= static_cast<int64_t>(rows.size()));
-  const int64_t vocab = logits.dim(1);
+  const size_t vocab = static_cast<size_t>(logits.dim(1));
   Samples samples;
   for (size_t row = 0; row < rows.size(); ++row) {
-    const float* values = logits.data_as<float>() + row * logits.stride(0);
-    // The first largest, and log_softmax with a double sum: runtime/sampler.cc's greedy row.
-    int32_t best = 0;
-    for (int32_t index = 1; index < vocab; ++index) {
-      if (values[index] > values[best]) best = index;
-    }
-    const float max = values[best];
-    double sum = 0;
-    for (int64_t index = 0; index < vocab; ++index) {
-      sum += std::exp(static_cast<double>(values[index] - max));
-    }
+    // As runtime/sampler.cc's greedy row.
+    const std::span<const float> values(logits.data_as<float>() + row * logits.stride(0), vocab);
+    const int32_t best = ArgMax(values);
     samples.tokens.push_back(best);
-    samples.logprobs.push_back(values[best] - (max + static_cast<float>(std::log(sum))));
+    samples.logprobs.push_back(LogSoftmaxAt(values, best));
   }
   std::copy(samples.tokens.begin(), samples.tokens.end(), tokens.data_as<int32_t>());
   begun_.push_back(std::move(samples));

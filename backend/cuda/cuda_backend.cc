@@ -519,6 +519,8 @@ class CudaBackend final : public Backend {
     cudaEvent_t done = nullptr;  // the copies have landed
   };
   HostSamples host_samples_[2];
+  int next_host_samples_ = 0;
+  std::vector<HostSamples*> begun_;  // oldest first
   // StageAndCopy's pinned ring and the copies out of it not known to be done, oldest first.
   struct Staged {
     size_t offset;
@@ -529,8 +531,6 @@ class CudaBackend final : public Backend {
   size_t staging_head_ = 0;
   std::vector<Staged> staged_;
   std::vector<cudaEvent_t> spare_events_;
-  int next_host_samples_ = 0;
-  std::vector<HostSamples*> begun_;  // oldest first
 };
 
 void CudaBackend::RunLinear(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) {
