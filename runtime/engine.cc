@@ -428,7 +428,7 @@ std::vector<RequestOutput> Engine::Step() {
     // when it can run without them on the host (the device feeds them to it): the host's work
     // below then runs while the device computes.
     std::optional<LaunchedStep> next;
-    if (!in_flight_->computes_prefill && scheduler_->HasSchedulableWork()) {
+    if (scheduler_->HasSchedulableWork()) {
       scheduler_->Plan(plan_);
       if (!plan_.empty() && CanLaunchAhead(plan_)) {
         scheduler_->Commit(plan_);
@@ -450,8 +450,8 @@ std::vector<RequestOutput> Engine::Step() {
   if (plan_.empty()) return outputs;
   in_flight_ = Launch(plan_, nullptr);
   // Left in flight only when a next step could be launched before its samples are read.
-  if (!options_.overlap_steps || !in_flight_->on_device || in_flight_->computes_prefill ||
-      runner_->num_ranks() > 1 || !scheduler_->HasSchedulableWork()) {
+  if (!options_.overlap_steps || !in_flight_->on_device || runner_->num_ranks() > 1 ||
+      !scheduler_->HasSchedulableWork()) {
     Collect(*in_flight_, outputs);
     in_flight_.reset();
   }
@@ -472,7 +472,6 @@ bool Engine::CanLaunchAhead(const StepPlan& plan) const {
 
 Engine::LaunchedStep Engine::Launch(const StepPlan& plan, const LaunchedStep* previous) {
   LaunchedStep step;
-  step.computes_prefill = !plan.prefills.empty();
   ModelRunner::TokenFeed* feed = nullptr;
   if (previous != nullptr) {
     SIEVE_CHECK(previous->on_device);

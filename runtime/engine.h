@@ -200,10 +200,6 @@ class Engine {
     bool on_device = false;                  // sampling begun on the device: Backend::TakeSamples
     std::vector<SampleResult> host_samples;  // else sampled on the host already
     int samples_buffer = 0;                  // sampled_tokens_[.] holds the device samples
-    // The step computes prompt tokens. None is launched behind such a step: requests arriving
-    // while it runs then join the step after it rather than the one after that (a prefill
-    // step of 8192 tokens is some 0.2 s, against the host's ~1 ms the overlap hides).
-    bool computes_prefill = false;
   };
   // Runs a planned, committed step: the forward pass (its tokens that `previous` sampled fed
   // from the device), Complete, stats, and sampling begun. Every sampled sequence gets a
