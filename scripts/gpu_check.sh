@@ -7,14 +7,15 @@
 #                                        sanitize_engine bench step ab profile timeline sdpa
 #                                        soak
 #                                        serve serve_ab warm prefill headline accuracy tp
-#                                        sampling
+#                                        sampling attention
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
 # for the tree in .ab/ (made by `scripts/prepare_ab.sh REV`, carried), alternately, AB_ROUNDS
 # times each (default 3; AB_STEP_ARGS adds arguments, e.g. "--batch 1 --context 4000"): a change's
 # effect measured in one run on one machine; `sampling` does the same for the GPU sampler's table,
-# and `serve_ab` for serving (sieve serve + sieve bench serve at SERVE_AB_LEVELS, default 1 and
+# `attention` for the attention kernels (beside cuDNN SDPA, issue 19 item 2), and `serve_ab` for
+# serving (sieve serve + sieve bench serve at SERVE_AB_LEVELS, default 1 and
 # 32, sparse 4000-token prompts).
 # `build` also builds .ab/'s `sieve` when it exists.
 # Needs the carried .deb/ (PCRE2 headers, absent on the GPU machine). `serve` and `warm` use the
@@ -72,7 +73,7 @@ if has build; then
     note "build of the GPU tests FAILED"; grep -E "error|Error" -A6 "$LOGS/build_tests.log" | head -120; exit 1
   fi
   note "build of the GPU tests: ok in $(( $(date +%s) - start )) s"
-  if { has ab || has sampling || has serve_ab; } && [ -d .ab ]; then
+  if { has ab || has sampling || has attention || has serve_ab; } && [ -d .ab ]; then
     # Builds while the tests run: they use the GPU, this the CPUs.
     (cd .ab && cmake --preset gpu && cmake --build --preset gpu -j "$(nproc)" --target sieve) \
       > "$LOGS/build_ab.log" 2>&1 &
@@ -249,6 +250,34 @@ if has sampling; then
     done
   done
   grep -A6 "^GPU sampling" "$LOGS/sampling_this_1.log" | tee -a "$summary"
+fi
+
+if has attention; then
+  # The attention kernels' table (prefill causal 4k and 16k at d128, 4k at d64, both prefill
+  # kernels; paged decode) with cuDNN SDPA's rates measured by PyTorch in the same run
+  # (attention_sdpa.json), for this tree and, with .ab/ (scripts/prepare_ab.sh REV, carried), for
+  # that tree's sieve, alternately, AB_ROUNDS times each (default 2).
+  ensure_sieve
+  sieves=(./build/gpu/sieve)
+  if [ -n "${ab_build:-}" ] && wait "$ab_build" && [ -x .ab/build/gpu/sieve ]; then
+    sieves+=(.ab/build/gpu/sieve)
+  elif [ -d .ab ]; then
+    note "attention: no .ab/ build (build_ab.log; the build stage builds it)"
+  fi
+  python3 scripts/sdpa_bench.py > "$OUT/attention_sdpa.json" 2> "$LOGS/attention_sdpa.log" \
+    || note "sdpa FAILED"
+  python3 -c "import json; print('cuDNN SDPA:', '; '.join(f\"{r['n']} d{r['d']} {r['tflops']:.0f} TFLOP/s\" for r in json.load(open('$OUT/attention_sdpa.json'))['results'] if r['backend'] == 'cudnn' and 'tflops' in r))" \
+    | tee -a "$summary"
+  for round in $(seq 1 "${AB_ROUNDS:-2}"); do
+    for binary in "${sieves[@]}"; do
+      name=$( [ "$binary" = ./build/gpu/sieve ] && echo this || echo ab )
+      "$binary" bench kernels --skip-gemm --skip-decode-step --skip-sparsity \
+        > "$LOGS/attention_${name}_$round.log" 2>&1 || note "attention bench $name FAILED"
+      grep -E "^prefill causal" "$LOGS/attention_${name}_$round.log" | \
+        sed -E "s/ +/ /g; s/^/attention $name $round: /" | cut -c1-110 >> "$summary"
+    done
+  done
+  grep "^attention " "$summary"
 fi
 
 if has profile; then

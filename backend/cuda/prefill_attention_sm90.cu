@@ -3,15 +3,15 @@
 // is: tensor copies (TMA) into 128-byte-swizzled shared memory, warpgroup MMA (wgmma.cuh), and
 // warp specialisation.
 //
-// Work item = 128 query rows of one (sequence, query head). The grid is persistent (one CTA per
-// SM) and walks the items longest first. Three warpgroups: a producer (one thread issues the
-// tensor copies of Q and of the K/V tiles of 128 keys onto transaction barriers, running ahead
-// into the next item) and two consumers of 64 rows each. A consumer issues S_n = Q K_n^T and
-// O += P_{n-1} V_{n-1} together and runs tile n's softmax while the second product is still on
-// the tensor cores; the two consumers take turns issuing (named barriers), so one's softmax
-// overlaps the other's products. A K/V stage goes back to the producer once both consumers'
-// products on it are done, the Q tile once their last S is. The design and its numbers are in
-// README_attention.md.
+// Work item = 64 query rows per consumer (128 at d = 128, 192 at d = 64; Shape) of one
+// (sequence, query head). The grid is persistent (one CTA per SM) and walks the items longest
+// first. A producer warpgroup (one thread issues the tensor copies of Q and of the K/V tiles of
+// 128 keys onto transaction barriers, running ahead into the next item) and two or three
+// consumer warpgroups of 64 rows each. A consumer issues S_n = Q K_n^T and O += P_{n-1} V_{n-1}
+// together and runs tile n's softmax while the second product is still on the tensor cores; the
+// consumers take turns issuing (named barriers), so one's softmax overlaps the others' products. A
+// K/V stage goes back to the producer once every consumer's products on it are done, the Q tile
+// once their last S is. The design and its numbers are in README_attention.md.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -33,30 +33,39 @@ namespace {
 
 // Some of these are used only by the kernel body, which the host pass and builds for other
 // architectures leave out.
-constexpr int kBlockM = 128;                   // query rows per work item
 [[maybe_unused]] constexpr int kBlockN = 128;  // keys per tile
 [[maybe_unused]] constexpr int kConsumerRows = 64;
-constexpr int kThreads = 3 * 128;
 // K/V stages: 3 against 2 took causal 4k x 4 from 504 to 596 TFLOP/s and 16k from 546 to 590-612
 // (bench/results/2026-12-02-h200-prefill-sm90-ab.json).
 constexpr int kStages = 3;
-constexpr int kTileRows = 128;  // Q, K and V tiles all have 128 rows
-[[maybe_unused]] constexpr uint32_t kPanelBytes = kTileRows * 128;  // a 64-column panel
-[[maybe_unused]] constexpr int kProducerRegisters = 24;
-[[maybe_unused]] constexpr int kConsumerRegisters = 240;
-[[maybe_unused]] constexpr int kIssueBarrier = 1;  // named barriers 1 and 2
+constexpr int kTileRows = 128;                                      // K and V tiles have 128 rows
+[[maybe_unused]] constexpr uint32_t kPanelBytes = kTileRows * 128;  // a 64-column panel of K, V
+[[maybe_unused]] constexpr int kIssueBarrier = 1;                   // named barriers 1 .. consumers
 
+// What the head dimension sets. A consumer warpgroup owns 64 query rows. At d = 128 two
+// consumers (a 128-row item) hold O, S and P in 240 registers each. At d = 64 a tile's products
+// are half as long while its softmax is as long, so two consumers taking turns leave the tensor
+// cores idle while each waits out the other's softmax; three (a 192-row item, 160 registers
+// each, as FlashAttention-3 does for d = 64) give each softmax two others' products to hide
+// behind.
 template <int kHeadDim>
-constexpr uint32_t TileBytes() {
-  return kTileRows * kHeadDim * 2;
-}
-// d = 128: 32 KiB Q + 3 stages x (32 + 32) KiB K/V = 224 KiB, 1 KiB to align the tiles to the
-// 1024-byte swizzle atoms, and the barriers (225.1 of the 227 KiB a block may have); d = 64:
-// 113 KiB.
-template <int kHeadDim>
-constexpr int SmemBytes() {
-  return 1024 + static_cast<int>((1 + 2 * kStages) * TileBytes<kHeadDim>()) + 128;
-}
+struct Shape {
+  static constexpr int kConsumers = kHeadDim == 64 ? 3 : 2;
+  static constexpr int kBlockM = kConsumers * kConsumerRows;  // query rows per work item
+  static constexpr int kThreads = (1 + kConsumers) * 128;
+  static constexpr int kProducerRegisters = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
+  static constexpr uint32_t kTileBytes = kTileRows * kHeadDim * 2;  // a K or V tile
+  static constexpr uint32_t kQPanelBytes = kBlockM * 128;           // a 64-column panel of Q
+  static constexpr uint32_t kQTileBytes = kQPanelBytes * (kHeadDim / 64);
+  // d = 128: 32 KiB Q + 3 stages x (32 + 32) KiB K/V = 224 KiB, 1 KiB to align the tiles to the
+  // 1024-byte swizzle atoms, and the barriers (225.1 of the 227 KiB a block may have); d = 64:
+  // 24 KiB Q + 3 x (16 + 16) KiB K/V, 121 KiB.
+  static constexpr int kSmemBytes =
+      1024 + static_cast<int>(kQTileBytes + 2 * kStages * kTileBytes) + 128;
+  static_assert(kSmemBytes <= 227 * 1024);
+  static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumers <= 65536);
+};
 
 struct TensorMaps {
   CUtensorMap q;  // [T_p][H d] of q: boxes of 128 rows x 64 columns, 128-byte swizzle
@@ -76,9 +85,9 @@ struct WorkItem {
   int num_tiles;  // 0: nothing to do (past the chunk)
 };
 
-[[maybe_unused]] __device__ __forceinline__ WorkItem DecodeWorkItem(const PrefillParams& params,
-                                                                    int work, int num_heads,
-                                                                    int num_seqs, int num_q_tiles) {
+template <int kBlockM>
+__device__ __forceinline__ WorkItem DecodeWorkItem(const PrefillParams& params, int work,
+                                                   int num_heads, int num_seqs, int num_q_tiles) {
   // Heads fastest, then sequences, then query tiles counted from the end: the items with the
   // most keys come first and the short ones fill in behind them.
   WorkItem item;
@@ -127,15 +136,17 @@ __device__ __forceinline__ void MmaPv(float (&acc)[kHeadDim / 8][4], const uint3
 }
 
 template <int kHeadDim>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, 1)
     PrefillAttentionSm90Kernel(const __grid_constant__ TensorMaps maps, const PrefillParams params,
                                int num_heads, int num_seqs, int num_q_tiles) {
 #if SIEVE_SM90A
-  constexpr uint32_t kTileBytes = TileBytes<kHeadDim>();
+  using S = Shape<kHeadDim>;
+  constexpr uint32_t kTileBytes = S::kTileBytes;
+  constexpr int kConsumers = S::kConsumers;
   constexpr int kPanels = kHeadDim / 64;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t smem_q = (flash::SharedAddress(smem_raw) + 1023) & ~1023u;
-  const uint32_t smem_k = smem_q + kTileBytes;
+  const uint32_t smem_k = smem_q + S::kQTileBytes;
   const uint32_t smem_v = smem_k + kStages * kTileBytes;
   // Barriers after the tiles: Q full and empty, then per stage K full, V full and empty.
   const uint32_t bar_q_full = smem_v + kStages * kTileBytes;
@@ -147,11 +158,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (threadIdx.x == 0) {
     wgmma::BarrierInit(bar_q_full, 1);
-    wgmma::BarrierInit(bar_q_empty, 8);  // each consumer warp
+    wgmma::BarrierInit(bar_q_empty, 4 * kConsumers);  // each consumer warp
     for (int stage = 0; stage < kStages; ++stage) {
       wgmma::BarrierInit(bar_k_full(stage), 1);
       wgmma::BarrierInit(bar_v_full(stage), 1);
-      wgmma::BarrierInit(bar_empty(stage), 8);
+      wgmma::BarrierInit(bar_empty(stage), 4 * kConsumers);
     }
     wgmma::FenceBarrierInit();
   }
@@ -161,17 +172,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     // The producer. Keys past a sequence belong to the next one (masked) or lie past the scratch
     // (the copy zero-fills them); Q rows past the chunk likewise are computed, never stored.
-    wgmma::RegistersDecrease<kProducerRegisters>();
+    wgmma::RegistersDecrease<S::kProducerRegisters>();
     if (threadIdx.x != 0) return;
     int items = 0;  // items loaded so far: the Q barriers' phase
     int tiles = 0;  // K/V tiles loaded so far: the stage and its phase
     for (int round = 0, work; (work = WorkOfRound(round)) < num_work; ++round) {
-      const WorkItem item = DecodeWorkItem(params, work, num_heads, num_seqs, num_q_tiles);
+      const WorkItem item =
+          DecodeWorkItem<S::kBlockM>(params, work, num_heads, num_seqs, num_q_tiles);
       if (item.num_tiles == 0) continue;
       if (items > 0) wgmma::BarrierWait(bar_q_empty, (items - 1) & 1);
-      wgmma::BarrierArriveExpectBytes(bar_q_full, kTileBytes);
+      wgmma::BarrierArriveExpectBytes(bar_q_full, S::kQTileBytes);
       for (int panel = 0; panel < kPanels; ++panel) {
-        wgmma::TensorCopy2d(smem_q + panel * kPanelBytes, &maps.q,
+        wgmma::TensorCopy2d(smem_q + panel * S::kQPanelBytes, &maps.q,
                             item.head * kHeadDim + panel * 64, item.query_begin + item.row0,
                             bar_q_full);
       }
@@ -195,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  wgmma::RegistersIncrease<kConsumerRegisters>();
+  wgmma::RegistersIncrease<S::kConsumerRegisters>();
 
   const int consumer = warpgroup - 1;
   const int warp = (static_cast<int>(threadIdx.x) / 32) & 3;  // in the warpgroup
@@ -219,10 +231,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto issue_scores = [&](int stage) {
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t panel = (kk >> 2) * kPanelBytes + (kk & 3) * 32;
-      const uint64_t desc_q =
-          wgmma::Descriptor(smem_q + panel + consumer * kConsumerRows * 128, 0, 1024);
-      const uint64_t desc_k = wgmma::Descriptor(smem_k + stage * kTileBytes + panel, 0, 1024);
+      const uint32_t step = (kk & 3) * 32;
+      const uint64_t desc_q = wgmma::Descriptor(
+          smem_q + (kk >> 2) * S::kQPanelBytes + step + consumer * kConsumerRows * 128, 0, 1024);
+      const uint64_t desc_k =
+          wgmma::Descriptor(smem_k + stage * kTileBytes + (kk >> 2) * kPanelBytes + step, 0, 1024);
       wgmma::MmaSs64x128(s, desc_q, desc_k, kk > 0 ? 1 : 0);
     }
     wgmma::Commit();
@@ -270,13 +283,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) wgmma::BarrierArrive(barrier);
   };
 
-  // Consumer 0 issues first. Both consumers run every tile of every item (a warpgroup whose rows
-  // are past the chunk computes rows it never stores), so their turns stay paired.
+  // The consumers issue in turn, 0 first: each waits on its named barrier, which the one before it
+  // arrives on once it has issued. Every consumer runs every tile of every item (a warpgroup
+  // whose rows are past the chunk computes rows it never stores), so the turns stay in step.
+  const int next_issuer = kIssueBarrier + (consumer + 1) % kConsumers;
   if (consumer == 0) wgmma::NamedBarrierArrive(kIssueBarrier, 256);
   int items = 0;
   int tiles = 0;
   for (int round = 0, work; (work = WorkOfRound(round)) < num_work; ++round) {
-    const WorkItem item = DecodeWorkItem(params, work, num_heads, num_seqs, num_q_tiles);
+    const WorkItem item =
+        DecodeWorkItem<S::kBlockM>(params, work, num_heads, num_seqs, num_q_tiles);
     if (item.num_tiles == 0) continue;
     const int group_row0 = item.row0 + consumer * kConsumerRows;  // in the chunk
     const int row_g = group_row0 + warp * 16 + g;
@@ -294,7 +310,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::NamedBarrierSync(kIssueBarrier + consumer, 256);
       wgmma::Fence();
       issue_scores(stage);
-      wgmma::NamedBarrierArrive(kIssueBarrier + 1 - consumer, 256);
+      wgmma::NamedBarrierArrive(next_issuer, 256);
       wgmma::Wait<0>();
       wgmma::PinRegisters(s);
       if (item.num_tiles == 1) release(bar_q_empty);
@@ -311,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       issue_scores(stage);
       wgmma::BarrierWait(bar_v_full(prev_stage), ((tiles + tile - 1) / kStages) & 1);
       issue_values(prev_stage);
-      wgmma::NamedBarrierArrive(kIssueBarrier + 1 - consumer, 256);
+      wgmma::NamedBarrierArrive(next_issuer, 256);
       wgmma::Wait<1>();
       wgmma::PinRegisters(s);
       if (tile == item.num_tiles - 1) release(bar_q_empty);
@@ -381,13 +397,14 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   return encode;
 }
 
-// A [rows][width] bf16 matrix with row stride `stride` (elements) as boxes of 128 rows x 64
-// columns, 128-byte swizzled: each box lands as one panel of a tile.
-CUtensorMap PanelTensorMap(const bf16* base, int64_t width, int64_t rows, int64_t stride) {
+// A [rows][width] bf16 matrix with row stride `stride` (elements) as boxes of `box_rows` rows x
+// 64 columns, 128-byte swizzled: each box lands as one panel of a tile.
+CUtensorMap PanelTensorMap(const bf16* base, int64_t width, int64_t rows, int64_t stride,
+                           int box_rows) {
   CUtensorMap map{};
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(width), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride) * 2};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(kTileRows)};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult result = TensorMapEncoder()(
       &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides, box,
@@ -399,7 +416,8 @@ CUtensorMap PanelTensorMap(const bf16* base, int64_t width, int64_t rows, int64_
 
 template <int kHeadDim>
 void Launch(const PrefillParams& params, int num_heads, const StepView& step, cudaStream_t stream) {
-  constexpr int kSmem = SmemBytes<kHeadDim>();
+  using S = Shape<kHeadDim>;
+  constexpr int kSmem = S::kSmemBytes;
   static std::atomic<uint64_t> configured_devices{0};
   int device = 0;
   SIEVE_CUDA_CHECK(cudaGetDevice(&device));
@@ -412,15 +430,15 @@ void Launch(const PrefillParams& params, int num_heads, const StepView& step, cu
   const int64_t kv_width = static_cast<int64_t>(params.num_kv_heads) * kHeadDim;
   TensorMaps maps;
   maps.q = PanelTensorMap(params.q, static_cast<int64_t>(num_heads) * kHeadDim,
-                          step.num_prefill_tokens, params.q_stride);
-  maps.k = PanelTensorMap(params.k, kv_width, step.num_prefill_keys, kv_width);
-  maps.v = PanelTensorMap(params.v, kv_width, step.num_prefill_keys, kv_width);
-  const int num_q_tiles = (step.max_query_len + kBlockM - 1) / kBlockM;
+                          step.num_prefill_tokens, params.q_stride, S::kBlockM);
+  maps.k = PanelTensorMap(params.k, kv_width, step.num_prefill_keys, kv_width, kTileRows);
+  maps.v = PanelTensorMap(params.v, kv_width, step.num_prefill_keys, kv_width, kTileRows);
+  const int num_q_tiles = (step.max_query_len + S::kBlockM - 1) / S::kBlockM;
   const int64_t num_work = static_cast<int64_t>(num_heads) * step.num_prefill_seqs * num_q_tiles;
   SIEVE_CHECK(num_work < (int64_t{1} << 31)) << "prefill grid too large";
   const int64_t grid =
       std::min<int64_t>(num_work, CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>());
-  PrefillAttentionSm90Kernel<kHeadDim><<<static_cast<int>(grid), kThreads, kSmem, stream>>>(
+  PrefillAttentionSm90Kernel<kHeadDim><<<static_cast<int>(grid), S::kThreads, kSmem, stream>>>(
       maps, params, num_heads, step.num_prefill_seqs, num_q_tiles);
   SIEVE_CUDA_CHECK_LAUNCH();
 }
