@@ -21,7 +21,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/flash_warp.cuh"
@@ -136,7 +135,7 @@ __device__ __forceinline__ void MmaPv(float (&acc)[kHeadDim / 8][4], const uint3
 #endif
 }
 
-template <int kHeadDim, bool kKvFirst, bool kCarryPv>
+template <int kHeadDim>
 __global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, 1)
     PrefillAttentionSm90Kernel(const __grid_constant__ TensorMaps maps, const PrefillParams params,
                                int num_heads, int num_seqs, int num_q_tiles) {
@@ -181,8 +180,16 @@ __global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, 1)
       const WorkItem item =
           DecodeWorkItem<S::kBlockM>(params, work, num_heads, num_seqs, num_q_tiles);
       if (item.num_tiles == 0) continue;
+      if (items > 0) wgmma::BarrierWait(bar_q_empty, (items - 1) & 1);
+      wgmma::BarrierArriveExpectBytes(bar_q_full, S::kQTileBytes);
+      for (int panel = 0; panel < kPanels; ++panel) {
+        wgmma::TensorCopy2d(smem_q + panel * S::kQPanelBytes, &maps.q,
+                            item.head * kHeadDim + panel * 64, item.query_begin + item.row0,
+                            bar_q_full);
+      }
+      ++items;
       const int kv_column = item.head / params.group * kHeadDim;
-      const auto load_tile = [&](int tile) {
+      for (int tile = 0; tile < item.num_tiles; ++tile, ++tiles) {
         const int stage = tiles % kStages;
         if (tiles >= kStages) wgmma::BarrierWait(bar_empty(stage), ((tiles / kStages) & 1) ^ 1);
         const int key = item.key_begin + tile * kBlockN;
@@ -196,20 +203,7 @@ __global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, 1)
           wgmma::TensorCopy2d(smem_v + stage * kTileBytes + panel * kPanelBytes, &maps.v,
                               kv_column + panel * 64, key, bar_v_full(stage));
         }
-        ++tiles;
-      };
-      // The item's first K/V tile goes ahead of its Q, which waits for the last S of the item
-      // before: a stage is free by then, and the tile is not held up behind that wait.
-      if (kKvFirst) load_tile(0);
-      if (items > 0) wgmma::BarrierWait(bar_q_empty, (items - 1) & 1);
-      wgmma::BarrierArriveExpectBytes(bar_q_full, S::kQTileBytes);
-      for (int panel = 0; panel < kPanels; ++panel) {
-        wgmma::TensorCopy2d(smem_q + panel * S::kQPanelBytes, &maps.q,
-                            item.head * kHeadDim + panel * 64, item.query_begin + item.row0,
-                            bar_q_full);
       }
-      ++items;
-      for (int tile = kKvFirst ? 1 : 0; tile < item.num_tiles; ++tile) load_tile(tile);
     }
     return;
   }
@@ -294,46 +288,8 @@ __global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, 1)
   // whose rows are past the chunk computes rows it never stores), so the turns stay in step.
   const int next_issuer = kIssueBarrier + (consumer + 1) % kConsumers;
   if (consumer == 0) wgmma::NamedBarrierArrive(kIssueBarrier, 256);
-
-  // Epilogue, straight from registers (shared memory already holds the next item's tiles):
-  // normalise, bf16 pairs, each quad writing 16 contiguous bytes of a row.
-  // Rows first_row (in q / out) and first_row + 8 of `head`; rows_left: how many of the chunk's
-  // rows start at first_row.
-  const auto store_output = [&](int first_row, int rows_left, int head) {
-    float inv_sum[2];
-    float row_lse[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float sum = flash::QuadSum(l[half]);
-      inv_sum[half] = sum > 0.0f ? 1.0f / sum : 0.0f;
-      row_lse[half] = sum > 0.0f ? m[half] * params.scale + logf(sum) : -INFINITY;
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      if (8 * half >= rows_left) continue;
-      const int row = first_row + 8 * half;
-      bf16* out_row = params.out + static_cast<int64_t>(row) * params.out_stride +
-                      static_cast<int64_t>(head) * kHeadDim + 2 * t;
-#pragma unroll
-      for (int n = 0; n < kHeadDim / 8; ++n) {
-        *reinterpret_cast<uint32_t*>(out_row + 8 * n) =
-            flash::PackBf16(acc[n][2 * half] * inv_sum[half], acc[n][2 * half + 1] * inv_sum[half]);
-      }
-      if (params.lse != nullptr && t == 0) {
-        params.lse[static_cast<int64_t>(row) * params.lse_stride + head] = row_lse[half];
-      }
-    }
-  };
-
   int items = 0;
   int tiles = 0;
-  // kCarryPv: an item's last O += P V is issued in the next item's first turn, beside its first
-  // S, and the item's output stored while that S runs.
-  bool carried = false;       // the item before's last P V is still to issue
-  int carried_tile = 0;       // the global tile number of its V
-  int carried_first_row = 0;  // its output rows (store_output's arguments)
-  int carried_rows_left = 0;
-  int carried_head = 0;
   for (int round = 0, work; (work = WorkOfRound(round)) < num_work; ++round) {
     const WorkItem item =
         DecodeWorkItem<S::kBlockM>(params, work, num_heads, num_seqs, num_q_tiles);
@@ -344,32 +300,17 @@ __global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, 1)
     lane_key_last[0] = min(item.context + row_g, item.kv_len - 1);
     lane_key_last[1] = min(item.context + row_g + 8, item.kv_len - 1);
     group_key_first_row = min(item.context + group_row0, item.kv_len - 1);
-    if (!carried) rows.Reset();
+    rows.Reset();
 
     wgmma::BarrierWait(bar_q_full, items & 1);
-    // Tile 0: its scores (and the item before's last P V, when carried).
+    // Tile 0: its scores only.
     {
       const int stage = tiles % kStages;
       wgmma::BarrierWait(bar_k_full(stage), (tiles / kStages) & 1);
       wgmma::NamedBarrierSync(kIssueBarrier + consumer, 256);
-      if (carried) {
-        wgmma::PinRegisters(acc);
-        wgmma::Fence();
-        wgmma::BarrierWait(bar_v_full(carried_tile % kStages), (carried_tile / kStages) & 1);
-        issue_values(carried_tile % kStages);
-        issue_scores(stage);
-        wgmma::NamedBarrierArrive(next_issuer, 256);
-        wgmma::Wait<1>();
-        wgmma::PinRegisters(acc);
-        release(bar_empty(carried_tile % kStages));
-        store_output(carried_first_row, carried_rows_left, carried_head);
-        rows.Reset();
-        carried = false;
-      } else {
-        wgmma::Fence();
-        issue_scores(stage);
-        wgmma::NamedBarrierArrive(next_issuer, 256);
-      }
+      wgmma::Fence();
+      issue_scores(stage);
+      wgmma::NamedBarrierArrive(next_issuer, 256);
       wgmma::Wait<0>();
       wgmma::PinRegisters(s);
       if (item.num_tiles == 1) release(bar_q_empty);
@@ -397,36 +338,47 @@ __global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, 1)
       rescale_output();
       pack_probabilities();
     }
-    const int last = tiles + item.num_tiles - 1;
+    // The last tile's O += P V.
+    {
+      const int last = tiles + item.num_tiles - 1;
+      wgmma::BarrierWait(bar_v_full(last % kStages), (last / kStages) & 1);
+      wgmma::PinRegisters(acc);
+      wgmma::Fence();
+      issue_values(last % kStages);
+      wgmma::Wait<0>();
+      wgmma::PinRegisters(acc);
+      release(bar_empty(last % kStages));
+    }
     tiles += item.num_tiles;
     ++items;
-    if (kCarryPv) {
-      carried = true;
-      carried_tile = last;
-      carried_first_row = item.query_begin + row_g;
-      carried_rows_left = item.query_len - row_g;
-      carried_head = item.head;
-      continue;
+
+    // Epilogue, straight from registers (shared memory already holds the next item's tiles):
+    // normalise, bf16 pairs, each quad writing 16 contiguous bytes of a row.
+    float inv_sum[2];
+    float row_lse[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float sum = flash::QuadSum(l[half]);
+      inv_sum[half] = sum > 0.0f ? 1.0f / sum : 0.0f;
+      row_lse[half] = sum > 0.0f ? m[half] * params.scale + logf(sum) : -INFINITY;
     }
-    // The last tile's O += P V.
-    wgmma::BarrierWait(bar_v_full(last % kStages), (last / kStages) & 1);
-    wgmma::PinRegisters(acc);
-    wgmma::Fence();
-    issue_values(last % kStages);
-    wgmma::Wait<0>();
-    wgmma::PinRegisters(acc);
-    release(bar_empty(last % kStages));
-    store_output(item.query_begin + row_g, item.query_len - row_g, item.head);
-  }
-  if (carried) {
-    wgmma::BarrierWait(bar_v_full(carried_tile % kStages), (carried_tile / kStages) & 1);
-    wgmma::PinRegisters(acc);
-    wgmma::Fence();
-    issue_values(carried_tile % kStages);
-    wgmma::Wait<0>();
-    wgmma::PinRegisters(acc);
-    release(bar_empty(carried_tile % kStages));
-    store_output(carried_first_row, carried_rows_left, carried_head);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int query_row = row_g + 8 * half;
+      if (query_row >= item.query_len) continue;
+      bf16* out_row = params.out +
+                      static_cast<int64_t>(item.query_begin + query_row) * params.out_stride +
+                      static_cast<int64_t>(item.head) * kHeadDim + 2 * t;
+#pragma unroll
+      for (int n = 0; n < kHeadDim / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(out_row + 8 * n) =
+            flash::PackBf16(acc[n][2 * half] * inv_sum[half], acc[n][2 * half + 1] * inv_sum[half]);
+      }
+      if (params.lse != nullptr && t == 0) {
+        params.lse[static_cast<int64_t>(item.query_begin + query_row) * params.lse_stride +
+                   item.head] = row_lse[half];
+      }
+    }
   }
 #endif  // SIEVE_SM90A
 }
@@ -462,7 +414,7 @@ CUtensorMap PanelTensorMap(const bf16* base, int64_t width, int64_t rows, int64_
   return map;
 }
 
-template <int kHeadDim, bool kKvFirst, bool kCarryPv>
+template <int kHeadDim>
 void Launch(const PrefillParams& params, int num_heads, const StepView& step, cudaStream_t stream) {
   using S = Shape<kHeadDim>;
   constexpr int kSmem = S::kSmemBytes;
@@ -470,7 +422,7 @@ void Launch(const PrefillParams& params, int num_heads, const StepView& step, cu
   int device = 0;
   SIEVE_CUDA_CHECK(cudaGetDevice(&device));
   OncePerDevice(configured_devices, device, [] {
-    SIEVE_CUDA_CHECK(cudaFuncSetAttribute(PrefillAttentionSm90Kernel<kHeadDim, kKvFirst, kCarryPv>,
+    SIEVE_CUDA_CHECK(cudaFuncSetAttribute(PrefillAttentionSm90Kernel<kHeadDim>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   });
   SIEVE_CHECK(step.num_prefill_tokens > 0 && step.num_prefill_keys > 0)
@@ -486,9 +438,8 @@ void Launch(const PrefillParams& params, int num_heads, const StepView& step, cu
   SIEVE_CHECK(num_work < (int64_t{1} << 31)) << "prefill grid too large";
   const int64_t grid =
       std::min<int64_t>(num_work, CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>());
-  PrefillAttentionSm90Kernel<kHeadDim, kKvFirst, kCarryPv>
-      <<<static_cast<int>(grid), S::kThreads, kSmem, stream>>>(maps, params, num_heads,
-                                                               step.num_prefill_seqs, num_q_tiles);
+  PrefillAttentionSm90Kernel<kHeadDim><<<static_cast<int>(grid), S::kThreads, kSmem, stream>>>(
+      maps, params, num_heads, step.num_prefill_seqs, num_q_tiles);
   SIEVE_CUDA_CHECK_LAUNCH();
 }
 
@@ -510,8 +461,7 @@ bool PrefillAttentionSm90Supported() {
     bool ok = false;
     if (major == 9 && minor == 0) {
       cudaFuncAttributes attributes{};
-      ok = cudaFuncGetAttributes(&attributes, PrefillAttentionSm90Kernel<128, false, false>) ==
-               cudaSuccess &&
+      ok = cudaFuncGetAttributes(&attributes, PrefillAttentionSm90Kernel<128>) == cudaSuccess &&
            attributes.binaryVersion == 90 && attributes.ptxVersion == 90;
       (void)cudaGetLastError();  // a kernel image that does not load is an answer, not an error
     }
@@ -524,28 +474,10 @@ bool PrefillAttentionSm90Supported() {
 void LaunchPrefillAttentionSm90(const PrefillParams& params, int head_dim, int num_heads,
                                 const StepView& step, cudaStream_t stream) {
   SIEVE_CHECK(PrefillAttentionSm90Supported()) << "the sm_90a prefill kernel needs an H100/H200";
-  // TEMPORARY A/B switch (removed with the loser): 0 as before, 1 K/V tile 0 before Q,
-  // 2 that and the last P V carried into the next item's first turn.
-  static const int variant = [] {
-    const char* value = std::getenv("SIEVE_PREFILL_SM90_VARIANT");
-    return value == nullptr ? 0 : std::atoi(value);
-  }();
   if (head_dim == 64) {
-    if (variant == 2) {
-      Launch<64, true, true>(params, num_heads, step, stream);
-    } else if (variant == 1) {
-      Launch<64, true, false>(params, num_heads, step, stream);
-    } else {
-      Launch<64, false, false>(params, num_heads, step, stream);
-    }
+    Launch<64>(params, num_heads, step, stream);
   } else {
-    if (variant == 2) {
-      Launch<128, true, true>(params, num_heads, step, stream);
-    } else if (variant == 1) {
-      Launch<128, true, false>(params, num_heads, step, stream);
-    } else {
-      Launch<128, false, false>(params, num_heads, step, stream);
-    }
+    Launch<128>(params, num_heads, step, stream);
   }
 }
 
