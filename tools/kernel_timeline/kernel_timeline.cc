@@ -1,4 +1,4 @@
-// A CUPTI injection library that writes every kernel's GPU start and end between
+// A CUPTI injection library that writes every kernel's (and copy's) GPU start and end between
 // cudaProfilerStart and cudaProfilerStop to a CSV: a timeline of a decode step's kernels (graph
 // nodes one by one) where Nsight Systems is not installed.
 //
@@ -70,6 +70,13 @@ uint32_t NameIndex(const char* mangled) {
   return it->second;
 }
 
+// A copy's name is its own (not a mangled kernel name).
+uint32_t CopyNameIndex(const std::string& name) {
+  const auto [it, inserted] = name_index.try_emplace(name, static_cast<uint32_t>(names.size()));
+  if (inserted) names.push_back(name);
+  return it->second;
+}
+
 void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size, size_t* max_records) {
   *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
   *size = kBufferBytes;
@@ -80,6 +87,25 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
   CUpti_Activity* record = nullptr;
   std::lock_guard<std::mutex> lock(records_mutex);
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+      // Named as nsys names copies ("[CUDA memcpy Host-to-Device]"), with the size in bytes.
+      const auto* copy = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+      const char* direction = copy->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD   ? "Host-to-Device"
+                              : copy->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "Device-to-Host"
+                              : copy->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOD
+                                  ? "Device-to-Device"
+                                  : "other";
+      const std::string name = std::string("[CUDA memcpy ") + direction + "]";
+      records.push_back({copy->start,
+                         copy->end,
+                         copy->graphId,
+                         copy->graphNodeId,
+                         copy->streamId,
+                         {static_cast<int32_t>(copy->bytes), 0, 0},
+                         {0, 0, 0},
+                         CopyNameIndex(name)});
+      continue;
+    }
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL &&
         record->kind != CUPTI_ACTIVITY_KIND_KERNEL) {
       continue;
@@ -128,10 +154,12 @@ void CUPTIAPI OnRuntimeApi(void*, CUpti_CallbackDomain, CUpti_CallbackId id, con
   if (id == CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000 &&
       info->callbackSite == CUPTI_API_EXIT && !tracing) {
     Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernel records");
+    Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enable copy records");
     tracing = true;
   } else if (id == CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000 &&
              info->callbackSite == CUPTI_API_ENTER && tracing) {
     Check(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "disable kernel records");
+    Check(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMCPY), "disable copy records");
     Check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "flush");
     tracing = false;
     WriteCsv();
@@ -154,6 +182,7 @@ extern "C" int InitializeInjection() {
   Check(cuptiActivityRegisterCallbacks(BufferRequested, BufferCompleted), "register buffers");
   if (WholeRun()) {
     Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernel records");
+    Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enable copy records");
     tracing = true;
     std::atexit(WriteWholeRun);
     return 1;
