@@ -10,14 +10,22 @@ upload and launch) and the GPU's part (period minus that gap). Windows are group
 replayed from a CUDA graph (most kernels graph nodes) and eager ones (prefill, mixed, warm-up);
 printed per group: count, and the median and 10th/90th percentiles. Then, for the decode windows
 within 1.5x the median period (a window that waited on a request's arrival says nothing), each
-kind of kernel's mean count and time a window, inside the graph or outside it.
+kind of kernel's mean count and time a window, inside the graph or outside it. Copies (recorded
+by tools/kernel_timeline as `[CUDA memcpy ...]`) count as kernels here.
 
-    scripts/timeline_steps.py TRACE.csv
+With --by-graph, then a table per CUDA graph that served at least 100 decode windows (a window
+of one graph with at most 20 entries outside it), beside the graph ids given with --against
+(e.g. a step-tuning candidate of the same shape): each kind's exclusive time, the next entry's
+start minus its own (kernels overlap under programmatic dependent launch, so their durations add
+up to more than the step), its mean over the windows (a kind absent from one counts 0 there, so a
+column sums to the mean period), and the median period.
+
+    scripts/timeline_steps.py TRACE.csv [--by-graph [--against ID ...]]
 """
+import argparse
 import collections
 import csv
 import statistics
-import sys
 
 from timeline_gaps import kind  # a kernel's name without template arguments or parameters
 
@@ -29,13 +37,54 @@ def percentiles(values):
             f"  p90 {pick(0.9) / 1e3:9.1f}")
 
 
-def main(path):
+def by_graph(kernels, cuts, against):
+    windows = collections.defaultdict(list)
+    cuts = [i for i in cuts if kernels[i][2] != 0]  # final norms replayed in a graph
+    for a, b in zip(cuts, cuts[1:]):
+        window = kernels[a:b + 1]  # with the next window's first entry, which ends the last
+        graphs = {k[2] for k in window[:-1] if k[2] != 0}
+        if len(graphs) == 1 and sum(1 for k in window[:-1] if k[2] == 0) <= 20:
+            windows[graphs.pop()].append(window)
+    shown = sorted(g for g, w in windows.items() if len(w) >= 100) + [
+        g for g in against if g in windows]
+    if not shown:
+        print("by graph: no graph served 100 decode windows")
+        return
+    tables = []
+    for graph in shown:
+        exclusive = collections.defaultdict(list)
+        for window in windows[graph]:
+            sums = collections.defaultdict(float)
+            for current, following in zip(window, window[1:]):
+                sums[(current[2] != 0, current[3], current[4])] += following[0] - current[0]
+            for key, value in sums.items():
+                exclusive[key].append(value)
+        tables.append({key: sum(values) / len(windows[graph]) for key, values in exclusive.items()})
+    print("by graph: exclusive time a decode window (us, mean), grid in CTAs (bytes for copies)")
+    print(f"  {'':7s} {'kind':44s} {'grid':10s}" + "".join(f" {'graph ' + str(g):>10s}" for g in shown))
+    keys = set().union(*tables)
+    for key in sorted(keys, key=lambda k: -tables[0].get(k, 0.0)):
+        print(f"  {'graph' if key[0] else 'outside':7s} {key[1][:44]:44s} {key[2]:10s}" +
+              "".join(f" {t.get(key, 0.0) / 1e3:10.1f}" for t in tables))
+    print(f"  {'':7s} {'mean period':44s} {'':10s}" + "".join(
+        f" {statistics.mean(w[-1][0] - w[0][0] for w in windows[g]) / 1e3:10.1f}" for g in shown))
+    print(f"  {'':7s} {'median period':44s} {'':10s}" + "".join(
+        f" {statistics.median(w[-1][0] - w[0][0] for w in windows[g]) / 1e3:10.1f}" for g in shown))
+    print(f"  {'':7s} {'windows':44s} {'':10s}" + "".join(f" {len(windows[g]):10d}" for g in shown))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("trace")
+    parser.add_argument("--by-graph", action="store_true")
+    parser.add_argument("--against", type=int, nargs="*", default=[])
+    args = parser.parse_args()
     kernels = []
-    with open(path, newline="") as f:
+    with open(args.trace, newline="") as f:
         for row in csv.DictReader(f):
             start = int(row["Start (ns)"])
             kernels.append((start, start + int(row["Duration (ns)"]), int(row["Graph"]),
-                            kind(row["Name"])))
+                            kind(row["Name"]), row.get("Grid", "")))
     kernels.sort()
     cuts = [i for i, k in enumerate(kernels) if k[3].startswith("RmsNorm")]
     if len(cuts) < 2:
@@ -67,15 +116,17 @@ def main(path):
     totals = collections.defaultdict(float)
     counts = collections.defaultdict(int)
     for w in typical:
-        for start, end, graph, name in w["kernels"]:
+        for start, end, graph, name, _ in w["kernels"]:
             totals[(graph != 0, name)] += end - start
             counts[(graph != 0, name)] += 1
     print(f"decode graph: kernels a window (mean of {len(typical)} within 1.5x the median period)")
     for (in_graph, name), total in sorted(totals.items(), key=lambda kv: -kv[1]):
         print(f"  {'graph' if in_graph else 'outside':7s} {name:48s}"
               f" x{counts[(in_graph, name)] / len(typical):6.1f}  {total / len(typical) / 1e3:9.1f} us")
+    if args.by_graph:
+        by_graph(kernels, cuts, args.against)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    raise SystemExit(main())
