@@ -271,7 +271,9 @@ if has attention; then
   for round in $(seq 1 "${AB_ROUNDS:-2}"); do
     for binary in "${sieves[@]}"; do
       name=$( [ "$binary" = ./build/gpu/sieve ] && echo this || echo ab )
-      "$binary" bench kernels --skip-gemm --skip-decode-step --skip-sparsity \
+      json=()  # this tree's first round also as kernels.json (the page's kernels record)
+      [ "$name" = this ] && [ "$round" = 1 ] && json=(--result-json "$OUT/kernels.json")
+      "$binary" bench kernels --skip-gemm --skip-decode-step --skip-sparsity "${json[@]}" \
         > "$LOGS/attention_${name}_$round.log" 2>&1 || note "attention bench $name FAILED"
       grep -E "^prefill causal" "$LOGS/attention_${name}_$round.log" | \
         sed -E "s/ +/ /g; s/^/attention $name $round: /" | cut -c1-110 >> "$summary"

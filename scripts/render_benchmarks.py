@@ -322,12 +322,12 @@ def kernels_section(record, charts):
             bar, versus = "—", f"{row['value'] / row['bound']:.0%} of the ceiling"
         out.append(f"| {row['name']} | {row['median_ms']:.3f} ms | {fmt(row['value'])} "
                    f"{row['unit']} | {bar} | {versus} |")
-        match = re.match(r"prefill causal n=(\d+)", row["name"])
+        match = re.match(r"prefill causal n=(\d+).* (d\d+)", row["name"])
         if match and "sm_80 kernel" not in row["name"]:  # the chart shows what the engine runs
-            prefill.append((f"causal n={match.group(1)}", row["value"], row["target"]))
+            prefill.append((f"n={match.group(1)} {match.group(2)}", row["value"], row["target"]))
     if prefill:
         charts["prefill_attention.svg"] = svg_bars.bar_chart(
-            "Prefill attention (32 q / 8 kv heads, d 128)", "TFLOP/s", [p[0] for p in prefill],
+            "Prefill attention, causal (32 q / 8 kv heads)", "TFLOP/s", [p[0] for p in prefill],
             ["ours", "bar (the table's)"], [[p[1], p[2]] for p in prefill])
         out += ["", "![prefill attention TFLOP/s beside its bar](benchmarks/prefill_attention.svg)"]
     gemm = kernels.get("gemm")
