@@ -325,6 +325,19 @@ def kernels_section(record, charts):
         match = re.match(r"prefill causal n=(\d+).* (d\d+)", row["name"])
         if match and "sm_80 kernel" not in row["name"]:  # the chart shows what the engine runs
             prefill.append((f"n={match.group(1)} {match.group(2)}", row["value"], row["target"]))
+    sdpa = [r for r in (record.get("sdpa") or {}).get("results", [])
+            if r.get("backend") == "cudnn" and "tflops" in r]
+    if sdpa and prefill:
+        # Issue 19's bar for prefill attention: 0.9x of cuDNN SDPA timed in the same run.
+        out += ["", "Beside cuDNN SDPA timed in the same run (`scripts/sdpa_bench.py`, PyTorch):", "",
+                "| prefill | ours | cuDNN SDPA | ours / cuDNN |", "| --- | --- | --- | --- |"]
+        for label, value, _ in prefill:
+            n, d = re.match(r"n=(\d+) d(\d+)", label).groups()
+            match = [r for r in sdpa if r["n"] == int(n) and r.get("d", 128) == int(d)]
+            if match:
+                theirs = match[0]["tflops"]
+                out.append(f"| causal {label} | {fmt(value)} TFLOP/s | {fmt(theirs)} TFLOP/s | "
+                           f"{value / theirs:.2f}x |")
     if prefill:
         charts["prefill_attention.svg"] = svg_bars.bar_chart(
             "Prefill attention, causal (32 q / 8 kv heads)", "TFLOP/s", [p[0] for p in prefill],
