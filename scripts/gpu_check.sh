@@ -62,6 +62,25 @@ ensure_sieve() {
   note "build of sieve: ok in $(( $(date +%s) - start )) s"
 }
 
+# Whether this call's build stage built .ab/'s sieve (it builds it in the background while the
+# tests run; the first caller waits for it).
+ab_ready() {
+  if [ -n "${ab_build:-}" ]; then
+    wait "$ab_build" && ab_built=1
+    ab_build=
+  fi
+  [ -n "${ab_built:-}" ] && [ -x .ab/build/gpu/sieve ]
+}
+# The sieve binaries an A/B stage runs, in `sieves`: this tree's, and .ab/'s when ab_ready.
+ab_sieves() {  # ab_sieves STAGE
+  sieves=(./build/gpu/sieve)
+  if ab_ready; then
+    sieves+=(.ab/build/gpu/sieve)
+  elif [ -d .ab ]; then
+    note "$1: no .ab/ build (build_ab.log; the build stage builds it)"
+  fi
+}
+
 if has build; then
   start=$(date +%s)
   if ! cmake --preset gpu > "$LOGS/configure.log" 2>&1; then
@@ -171,7 +190,7 @@ if has step; then
 fi
 
 if has ab; then
-  if [ -n "${ab_build:-}" ] && wait "$ab_build" && [ -x .ab/build/gpu/sieve ]; then
+  if ab_ready; then
     for round in $(seq 1 "${AB_ROUNDS:-3}"); do
       # AB_STEP_ARGS: other step shapes, e.g. "--batch 1 --context 4000" (word-split on purpose).
       # shellcheck disable=SC2086
@@ -194,9 +213,7 @@ if has serve_ab; then
   tok=testdata/tokenizers/llama3/tokenizer.model
   health() { python3 -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8123/health', timeout=2).status == 200 else 1)" 2>/dev/null; }
   sieves=(./build/gpu/sieve)
-  if [ -n "${ab_build:-}" ]; then
-    wait "$ab_build"
-  elif [ -d .ab ]; then
+  if ! ab_ready && [ -d .ab ]; then
     (cd .ab && { [ -f build/gpu/build.ninja ] || cmake --preset gpu; } && \
       cmake --build --preset gpu -j "$(nproc)" --target sieve) > "$LOGS/build_ab.log" 2>&1
   fi
@@ -233,12 +250,7 @@ if has sampling; then
   # min-p), for this tree and, with .ab/ (scripts/prepare_ab.sh REV, carried), for that tree's
   # sieve, alternately, AB_ROUNDS times each: a sampler change measured in one run.
   ensure_sieve
-  sieves=(./build/gpu/sieve)
-  if [ -n "${ab_build:-}" ] && wait "$ab_build" && [ -x .ab/build/gpu/sieve ]; then
-    sieves+=(.ab/build/gpu/sieve)
-  elif [ -d .ab ]; then
-    note "sampling: no .ab/ build (build_ab.log; the build stage builds it)"
-  fi
+  ab_sieves sampling
   for round in $(seq 1 "${AB_ROUNDS:-3}"); do
     for binary in "${sieves[@]}"; do
       name=$( [ "$binary" = ./build/gpu/sieve ] && echo this || echo ab )
@@ -258,12 +270,7 @@ if has attention; then
   # (attention_sdpa.json), for this tree and, with .ab/ (scripts/prepare_ab.sh REV, carried), for
   # that tree's sieve, alternately, AB_ROUNDS times each (default 2).
   ensure_sieve
-  sieves=(./build/gpu/sieve)
-  if [ -n "${ab_build:-}" ] && wait "$ab_build" && [ -x .ab/build/gpu/sieve ]; then
-    sieves+=(.ab/build/gpu/sieve)
-  elif [ -d .ab ]; then
-    note "attention: no .ab/ build (build_ab.log; the build stage builds it)"
-  fi
+  ab_sieves attention
   python3 scripts/sdpa_bench.py > "$OUT/attention_sdpa.json" 2> "$LOGS/attention_sdpa.log" \
     || note "sdpa FAILED"
   python3 -c "import json; print('cuDNN SDPA:', '; '.join(f\"{r['n']} d{r['d']} {r['tflops']:.0f} TFLOP/s\" for r in json.load(open('$OUT/attention_sdpa.json'))['results'] if r['backend'] == 'cudnn' and 'tflops' in r))" \
