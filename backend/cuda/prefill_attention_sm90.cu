@@ -68,7 +68,7 @@ struct Shape {
 };
 
 struct TensorMaps {
-  CUtensorMap q;  // [T_p][H d] of q: boxes of 128 rows x 64 columns, 128-byte swizzle
+  CUtensorMap q;  // [T_p][H d] of q: boxes of kBlockM rows x 64 columns, 128-byte swizzle
   CUtensorMap k;  // [keys][G d]
   CUtensorMap v;
 };
