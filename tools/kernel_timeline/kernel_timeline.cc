@@ -70,13 +70,6 @@ uint32_t NameIndex(const char* mangled) {
   return it->second;
 }
 
-// A copy's name is its own (not a mangled kernel name).
-uint32_t CopyNameIndex(const std::string& name) {
-  const auto [it, inserted] = name_index.try_emplace(name, static_cast<uint32_t>(names.size()));
-  if (inserted) names.push_back(name);
-  return it->second;
-}
-
 void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size, size_t* max_records) {
   *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
   *size = kBufferBytes;
@@ -103,7 +96,7 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
                          copy->streamId,
                          {static_cast<int32_t>(copy->bytes), 0, 0},
                          {0, 0, 0},
-                         CopyNameIndex(name)});
+                         NameIndex(name.c_str())});  // not a mangled name: kept as is
       continue;
     }
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL &&
