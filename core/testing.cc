@@ -1,8 +1,12 @@
 #include "core/testing.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 
 namespace sieve::testing {
 
@@ -57,6 +61,38 @@ double MaxAbsError(const float* actual, const float* expected, size_t count) {
     worst = std::max(worst, std::abs(static_cast<double>(actual[index]) - expected[index]));
   }
   return worst;
+}
+
+TempDir::TempDir() {
+  static std::atomic<int> counter{0};
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string test =
+      info != nullptr ? std::string(info->test_suite_name()) + "_" + info->name() : "none";
+  std::string name =
+      "sieve_" + test + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
+  for (char& c : name) {
+    if (c == '/') c = '_';  // parameterised tests are named Suite/Name/N
+  }
+  path_ = std::filesystem::path(::testing::TempDir()) / name;
+  std::filesystem::remove_all(path_);
+  std::filesystem::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  std::error_code error;
+  std::filesystem::remove_all(path_, error);
+}
+
+std::string TempDir::Write(const std::string& name, std::string_view contents) const {
+  const std::filesystem::path file = path_ / name;
+  std::ofstream(file, std::ios::binary) << contents;
+  return file.string();
+}
+
+std::string TempDir::Link(const std::string& name, const std::string& target) const {
+  const std::filesystem::path link = path_ / name;
+  std::filesystem::create_symlink(target, link);
+  return link.string();
 }
 
 }  // namespace sieve::testing

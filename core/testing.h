@@ -1,13 +1,15 @@
-// Helpers for Sieve's tests: fixture lookup that skips cleanly, fresh random inputs, and the
-// error metrics every comparison test states its tolerance in.
+// Helpers for Sieve's tests: fixture lookup that skips cleanly, fresh random inputs, the error
+// metrics every comparison test states its tolerance in, and scratch directories.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/fixtures.h"
@@ -27,5 +29,25 @@ void FillRandom(float* data, size_t count, std::mt19937_64& rng, float stddev = 
 // ||a - b|| / ||b|| over `count` floats (b is the reference); 0 when both are zero.
 double RelativeL2Error(const float* actual, const float* expected, size_t count);
 double MaxAbsError(const float* actual, const float* expected, size_t count);
+
+// A fresh directory under gtest's temp dir, named after the test, the process and a counter (so
+// tests running side by side, or two in one test, never share one), removed with the object.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  std::string path() const { return path_.string(); }
+  std::string File(const std::string& name) const { return (path_ / name).string(); }
+  // Writes `contents` to the file `name` in the directory; returns its path.
+  std::string Write(const std::string& name, std::string_view contents) const;
+  // A symbolic link `name` in the directory pointing at `target`; returns its path.
+  std::string Link(const std::string& name, const std::string& target) const;
+
+ private:
+  std::filesystem::path path_;
+};
 
 }  // namespace sieve::testing

@@ -1,10 +1,7 @@
 #include "model/llama_checkpoint.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -13,30 +10,7 @@
 namespace sieve {
 namespace {
 
-namespace fs = std::filesystem;
-
-// A fresh directory under the test temp dir, removed with the object.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::path(::testing::TempDir()) /
-            ("sieve_llama_checkpoint_" + std::string(info->name()) + "_" +
-             std::to_string(getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code error;
-    fs::remove_all(path_, error);
-  }
-  std::string path() const { return path_.string(); }
-  std::string File(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using testing::TempDir;
 
 // A small Mistral-shaped model: grouped-query attention and head_dim != hidden / heads, so that
 // swapped or transposed dimensions show up as shape errors.

@@ -1,48 +1,18 @@
 #include "model/model_config.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/testing.h"
 #include "model/generation_config.h"
 
 namespace sieve {
 namespace {
 
 using nlohmann::json;
-namespace fs = std::filesystem;
-
-// A fresh directory under the test temp dir, removed with the object.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::path(::testing::TempDir()) /
-            ("sieve_model_config_" + std::string(info->name()) + "_" + std::to_string(getpid()) +
-             "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code error;
-    fs::remove_all(path_, error);
-  }
-  std::string path() const { return path_.string(); }
-  std::string Write(const std::string& name, const std::string& text) const {
-    const fs::path file = path_ / name;
-    std::ofstream(file, std::ios::binary) << text;
-    return file.string();
-  }
-
- private:
-  fs::path path_;
-};
+using testing::TempDir;
 
 // meta-llama/Llama-2-7b-hf
 json Llama2Config() {

@@ -1,9 +1,7 @@
 #include "model/safetensors.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -18,28 +16,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under the test temp dir, removed with the object.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::path(::testing::TempDir()) /
-            ("sieve_safetensors_" + std::string(info->name()) + "_" + std::to_string(getpid()) +
-             "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code error;
-    fs::remove_all(path_, error);
-  }
-  std::string path() const { return path_.string(); }
-  std::string File(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using testing::TempDir;
 
 // A file of an 8-byte length (the header's, unless `declared_length` is given), the header text,
 // then `data_bytes` bytes of 0xab.

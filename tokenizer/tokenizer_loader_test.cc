@@ -3,49 +3,16 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-#include <filesystem>
-
-#include <fstream>
-
 #include "core/testing.h"
 #include "tokenizer/tokenizer_test_fixtures.h"
 
 namespace sieve {
 namespace {
 
-namespace fs = std::filesystem;
 using ::sieve::testing::EncodeOk;
 using ::testing::ElementsAre;
 
-// A fresh directory under the system temp dir, removed with the test.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            ("sieve_tokenizer_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code error;
-    fs::remove_all(path_, error);
-  }
-  const fs::path& path() const { return path_; }
-  std::string Write(const std::string& name, std::string_view contents) const {
-    std::ofstream out(path_ / name, std::ios::binary);
-    out << contents;
-    return (path_ / name).string();
-  }
-  std::string Link(const std::string& name, const std::string& target) const {
-    fs::create_symlink(target, path_ / name);
-    return (path_ / name).string();
-  }
-
- private:
-  fs::path path_;
-};
+using testing::TempDir;
 
 constexpr std::string_view kLlama3InstructConfig = R"({
   "add_bos_token": true,
@@ -90,13 +57,13 @@ TEST(TokenizerLoaderTest, TiktokenDefaultsAreMetasLlama3) {
 
 TEST(TokenizerLoaderTest, MissingPathsAreNotFound) {
   TempDir dir;
-  Result<std::unique_ptr<Tokenizer>> empty = LoadTokenizer(dir.path().string());
+  Result<std::unique_ptr<Tokenizer>> empty = LoadTokenizer(dir.path());
   ASSERT_FALSE(empty.ok());
   EXPECT_EQ(empty.status().code(), StatusCode::kNotFound);
   EXPECT_NE(empty.status().message().find("tokenizer.json"), std::string::npos);
   EXPECT_NE(empty.status().message().find("tokenizer.model"), std::string::npos);
 
-  Result<std::unique_ptr<Tokenizer>> missing = LoadTokenizer((dir.path() / "nope").string());
+  Result<std::unique_ptr<Tokenizer>> missing = LoadTokenizer(dir.File("nope"));
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("nope"), std::string::npos);
@@ -142,13 +109,13 @@ TEST(TokenizerLoaderTest, UnsupportedTokenizerJsonFallsBackToTokenizerModel) {
             R"({"model": {"type": "BPE", "vocab": {}, "merges": [], "byte_fallback": true},
                 "normalizer": {"type": "Sequence", "normalizers": []},
                 "pre_tokenizer": null})");
-  Result<std::unique_ptr<Tokenizer>> json_only = LoadTokenizer(dir.path().string());
+  Result<std::unique_ptr<Tokenizer>> json_only = LoadTokenizer(dir.path());
   ASSERT_FALSE(json_only.ok());
   EXPECT_EQ(json_only.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(json_only.status().message().find("Sequence"), std::string::npos);
 
   dir.Link("tokenizer.model", fixtures + "/tokenizers/llama2/tokenizer.model");
-  Result<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir.path().string());
+  Result<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir.path());
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
   EXPECT_EQ((*tokenizer)->kind(), "sentencepiece");
 }
@@ -158,7 +125,7 @@ TEST(TokenizerLoaderTest, TokenizerConfigSetsTemplateEosAndBos) {
   TempDir dir;
   dir.Link("tokenizer.json", fixtures + "/tokenizers/llama3/tokenizer.json");
   dir.Write("tokenizer_config.json", kLlama3InstructConfig);
-  Result<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir.path().string());
+  Result<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir.path());
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
   ASSERT_NE((*tokenizer)->chat_template(), nullptr);
   EXPECT_EQ((*tokenizer)->chat_template()->kind(), ChatTemplate::Kind::kLlama3);
@@ -171,7 +138,7 @@ TEST(TokenizerLoaderTest, TokenizerConfigSetsTemplateEosAndBos) {
   other.Link("tokenizer.model", fixtures + "/tokenizers/llama2/tokenizer.model");
   other.Write("tokenizer_config.json", R"({"add_bos_token": false, "eos_token": {"content": "</s>"},
       "chat_template": "{% for m in messages %}<|im_start|>{{ m['content'] }}{% endfor %}"})");
-  Result<std::unique_ptr<Tokenizer>> spm = LoadTokenizer(other.path().string());
+  Result<std::unique_ptr<Tokenizer>> spm = LoadTokenizer(other.path());
   ASSERT_TRUE(spm.ok()) << spm.status().ToString();
   EXPECT_FALSE((*spm)->add_bos());
   EXPECT_THAT(EncodeOk(**spm, "Hello", true), ElementsAre(15043));
@@ -182,7 +149,7 @@ TEST(TokenizerLoaderTest, TokenizerConfigSetsTemplateEosAndBos) {
   TempDir bad;
   bad.Link("tokenizer.model", fixtures + "/tokenizers/llama2/tokenizer.model");
   bad.Write("tokenizer_config.json", R"({"eos_token": "<|not a token|>"})");
-  Result<std::unique_ptr<Tokenizer>> bad_config = LoadTokenizer(bad.path().string());
+  Result<std::unique_ptr<Tokenizer>> bad_config = LoadTokenizer(bad.path());
   ASSERT_FALSE(bad_config.ok());
   EXPECT_EQ(bad_config.status().code(), StatusCode::kDataLoss);
   EXPECT_NE(bad_config.status().message().find("<|not a token|>"), std::string::npos);
