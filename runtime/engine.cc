@@ -201,7 +201,8 @@ WarmUpReport Engine::WarmUp(const WarmUpProgress& progress, bool plan_prefill_an
   if (runner_->uses_graphs()) {
     for (int length = 1; length < options_.max_model_len; ++length) {
       std::vector<int> entries = default_policy_->EntriesAfterPrompt(length);
-      bound_vectors[runner_->GraphLayerBounds(entries)] = {length, std::move(entries)};
+      std::vector<int32_t> bounds = runner_->GraphLayerBounds(entries);
+      bound_vectors[std::move(bounds)] = {length, std::move(entries)};
     }
     const std::vector<int> buckets = runner_->DecodeBuckets();
     for (const int bucket : buckets) {
