@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
+#include <set>
 #include <span>
 #include <sstream>
 
@@ -188,21 +188,12 @@ WarmUpReport Engine::WarmUp(const WarmUpProgress& progress, bool plan_prefill_an
   // Decode graphs: each bucket x each bound vector a batch of the engine's policy can meet. A
   // bound vector depends on the longest sequence of the batch only through its length, so
   // walking every prompt length finds them all (a handful: dense layers step by 4096 entries).
-  // Each graph's warm-up step runs on sequences of the longest prompt its bounds serve (the
-  // entries its layers hold then, and its length): a bucket's first graph is step-tuned there.
-  struct Context {
-    int length = 0;
-    std::vector<int> entries;
-  };
-  using BoundVectors = std::map<std::vector<int32_t>, Context>;  // bounds -> longest prompt's
-  BoundVectors bound_vectors;
-  std::vector<std::pair<int, const BoundVectors::value_type*>> graphs;
+  std::vector<std::pair<int, const std::vector<int32_t>*>> graphs;
+  std::set<std::vector<int32_t>> bound_vectors;
   int largest_graph_rows = 0;
   if (runner_->uses_graphs()) {
     for (int length = 1; length < options_.max_model_len; ++length) {
-      std::vector<int> entries = default_policy_->EntriesAfterPrompt(length);
-      std::vector<int32_t> bounds = runner_->GraphLayerBounds(entries);
-      bound_vectors[std::move(bounds)] = {length, std::move(entries)};
+      bound_vectors.insert(runner_->GraphLayerBounds(default_policy_->EntriesAfterPrompt(length)));
     }
     const std::vector<int> buckets = runner_->DecodeBuckets();
     for (const int bucket : buckets) {
@@ -227,11 +218,8 @@ WarmUpReport Engine::WarmUp(const WarmUpProgress& progress, bool plan_prefill_an
     ++done;
     return !progress || progress(done, total);
   };
-  for (const auto& [bucket, graph] : graphs) {
-    const auto& [bounds, context] = *graph;
-    if (runner_->WarmUpDecodeGraph(bucket, bounds, context.entries, context.length, *scheduler_)) {
-      ++report.decode_graphs;
-    }
+  for (const auto& [bucket, bounds] : graphs) {
+    if (runner_->WarmUpDecodeGraph(bucket, *bounds, *scheduler_)) ++report.decode_graphs;
     if (!advance()) {
       report.stopped = true;
       break;

@@ -183,8 +183,7 @@ void ModelRunner::PrepareStep(const StepPlan& plan, const Scheduler& scheduler,
 }
 
 void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
-                            std::vector<SeqId>& sample_ids, int pad_to, const TokenFeed* feed,
-                            const WarmUpRows* warm_up) {
+                            std::vector<SeqId>& sample_ids, int pad_to, const TokenFeed* feed) {
   const int layers = model_.config().num_layers;
   const int kv_heads = model_.config().num_kv_heads;
   std::vector<const ScheduledSequence*> order;
@@ -323,25 +322,17 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
     }
   }
   // Padding sequences: one token at position 0 in the padding slot, whose every layer holds one
-  // entry that this token overwrites; their logits rows are computed and ignored. A warm-up's
-  // rows decode in the slots it holds, after the entries its layers hold.
-  const int warm_rows = warm_up != nullptr ? static_cast<int>(warm_up->slots.size()) : 0;
-  SIEVE_CHECK(num_real + warm_rows <= num_seqs);
+  // entry that this token overwrites; their logits rows are computed and ignored.
   for (int index = num_real; index < num_seqs; ++index) {
-    const bool warm = index - num_real < warm_rows;
-    const int position = warm ? warm_up->position : 0;
-    const int slot = warm ? warm_up->slots[index - num_real] : kv_.padding_slot();
     token_ids.push_back(0);
-    positions.push_back(position);
+    positions.push_back(0);
     ++step.num_tokens;
     query_start.push_back(step.num_tokens);
-    context_lens.push_back(position);
-    slots.push_back(slot);
+    context_lens.push_back(0);
+    slots.push_back(kv_.padding_slot());
     sample_rows.push_back(step.num_tokens - 1);
     for (int layer = 0; layer < layers; ++layer) {
-      const int held = warm ? (*warm_up->entries)[layer] : 0;
-      write_start[static_cast<size_t>(layer) * num_seqs + index] = held;
-      if (warm) lengths_[static_cast<size_t>(layer) * kv_.options().max_seqs + slot] = held + 1;
+      write_start[static_cast<size_t>(layer) * num_seqs + index] = 0;
     }
   }
   if (pad) {
@@ -521,33 +512,16 @@ std::vector<int32_t> ModelRunner::GraphLayerBounds(const std::vector<int>& entri
 }
 
 bool ModelRunner::WarmUpDecodeGraph(int bucket, const std::vector<int32_t>& layer_bounds,
-                                    const std::vector<int>& entries, int position,
                                     const Scheduler& scheduler) {
   if (!uses_graphs() || ranks_[0].graphs.contains({bucket, layer_bounds})) return false;
-  const int layers = model_.config().num_layers;
-  SIEVE_CHECK(static_cast<int>(layer_bounds.size()) == layers &&
-              static_cast<int>(entries.size()) == layers);
+  SIEVE_CHECK(static_cast<int>(layer_bounds.size()) == model_.config().num_layers);
   SIEVE_CHECK(bucket == BucketFor(bucket) && bucket <= BucketFor(options_.max_num_seqs));
-  SIEVE_CHECK(GraphLayerBounds(entries) == layer_bounds && position < options_.max_model_len);
-  // Sequences that hold `entries` and the page of the step's entry (as GrowForAppend leaves a
-  // decoding sequence), with ids no request has; the rows the pool cannot hold are padding.
-  // What a graph launches depends on the bucket and the bounds alone; the data of each step is
+  // A step of padding sequences only: one token each at position 0 in the padding slot. What a
+  // graph launches depends on the bucket and the bounds alone; the data of each step is
   // uploaded into the graph's buffer before it replays.
-  constexpr SeqId kFirstWarmUpId = -1000;
-  WarmUpRows rows{.entries = &entries, .position = position};
-  std::vector<SeqId> held;
-  for (int row = 0; row < bucket; ++row) {
-    const SeqId id = kFirstWarmUpId - row;
-    if (!kv_.AddSequence(id).ok()) break;
-    held.push_back(id);
-    if (!kv_.Grow(id, entries)) break;
-    kv_.SetLengths(id, entries);
-    if (!kv_.GrowForAppend(id)) break;
-    rows.slots.push_back(kv_.Slot(id));
-  }
   const StepPlan empty;
   std::vector<SeqId> sample_ids;
-  BuildStep(empty, scheduler, sample_ids, bucket, /*feed=*/nullptr, &rows);
+  BuildStep(empty, scheduler, sample_ids, bucket);
   step_.layer_max_kv_len = layer_bounds;
   logits_view_ = logits_device_.Rows(0, step_.num_sample_rows);
   bool captured = false;
@@ -556,9 +530,6 @@ bool ModelRunner::WarmUpDecodeGraph(int bucket, const std::vector<int32_t>& laye
     const bool rank_captured = RunDecodeGraph(rank, bucket);
     if (rank == 0) captured = rank_captured;
   });
-  // The pages go back to the pool: a later step's uploads (its page-table patches) follow this
-  // step in stream order.
-  for (const SeqId id : held) kv_.RemoveSequence(id);
   return captured;
 }
 

@@ -110,17 +110,11 @@ class ModelRunner {
   // hold `entries` [L] (the longest sequence's, before the step's token) is keyed by.
   std::vector<int32_t> GraphLayerBounds(const std::vector<int>& entries) const;
   // Captures (and step-tunes) the graph of a decode-only step of `bucket` sequences whose layers
-  // are bounded by `layer_bounds`: the graph a later step of that bucket and those bounds
-  // replays. It runs on sequences that hold `entries` [L] entries at position `position` (a
-  // prompt's, GraphLayerBounds(entries) == layer_bounds), as many of the bucket's rows as the KV
-  // pool's free pages and slots allow, the rest padding; their pages are taken for the step and
-  // freed after it (their contents are whatever the pages held: nothing reads them later). Why
-  // real lengths: step tuning times the GEMMs among the step's attention, which at batch 1 took
-  // other picks on a one-entry context (runtime/README.md, "Warm start"). False when there was
-  // nothing to do (no graphs, or captured already). Only before requests run: `scheduler` must
-  // hold none.
+  // are bounded by `layer_bounds`, running it on padding sequences; the graph a later step of
+  // that bucket and those bounds replays. False when there was nothing to do (no graphs, or
+  // captured already). Only before requests run: `scheduler` must hold none.
   bool WarmUpDecodeGraph(int bucket, const std::vector<int32_t>& layer_bounds,
-                         const std::vector<int>& entries, int position, const Scheduler& scheduler);
+                         const Scheduler& scheduler);
   // Runs a prefill-only step of `tokens` tokens that reads and writes no KV entries, so that the
   // backend plans the step's shapes (and grows its workspaces) now. Only before requests run.
   void WarmUpPrefill(int tokens);
@@ -146,16 +140,8 @@ class ModelRunner {
 
   // The step's host half: builds step_'s host fields and host_meta_ (and takes the page-table
   // patches) without touching a device.
-  // Rows of a warm-up step (WarmUpDecodeGraph) that decode in held KV slots, not the padding
-  // slot: a token at `position` in each slot, whose layers hold `entries` before it.
-  struct WarmUpRows {
-    std::vector<int> slots;
-    const std::vector<int>* entries = nullptr;
-    int position = 0;
-  };
-  // `warm_up`: the first padding rows are these.
   void BuildStep(const StepPlan& plan, const Scheduler& scheduler, std::vector<SeqId>& sample_ids,
-                 int pad_to, const TokenFeed* feed = nullptr, const WarmUpRows* warm_up = nullptr);
+                 int pad_to, const TokenFeed* feed = nullptr);
   // Runs job(rank) for every rank at once and returns when all are done (one rank: a call).
   void ForEachRank(const std::function<void(int rank)>& job);
   // Rank `rank`'s share of a step's uploads: the page-table patches and the lengths.
