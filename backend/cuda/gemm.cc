@@ -549,11 +549,6 @@ void GemmRunner::Settle(Plan& plan, int64_t m, int64_t n, int64_t k, bool out_f3
       if (plan.options.size() >= std::max<size_t>(tuning_options_, 2)) plan.options.pop_back();
       plan.options.push_back(skinny);
     }
-    // EXPERIMENT (temporary): the skinny kernel wherever it is a candidate.
-    if (skinny >= 0 && std::getenv("SIEVE_SKINNY_PICK") != nullptr) {
-      Apply(plan, skinny);
-      plan.options = {skinny};
-    }
   }
   if (plan.skinny == 0) plan.name += Describe(plan.algo);
   if (!verbose_) return;
