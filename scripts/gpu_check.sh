@@ -208,15 +208,19 @@ if has serve_ab; then
   # A serving change against .ab/'s tree (scripts/prepare_ab.sh REV, carried) in one run: for each
   # tree in turn, AB_ROUNDS times (default 2), a warmed-up server (Llama-3-8B shape, dummy
   # weights, full:0-2,pyramidkv:3-31 budget 400, --max-num-seqs 64) and at each level C of
-  # SERVE_AB_LEVELS (default "1 32") 4000/300 prompts: 3 at C = 1, 2C otherwise.
+  # SERVE_AB_LEVELS (default "1 32") 4000/300 prompts: 3 at C = 1, 2C otherwise. SERVE_AB_ARGS
+  # adds arguments to both servers (e.g. "--log-level debug": the step tuning decisions).
+  # .ab/'s sieve builds beside this tree's (half the cores each) unless the build stage built it.
+  if [ -z "${ab_build:-}" ] && [ -z "${ab_built:-}" ] && [ -d .ab ]; then
+    (cd .ab && { [ -f build/gpu/build.ninja ] || cmake --preset gpu; } && \
+      cmake --build --preset gpu -j "$(( $(nproc) / 2 ))" --target sieve) > "$LOGS/build_ab.log" 2>&1 &
+    ab_build=$!
+  fi
   ensure_sieve
+  ab_ready
   tok=testdata/tokenizers/llama3/tokenizer.model
   health() { python3 -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8123/health', timeout=2).status == 200 else 1)" 2>/dev/null; }
   sieves=(./build/gpu/sieve)
-  if ! ab_ready && [ -d .ab ]; then
-    (cd .ab && { [ -f build/gpu/build.ninja ] || cmake --preset gpu; } && \
-      cmake --build --preset gpu -j "$(nproc)" --target sieve) > "$LOGS/build_ab.log" 2>&1
-  fi
   if [ -x .ab/build/gpu/sieve ]; then
     sieves+=(.ab/build/gpu/sieve)
   else
@@ -228,7 +232,7 @@ if has serve_ab; then
       "$binary" serve --model configs/llama-3-8b --load-format dummy --tokenizer "$tok" \
         --port 8123 --max-model-len 4600 --max-num-batched-tokens 8192 --max-num-seqs 64 \
         --no-progress --kv-policy "full:0-2,pyramidkv:3-31" --kv-budget 400 --kv-window 32 \
-        > "$LOGS/serve_ab_${name}_$round.log" 2>&1 &
+        ${SERVE_AB_ARGS:-} > "$LOGS/serve_ab_${name}_$round.log" 2>&1 &
       pid=$!
       for i in $(seq 1 600); do health && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
       for level in ${SERVE_AB_LEVELS:-1 32}; do

@@ -379,7 +379,8 @@ class CudaBackend final : public Backend {
   std::vector<TuningChoice> OpenTuningChoices() override {
     std::vector<TuningChoice> choices;
     for (cuda::GemmRunner::OpenPlan& plan : gemm_->OpenPlans()) {
-      choices.push_back({"GEMM " + plan.shape, std::move(plan.options)});
+      // The skinny kernel loads its weights before PdlWait (skinny_gemm.cu).
+      choices.push_back({"GEMM " + plan.shape, std::move(plan.options), plan.skinny_option});
     }
     return choices;
   }
