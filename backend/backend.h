@@ -183,11 +183,6 @@ class Backend {
   struct TuningChoice {
     std::string name;                  // e.g. "GEMM 64 x 28672 x 4096"
     std::vector<std::string> options;  // what each option is, for logs
-    // An option whose kernel starts under the kernel before it (PDL: the CUDA skinny GEMM
-    // streams its weights early), or -1. What it gains depends on its neighbours' options (a
-    // kernel that never lets the next one start early hides nothing of it), so the step tuner
-    // first tries every such option at once (runtime/step_tuning.h).
-    int overlapping_option = -1;
   };
   virtual void MarkTuningScope() {}
   virtual std::vector<TuningChoice> OpenTuningChoices() { return {}; }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <map>
 #include <numeric>
 #include <random>
 
@@ -28,83 +27,16 @@ double LowerMedian(std::vector<double> samples) {
   return samples[(samples.size() - 1) / 2];
 }
 
-// The lower median of each graph's samples: one warm-up sample each (a new graph's first replay),
-// then `rounds` rounds, each visiting the graphs in its own shuffled order so that no graph always
-// follows the same one.
-std::vector<double> TimeGraphs(const StepTuningHooks& hooks, const std::vector<int>& graphs,
-                               int rounds, uint32_t seed) {
-  const size_t count = graphs.size();
-  std::vector<std::vector<double>> samples(count);
-  for (const int graph : graphs) hooks.time(graph);
-  std::vector<size_t> order(count);
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::mt19937 rng(seed);
-  for (int round = 0; round < rounds; ++round) {
-    std::shuffle(order.begin(), order.end(), rng);
-    for (const size_t index : order) samples[index].push_back(hooks.time(graphs[index]));
-  }
-  std::vector<double> ms;
-  for (auto& of_graph : samples) ms.push_back(LowerMedian(std::move(of_graph)));
-  return ms;
-}
-
-// The option among `ms` that the tuner keeps: `incumbent` unless another is faster by more than
-// the noise (kMargin), then the fastest.
-int Keep(const std::vector<double>& ms, int incumbent) {
-  const double keep = ms[static_cast<size_t>(incumbent)] * (1.0 - kMargin);
-  int chosen = incumbent;
-  for (size_t option = 0; option < ms.size(); ++option) {
-    if (ms[option] < keep && ms[option] < ms[static_cast<size_t>(chosen)]) {
-      chosen = static_cast<int>(option);
-    }
-  }
-  return chosen;
-}
-
 }  // namespace
 
 std::vector<StepTuningOutcome> TuneStep(const StepTuningHooks& hooks, int rounds) {
   SIEVE_CHECK(rounds > 0) << "step tuning needs at least one round";
   std::vector<StepTuningOutcome> outcomes;
-  // Where each choice's descent starts, by name: its overlapping option where the joint probe
-  // kept those, else option 0.
-  std::map<std::string, int> start;
-  {
-    const std::vector<Backend::TuningChoice> open = hooks.open_choices();
-    std::vector<int> overlapping;  // indices into `open`
-    for (size_t index = 0; index < open.size(); ++index) {
-      if (open[index].overlapping_option > 0) overlapping.push_back(static_cast<int>(index));
-    }
-    // One alone is tried by the descent anyway.
-    if (overlapping.size() >= 2) {
-      StepTuningOutcome outcome{"every overlapping option at once",
-                                {"each choice at its pick", "each at its overlapping option"},
-                                {},
-                                0};
-      std::vector<int> graphs{hooks.capture()};
-      for (const int index : overlapping) {
-        hooks.set_option(index, open[static_cast<size_t>(index)].overlapping_option);
-      }
-      graphs.push_back(hooks.capture());
-      outcome.ms = TimeGraphs(hooks, graphs, rounds, /*seed=*/kMaxChoices);
-      outcome.chosen = Keep(outcome.ms, 0);
-      for (const int graph : graphs) hooks.destroy(graph);
-      for (const int index : overlapping) {
-        const Backend::TuningChoice& choice = open[static_cast<size_t>(index)];
-        const int option = outcome.chosen == 1 ? choice.overlapping_option : 0;
-        hooks.set_option(index, option);
-        start[choice.name] = option;
-      }
-      outcomes.push_back(std::move(outcome));
-    }
-  }
   for (int decided = 0; decided < kMaxChoices; ++decided) {
     const std::vector<Backend::TuningChoice> open = hooks.open_choices();
     if (open.empty()) break;
     // The first open choice; any that open while its options are captured come after it.
-    const auto started = start.find(open[0].name);
-    const int incumbent = started != start.end() ? started->second : 0;
-    StepTuningOutcome outcome{open[0].name, open[0].options, {}, incumbent};
+    StepTuningOutcome outcome{open[0].name, open[0].options, {}, 0};
     const int count = static_cast<int>(outcome.options.size());
     if (count > 1) {
       std::vector<int> graphs;
@@ -112,9 +44,29 @@ std::vector<StepTuningOutcome> TuneStep(const StepTuningHooks& hooks, int rounds
         hooks.set_option(0, option);
         graphs.push_back(hooks.capture());
       }
-      outcome.ms = TimeGraphs(hooks, graphs, rounds, static_cast<uint32_t>(decided));
-      // The incumbent stays unless another option is faster by more than the noise.
-      outcome.chosen = Keep(outcome.ms, incumbent);
+      std::vector<std::vector<double>> samples(static_cast<size_t>(count));
+      for (const int graph : graphs) hooks.time(graph);  // warm-up: a new graph's first replay
+      // Each round in its own order, so that no option always follows the same one.
+      std::vector<int> order(static_cast<size_t>(count));
+      std::iota(order.begin(), order.end(), 0);
+      std::mt19937 rng(static_cast<uint32_t>(decided));
+      for (int round = 0; round < rounds; ++round) {
+        std::shuffle(order.begin(), order.end(), rng);
+        for (const int option : order) {
+          samples[static_cast<size_t>(option)].push_back(hooks.time(graphs[option]));
+        }
+      }
+      for (int option = 0; option < count; ++option) {
+        outcome.ms.push_back(LowerMedian(samples[static_cast<size_t>(option)]));
+      }
+      // Option 0, the pick alone, stays unless another is faster by more than the noise.
+      const double keep = outcome.ms[0] * (1.0 - kMargin);
+      for (int option = 1; option < count; ++option) {
+        const double ms = outcome.ms[static_cast<size_t>(option)];
+        if (ms < keep && ms < outcome.ms[static_cast<size_t>(outcome.chosen)]) {
+          outcome.chosen = option;
+        }
+      }
       for (const int graph : graphs) hooks.destroy(graph);
       hooks.set_option(0, outcome.chosen);
     }

@@ -35,15 +35,8 @@ struct StepTuningOutcome {
 // that opens meanwhile, e.g. a GEMM first planned inside a capture, comes after): each option of
 // the choice is captured, the graphs are timed `rounds` times each (a round visits them in a
 // shuffled order) after one warm-up sample each, and the option with the lowest lower median is
-// kept if it beats the incumbent by more than 0.2%; then the choice is closed. The incumbent is
-// option 0, the pick alone, except after the joint probe that comes first where two or more open
-// choices have an overlapping option (Backend::TuningChoice): the step with every one of them at
-// it is timed against the step with all at their picks, and if faster by more than 0.2% those
-// options are where the descent starts. One choice at a time cannot find that: at batch 1 on the
-// H200 the skinny o and down GEMMs each tied or lost alone in the step (the descent kept
-// cuBLASLt's), yet the skinny kernel in every GEMM at once made the served step 4.26 ms
-// against 4.35 (bench/results/2026-12-04-h200-serve-c1-skinny-everywhere.json). Returns what was
-// decided, in order, the joint probe first when it ran.
+// kept if it beats option 0, the pick alone, by more than 0.2%; then the choice is closed.
+// Returns what was decided, in order.
 std::vector<StepTuningOutcome> TuneStep(const StepTuningHooks& hooks, int rounds);
 
 // `step` (ops on `backend` only, no host work) captured as a graph. The backend's choices opened

@@ -21,13 +21,10 @@ class FakeChoices {
     int option = 0;
     bool open = true;
     bool opens_on_capture = false;  // becomes open at the first capture (planned inside one)
-    int overlapping_option = -1;
   };
 
-  // `joint_gain` ms comes off a step whose every choice with an overlapping option is at it (as
-  // kernels that each start under the one before them).
-  explicit FakeChoices(std::vector<Choice> choices, uint32_t seed, double joint_gain = 0.0)
-      : choices_(std::move(choices)), rng_(seed), joint_gain_(joint_gain) {}
+  explicit FakeChoices(std::vector<Choice> choices, uint32_t seed)
+      : choices_(std::move(choices)), rng_(seed) {}
 
   StepTuningHooks Hooks() {
     StepTuningHooks hooks;
@@ -35,7 +32,7 @@ class FakeChoices {
       std::vector<Backend::TuningChoice> open;
       for (const Choice& choice : choices_) {
         if (!Visible(choice)) continue;
-        Backend::TuningChoice entry{choice.name, {}, choice.overlapping_option};
+        Backend::TuningChoice entry{choice.name, {}};
         for (size_t option = 0; option < choice.costs.size(); ++option) {
           entry.options.push_back(choice.name + "/" + std::to_string(option));
         }
@@ -56,14 +53,9 @@ class FakeChoices {
     hooks.time = [this](int graph) {
       EXPECT_TRUE(graphs_.count(graph)) << "timed a destroyed graph";
       double ms = 5.0;
-      bool joint = true;
       for (size_t i = 0; i < choices_.size(); ++i) {
-        const int option = graphs_[graph][i];
-        ms += choices_[i].costs[static_cast<size_t>(option)];
-        const int overlapping = choices_[i].overlapping_option;
-        if (overlapping >= 0 && option != overlapping) joint = false;
+        ms += choices_[i].costs[static_cast<size_t>(graphs_[graph][i])];
       }
-      if (joint) ms -= joint_gain_;
       ms += std::uniform_real_distribution<double>(0.0, 0.004)(rng_);
       if (samples_[graph]++ == outlier_at_[graph]) ms += 0.5;  // sample 0 is the warm-up
       return ms;
@@ -93,7 +85,6 @@ class FakeChoices {
   std::map<int, std::vector<int>> graphs_;
   std::map<int, int> outlier_at_;  // which sample of the graph is slowed
   std::map<int, int> samples_;
-  double joint_gain_ = 0.0;
   int next_graph_ = 0;
   int captures_ = 0;
 };
@@ -150,51 +141,6 @@ TEST(StepTuningTest, ATieKeepsThePickAloneAndOneOptionNeedsNoCapture) {
   EXPECT_TRUE(outcomes[1].ms.empty());
   EXPECT_EQ(fake.captures(), 2);  // the two options of "o" only
   EXPECT_FALSE(fake.choice(1).open);
-}
-
-// Three kernels that each cost a little more alone but gain together (the skinny GEMMs at batch
-// 1): one choice at a time keeps every pick, the joint probe finds the set, and the descent after
-// it keeps the set (leaving any one of them loses the joint gain).
-TEST(StepTuningTest, OverlappingOptionsThatGainOnlyTogetherAreFound) {
-  std::random_device seed;
-  std::vector<FakeChoices::Choice> choices = {{"o", {0.0, 0.01, 0.02}},
-                                              {"gate_up", {0.0, 0.01}},
-                                              {"down", {0.0, 0.02, 0.01}},
-                                              {"lm_head", {0.0, 0.03}}};
-  choices[0].overlapping_option = 1;
-  choices[1].overlapping_option = 1;
-  choices[2].overlapping_option = 2;
-  FakeChoices fake(choices, seed(), /*joint_gain=*/0.1);
-  const std::vector<StepTuningOutcome> outcomes = TuneStep(fake.Hooks(), 5);
-  ASSERT_EQ(outcomes.size(), 5u);
-  EXPECT_EQ(outcomes[0].choice, "every overlapping option at once");
-  EXPECT_EQ(outcomes[0].chosen, 1);
-  EXPECT_NEAR(outcomes[0].ms[0] - outcomes[0].ms[1], 0.1 - 0.01 - 0.01 - 0.01, 0.01);
-  const int expected[] = {1, 1, 2, 0};
-  for (size_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(outcomes[i + 1].choice, fake.choice(i).name);
-    EXPECT_EQ(outcomes[i + 1].chosen, expected[i]) << fake.choice(i).name;
-    EXPECT_EQ(fake.choice(i).option, expected[i]) << fake.choice(i).name;
-    EXPECT_FALSE(fake.choice(i).open);
-  }
-  EXPECT_EQ(fake.live_graphs(), 0u);
-}
-
-// Without a joint gain the probe loses and the descent starts from the picks, as without it.
-TEST(StepTuningTest, AJointProbeThatLosesLeavesThePicks) {
-  std::random_device seed;
-  std::vector<FakeChoices::Choice> choices = {{"o", {0.0, 0.01}}, {"down", {0.0, 0.02}}};
-  choices[0].overlapping_option = 1;
-  choices[1].overlapping_option = 1;
-  FakeChoices fake(choices, seed());
-  const std::vector<StepTuningOutcome> outcomes = TuneStep(fake.Hooks(), 5);
-  ASSERT_EQ(outcomes.size(), 3u);
-  EXPECT_EQ(outcomes[0].chosen, 0);
-  EXPECT_EQ(outcomes[1].chosen, 0);
-  EXPECT_EQ(outcomes[2].chosen, 0);
-  EXPECT_EQ(fake.choice(0).option, 0);
-  EXPECT_EQ(fake.choice(1).option, 0);
-  EXPECT_EQ(fake.live_graphs(), 0u);
 }
 
 }  // namespace

@@ -379,8 +379,7 @@ class CudaBackend final : public Backend {
   std::vector<TuningChoice> OpenTuningChoices() override {
     std::vector<TuningChoice> choices;
     for (cuda::GemmRunner::OpenPlan& plan : gemm_->OpenPlans()) {
-      // The skinny kernel loads its weights before PdlWait (skinny_gemm.cu).
-      choices.push_back({"GEMM " + plan.shape, std::move(plan.options), plan.skinny_option});
+      choices.push_back({"GEMM " + plan.shape, std::move(plan.options)});
     }
     return choices;
   }

@@ -597,9 +597,6 @@ std::vector<GemmRunner::OpenPlan> GemmRunner::OpenPlans() const {
     if (plan->closed) continue;
     OpenPlan entry{plan->shape, {}};
     for (const int option : plan->options) {
-      if (IsSkinny(*plan, static_cast<size_t>(option))) {
-        entry.skinny_option = static_cast<int>(entry.options.size());
-      }
       entry.options.push_back(OptionName(*plan, static_cast<size_t>(option)));
     }
     open.push_back(std::move(entry));

@@ -49,7 +49,6 @@ class GemmRunner {
   struct OpenPlan {
     std::string shape;                 // "64 x 28672 x 4096", "(+=)" when accumulating
     std::vector<std::string> options;  // option 0: the plan's pick alone
-    int skinny_option = -1;            // the option that is the skinny kernel, if one is
   };
   std::vector<OpenPlan> OpenPlans() const;
   // Makes option `option` of open plan `index` the plan's choice (before a capture).
