@@ -305,10 +305,11 @@ TEST_F(CudaGemmTest, SkinnyKernelMatchesHostProduct) {
 }
 
 // Wherever the skinny kernel takes the shape, it is the plan's pick or one of its step-tuning
-// options, however it timed alone (its overlap with the kernel before shows only in a step).
+// options, however it timed alone (its overlap with the kernel before shows only in a step); at
+// one row it is the plan, with nothing left open.
 TEST_F(CudaGemmTest, SkinnyKernelIsPickedOrAStepTuningOption) {
-  for (const auto& [m, n, k] :
-       {std::tuple{1, 4096, 4096}, std::tuple{4, 4096, 14336}, std::tuple{32, 6144, 4096}}) {
+  for (const auto& [m, n, k] : {std::tuple{1, 4096, 4096}, std::tuple{1, 4096, 14336},
+                                std::tuple{4, 4096, 14336}, std::tuple{32, 6144, 4096}}) {
     const Problem problem(m, n, k, rng_);
     DeviceBuffer<__nv_bfloat16> x(testing::ToBf16(problem.x)), w(testing::ToBf16(problem.w));
     DeviceBuffer<__nv_bfloat16> out(static_cast<size_t>(m) * problem.ldo);
@@ -330,6 +331,10 @@ TEST_F(CudaGemmTest, SkinnyKernelIsPickedOrAStepTuningOption) {
       }
     }
     EXPECT_TRUE(skinny) << m << " x " << n << " x " << k << ": " << runner.last_plan();
+    if (m == 1) {
+      EXPECT_NE(runner.last_plan().find("skinny"), std::string::npos) << runner.last_plan();
+      EXPECT_TRUE(open.empty()) << open.size() << " open plan(s) at one row";
+    }
     std::printf("%d x %d x %d: %s, %zu open plan(s)\n", m, n, k, runner.last_plan().c_str(),
                 open.size());
   }

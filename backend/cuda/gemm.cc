@@ -549,6 +549,16 @@ void GemmRunner::Settle(Plan& plan, int64_t m, int64_t n, int64_t k, bool out_f3
       if (plan.options.size() >= std::max<size_t>(tuning_options_, 2)) plan.options.pop_back();
       plan.options.push_back(skinny);
     }
+    // One row (a batch-1 decode step): the skinny kernel, with no other option. Its gain is in
+    // the chain: each skinny GEMM streams its weights under the kernel before it, which a
+    // cuBLASLt kernel (never triggering its dependents early) does not allow. Step tuning,
+    // deciding one GEMM at a time, kept cuBLASLt's o and down GEMMs (each skinny one alone among
+    // cuBLASLt neighbours tied or lost); the skinny kernel in every GEMM made the served C = 1
+    // step 4.26 ms against 4.35 (bench/results/2026-12-04-h200-serve-c1-skinny-everywhere.json).
+    if (m == 1 && skinny >= 0) {
+      Apply(plan, skinny);
+      plan.options = {skinny};
+    }
   }
   if (plan.skinny == 0) plan.name += Describe(plan.algo);
   if (!verbose_) return;
