@@ -517,24 +517,7 @@ void GemmRunner::Settle(Plan& plan, int64_t m, int64_t n, int64_t k, bool out_f3
   plan.shape = std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k) +
                (out_f32 ? " (f32 out)" : "") + (accumulate ? " (+=)" : "");
   if (plan.chosen >= 0) {
-    // Step tuning's options: the pick, then the candidates within kTuningMargin of it alone.
-    const float best = CandidateTime(plan, static_cast<size_t>(plan.chosen));
-    std::vector<std::pair<float, int>> near;
-    for (size_t index = 0; index < plan.medians.size(); ++index) {
-      const float ms = CandidateTime(plan, index);
-      if (ms >= 0 && static_cast<int>(index) != plan.chosen && ms <= best * (1 + tuning_margin_)) {
-        near.emplace_back(ms, static_cast<int>(index));
-      }
-    }
-    std::sort(near.begin(), near.end());
-    plan.options = {plan.chosen};
-    for (const auto& [ms, index] : near) {
-      if (plan.options.size() < tuning_options_) plan.options.push_back(index);
-    }
-    // The skinny kernel's fastest split is an option however it timed alone: in a step it starts
-    // streaming its weights while the kernel before still runs, which no timing alone shows. At
-    // batch 1 the step took the skinny down GEMM though cuBLASLt's was faster alone (4.35 against
-    // 4.47 ms a step; bench/results/2026-12-03-h200-decode-skinny-gemm-ab.json).
+    // The skinny kernel's fastest split, if it is a candidate.
     int skinny = -1;
     for (size_t index = plan.cublas_candidates.size(); index < plan.medians.size(); ++index) {
       const float ms = CandidateTime(plan, index);
@@ -542,22 +525,43 @@ void GemmRunner::Settle(Plan& plan, int64_t m, int64_t n, int64_t k, bool out_f3
         skinny = static_cast<int>(index);
       }
     }
-    const bool has_skinny = std::any_of(plan.options.begin(), plan.options.end(), [&](int index) {
-      return IsSkinny(plan, static_cast<size_t>(index));
-    });
-    if (skinny >= 0 && !has_skinny) {
-      if (plan.options.size() >= std::max<size_t>(tuning_options_, 2)) plan.options.pop_back();
-      plan.options.push_back(skinny);
-    }
-    // One row (a batch-1 decode step): the skinny kernel, with no other option. Its gain is in
-    // the chain: each skinny GEMM streams its weights under the kernel before it, which a
-    // cuBLASLt kernel (never triggering its dependents early) does not allow. Step tuning,
-    // deciding one GEMM at a time, kept cuBLASLt's o and down GEMMs (each skinny one alone among
-    // cuBLASLt neighbours tied or lost); the skinny kernel in every GEMM made the served C = 1
-    // step 4.26 ms against 4.35 (bench/results/2026-12-04-h200-serve-c1-skinny-everywhere.json).
     if (m == 1 && skinny >= 0) {
+      // One row (a batch-1 decode step): the skinny kernel, with no other option. Its gain is in
+      // the chain: each skinny GEMM streams its weights under the kernel before it, which a
+      // cuBLASLt kernel (never triggering its dependents early) does not allow. Step tuning,
+      // deciding one GEMM at a time, kept cuBLASLt's down GEMM and mostly its o GEMM (a skinny one
+      // alone among cuBLASLt neighbours tied or lost); the skinny kernel in every GEMM made the
+      // served C = 1 step 4.26 ms against 4.35
+      // (bench/results/2026-12-04-h200-serve-c1-skinny-everywhere.json).
       Apply(plan, skinny);
       plan.options = {skinny};
+    } else {
+      // Step tuning's options: the pick, then the candidates within kTuningMargin of it alone.
+      const float best = CandidateTime(plan, static_cast<size_t>(plan.chosen));
+      std::vector<std::pair<float, int>> near;
+      for (size_t index = 0; index < plan.medians.size(); ++index) {
+        const float ms = CandidateTime(plan, index);
+        if (ms >= 0 && static_cast<int>(index) != plan.chosen &&
+            ms <= best * (1 + tuning_margin_)) {
+          near.emplace_back(ms, static_cast<int>(index));
+        }
+      }
+      std::sort(near.begin(), near.end());
+      plan.options = {plan.chosen};
+      for (const auto& [ms, index] : near) {
+        if (plan.options.size() < tuning_options_) plan.options.push_back(index);
+      }
+      // The skinny kernel's fastest split is an option however it timed alone: in a step it
+      // starts streaming its weights while the kernel before still runs, which no timing alone
+      // shows. At batch 1 the step took the skinny down GEMM though cuBLASLt's was faster alone
+      // (4.35 against 4.47 ms a step; bench/results/2026-12-03-h200-decode-skinny-gemm-ab.json).
+      const bool has_skinny = std::any_of(plan.options.begin(), plan.options.end(), [&](int index) {
+        return IsSkinny(plan, static_cast<size_t>(index));
+      });
+      if (skinny >= 0 && !has_skinny) {
+        if (plan.options.size() >= std::max<size_t>(tuning_options_, 2)) plan.options.pop_back();
+        plan.options.push_back(skinny);
+      }
     }
   }
   if (plan.skinny == 0) plan.name += Describe(plan.algo);
