@@ -247,6 +247,10 @@ void BenchDecode(const AttentionBenchOptions& options, int batch, int length, co
   Buffer<bf16> out(static_cast<size_t>(batch) * q_width);
   const size_t workspace_bytes = DecodeAttentionWorkspaceBytes(batch, kNumHeads, kHeadDim, length);
   Buffer<uint8_t> workspace(workspace_bytes);
+  const size_t counter_count = DecodeAttentionCounterCount(batch, kNumHeads);
+  Buffer<int32_t> counters(counter_count);  // zero when allocated, as DecodeScratch asks
+  SIEVE_CUDA_CHECK(cudaMemsetAsync(counters.get(), 0, counter_count * sizeof(int32_t), stream));
+  const DecodeScratch scratch{workspace.get(), workspace_bytes, counters.get(), counter_count};
 
   StepView step{};
   step.query_start = query_start.get();
@@ -268,7 +272,7 @@ void BenchDecode(const AttentionBenchOptions& options, int batch, int length, co
 
   const double ms = MedianMs(options, stream, [&](int iteration) {
     DecodeAttention(q.get(), qkv_width, kNumHeads, step, iteration % num_layers, pool, out.get(),
-                    q_width, workspace.get(), workspace_bytes, stream);
+                    q_width, scratch, stream);
   });
   const int splits =
       DecodeAttentionSplits(batch, kNumHeads, kNumKvHeads, kHeadDim, length, workspace_bytes);
@@ -279,8 +283,8 @@ void BenchDecode(const AttentionBenchOptions& options, int batch, int length, co
     SIEVE_CUDA_CHECK(
         cudaMemsetAsync(stamps.get(), 0, ctas * kDecodeTraceSlots * sizeof(uint64_t), stream));
     SetDecodeAttentionTrace(stamps.get(), ctas);
-    DecodeAttention(q.get(), qkv_width, kNumHeads, step, 0, pool, out.get(), q_width,
-                    workspace.get(), workspace_bytes, stream);
+    DecodeAttention(q.get(), qkv_width, kNumHeads, step, 0, pool, out.get(), q_width, scratch,
+                    stream);
     SetDecodeAttentionTrace(nullptr, 0);
     std::vector<uint64_t> host(static_cast<size_t>(ctas) * kDecodeTraceSlots);
     SIEVE_CUDA_CHECK(cudaMemcpyAsync(host.data(), stamps.get(), host.size() * sizeof(uint64_t),

@@ -453,6 +453,23 @@ struct PagedDecodeCase {
 };
 
 // A PagedDecodeCase's tables on the device, the StepView over them and PoolViews over its pages.
+// A decode attention's scratch for `batch` sequences: a workspace of `workspace_bytes` and split
+// counters zeroed, as DecodeScratch asks.
+struct DeviceDecodeScratch {
+  DeviceDecodeScratch(int batch, int num_heads, size_t workspace_bytes)
+      : workspace(workspace_bytes),
+        counters(std::vector<int32_t>(DecodeAttentionCounterCount(batch, num_heads), 0)),
+        view{workspace.get(), workspace_bytes, counters.get(), counters.size()} {}
+  // Every call leaves the counters at zero (the next call counts from there).
+  bool CountersAreZero() const {
+    const std::vector<int32_t> values = counters.ToHost();
+    return std::all_of(values.begin(), values.end(), [](int32_t value) { return value == 0; });
+  }
+  DeviceBuffer<uint8_t> workspace;
+  DeviceBuffer<int32_t> counters;
+  DecodeScratch view;
+};
+
 struct DevicePagedDecodeCase {
   explicit DevicePagedDecodeCase(const PagedDecodeCase& paged)
       : page_table(paged.page_table),
@@ -548,7 +565,7 @@ TEST_P(DecodeAttentionTest, MatchesCpu) {
         forced_splits > 0
             ? DecodeAttentionWorkspaceBytesForSplits(batch, num_heads, head_dim, forced_splits)
             : DecodeAttentionWorkspaceBytes(batch, num_heads, head_dim, max_kv_len);
-    DeviceBuffer<uint8_t> workspace(workspace_bytes);
+    const DeviceDecodeScratch scratch(batch, num_heads, workspace_bytes);
     // Each split count in both CTA shapes; with the chosen count also DecodeAttention itself
     // (kAuto: its own split count and shape).
     for (const DecodeCta cta : {DecodeCta::kAuto, DecodeCta::kWide, DecodeCta::kNarrow}) {
@@ -565,14 +582,15 @@ TEST_P(DecodeAttentionTest, MatchesCpu) {
         pool_view.scores = scores_dev ? scores_dev->get() : nullptr;
         if (cta != DecodeCta::kAuto) {
           DecodeAttentionWithSplits(splits, cta, qkv_dev.get(), qkv_width, nullptr, num_heads, view,
-                                    layer, pool_view, out_dev.get(), out_stride, workspace.get(),
-                                    workspace_bytes, RowRmsView{}, nullptr);
+                                    layer, pool_view, out_dev.get(), out_stride, scratch.view,
+                                    RowRmsView{}, nullptr);
         } else {
           DecodeAttention(qkv_dev.get(), qkv_width, num_heads, view, layer, pool_view,
-                          out_dev.get(), out_stride, workspace.get(), workspace_bytes, nullptr);
+                          out_dev.get(), out_stride, scratch.view, nullptr);
         }
         SIEVE_CUDA_CHECK(cudaGetLastError());
         SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_TRUE(scratch.CountersAreZero()) << what << ": split counters left non-zero";
         const std::vector<bf16> out_bits = out_dev.ToHost();
         if (run == 1) {
           EXPECT_TRUE(BitwiseEqual(out_bits, first_run)) << what << ": two runs differ";
@@ -775,7 +793,7 @@ TEST_P(RopeDecodeAttentionTest, MatchesCpuAndTwoKernelPath) {
     DeviceBuffer<bf16> v_dev(v_bits);
     DeviceBuffer<int32_t> pool_positions_dev(pool_positions);
     DeviceBuffer<bf16> out_dev(NanBf16(static_cast<size_t>(tokens) * out_stride));
-    DeviceBuffer<uint8_t> workspace(workspace_bytes);
+    const DeviceDecodeScratch scratch(batch, num_heads, workspace_bytes);
     PoolView pool_view = device.Pool(k_dev.get(), v_dev.get(), kv_heads, head_dim);
     pool_view.positions = pool_positions_dev.get();
     if (!fused) {
@@ -785,18 +803,18 @@ TEST_P(RopeDecodeAttentionTest, MatchesCpuAndTwoKernelPath) {
     const float* table = fused ? rope_dev.get() : nullptr;
     if (splits > 0) {
       DecodeAttentionWithSplits(splits, cta, qkv_dev.get(), qkv_width, table, num_heads, view,
-                                layer, pool_view, out_dev.get(), out_stride, workspace.get(),
-                                workspace_bytes, fused ? norm : RowRmsView{}, nullptr);
+                                layer, pool_view, out_dev.get(), out_stride, scratch.view,
+                                fused ? norm : RowRmsView{}, nullptr);
     } else if (fused) {
       RopeDecodeAttention(qkv_dev.get(), qkv_width, table, num_heads, view, layer, pool_view,
-                          out_dev.get(), out_stride, workspace.get(), workspace_bytes, norm,
-                          nullptr);
+                          out_dev.get(), out_stride, scratch.view, norm, nullptr);
     } else {
       DecodeAttention(qkv_dev.get(), qkv_width, num_heads, view, layer, pool_view, out_dev.get(),
-                      out_stride, workspace.get(), workspace_bytes, nullptr);
+                      out_stride, scratch.view, nullptr);
     }
     SIEVE_CUDA_CHECK(cudaGetLastError());
     SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(scratch.CountersAreZero()) << "split counters left non-zero";
     return RunResult{out_dev.ToHost(), k_dev.ToHost(), v_dev.ToHost(), pool_positions_dev.ToHost()};
   };
 

@@ -39,7 +39,8 @@ class CudaBackend final : public Backend {
       if (exec != nullptr) cudaGraphExecDestroy(exec);
     }
     gemm_.reset();
-    cudaFree(attention_workspace_);
+    cudaFree(decode_scratch_.workspace);
+    cudaFree(decode_scratch_.split_counters);
     cudaFree(select_workspace_);
     cudaFree(sample_buffer_);
     for (HostSamples& host : host_samples_) {
@@ -197,12 +198,10 @@ class CudaBackend final : public Backend {
   }
   void DecodeAttention(const Tensor& q, int num_heads, const StepMeta& step, int layer,
                        KvPool& pool, Tensor& out) override {
-    const size_t bytes = cuda::DecodeAttentionWorkspaceBytes(
+    const cuda::DecodeScratch& scratch = EnsureDecodeScratch(
         step.num_seqs - step.num_prefill_seqs, num_heads, pool.head_dim, step.max_kv_len);
-    EnsureWorkspace(attention_workspace_, attention_workspace_bytes_, bytes);
     cuda::DecodeAttention(Bf16(q), q.stride(0), num_heads, LayerView(step, layer), layer,
-                          View(pool), Bf16(out), out.stride(0), attention_workspace_,
-                          attention_workspace_bytes_, stream_);
+                          View(pool), Bf16(out), out.stride(0), scratch, stream_);
   }
   // One kernel (RoPE of the decode tokens inside decode attention) unless H2O needs rotated q in
   // memory for its score pass. Two kernels made the dense decode step 13.62 ms against 13.37
@@ -214,13 +213,11 @@ class CudaBackend final : public Backend {
       Backend::RopeDecodeAttention(qkv, rope_table, num_heads, step, layer, pool, out, norm);
       return;
     }
-    const size_t bytes = cuda::DecodeAttentionWorkspaceBytes(
+    const cuda::DecodeScratch& scratch = EnsureDecodeScratch(
         step.num_seqs - step.num_prefill_seqs, num_heads, pool.head_dim, step.max_kv_len);
-    EnsureWorkspace(attention_workspace_, attention_workspace_bytes_, bytes);
     cuda::RopeDecodeAttention(Bf16(qkv), qkv.stride(0), rope_table.data_as<float>(), num_heads,
                               LayerView(step, layer), layer, View(pool), Bf16(out), out.stride(0),
-                              attention_workspace_, attention_workspace_bytes_, View(norm),
-                              stream_);
+                              scratch, View(norm), stream_);
   }
 
   void WindowScores(const Tensor& q, const Tensor& k, const Tensor& lse, int num_heads,
@@ -268,9 +265,7 @@ class CudaBackend final : public Backend {
     return static_cast<int>(graphs_.size()) - 1;
   }
   void PrepareDecodeGraphs(int max_batch, int num_heads, int head_dim, int max_kv_len) override {
-    EnsureWorkspace(
-        attention_workspace_, attention_workspace_bytes_,
-        cuda::DecodeAttentionWorkspaceBytes(max_batch, num_heads, head_dim, max_kv_len));
+    EnsureDecodeScratch(max_batch, num_heads, head_dim, max_kv_len);
   }
 
   bool BeginSampling(const Tensor& logits, const std::vector<DeviceSamplingRow>& rows,
@@ -431,6 +426,29 @@ class CudaBackend final : public Backend {
     staging_head_ = offset + bytes;
   }
 
+  // The decode attention's scratch for a step of this size: the workspace and the split counters
+  // grow as EnsureWorkspace grows a buffer, the counters zeroed when allocated (each call leaves
+  // them zero).
+  const cuda::DecodeScratch& EnsureDecodeScratch(int num_decode_seqs, int num_heads, int head_dim,
+                                                 int max_kv_len) {
+    EnsureWorkspace(
+        decode_scratch_.workspace, decode_scratch_.workspace_bytes,
+        cuda::DecodeAttentionWorkspaceBytes(num_decode_seqs, num_heads, head_dim, max_kv_len));
+    const size_t counters = cuda::DecodeAttentionCounterCount(num_decode_seqs, num_heads);
+    if (counters > decode_scratch_.split_counter_count) {
+      SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      cudaFree(decode_scratch_.split_counters);
+      decode_scratch_.split_counter_count =
+          std::max(counters, decode_scratch_.split_counter_count * 2);
+      SIEVE_CUDA_CHECK(cudaMalloc(&decode_scratch_.split_counters,
+                                  decode_scratch_.split_counter_count * sizeof(int32_t)));
+      SIEVE_CUDA_CHECK(cudaMemsetAsync(decode_scratch_.split_counters, 0,
+                                       decode_scratch_.split_counter_count * sizeof(int32_t),
+                                       stream_));
+    }
+    return decode_scratch_;
+  }
+
   void EnsureWorkspace(void*& buffer, size_t& capacity, size_t bytes) {
     if (bytes <= capacity) return;
     SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -503,8 +521,7 @@ class CudaBackend final : public Backend {
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::GemmRunner> gemm_;
-  void* attention_workspace_ = nullptr;
-  size_t attention_workspace_bytes_ = 0;
+  cuda::DecodeScratch decode_scratch_;
   void* select_workspace_ = nullptr;
   size_t select_workspace_bytes_ = 0;
   std::vector<cudaGraphExec_t> graphs_;

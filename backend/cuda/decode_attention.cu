@@ -8,11 +8,12 @@
 // of the sequence's entries; the CTA's warps (4 "wide", 2 "narrow") take 16 entries each of every
 // tile, tiles stream through a 3-stage cp.async pipeline (2 where shared memory is smaller), and
 // the warps merge their softmax states in shared memory at the end. With more than one split
-// (flash-decoding), each split writes a normalised partial output and its log-sum-exp, and a
-// combine kernel merges them. The optional H2O pass recomputes q.k of every entry against the final
-// lse and adds the group-mean probability to the scores side pool. Fused RoPE
-// (RopeDecodeAttention): the CTA rotates its q rows in shared memory and writes the step's new
-// entry of its KV head itself before reading it. README_attention.md has the numbers.
+// (flash-decoding), each split writes a normalised partial output and its log-sum-exp and counts
+// itself in; the last CTA of a (sequence, KV head, head chunk) to arrive merges them. The optional
+// H2O pass recomputes q.k of every entry against the final lse and adds the group-mean probability
+// to the scores side pool. Fused RoPE (RopeDecodeAttention): the CTA rotates its q rows in shared
+// memory and writes the step's new entry of its KV head itself before reading it.
+// README_attention.md has the numbers.
 #include "backend/cuda/decode_attention.h"
 
 #include <cuda_bf16.h>
@@ -131,6 +132,7 @@ struct DecodeParams {
   float* lse;                  // [B][H] final log-sum-exp, or null when nobody needs it
   float* partial_lse;          // [num_splits][B][H] (num_splits > 1)
   float* partial_out;          // [num_splits][B][H][d] normalised per split (num_splits > 1)
+  int32_t* split_counters;     // [B * G * head_chunks]: splits written (num_splits > 1), 0 between
   float* scores;               // [num_pages * page_size][G] or null
   int64_t q_stride;
   int64_t out_stride;
@@ -274,6 +276,142 @@ __device__ __forceinline__ void TraceLoopCycles(const DecodeParams& params, bool
   row[kTraceLoopCycles] = end ? now - row[kTraceLoopCycles] : now;
 }
 
+// Splits merged per pass: their weights for the 16 rows fill shared memory.
+constexpr int kMergeChunk = 32;
+// Shared memory MergeSplitsIfLast uses, in floats: each row's max lse and weight total, then
+// the weights of kMergeChunk splits.
+constexpr int kSplitMergeFloats = 2 * kHeadsPerCta + kMergeChunk * kHeadsPerCta;
+template <int kHeadDim, int kWarps>
+constexpr bool SplitMergeFits() {  // in the K/V stages of the smallest (2-stage) pipeline
+  return kSplitMergeFloats * 4 <= 2 * 2 * SmemKvTileBytes<kHeadDim, kWarps>();
+}
+static_assert(SplitMergeFits<64, kWideWarps>() && SplitMergeFits<128, kWideWarps>());
+static_assert(SplitMergeFits<64, kNarrowWarps>() && SplitMergeFits<128, kNarrowWarps>());
+
+// The split-K merge, in the kernel that computed the pieces rather than a second one: at batch 1
+// a second kernel per layer was on the step's critical path 32 times a step. Each CTA of a
+// sequence's split has written its normalised partial output and lse; it counts itself in at its
+// item's counter, and the last to arrive (the counter reads used_splits - 1) merges every piece,
+// weights exp(lse_s - max lse) in split order, into the bf16 output and the final lse, and resets
+// the counter to 0 for the next launch (a launch starts only after the one before completes:
+// PdlWait comes first). The fences make the other CTAs' pieces visible to the last one; its loads
+// bypass L1 (__ldcg). Every thread of the CTA calls it. `scratch` holds kSplitMergeFloats.
+template <int kHeadDim, int kThreads>
+__device__ __forceinline__ void MergeSplitsIfLast(const DecodeParams& params, float* scratch,
+                                                  int item, int used_splits, int decode_index,
+                                                  int head0, int num_rows, int token) {
+  __shared__ int last;
+  const int tid = static_cast<int>(threadIdx.x);
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(params.split_counters + item, 1) == used_splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  float* m_max = scratch;                 // [16]
+  float* total = scratch + kHeadsPerCta;  // [16]
+  float* weights = total + kHeadsPerCta;  // [kMergeChunk][16]
+  const int64_t split_stride = static_cast<int64_t>(params.num_decode) * params.num_heads;
+  const int64_t row0 = static_cast<int64_t>(decode_index) * params.num_heads + head0;
+  const float* lse = params.partial_lse + row0;
+  // Each row's max lse: kThreads / 16 adjacent lanes a row. An empty piece's lse is -inf.
+  constexpr int kPerRow = kThreads / kHeadsPerCta;
+  static_assert(kPerRow >= 1 && 32 % kPerRow == 0, "a row's lanes within one warp");
+  {
+    const int row = tid / kPerRow;
+    float m = -INFINITY;
+    if (row < num_rows) {
+      for (int s = tid % kPerRow; s < used_splits; s += kPerRow) {
+        m = fmaxf(m, __ldcg(lse + s * split_stride + row));
+      }
+    }
+#pragma unroll
+    for (int offset = kPerRow / 2; offset > 0; offset >>= 1) {
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+    }
+    if (tid % kPerRow == 0) {
+      m_max[row] = m;
+      total[row] = 0.0f;
+    }
+  }
+  // Each thread's (row, 4 columns) items of the 16 x d output.
+  constexpr int kQuads = kHeadDim / 4;
+  constexpr int kItems = (kHeadsPerCta * kQuads + kThreads - 1) / kThreads;
+  float4 value[kItems];
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) value[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const float4* part_out = reinterpret_cast<const float4*>(params.partial_out + row0 * kHeadDim);
+  const int64_t part_stride = split_stride * kQuads;  // float4s from one split to the next
+  for (int base = 0; base < used_splits; base += kMergeChunk) {
+    const int count = min(kMergeChunk, used_splits - base);
+    __syncthreads();  // m_max is written; the chunk before is read
+    for (int index = tid; index < count * kHeadsPerCta; index += kThreads) {
+      const int s = index / kHeadsPerCta;
+      const int row = index % kHeadsPerCta;
+      float weight = 0.0f;
+      if (row < num_rows) {
+        const float piece = __ldcg(lse + (base + s) * split_stride + row);
+        weight = piece == -INFINITY ? 0.0f : expf(piece - m_max[row]);
+      }
+      weights[index] = weight;
+    }
+    __syncthreads();
+    if (tid < num_rows) {
+      float sum = total[tid];
+      for (int s = 0; s < count; ++s) sum += weights[s * kHeadsPerCta + tid];
+      total[tid] = sum;
+    }
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      const int index = tid + i * kThreads;
+      const int row = index / kQuads;
+      if (row >= num_rows) continue;
+      const float4* part =
+          part_out + (static_cast<int64_t>(base) * split_stride + row) * kQuads + index % kQuads;
+      // 8 pieces' loads at once (past the chunk, of its last split again; an empty piece's slot
+      // holds stale workspace bytes), then the weights that count.
+      constexpr int kInFlight = 8;
+      for (int first = 0; first < count; first += kInFlight) {
+        float4 loaded[kInFlight];
+        float weight[kInFlight];
+#pragma unroll
+        for (int j = 0; j < kInFlight; ++j) {
+          const int s = min(first + j, count - 1);
+          loaded[j] = __ldcg(part + s * part_stride);
+          weight[j] = first + j < count ? weights[s * kHeadsPerCta + row] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < kInFlight; ++j) {
+          if (weight[j] > 0.0f) {
+            value[i].x += weight[j] * loaded[j].x;
+            value[i].y += weight[j] * loaded[j].y;
+            value[i].z += weight[j] * loaded[j].z;
+            value[i].w += weight[j] * loaded[j].w;
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();  // every row's total is summed
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int index = tid + i * kThreads;
+    const int row = index / kQuads;
+    if (row >= num_rows) continue;
+    const float sum = total[row];
+    const float4 v = value[i];
+    const float4 o = sum > 0.0f ? make_float4(v.x / sum, v.y / sum, v.z / sum, v.w / sum)
+                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    *reinterpret_cast<uint2*>(params.out + static_cast<int64_t>(token) * params.out_stride +
+                              static_cast<int64_t>(head0 + row) * kHeadDim + (index % kQuads) * 4) =
+        make_uint2(flash::PackBf16(o.x, o.y), flash::PackBf16(o.z, o.w));
+  }
+  if (params.lse != nullptr && tid < num_rows) {
+    params.lse[row0 + tid] = total[tid] > 0.0f ? m_max[tid] + logf(total[tid]) : -INFINITY;
+  }
+  if (tid == 0) params.split_counters[item] = 0;
+}
+
 // Grid: x = (decode sequence, KV head, head chunk), chunk fastest; y = split.
 template <int kHeadDim, int kStages, int kWarps>
 __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::kMinCtasPerSm)
@@ -354,6 +492,8 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
     if (split >= used_splits) return;
     if (used_splits > 1) {
       if (tid < num_rows) params.partial_lse[part_row + tid] = -INFINITY;
+      MergeSplitsIfLast<kHeadDim, kThreads>(params, reinterpret_cast<float*>(smem + kQBytes), item,
+                                            used_splits, decode_index, head0, num_rows, token);
     } else {
       for (int index = tid; index < num_rows * kHeadDim; index += kThreads) {
         params.out[static_cast<int64_t>(token) * params.out_stride +
@@ -608,83 +748,11 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
       }
     }
   }
+  if (used_splits > 1) {
+    MergeSplitsIfLast<kHeadDim, kThreads>(params, merge_ml, item, used_splits, decode_index, head0,
+                                          num_rows, token);
+  }
   TraceStamp(params, kTraceExit);
-}
-
-// Merges the splits of one (decode sequence, head): weights exp(lse_s - max lse). Grid (B, H),
-// one thread per output column. A sequence that used one split was written by the main kernel.
-// At batch 1 this kernel is on the step's critical path 32 times a step, and what it costs there
-// is round trips to the L2, so none of its loads waits for another: each thread loads one split's
-// lse (a chunk of kHeadDim splits at a time), the block takes their maximum, and each thread then
-// loads its column of 8 splits at once (predicated, no branch between the loads).
-template <int kHeadDim>
-__global__ void __launch_bounds__(kHeadDim) DecodeCombineKernel(const DecodeParams params) {
-  __shared__ float weights[kHeadDim];  // exp(lse_s - max lse) of one chunk of splits, 0 if empty
-  __shared__ float warp_max[kHeadDim / 32];
-  PdlWait();
-  PdlLaunchDependents();
-  const int decode_index = static_cast<int>(blockIdx.x);
-  const int seq = params.first_seq + decode_index;
-  const int used_splits = UsedSplits(params, params.kv_lens[params.seq_slots[seq]]);
-  if (used_splits == 1) return;
-  const int head = static_cast<int>(blockIdx.y);
-  const int column = static_cast<int>(threadIdx.x);
-  const int64_t split_stride = static_cast<int64_t>(params.num_decode) * params.num_heads;
-  const int64_t row = static_cast<int64_t>(decode_index) * params.num_heads + head;
-  const float* lse = params.partial_lse + row;
-  // An empty piece has lse -inf: it adds nothing, and its partial output was never written.
-  float own_lse = column < used_splits ? lse[column * split_stride] : -INFINITY;
-  float m_max = own_lse;
-  for (int split = column + kHeadDim; split < used_splits; split += kHeadDim) {
-    m_max = fmaxf(m_max, lse[split * split_stride]);
-  }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    m_max = fmaxf(m_max, __shfl_xor_sync(0xffffffffu, m_max, offset));
-  }
-  if (column % 32 == 0) warp_max[column / 32] = m_max;
-  __syncthreads();
-#pragma unroll
-  for (int warp = 0; warp < kHeadDim / 32; ++warp) m_max = fmaxf(m_max, warp_max[warp]);
-  constexpr int kInFlight = 8;
-  float total = 0.0f;
-  float value = 0.0f;
-  const float* part_out = params.partial_out + row * kHeadDim + column;
-  for (int base = 0; base < used_splits; base += kHeadDim) {
-    const int count = min(kHeadDim, used_splits - base);
-    if (base > 0) {
-      __syncthreads();  // the chunk before is read
-      own_lse = column < count ? lse[(base + column) * split_stride] : -INFINITY;
-    }
-    // With every piece empty m_max is -inf too, and every weight 0.
-    if (column < count) weights[column] = own_lse == -INFINITY ? 0.0f : expf(own_lse - m_max);
-    __syncthreads();
-    for (int first = 0; first < count; first += kInFlight) {
-      float weight[kInFlight];
-      float part[kInFlight];
-      // Every load is made (past the chunk, of its last split again; an empty piece's slot holds
-      // stale workspace bytes) and the select after drops what does not count.
-#pragma unroll
-      for (int j = 0; j < kInFlight; ++j) {
-        const int index = min(first + j, count - 1);
-        const float loaded = weights[index];
-        weight[j] = first + j < count ? loaded : 0.0f;
-        part[j] = part_out[(base + index) * split_stride * kHeadDim];
-      }
-#pragma unroll
-      for (int j = 0; j < kInFlight; ++j) {
-        total += weight[j];
-        value += weight[j] > 0.0f ? weight[j] * part[j] : 0.0f;
-      }
-    }
-  }
-  const int token = params.query_start[seq];
-  params.out[static_cast<int64_t>(token) * params.out_stride +
-             static_cast<int64_t>(head) * kHeadDim + column] =
-      __float2bfloat16(total > 0.0f ? value / total : 0.0f);
-  if (params.lse != nullptr && column == 0) {
-    params.lse[row] = total > 0.0f ? m_max + logf(total) : -INFINITY;
-  }
 }
 
 // H2O: scores[entry][g] += mean over the group's heads of exp(scale q_h . k - lse_h), for every
@@ -843,10 +911,6 @@ void LaunchDecode(const DecodeParams& params, DecodeCta cta, cudaStream_t stream
   } else {
     LaunchDecodeMainKernel<kHeadDim, kWideWarps>(params, stream);
   }
-  if (params.num_splits > 1) {
-    LaunchWithPdl(DecodeCombineKernel<kHeadDim>, dim3(params.num_decode, params.num_heads),
-                  kHeadDim, 0, stream, params);
-  }
   if (params.scores != nullptr) {
     SIEVE_CHECK(params.group <= kMaxScoreGroup)
         << "H2O scores support at most " << kMaxScoreGroup << " query heads per KV head";
@@ -962,6 +1026,11 @@ size_t DecodeAttentionWorkspaceBytes(int num_decode_seqs, int num_heads, int hea
   return Layout(num_decode_seqs, num_heads, head_dim, slots).bytes;
 }
 
+size_t DecodeAttentionCounterCount(int num_decode_seqs, int num_heads) {
+  // One per CTA of a split, (sequence, KV head, chunk of the group): at most one per query head.
+  return static_cast<size_t>(std::max(num_decode_seqs, 0)) * std::max(num_heads, 0);
+}
+
 DecodeCta ChooseDecodeCta(int num_decode_seqs, int num_heads, int num_kv_heads) {
   if (num_kv_heads <= 0) return DecodeCta::kWide;
   return CtasPerSplit(num_decode_seqs, num_heads, num_kv_heads) > TargetCtas() ? DecodeCta::kNarrow
@@ -971,7 +1040,7 @@ DecodeCta ChooseDecodeCta(int num_decode_seqs, int num_heads, int num_kv_heads) 
 void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int64_t q_stride,
                                const float* rope_table, int num_heads, const StepView& step,
                                int layer, const PoolView& pool, bf16* out, int64_t out_stride,
-                               void* workspace, size_t workspace_bytes, const RowRmsView& norm,
+                               const DecodeScratch& scratch, const RowRmsView& norm,
                                cudaStream_t stream) {
   const int num_decode = step.num_seqs - step.num_prefill_seqs;
   if (num_decode <= 0) return;
@@ -1044,14 +1113,21 @@ void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int
       Layout(num_decode, num_heads, head_dim,
              num_splits > 1 ? static_cast<int64_t>(num_splits) * num_decode : 0);
   const size_t needed = num_splits > 1 ? layout.bytes : (need_lse ? layout.lse_bytes : 0);
-  SIEVE_CHECK(needed == 0 || (workspace != nullptr && workspace_bytes >= needed))
-      << "decode attention workspace holds " << workspace_bytes << " bytes, needs " << needed;
-  auto* base = static_cast<uint8_t*>(workspace);
+  SIEVE_CHECK(needed == 0 || (scratch.workspace != nullptr && scratch.workspace_bytes >= needed))
+      << "decode attention workspace holds " << scratch.workspace_bytes << " bytes, needs "
+      << needed;
+  const size_t counters = DecodeAttentionCounterCount(num_decode, num_heads);
+  SIEVE_CHECK(num_splits == 1 ||
+              (scratch.split_counters != nullptr && scratch.split_counter_count >= counters))
+      << "decode attention with " << num_splits << " splits needs " << counters
+      << " split counters, has " << scratch.split_counter_count;
+  auto* base = static_cast<uint8_t*>(scratch.workspace);
   params.lse = need_lse ? reinterpret_cast<float*>(base) : nullptr;
   params.partial_lse =
       num_splits > 1 ? reinterpret_cast<float*>(base + layout.partial_lse_offset) : nullptr;
   params.partial_out =
       num_splits > 1 ? reinterpret_cast<float*>(base + layout.partial_out_offset) : nullptr;
+  params.split_counters = scratch.split_counters;
 
   if (head_dim == 64) {
     LaunchDecode<64>(params, cta, stream);
@@ -1062,27 +1138,26 @@ void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int
 
 void DecodeAttention(const bf16* q, int64_t q_stride, int num_heads, const StepView& step,
                      int layer, const PoolView& pool, bf16* out, int64_t out_stride,
-                     void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                     const DecodeScratch& scratch, cudaStream_t stream) {
   const int num_decode = step.num_seqs - step.num_prefill_seqs;
   if (num_decode <= 0) return;
   const int splits = DecodeAttentionSplits(num_decode, num_heads, pool.num_kv_heads, pool.head_dim,
-                                           step.max_kv_len, workspace_bytes);
+                                           step.max_kv_len, scratch.workspace_bytes);
   DecodeAttentionWithSplits(splits, DecodeCta::kAuto, q, q_stride, nullptr, num_heads, step, layer,
-                            pool, out, out_stride, workspace, workspace_bytes, RowRmsView{},
-                            stream);
+                            pool, out, out_stride, scratch, RowRmsView{}, stream);
 }
 
 void RopeDecodeAttention(const bf16* qkv, int64_t qkv_stride, const float* rope_table,
                          int num_heads, const StepView& step, int layer, const PoolView& pool,
-                         bf16* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                         bf16* out, int64_t out_stride, const DecodeScratch& scratch,
                          const RowRmsView& norm, cudaStream_t stream) {
   const int num_decode = step.num_seqs - step.num_prefill_seqs;
   if (num_decode <= 0) return;
   SIEVE_CHECK(rope_table != nullptr);
   const int splits = DecodeAttentionSplits(num_decode, num_heads, pool.num_kv_heads, pool.head_dim,
-                                           step.max_kv_len, workspace_bytes);
+                                           step.max_kv_len, scratch.workspace_bytes);
   DecodeAttentionWithSplits(splits, DecodeCta::kAuto, qkv, qkv_stride, rope_table, num_heads, step,
-                            layer, pool, out, out_stride, workspace, workspace_bytes, norm, stream);
+                            layer, pool, out, out_stride, scratch, norm, stream);
 }
 
 }  // namespace sieve::cuda

@@ -17,7 +17,7 @@ namespace sieve::cuda {
 // and pieces of at most 4096 entries so that one long sequence does not trail a large batch. Fewer
 // when `workspace_bytes` cannot hold the partial results. Each sequence then uses the same rule
 // with its own length, up to this count: a CUDA graph sized for max_model_len does not cut a
-// sparse layer's 400 entries as if they were 8192, and a sequence of one split skips the combine.
+// sparse layer's 400 entries as if they were 8192, and a sequence of one split skips the merge.
 int DecodeAttentionSplits(int num_decode_seqs, int num_heads, int num_kv_heads, int head_dim,
                           int max_kv_len, size_t workspace_bytes);
 
@@ -38,13 +38,13 @@ enum class DecodeCta { kAuto, kWide, kNarrow };
 DecodeCta ChooseDecodeCta(int num_decode_seqs, int num_heads, int num_kv_heads);
 
 // DecodeAttention with a forced split count (>= 1) and CTA configuration (kAuto:
-// ChooseDecodeCta); the workspace must hold DecodeAttentionWorkspaceBytesForSplits(...,
+// ChooseDecodeCta); scratch's workspace must hold DecodeAttentionWorkspaceBytesForSplits(...,
 // num_splits) bytes. With `rope_table` set this is RopeDecodeAttention (kernels.h): q points at
 // qkv rows [T][(H + 2G) d] with q and k not rotated, and `norm` may carry a folded RMSNorm.
 void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int64_t q_stride,
                                const float* rope_table, int num_heads, const StepView& step,
                                int layer, const PoolView& pool, bf16* out, int64_t out_stride,
-                               void* workspace, size_t workspace_bytes, const RowRmsView& norm,
+                               const DecodeScratch& scratch, const RowRmsView& norm,
                                cudaStream_t stream);
 
 // ---- Where one launch's time goes (a diagnostic; off by default) ----

@@ -116,12 +116,25 @@ bool PrefillAttentionSm90Supported();
 // Scratch bytes DecodeAttention needs for its split-K partial results at these sizes.
 size_t DecodeAttentionWorkspaceBytes(int num_decode_seqs, int num_heads, int head_dim,
                                      int max_kv_len);
+// Split counters DecodeAttention needs at this batch: one per (sequence, KV head, chunk of query
+// heads), counting the pieces written so that the last CTA merges them.
+size_t DecodeAttentionCounterCount(int num_decode_seqs, int num_heads);
+// The caller's scratch memory for DecodeAttention: `workspace` holds one call's partial results
+// (DecodeAttentionWorkspaceBytes), `split_counters` (DecodeAttentionCounterCount int32s) must be
+// zero when allocated, and every call leaves them zero. A stream's calls may share both; calls that
+// may run at the same time may not.
+struct DecodeScratch {
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  int32_t* split_counters = nullptr;
+  size_t split_counter_count = 0;
+};
 // Attention of each decode token (rows [T_p, T) of q/out) over its sequence's entries in `layer`
 // (page table row seq_slots[s], kv_lens). Split-K over long contexts. When pool.scores is set,
 // adds each entry's probability averaged over the KV head's query group to it (H2O).
 void DecodeAttention(const bf16* q, int64_t q_stride, int num_heads, const StepView& step,
                      int layer, const PoolView& pool, bf16* out, int64_t out_stride,
-                     void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                     const DecodeScratch& scratch, cudaStream_t stream);
 // RopeAndCacheWrite over the decode tokens [T_p, T), then DecodeAttention of their q, in one
 // kernel: each CTA rotates its heads' q in shared memory and, when its piece of the sequence holds
 // the token's entry (write_start[layer][s]), rotates the token's k of its KV head and writes k, v
@@ -131,7 +144,7 @@ void DecodeAttention(const bf16* q, int64_t q_stride, int num_heads, const StepV
 // norm.rows, q, k and v are scaled by the token's s first, as RopeAndCacheWrite does.
 void RopeDecodeAttention(const bf16* qkv, int64_t qkv_stride, const float* rope_table,
                          int num_heads, const StepView& step, int layer, const PoolView& pool,
-                         bf16* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
+                         bf16* out, int64_t out_stride, const DecodeScratch& scratch,
                          const RowRmsView& norm, cudaStream_t stream);
 
 // ---------------- sparsity (sparsity_kernels.cu) ----------------
