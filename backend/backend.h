@@ -80,6 +80,20 @@ class Backend {
   // out = silu(s gate_up[:, :F]) * (s gate_up[:, F:]), s from `norm` per row (1 when
   // norm.rows is null)     gate_up [T][2F] act, out [T][F] act
   virtual void SiluMul(const Tensor& gate_up, Tensor& out, RowRms norm) = 0;
+  // A layer's MLP: gate_up = x w_gate_up^T, act = SiluMul(gate_up, norm), then out += act
+  // w_down^T (`accumulate`) or out = act w_down^T. These three ops unless a backend fuses them
+  // (the CUDA backend at one row), with their result bit for bit. gate_up [T][2F] and act [T][F]
+  // are scratch; out may be x (the residual stream).
+  virtual void Mlp(const Tensor& x, const Tensor& w_gate_up, const Tensor& w_down, RowRms norm,
+                   Tensor& gate_up, Tensor& act, Tensor& out, bool accumulate) {
+    Linear(x, w_gate_up, gate_up);
+    SiluMul(gate_up, act, norm);
+    if (accumulate) {
+      LinearAdd(act, w_down, out);
+    } else {
+      Linear(act, w_down, out);
+    }
+  }
   // out[r] = x[rows[r]]             x [T][D] act, rows [R] i32, out [R][D] act
   virtual void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;
 

@@ -420,9 +420,11 @@ void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& w
       }
     }
     RowParallelAdd(attn_out, w.o, hidden);
-    backend_.Linear(hidden, w.gate_up, gate_up);
-    backend_.SiluMul(gate_up, act, norm);
-    RowParallelAdd(act, w.down, hidden);
+    // The down projection adds into the residual stream as RowParallelAdd does: rank 0 adds its
+    // partial sum, the others write theirs, and the all-reduce sums them.
+    const bool adds = communicator_ == nullptr || shard_.rank == 0;
+    backend_.Mlp(hidden, w.gate_up, w.down, norm, gate_up, act, hidden, adds);
+    if (communicator_ != nullptr) communicator_->AllReduceSum(hidden);
   }
   if (!logits.defined()) return;
   Tensor normed = ws.normed.Rows(0, tokens);

@@ -28,4 +28,18 @@ __device__ __forceinline__ uint4 Pack8(const float (&in)[8]) {
   return raw;
 }
 
+// SiluMul of eight pairs with a folded RMSNorm's row scale s: silu(gate s) (up s), rounded to bf16.
+// One function for the SiLU kernel and the skinny GEMM's gated input, so both round the same bits.
+__device__ __forceinline__ uint4 SiluMul8(const uint4& gate_raw, const uint4& up_raw, float s) {
+  float g[8], u[8];
+  Unpack8(gate_raw, g);
+  Unpack8(up_raw, u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float gate = g[i] * s;
+    g[i] = gate / (1.0f + __expf(-gate)) * (u[i] * s);
+  }
+  return Pack8(g);
+}
+
 }  // namespace sieve::cuda

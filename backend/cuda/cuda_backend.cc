@@ -11,6 +11,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sampling_kernels.h"
+#include "backend/cuda/skinny_gemm.h"
 
 namespace sieve {
 
@@ -32,6 +33,7 @@ class CudaBackend final : public Backend {
     SIEVE_CUDA_CHECK(cudaGetDeviceProperties(&props_, device));
     SIEVE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     gemm_ = std::make_unique<cuda::GemmRunner>(stream_);
+    SIEVE_CUDA_CHECK(cudaMalloc(&mlp_row_scales_, cuda::kSkinnyGemmMaxGatedRows * sizeof(float)));
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
@@ -42,6 +44,7 @@ class CudaBackend final : public Backend {
     cudaFree(attention_workspace_);
     cudaFree(select_workspace_);
     cudaFree(sample_buffer_);
+    cudaFree(mlp_row_scales_);
     for (HostSamples& host : host_samples_) {
       cudaFreeHost(host.memory);
       if (host.done != nullptr) cudaEventDestroy(host.done);
@@ -169,6 +172,12 @@ class CudaBackend final : public Backend {
   void SiluMul(const Tensor& gate_up, Tensor& out, RowRms norm) override {
     cuda::SiluMul(Bf16(gate_up), gate_up.stride(0), static_cast<int>(out.dim(0)),
                   static_cast<int>(out.dim(1)), Bf16(out), out.stride(0), View(norm), stream_);
+  }
+  void Mlp(const Tensor& x, const Tensor& w_gate_up, const Tensor& w_down, RowRms norm,
+           Tensor& gate_up, Tensor& act, Tensor& out, bool accumulate) override {
+    if (!FusedMlp(x, w_gate_up, w_down, norm, gate_up, act, out, accumulate)) {
+      Backend::Mlp(x, w_gate_up, w_down, norm, gate_up, act, out, accumulate);
+    }
   }
   void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) override {
     cuda::GatherRows(Bf16(x), x.stride(0), rows.data_as<int32_t>(), static_cast<int>(rows.numel()),
@@ -391,6 +400,13 @@ class CudaBackend final : public Backend {
  private:
   // Linear and LinearAdd: out (+)= x w^T through the GEMM runner.
   void RunLinear(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate);
+  // Mlp at one row, where both GEMMs' settled plans are the skinny kernel (GemmRunner::Settle):
+  // the gate_up GEMM also writes the row's RMS scale, and the down GEMM reads gate and up through
+  // SiluMul8, so the SiLU kernel and its launch drop out of the chain. False (nothing run) where
+  // it does not apply: the plans are not settled yet (the unfused calls plan them), or the
+  // operands are not the skinny kernel's.
+  bool FusedMlp(const Tensor& x, const Tensor& w_gate_up, const Tensor& w_down, RowRms norm,
+                Tensor& gate_up, const Tensor& act, Tensor& out, bool accumulate);
   // Host-to-device copies of up to a quarter of the ring are staged in pinned memory: from
   // pageable memory the driver may wait for the stream's earlier work before it copies (CUDA's
   // "API synchronization behavior"), which would hold the engine's upload of a step until the
@@ -508,8 +524,10 @@ class CudaBackend final : public Backend {
   void* select_workspace_ = nullptr;
   size_t select_workspace_bytes_ = 0;
   std::vector<cudaGraphExec_t> graphs_;
-  void* sample_buffer_ = nullptr;  // one sampling's params, then its log-probabilities
-  int sampling_supported_ = -1;    // SampleTokensSupported(), asked once
+  void* sample_buffer_ = nullptr;
+  float* mlp_row_scales_ = nullptr;  // [kSkinnyGemmMaxGatedRows]: Mlp's row scales at one row  //
+                                     // one sampling's params, then its log-probabilities
+  int sampling_supported_ = -1;      // SampleTokensSupported(), asked once
   size_t sample_buffer_bytes_ = 0;
   // BeginSampling's results on their way to the host: tokens [count], then log-probabilities.
   struct HostSamples {
@@ -548,6 +566,46 @@ void CudaBackend::RunLinear(const Tensor& x, const Tensor& w, Tensor& out, bool 
       << "linear takes bf16 rows with unit column stride";
   gemm_->Run(rows, cols, inner, Bf16(w), w.stride(0), Bf16(x), x.stride(0), out.data(),
              out.stride(0), out.dtype() == DType::kF32, accumulate);
+}
+
+bool CudaBackend::FusedMlp(const Tensor& x, const Tensor& w_gate_up, const Tensor& w_down,
+                           RowRms norm, Tensor& gate_up, const Tensor& act, Tensor& out,
+                           bool accumulate) {
+  const int64_t rows = x.dim(0);
+  const int64_t width = act.dim(1);
+  if (rows != 1 || out.dtype() != DType::kBF16 || x.stride(1) != 1 || gate_up.stride(1) != 1 ||
+      act.stride(1) != 1 || out.stride(1) != 1 || w_gate_up.stride(1) != 1 ||
+      w_down.stride(1) != 1 || gate_up.dim(1) != 2 * width || width % 8 != 0 ||
+      w_gate_up.dim(0) != gate_up.dim(1) || w_gate_up.dim(1) != x.dim(1) ||
+      w_down.dim(1) != width || out.dim(1) != w_down.dim(0) || out.dim(0) != rows ||
+      gate_up.dim(0) != rows) {
+    return false;  // the unfused ops check and name what is wrong
+  }
+  const int gate_up_split =
+      gemm_->SettledSkinnySplit(rows, w_gate_up.dim(0), x.dim(1), w_gate_up.stride(0), x.stride(0),
+                                gate_up.stride(0), false, false);
+  const int down_split = gemm_->SettledSkinnySplit(rows, w_down.dim(0), width, w_down.stride(0),
+                                                   act.stride(0), out.stride(0), false, accumulate);
+  if (gate_up_split == 0 || down_split == 0 ||
+      !cuda::SkinnyGemmSupports(rows, x.dim(1), Bf16(w_gate_up), w_gate_up.stride(0), Bf16(x),
+                                x.stride(0)) ||
+      !cuda::SkinnyGemmSupports(rows, width, Bf16(w_down), w_down.stride(0), Bf16(gate_up),
+                                gate_up.stride(0))) {
+    return false;
+  }
+  cuda::SkinnyGemmExtras first;
+  first.scale_norm = View(norm);
+  first.scale_out = mlp_row_scales_;
+  cuda::SkinnyGemm(rows, w_gate_up.dim(0), x.dim(1), Bf16(w_gate_up), w_gate_up.stride(0), Bf16(x),
+                   x.stride(0), Bf16(gate_up), gate_up.stride(0), false, false, gate_up_split,
+                   stream_, first);
+  cuda::SkinnyGemmExtras second;
+  second.x_scale = mlp_row_scales_;
+  second.up_offset = width;
+  cuda::SkinnyGemm(rows, w_down.dim(0), width, Bf16(w_down), w_down.stride(0), Bf16(gate_up),
+                   gate_up.stride(0), Bf16(out), out.stride(0), false, accumulate, down_split,
+                   stream_, second);
+  return true;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -16,6 +17,7 @@
 
 #include "backend/cuda/cuda_test_util.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
 #include "backend/cuda/skinny_gemm.h"
 
 namespace sieve::cuda {
@@ -298,6 +300,87 @@ TEST_F(CudaGemmTest, SkinnyKernelMatchesHostProduct) {
           for (int col = n; col < problem.ldo; ++col) {
             ASSERT_EQ(after[row * problem.ldo + col], base[row * problem.ldo + col]) << shape;
           }
+        }
+      }
+    }
+  }
+}
+
+// A layer's MLP at one row without the SiLU kernel (CudaBackend::Mlp): the gate_up GEMM writes
+// the residual rows' RMS scale, the down GEMM reads gate and up through SiluMul8. Bit for bit what
+// the gate_up GEMM, the SiLU kernel and the down GEMM write one after another, and the scale is
+// 1 / sqrt(mean(row^2) + eps) of the residual row.
+TEST_F(CudaGemmTest, GatedSkinnyGemmEqualsSiluMulThenGemmBitwise) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  constexpr float kEps = 1e-5f;
+  for (const int m : {1, 3, 8}) {
+    for (const auto& [hidden_width, width, n] :
+         {std::tuple{256, 128, 264}, std::tuple{1024, 1432, 520}}) {
+      const int64_t ld_hidden = hidden_width + 8;
+      const int64_t ld_gate_up = 2 * width + 16;
+      const int64_t ld_act = width + 8;
+      const int64_t ld_out = n + 8;
+      const auto random = [&](size_t count, float scale) {
+        std::vector<float> values(count);
+        for (float& value : values) value = scale * normal(rng_);
+        testing::RoundToBf16(values);
+        return values;
+      };
+      const std::vector<float> hidden = random(static_cast<size_t>(m) * ld_hidden, 1.0f);
+      DeviceBuffer<__nv_bfloat16> hidden_d(testing::ToBf16(hidden));
+      DeviceBuffer<__nv_bfloat16> w_gate_up(
+          testing::ToBf16(random(static_cast<size_t>(2 * width) * hidden_width, 0.05f)));
+      DeviceBuffer<__nv_bfloat16> w_down(
+          testing::ToBf16(random(static_cast<size_t>(n) * width, 0.05f)));
+      const RowRmsView norm{hidden_d.get(), ld_hidden, hidden_width, kEps};
+      for (const auto& [accumulate, splits] : Combinations(SkinnyGemmSplits(width))) {
+        const std::string shape = std::to_string(m) + " rows, " + std::to_string(hidden_width) +
+                                  " -> " + std::to_string(width) + " -> " + std::to_string(n) +
+                                  (accumulate ? " +=" : "") + " split " + std::to_string(splits);
+        const std::vector<float> base = random(static_cast<size_t>(m) * ld_out, 1.0f);
+        // One after another.
+        DeviceBuffer<__nv_bfloat16> gate_up(static_cast<size_t>(m) * ld_gate_up);
+        DeviceBuffer<__nv_bfloat16> act(static_cast<size_t>(m) * ld_act);
+        DeviceBuffer<__nv_bfloat16> out(testing::ToBf16(base));
+        SkinnyGemm(m, 2 * width, hidden_width, w_gate_up.get(), hidden_width, hidden_d.get(),
+                   ld_hidden, gate_up.get(), ld_gate_up, false, false, 1, stream_);
+        SiluMul(gate_up.get(), ld_gate_up, m, width, act.get(), ld_act, norm, stream_);
+        SkinnyGemm(m, n, width, w_down.get(), width, act.get(), ld_act, out.get(), ld_out, false,
+                   accumulate, splits, stream_);
+        // Without the SiLU kernel.
+        DeviceBuffer<__nv_bfloat16> fused_gate_up(static_cast<size_t>(m) * ld_gate_up);
+        DeviceBuffer<__nv_bfloat16> fused_out(testing::ToBf16(base));
+        DeviceBuffer<float> scale(static_cast<size_t>(m));
+        SkinnyGemmExtras first;
+        first.scale_norm = norm;
+        first.scale_out = scale.get();
+        SkinnyGemm(m, 2 * width, hidden_width, w_gate_up.get(), hidden_width, hidden_d.get(),
+                   ld_hidden, fused_gate_up.get(), ld_gate_up, false, false, 1, stream_, first);
+        SkinnyGemmExtras second;
+        second.x_scale = scale.get();
+        second.up_offset = width;
+        SkinnyGemm(m, n, width, w_down.get(), width, fused_gate_up.get(), ld_gate_up,
+                   fused_out.get(), ld_out, false, accumulate, splits, stream_, second);
+        SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        const std::vector<__nv_bfloat16> want = out.ToHost();
+        const std::vector<__nv_bfloat16> got = fused_out.ToHost();
+        for (int row = 0; row < m; ++row) {
+          for (int col = 0; col < ld_out; ++col) {
+            const size_t at = static_cast<size_t>(row) * ld_out + col;
+            ASSERT_EQ(static_cast<__nv_bfloat16_raw>(got[at]).x,
+                      static_cast<__nv_bfloat16_raw>(want[at]).x)
+                << shape << ", row " << row << ", column " << col;
+          }
+        }
+        const std::vector<float> scales = scale.ToHost();
+        for (int row = 0; row < m; ++row) {
+          double sum = 0;
+          for (int col = 0; col < hidden_width; ++col) {
+            sum +=
+                static_cast<double>(hidden[row * ld_hidden + col]) * hidden[row * ld_hidden + col];
+          }
+          const double expected = 1.0 / std::sqrt(sum / hidden_width + kEps);
+          EXPECT_NEAR(scales[row], expected, 1e-5 * expected) << shape << ", row " << row;
         }
       }
     }

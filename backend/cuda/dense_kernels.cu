@@ -159,15 +159,7 @@ __global__ void SiluMulVectorKernel(const bf16* __restrict__ gate_up, int64_t in
   const int vectors = width / 8;
   for (int index = blockIdx.x * blockDim.x + threadIdx.x; index < vectors;
        index += gridDim.x * blockDim.x) {
-    float g[8], u[8];
-    Unpack8(gate[index], g);
-    Unpack8(up[index], u);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float gate = g[i] * s;
-      g[i] = gate / (1.0f + __expf(-gate)) * (u[i] * s);
-    }
-    dst[index] = Pack8(g);
+    dst[index] = SiluMul8(gate[index], up[index], s);
   }
 }
 

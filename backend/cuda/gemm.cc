@@ -605,6 +605,15 @@ void GemmRunner::Run(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, in
   NoteNonTriggeringLaunch(stream_);  // pdl.cuh: the kernel after it launches plainly
 }
 
+int GemmRunner::SettledSkinnySplit(int64_t m, int64_t n, int64_t k, int64_t ldw, int64_t ldx,
+                                   int64_t ldo, bool out_f32, bool accumulate) const {
+  const auto found = plans_.find(Key{m, n, k, ldw, ldx, ldo, out_f32, accumulate});
+  if (found == plans_.end()) return 0;
+  const Plan& plan = found->second;
+  const bool decided = plan.options.size() <= 1 || plan.closed;
+  return plan.settled && decided ? plan.skinny : 0;
+}
+
 std::vector<GemmRunner::OpenPlan> GemmRunner::OpenPlans() const {
   std::vector<OpenPlan> open;
   for (const Plan* plan : scope_) {

@@ -37,6 +37,11 @@ class GemmRunner {
            const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32,
            bool accumulate = false);
 
+  // The k split of the skinny kernel where the settled plan of this shape (keyed as Run keys it)
+  // is that kernel with no step-tuning options left, else 0. Plans nothing.
+  int SettledSkinnySplit(int64_t m, int64_t n, int64_t k, int64_t ldw, int64_t ldx, int64_t ldo,
+                         bool out_f32, bool accumulate) const;
+
   // The plan the last Run used (call after one), e.g. "cuBLASLt, candidate 2 of 8 (algo 66, ...)"
   // or "skinny kernel, k split 2, candidate 10 of 11".
   const std::string& last_plan() const { return last_plan_->name; }

@@ -19,6 +19,7 @@
 
 #include <cooperative_groups.h>
 
+#include "backend/cuda/bf16x8.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/flash_warp.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -56,10 +57,25 @@ __device__ __forceinline__ void MmaBlock(float (&acc)[4], const uint4& lo, const
   flash::Mma(acc, second, x.z, x.w);
 }
 
-template <int kXTiles, int kGroup, bool kOutF32, bool kAccumulate>
+// x's 16 bytes at `offset` of `row` as the mma reads them: plain, or SiluMul8 of the gate and up
+// chunks (kGated) with the row's scale.
+template <bool kGated>
+__device__ __forceinline__ uint4 LoadX(const bf16* x, int64_t ldx, int row, int offset,
+                                       const SkinnyGemmExtras& extras, float scale) {
+  const bf16* at = x + static_cast<int64_t>(row) * ldx + offset;
+  if constexpr (kGated) {
+    return SiluMul8(*reinterpret_cast<const uint4*>(at),
+                    *reinterpret_cast<const uint4*>(at + extras.up_offset), scale);
+  } else {
+    return *reinterpret_cast<const uint4*>(at);
+  }
+}
+
+template <int kXTiles, int kGroup, bool kOutF32, bool kAccumulate, bool kGated>
 __global__ void __launch_bounds__(kThreads, 3)
     SkinnyGemmKernel(const bf16* __restrict__ w, int64_t ldw, const bf16* __restrict__ x,
-                     int64_t ldx, void* __restrict__ out, int64_t ldo, int m, int n, int k) {
+                     int64_t ldx, void* __restrict__ out, int64_t ldo, int m, int n, int k,
+                     SkinnyGemmExtras extras) {
   // Each warp's sums: [warp][row of x][column], padded against bank conflicts.
   __shared__ float partial[kWarps][kXTiles * 8][kColumns + 1];
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -92,6 +108,19 @@ __global__ void __launch_bounds__(kThreads, 3)
   load_weights(begin);  // depends on no kernel: streams while the kernel before finishes
   PdlWait();
   PdlLaunchDependents();
+  if (extras.scale_out != nullptr && blockIdx.x == 0 && blockIdx.y == 0) {
+    for (int row = warp; row < m; row += kWarps) {
+      const float scale = WarpRowInvRms(extras.scale_norm, row);
+      if (lane == 0) extras.scale_out[row] = scale;
+    }
+  }
+  // The gated input's scale of each x row this lane reads.
+  float row_scale[kXTiles];
+#pragma unroll
+  for (int tile = 0; tile < kXTiles; ++tile) {
+    const int row = tile * 8 + g;
+    row_scale[tile] = kGated && row < m ? extras.x_scale[row] : 1.0f;
+  }
 
   float acc[kXTiles][4] = {};
   for (int first = begin; first < end; first += kGroup) {
@@ -103,10 +132,9 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
       for (int tile = 0; tile < kXTiles; ++tile) {
         const int row = tile * 8 + g;
-        xs[u][tile] =
-            row < m && first + u < end && offset < k
-                ? *reinterpret_cast<const uint4*>(x + static_cast<int64_t>(row) * ldx + offset)
-                : make_uint4(0, 0, 0, 0);
+        xs[u][tile] = row < m && first + u < end && offset < k
+                          ? LoadX<kGated>(x, ldx, row, offset, extras, row_scale[tile])
+                          : make_uint4(0, 0, 0, 0);
       }
     }
 #pragma unroll
@@ -167,23 +195,23 @@ __global__ void __launch_bounds__(kThreads, 3)
   if (splits > 1) cg::this_cluster().sync();
 }
 
-template <int kXTiles, int kGroup>
+template <int kXTiles, int kGroup, bool kGated = false>
 void LaunchTiles(int64_t m, int64_t n, int64_t k, const bf16* w, int64_t ldw, const bf16* x,
                  int64_t ldx, void* out, int64_t ldo, bool out_f32, bool accumulate, int splits,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, const SkinnyGemmExtras& extras) {
   const dim3 grid(static_cast<unsigned>((n + kColumns - 1) / kColumns), splits);
   const dim3 cluster(1, splits, 1);
   const dim3 block(kThreads);
   const auto launch = [&](auto kernel) {
     LaunchWithPdlInClusters(kernel, grid, cluster, block, 0, stream, w, ldw, x, ldx, out, ldo,
-                            static_cast<int>(m), static_cast<int>(n), static_cast<int>(k));
+                            static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), extras);
   };
   if (out_f32) {
-    accumulate ? launch(SkinnyGemmKernel<kXTiles, kGroup, true, true>)
-               : launch(SkinnyGemmKernel<kXTiles, kGroup, true, false>);
+    accumulate ? launch(SkinnyGemmKernel<kXTiles, kGroup, true, true, kGated>)
+               : launch(SkinnyGemmKernel<kXTiles, kGroup, true, false, kGated>);
   } else {
-    accumulate ? launch(SkinnyGemmKernel<kXTiles, kGroup, false, true>)
-               : launch(SkinnyGemmKernel<kXTiles, kGroup, false, false>);
+    accumulate ? launch(SkinnyGemmKernel<kXTiles, kGroup, false, true, kGated>)
+               : launch(SkinnyGemmKernel<kXTiles, kGroup, false, false, kGated>);
   }
 }
 
@@ -206,14 +234,22 @@ std::vector<int> SkinnyGemmSplits(int64_t k) {
 
 void SkinnyGemm(int64_t m, int64_t n, int64_t k, const bf16* w, int64_t ldw, const bf16* x,
                 int64_t ldx, void* out, int64_t ldo, bool out_f32, bool accumulate, int splits,
-                cudaStream_t stream) {
+                cudaStream_t stream, const SkinnyGemmExtras& extras) {
   SIEVE_CHECK(splits == 1 || splits == 2 || splits == 4) << "k split " << splits;
-  if (m <= 8) {
-    LaunchTiles<1, 4>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream);
+  if (extras.x_scale != nullptr) {
+    SIEVE_CHECK(m <= kSkinnyGemmMaxGatedRows && extras.up_offset % 8 == 0)
+        << "a gated skinny GEMM of " << m << " rows, up " << extras.up_offset << " after gate";
+    LaunchTiles<1, 2, true>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream,
+                            extras);
+  } else if (m <= 8) {
+    LaunchTiles<1, 4>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream,
+                      extras);
   } else if (m <= 16) {
-    LaunchTiles<2, 4>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream);
+    LaunchTiles<2, 4>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream,
+                      extras);
   } else {
-    LaunchTiles<4, 2>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream);
+    LaunchTiles<4, 2>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream,
+                      extras);
   }
   SIEVE_CUDA_CHECK(cudaGetLastError());
 }
