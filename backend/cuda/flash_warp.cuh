@@ -189,6 +189,50 @@ struct SoftmaxRows {
   }
 };
 
+// S = Q K^T of a warp's 16 query rows (their A fragments, one per 16-wide k step) against keys
+// [key0, key0 + kKeys) of a swizzled K tile (key0 a multiple of 16, the row index inside the
+// tile), in accumulator layout: s[n][e] is row g + 8 (e >> 1), key key0 + 8n + 2t + (e & 1).
+// B[k][n] = K[n][k] is K's rows as stored, so plain ldmatrix. One x4 gives b0, b1 of two 8-key
+// tiles: matrices (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, k 0-7), (keys 8-15, k 8-15).
+template <int kHeadDim, int kKeys>
+__device__ __forceinline__ void ScoreTile(const uint32_t (&q)[kHeadDim / 16][4], uint32_t k_tile,
+                                          int key0, float (&s)[kKeys / 8][4]) {
+  static_assert(kKeys % 16 == 0);
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+#pragma unroll
+  for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+  }
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+#pragma unroll
+    for (int np = 0; np < kKeys / 16; ++np) {
+      const int row = key0 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+      const int chunk = 2 * kk + ((lane >> 3) & 1);
+      uint32_t b[4];
+      LdMatrixX4(k_tile + TileOffset<kHeadDim>(row, chunk), b);
+      Mma(s[2 * np], q[kk], b[0], b[1]);
+      Mma(s[2 * np + 1], q[kk], b[2], b[3]);
+    }
+  }
+}
+
+// Loads the A fragments of rows [row0, row0 + 16) of a swizzled tile, one per 16-wide k step.
+template <int kHeadDim>
+__device__ __forceinline__ void LoadRowFragments(uint32_t tile, int row0,
+                                                 uint32_t (&a)[kHeadDim / 16][4]) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    // Matrices 0..3 = (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15,
+    // k 8-15): a0..a3. Lane i gives the address of row i % 8 of matrix i / 8.
+    const int row = row0 + (lane & 15);
+    const int chunk = 2 * kk + (lane >> 4);
+    LdMatrixX4(tile + TileOffset<kHeadDim>(row, chunk), a[kk]);
+  }
+}
+
 // The state of one warp's 16 query rows during the key loop: their Q fragments beside the softmax
 // state.
 template <int kHeadDim>
@@ -200,15 +244,7 @@ struct WarpRows : SoftmaxRows<kHeadDim> {
 
   // Loads the A fragments of rows [row0, row0 + 16) of a swizzled Q tile.
   __device__ __forceinline__ void LoadQ(uint32_t q_tile, int row0) {
-    const int lane = static_cast<int>(threadIdx.x) & 31;
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      // Matrices 0..3 = (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15,
-      // k 8-15): a0..a3. Lane i gives the address of row i % 8 of matrix i / 8.
-      const int row = row0 + (lane & 15);
-      const int chunk = 2 * kk + (lane >> 4);
-      LdMatrixX4(q_tile + TileOffset<kHeadDim>(row, chunk), q[kk]);
-    }
+    LoadRowFragments<kHeadDim>(q_tile, row0, q);
   }
 
   // Attends the 16 rows to keys [key0, key0 + kKeys) of swizzled K and V tiles (key0 a multiple
@@ -218,30 +254,10 @@ struct WarpRows : SoftmaxRows<kHeadDim> {
   template <int kKeys, bool kMasked>
   __device__ __forceinline__ void AttendTile(uint32_t k_tile, uint32_t v_tile, int key0,
                                              float scale_log2, const int (&key_limit)[2]) {
-    static_assert(kKeys % 16 == 0);
     const int lane = static_cast<int>(threadIdx.x) & 31;
-
-    // S = Q K^T: B[k][n] = K[n][k] is K's rows as stored, so plain ldmatrix. One x4 gives b0, b1
-    // of two 8-key tiles: matrices (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, k 0-7),
-    // (keys 8-15, k 8-15).
+    // S = Q K^T.
     float s[kKeys / 8][4];
-#pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-#pragma unroll
-      for (int np = 0; np < kKeys / 16; ++np) {
-        const int row = key0 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
-        const int chunk = 2 * kk + ((lane >> 3) & 1);
-        uint32_t b[4];
-        LdMatrixX4(k_tile + TileOffset<kHeadDim>(row, chunk), b);
-        Mma(s[2 * np], q[kk], b[0], b[1]);
-        Mma(s[2 * np + 1], q[kk], b[2], b[3]);
-      }
-    }
+    ScoreTile<kHeadDim, kKeys>(q, k_tile, key0, s);
 
     if constexpr (kMasked) MaskKeysPast(s, key_limit);
 

@@ -15,6 +15,7 @@
 #include "backend/cuda/bf16x8.cuh"
 #include "backend/cuda/block_select.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/flash_warp.cuh"
 #include "backend/cuda/kernels.h"
 #include "core/check.h"
 
@@ -217,6 +218,170 @@ __global__ __launch_bounds__(kScoreThreads, 4) void WindowScoresKernel(
     }
   }
   if (tid < kScoreKeys && key_begin + tid < n) {
+    scores[job.score_offset + static_cast<int64_t>(kv_head) * n + key_begin + tid] =
+        job.reduce == GroupReduce::kMean ? __fdiv_rn(reduced, static_cast<float>(group)) : reduced;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// WindowScores on the tensor cores, at d = 64 and 128 (the others take the kernel above): the
+// same function, with each [16 rows x 64 keys] piece of Q K^T a warp's bf16 mma.sync tiles
+// (flash_warp.cuh's ScoreTile, f32 accumulation) instead of f32 FMAs from shared memory. One
+// block per (job, KV head, 64 keys), 4 warps. A pass takes 4 heads of the group, warp w head
+// h0 + w, and walks the scored rows in chunks of 32 (two 16-row slabs a warp), skipping slabs
+// before the tile's first key (causal). Each lane sums exp(scale s - lse) over its rows in
+// registers; shuffles add the warp's 8 row lanes, and the heads are folded into the group's mean
+// or max in head order.
+constexpr int kMmaScoreKeys = 64;
+constexpr int kMmaScoreRows = 32;
+constexpr int kMmaScoreWarps = 4;
+constexpr int kMmaScoreThreads = 32 * kMmaScoreWarps;
+static_assert(kMmaScoreKeys == kScoreKeys, "both kernels take the grid WindowScores sizes");
+static_assert(kMmaScoreThreads == kMmaScoreWarps * kMmaScoreRows, "a thread per (head, row) lse");
+
+// Shared memory: the swizzled K tile and one Q tile a warp (bf16), the Q rows' lse, and each
+// warp's per-key sums. d = 128: 16 + 32 KiB + 1.5 KiB.
+template <int kHeadDim>
+constexpr int MmaScoreSmemBytes() {
+  return (kMmaScoreKeys + kMmaScoreWarps * kMmaScoreRows) * kHeadDim * 2 +
+         kMmaScoreWarps * (kMmaScoreRows + kMmaScoreKeys) * 4;
+}
+
+template <int kHeadDim>
+__global__ __launch_bounds__(kMmaScoreThreads) void WindowScoresMmaKernel(
+    const bf16* __restrict__ q,     // [T][>= H d] row stride q_stride
+    int64_t q_stride,               //
+    const bf16* __restrict__ k,     // [num_prefill_keys][G][d]
+    const float* __restrict__ lse,  // [T_p][>= H] row stride lse_stride
+    int64_t lse_stride,             //
+    int num_heads, int num_kv_heads, float scale,
+    const int32_t* __restrict__ query_start,   // [S + 1]
+    const int32_t* __restrict__ key_start,     // [S_p + 1]
+    const int32_t* __restrict__ context_lens,  // [S]
+    const int32_t* __restrict__ job_rows,      // [J][kCompressionJobInts]
+    int job_begin,
+    float* __restrict__ scores) {  // job rows at score_offset, [G][n]
+  constexpr int kQTileBytes = kMmaScoreRows * kHeadDim * 2;
+  extern __shared__ __align__(128) uint8_t score_smem[];
+  const uint32_t k_tile = flash::SharedAddress(score_smem);
+  const uint32_t q_tiles = k_tile + kMmaScoreKeys * kHeadDim * 2;
+  float* lse_tile = reinterpret_cast<float*>(
+      score_smem + (kMmaScoreKeys + kMmaScoreWarps * kMmaScoreRows) * kHeadDim * 2);  // [4][32]
+  float* head_sums = lse_tile + kMmaScoreWarps * kMmaScoreRows;  // [4][kMmaScoreKeys]
+
+  const CompressionJob job = LoadJob(job_rows, job_begin + static_cast<int>(blockIdx.z));
+  if (job.mode != SelectMode::kTopScores) return;  // nothing to score (StreamingLLM's sinks)
+  const int n = job.num_keys;
+  const int key_begin = static_cast<int>(blockIdx.x) * kMmaScoreKeys;
+  if (key_begin >= n) return;  // the grid is sized for the layer's longest job
+  const int kv_head = static_cast<int>(blockIdx.y);
+  const int seq = job.prefill_seq;
+  const int group = num_heads / num_kv_heads;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
+  const int g = (tid % 32) / 4;
+  const int t = tid % 4;
+  const int64_t key_pitch = static_cast<int64_t>(num_kv_heads) * kHeadDim;
+
+  // The K tile; keys past n are zeros (their columns are masked anyway).
+  flash::LoadTileAsync<kHeadDim, kMmaScoreKeys, kMmaScoreThreads>(
+      k_tile,
+      k + (static_cast<int64_t>(key_start[seq]) + key_begin) * key_pitch +
+          static_cast<int64_t>(kv_head) * kHeadDim,
+      key_pitch, n - key_begin);
+  flash::CpAsyncCommit();
+
+  const int row_first = n - job.score_rows;  // first scored prompt row
+  // Prompt row i is token row query_start + (i - context): the scored rows lie in this step's
+  // chunk (the scheduler guarantees it; the CPU twin checks it).
+  const int64_t token_of_row0 =
+      static_cast<int64_t>(query_start[seq]) - static_cast<int64_t>(context_lens[seq]);
+  // Causal: rows before key_begin see none of this tile's keys, so start at the chunk holding it.
+  const int chunk_first = key_begin > row_first
+                              ? row_first + (key_begin - row_first) / kMmaScoreRows * kMmaScoreRows
+                              : row_first;
+
+  float reduced = 0.0f;  // threads tid < kMmaScoreKeys: key key_begin + tid over the group so far
+  for (int h0 = 0; h0 < group; h0 += kMmaScoreWarps) {
+    const int pass_heads = min(kMmaScoreWarps, group - h0);
+    const int first_head = kv_head * group + h0;
+    float column[kMmaScoreKeys / 8][2] = {};  // keys 8 nn + 2t + e over this lane's rows
+    for (int chunk = chunk_first; chunk < n; chunk += kMmaScoreRows) {
+      __syncthreads();  // the chunk before is read
+      const int valid_rows = min(kMmaScoreRows, n - chunk);
+      const bf16* q_rows = q + (token_of_row0 + chunk) * q_stride;
+#pragma unroll
+      for (int slot = 0; slot < kMmaScoreWarps; ++slot) {
+        // A slot past the group loads nothing (its address is the pass's first head's row).
+        flash::LoadTileAsync<kHeadDim, kMmaScoreRows, kMmaScoreThreads>(
+            q_tiles + slot * kQTileBytes,
+            q_rows + static_cast<int64_t>(first_head + (slot < pass_heads ? slot : 0)) * kHeadDim,
+            q_stride, slot < pass_heads ? valid_rows : 0);
+      }
+      flash::CpAsyncCommit();
+      {
+        // Only scored rows have an LSE (the prefill wrote them); the others are never read.
+        const int slot = tid / kMmaScoreRows;
+        const int row = tid % kMmaScoreRows;
+        lse_tile[tid] = slot < pass_heads && row < valid_rows
+                            ? lse[(token_of_row0 + chunk + row) * lse_stride + first_head + slot]
+                            : 0.0f;
+      }
+      flash::CpAsyncWait<0>();
+      __syncthreads();
+      if (warp < pass_heads) {
+#pragma unroll
+        for (int slab = 0; slab < kMmaScoreRows / 16; ++slab) {
+          const int slab_row = chunk + slab * 16;  // prompt row of the slab's first row
+          if (slab_row >= n || slab_row + 15 < key_begin) continue;
+          uint32_t a[kHeadDim / 16][4];
+          flash::LoadRowFragments<kHeadDim>(q_tiles + warp * kQTileBytes, slab * 16, a);
+          float s[kMmaScoreKeys / 8][4];
+          flash::ScoreTile<kHeadDim, kMmaScoreKeys>(a, k_tile, 0, s);
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int row = slab_row + g + 8 * half;
+            const float row_lse = lse_tile[warp * kMmaScoreRows + slab * 16 + g + 8 * half];
+#pragma unroll
+            for (int nn = 0; nn < kMmaScoreKeys / 8; ++nn) {
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int key = key_begin + 8 * nn + 2 * t + e;
+                // p = exp(s - lse); keys after the row are masked (causal), which also masks
+                // keys >= n, and rows past the prompt score nothing.
+                if (key <= row && row < n) {
+                  column[nn][e] += expf(scale * s[nn][2 * half + e] - row_lse);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+    // Add the warp's 8 row lanes of each key (lanes t, t + 4, ..., t + 28); lanes 0-3 hold the
+    // head's sums, which the heads of the pass then fold in head order.
+#pragma unroll
+    for (int nn = 0; nn < kMmaScoreKeys / 8; ++nn) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float sum = column[nn][e];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+        if (g == 0) head_sums[warp * kMmaScoreKeys + 8 * nn + 2 * t + e] = sum;
+      }
+    }
+    __syncthreads();
+    if (tid < kMmaScoreKeys) {
+      for (int slot = 0; slot < pass_heads; ++slot) {
+        const float head_sum = head_sums[slot * kMmaScoreKeys + tid];
+        // Probabilities are >= 0, so 0 also starts a max (as on the CPU).
+        reduced = job.reduce == GroupReduce::kMax ? fmaxf(reduced, head_sum) : reduced + head_sum;
+      }
+    }
+    // The next pass writes head_sums only after its first chunk's barrier.
+  }
+  if (tid < kMmaScoreKeys && key_begin + tid < n) {
     scores[job.score_offset + static_cast<int64_t>(kv_head) * n + key_begin + tid] =
         job.reduce == GroupReduce::kMean ? __fdiv_rn(reduced, static_cast<float>(group)) : reduced;
   }
@@ -486,6 +651,27 @@ void WindowScores(const bf16* q, int64_t q_stride, const bf16* k, const float* l
   SIEVE_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0);
   SIEVE_CHECK(q_stride % 8 == 0 && Aligned16(q) && Aligned16(k))
       << "WindowScores reads q and k in 16-byte vectors";
+  const dim3 grid(max_tiles, num_kv_heads, job_end - job_begin);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  if (head_dim == 64 || head_dim == 128) {
+    const auto launch = [&](auto kernel, int smem, std::atomic<int>(&opted)[64]) {
+      SIEVE_CHECK(OptInSharedMemory(kernel, smem, opted) >= smem)
+          << "WindowScores at head_dim " << head_dim << " needs " << smem
+          << " bytes of shared memory";
+      kernel<<<grid, kMmaScoreThreads, smem, stream>>>(
+          q, q_stride, k, lse, lse_stride, num_heads, num_kv_heads, scale, step.query_start,
+          step.key_start, step.context_lens, step.compression_jobs, job_begin, scores);
+    };
+    static std::atomic<int> opted_in_64[64] = {};
+    static std::atomic<int> opted_in_128[64] = {};
+    if (head_dim == 64) {
+      launch(WindowScoresMmaKernel<64>, MmaScoreSmemBytes<64>(), opted_in_64);
+    } else {
+      launch(WindowScoresMmaKernel<128>, MmaScoreSmemBytes<128>(), opted_in_128);
+    }
+    SIEVE_CUDA_CHECK_LAUNCH();
+    return;
+  }
   const size_t smem_bytes = WindowScoresSmemBytes(head_dim);
   // As much as d = 256 needs (or the device allows: 99 KB on sm_89), so one opt-in covers every
   // head_dim.
@@ -495,8 +681,6 @@ void WindowScores(const bf16* q, int64_t q_stride, const bf16* k, const float* l
   SIEVE_CHECK(smem_bytes <= static_cast<size_t>(limit))
       << "WindowScores at head_dim " << head_dim << " needs " << smem_bytes
       << " bytes of shared memory";
-  const dim3 grid(max_tiles, num_kv_heads, job_end - job_begin);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   WindowScoresKernel<<<grid, kScoreThreads, smem_bytes, stream>>>(
       q, q_stride, k, lse, lse_stride, num_heads, num_kv_heads, head_dim, scale, step.query_start,
       step.key_start, step.context_lens, step.compression_jobs, job_begin, scores);
