@@ -1,5 +1,5 @@
 // The warp-level core shared by the flash-attention kernels (prefill_attention.cu,
-// decode_attention.cu): cp.async copies into XOR-swizzled shared-memory tiles, ldmatrix fragment
+// decode_attention.cu) and the window-score pass (sparsity_kernels.cu): cp.async copies into XOR-swizzled shared-memory tiles, ldmatrix fragment
 // loads, bf16 mma.sync m16n8k16 with f32 accumulation, and the online softmax of one warp's 16
 // query rows against a tile of keys. Everything here is sm_80 PTX, so the same code runs on A100,
 // RTX 4090 and H100/H200.

@@ -62,7 +62,7 @@ int OptInSharedMemory(Kernel kernel, int wanted, std::atomic<int> (&done)[64]) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// WindowScores
+// WindowScores at head dims other than 64 and 128 (those take WindowScoresMmaKernel below)
 //
 // One block per (job, KV head, tile of kScoreKeys keys). The block keeps its K tile in shared
 // memory as f32 and walks the group's query heads and, per head, the scored rows in chunks of
