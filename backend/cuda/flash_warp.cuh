@@ -1,8 +1,8 @@
 // The warp-level core shared by the flash-attention kernels (prefill_attention.cu,
-// decode_attention.cu) and the window-score pass (sparsity_kernels.cu): cp.async copies into XOR-swizzled shared-memory tiles, ldmatrix fragment
-// loads, bf16 mma.sync m16n8k16 with f32 accumulation, and the online softmax of one warp's 16
-// query rows against a tile of keys. Everything here is sm_80 PTX, so the same code runs on A100,
-// RTX 4090 and H100/H200.
+// decode_attention.cu) and the window-score pass (sparsity_kernels.cu): cp.async copies into
+// XOR-swizzled shared-memory tiles, ldmatrix fragment loads, bf16 mma.sync m16n8k16 with f32
+// accumulation, and the online softmax of one warp's 16 query rows against a tile of keys.
+// Everything here is sm_80 PTX, so the same code runs on A100, RTX 4090 and H100/H200.
 //
 // Fragment layouts (PTX ISA, "mma.m16n8k16"): with lane = 4 * g + t,
 //   A (16 x 16, row-major)  a0: (g, 2t..2t+1)  a1: (g+8, 2t..)  a2: (g, 2t+8..)  a3: (g+8, 2t+8..)
