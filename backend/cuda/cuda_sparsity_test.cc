@@ -490,7 +490,10 @@ TEST(CudaSparsityTest, WindowScoresMatchCpu) {
     int num_heads, kv_heads, head_dim;
   };
   int trial = 0;
-  for (const Heads heads : {Heads{4, 4, 64}, Heads{8, 2, 128}, Heads{6, 3, 16}}) {
+  // d = 64 and 128 run on the tensor cores in passes of 4 heads of a group: groups of 1, 4, 6 (a
+  // full pass and a partial one) and 8 (two full passes); d = 16 on the f32 kernel.
+  for (const Heads heads :
+       {Heads{4, 4, 64}, Heads{8, 2, 128}, Heads{12, 2, 64}, Heads{16, 2, 128}, Heads{6, 3, 16}}) {
     // Every window of SPARSITY.md's range, two layers, several sequences per step.
     ScoreProblem problem{heads.num_heads, heads.kv_heads, heads.head_dim, {}};
     for (int window : {1, 8, 32, 64}) {

@@ -381,6 +381,7 @@ __global__ __launch_bounds__(kMmaScoreThreads) void WindowScoresMmaKernel(
     }
     // The next pass writes head_sums only after its first chunk's barrier.
   }
+  flash::CpAsyncWait<0>();  // the K tile's copies, should no chunk have waited for them
   if (tid < kMmaScoreKeys && key_begin + tid < n) {
     scores[job.score_offset + static_cast<int64_t>(kv_head) * n + key_begin + tid] =
         job.reduce == GroupReduce::kMean ? __fdiv_rn(reduced, static_cast<float>(group)) : reduced;
