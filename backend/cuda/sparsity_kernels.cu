@@ -90,6 +90,53 @@ size_t WindowScoresSmemBytes(int head_dim) {
   return floats * sizeof(float);
 }
 
+// What a block of either WindowScores kernel scores: its job, its tile of keys [key_begin,
+// key_begin + keys) and its KV head (grid x, y, z = key tile, KV head, job), and the prompt rows
+// it walks. Prompt row i is token row token_of_row0 + i: the scored rows lie in this step's chunk
+// (the scheduler guarantees it; the CPU twin checks it). Causal: rows before the tile's first key
+// see none of its keys, so the chunks of chunk_rows start at chunk_first, the chunk holding
+// key_begin. False when the block has nothing to score: a job that scores nothing (StreamingLLM's
+// sinks), or a tile past its job's keys (the grid is sized for the layer's longest job).
+struct ScoreBlock {
+  CompressionJob job;
+  int key_begin;
+  int kv_head;
+  int group;  // query heads of a KV head
+  int64_t token_of_row0;
+  int chunk_first;
+};
+__device__ inline bool ScoreBlockOf(const int32_t* __restrict__ job_rows, int job_begin, int keys,
+                                    int chunk_rows, int num_heads, int num_kv_heads,
+                                    const int32_t* __restrict__ query_start,
+                                    const int32_t* __restrict__ context_lens, ScoreBlock& block) {
+  block.job = LoadJob(job_rows, job_begin + static_cast<int>(blockIdx.z));
+  block.key_begin = static_cast<int>(blockIdx.x) * keys;
+  if (block.job.mode != SelectMode::kTopScores || block.key_begin >= block.job.num_keys) {
+    return false;
+  }
+  block.kv_head = static_cast<int>(blockIdx.y);
+  block.group = num_heads / num_kv_heads;
+  const int seq = block.job.prefill_seq;
+  block.token_of_row0 =
+      static_cast<int64_t>(query_start[seq]) - static_cast<int64_t>(context_lens[seq]);
+  const int row_first = block.job.num_keys - block.job.score_rows;  // first scored prompt row
+  block.chunk_first = block.key_begin > row_first
+                          ? row_first + (block.key_begin - row_first) / chunk_rows * chunk_rows
+                          : row_first;
+  return true;
+}
+
+// Thread `tid`'s key of the block: its scores over the group, `reduced` (a sum or a max), made
+// the job's score (the mean divides by the group, in the CPU's rounding).
+__device__ inline void WriteScore(const ScoreBlock& block, int tid, float reduced,
+                                  float* __restrict__ scores) {
+  const int n = block.job.num_keys;
+  if (block.key_begin + tid >= n) return;
+  scores[block.job.score_offset + static_cast<int64_t>(block.kv_head) * n + block.key_begin + tid] =
+      block.job.reduce == GroupReduce::kMean ? __fdiv_rn(reduced, static_cast<float>(block.group))
+                                             : reduced;
+}
+
 // Four blocks a multiprocessor is what the ~52 KB of shared memory allows at d = 128; the bound
 // also gives ptxas the register budget (128) under which it does not spill.
 __global__ __launch_bounds__(kScoreThreads, 4) void WindowScoresKernel(
@@ -112,14 +159,14 @@ __global__ __launch_bounds__(kScoreThreads, 4) void WindowScoresKernel(
   float* lse_tile = q_tile + kScoreRows * pitch;          // [kScoreRows]
   float* partial = lse_tile + kScoreRows;                 // [kRowLanes][kScoreKeys]
 
-  const CompressionJob job = LoadJob(job_rows, job_begin + static_cast<int>(blockIdx.z));
-  if (job.mode != SelectMode::kTopScores) return;  // nothing to score (StreamingLLM's sinks)
+  ScoreBlock block;
+  if (!ScoreBlockOf(job_rows, job_begin, kScoreKeys, kScoreRows, num_heads, num_kv_heads,
+                    query_start, context_lens, block)) {
+    return;
+  }
+  const auto& [job, key_begin, kv_head, group, token_of_row0, chunk_first] = block;
   const int n = job.num_keys;
-  const int key_begin = static_cast<int>(blockIdx.x) * kScoreKeys;
-  if (key_begin >= n) return;  // the grid is sized for the layer's longest job
-  const int kv_head = static_cast<int>(blockIdx.y);
   const int seq = job.prefill_seq;
-  const int group = num_heads / num_kv_heads;
   const int tid = static_cast<int>(threadIdx.x);
   const int vecs = head_dim / 8;
   const int64_t key_pitch = static_cast<int64_t>(num_kv_heads) * head_dim;
@@ -135,16 +182,6 @@ __global__ __launch_bounds__(kScoreThreads, 4) void WindowScoresKernel(
   }
 
   const int key_lane = tid % kKeyLanes, row_lane = tid / kKeyLanes;
-  const int row_first = n - job.score_rows;  // first scored prompt row
-  // Prompt row i is token row query_start + (i - context): the scored rows lie in this step's
-  // chunk (the scheduler guarantees it; the CPU twin checks it).
-  const int64_t token_of_row0 =
-      static_cast<int64_t>(query_start[seq]) - static_cast<int64_t>(context_lens[seq]);
-  // Causal: rows before key_begin see none of this tile's keys, so start at the chunk holding it.
-  const int chunk_first = key_begin > row_first
-                              ? row_first + (key_begin - row_first) / kScoreRows * kScoreRows
-                              : row_first;
-
   float reduced = 0.0f;  // threads tid < kScoreKeys: key key_begin + tid over the group so far
   for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
     float column[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // keys key_lane + 16c over this thread's rows
@@ -217,10 +254,7 @@ __global__ __launch_bounds__(kScoreThreads, 4) void WindowScoresKernel(
       reduced = job.reduce == GroupReduce::kMax ? fmaxf(reduced, head_sum) : reduced + head_sum;
     }
   }
-  if (tid < kScoreKeys && key_begin + tid < n) {
-    scores[job.score_offset + static_cast<int64_t>(kv_head) * n + key_begin + tid] =
-        job.reduce == GroupReduce::kMean ? __fdiv_rn(reduced, static_cast<float>(group)) : reduced;
-  }
+  if (tid < kScoreKeys) WriteScore(block, tid, reduced, scores);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -269,14 +303,14 @@ __global__ __launch_bounds__(kMmaScoreThreads) void WindowScoresMmaKernel(
       score_smem + (kMmaScoreKeys + kMmaScoreWarps * kMmaScoreRows) * kHeadDim * 2);  // [4][32]
   float* head_sums = lse_tile + kMmaScoreWarps * kMmaScoreRows;  // [4][kMmaScoreKeys]
 
-  const CompressionJob job = LoadJob(job_rows, job_begin + static_cast<int>(blockIdx.z));
-  if (job.mode != SelectMode::kTopScores) return;  // nothing to score (StreamingLLM's sinks)
+  ScoreBlock block;
+  if (!ScoreBlockOf(job_rows, job_begin, kMmaScoreKeys, kMmaScoreRows, num_heads, num_kv_heads,
+                    query_start, context_lens, block)) {
+    return;
+  }
+  const auto& [job, key_begin, kv_head, group, token_of_row0, chunk_first] = block;
   const int n = job.num_keys;
-  const int key_begin = static_cast<int>(blockIdx.x) * kMmaScoreKeys;
-  if (key_begin >= n) return;  // the grid is sized for the layer's longest job
-  const int kv_head = static_cast<int>(blockIdx.y);
   const int seq = job.prefill_seq;
-  const int group = num_heads / num_kv_heads;
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / 32;
   const int g = (tid % 32) / 4;
@@ -290,16 +324,6 @@ __global__ __launch_bounds__(kMmaScoreThreads) void WindowScoresMmaKernel(
           static_cast<int64_t>(kv_head) * kHeadDim,
       key_pitch, n - key_begin);
   flash::CpAsyncCommit();
-
-  const int row_first = n - job.score_rows;  // first scored prompt row
-  // Prompt row i is token row query_start + (i - context): the scored rows lie in this step's
-  // chunk (the scheduler guarantees it; the CPU twin checks it).
-  const int64_t token_of_row0 =
-      static_cast<int64_t>(query_start[seq]) - static_cast<int64_t>(context_lens[seq]);
-  // Causal: rows before key_begin see none of this tile's keys, so start at the chunk holding it.
-  const int chunk_first = key_begin > row_first
-                              ? row_first + (key_begin - row_first) / kMmaScoreRows * kMmaScoreRows
-                              : row_first;
 
   float reduced = 0.0f;  // threads tid < kMmaScoreKeys: key key_begin + tid over the group so far
   for (int h0 = 0; h0 < group; h0 += kMmaScoreWarps) {
@@ -382,10 +406,7 @@ __global__ __launch_bounds__(kMmaScoreThreads) void WindowScoresMmaKernel(
     // The next pass writes head_sums only after its first chunk's barrier.
   }
   flash::CpAsyncWait<0>();  // the K tile's copies, should no chunk have waited for them
-  if (tid < kMmaScoreKeys && key_begin + tid < n) {
-    scores[job.score_offset + static_cast<int64_t>(kv_head) * n + key_begin + tid] =
-        job.reduce == GroupReduce::kMean ? __fdiv_rn(reduced, static_cast<float>(group)) : reduced;
-  }
+  if (tid < kMmaScoreKeys) WriteScore(block, tid, reduced, scores);
 }
 
 // ---------------------------------------------------------------------------------------------
