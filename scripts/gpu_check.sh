@@ -92,9 +92,10 @@ if has build; then
     note "build of the GPU tests FAILED"; grep -E "error|Error" -A6 "$LOGS/build_tests.log" | head -120; exit 1
   fi
   note "build of the GPU tests: ok in $(( $(date +%s) - start )) s"
-  if { has ab || has sampling || has attention || has serve_ab; } && [ -d .ab ]; then
+  if { has ab || has sampling || has attention || has serve_ab || has prefill; } && [ -d .ab ]; then
     # Builds while the tests run: they use the GPU, this the CPUs.
-    (cd .ab && cmake --preset gpu && cmake --build --preset gpu -j "$(nproc)" --target sieve) \
+    (cd .ab && cmake --preset gpu && \
+      cmake --build --preset gpu -j "$(nproc)" --target sieve sieve_kernel_timeline) \
       > "$LOGS/build_ab.log" 2>&1 &
     ab_build=$!
   fi
@@ -341,9 +342,10 @@ if has prefill; then
   ensure_sieve
   trees=(.)
   if [ -d .ab ]; then
-    (cd .ab && { [ -f build/gpu/build.ninja ] || cmake --preset gpu; } && \
+    # The build stage's background build of .ab, else one now.
+    ab_ready || (cd .ab && { [ -f build/gpu/build.ninja ] || cmake --preset gpu; } && \
       cmake --build --preset gpu -j "$(nproc)" --target sieve sieve_kernel_timeline) \
-      > "$LOGS/build_ab.log" 2>&1 || note "build of .ab FAILED"
+      > "$LOGS/build_ab_prefill.log" 2>&1 || note "build of .ab FAILED"
     if [ -x .ab/build/gpu/sieve ]; then
       trees=(. .ab)
       [ "${PREFILL_ROUNDS:-2}" -ge 2 ] && trees=(. .ab . .ab)
@@ -366,8 +368,10 @@ if has prefill; then
       --prefill-attention-tflops "$cudnn" --profile-prefill --result-json "$json" \
       > "$LOGS/prefill_$run.log" 2>&1 || note "prefill bench FAILED: $(tail -3 "$LOGS/prefill_$run.log")"
     grep -E "^(dense|sparse)|^    " "$LOGS/prefill_$run.log" | tee -a "$summary"
-    [ -f "$csv" ] && python3 scripts/timeline_gaps.py "$csv" 2>&1 \
-      | grep -E "^timeline(:| kernel)" | head -16 | tee -a "$summary"
+    # The kernels by kind, then the largest gaps between them by transition.
+    [ -f "$csv" ] && python3 scripts/timeline_gaps.py "$csv" > "$LOGS/prefill_gaps_$run.txt" 2>&1 \
+      && { grep -E "^timeline(:| kernel)" "$LOGS/prefill_gaps_$run.txt" | head -16
+           grep -E "^timeline gap" "$LOGS/prefill_gaps_$run.txt" | head -6; } | tee -a "$summary"
   done
 fi
 
