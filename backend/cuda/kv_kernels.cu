@@ -42,54 +42,78 @@ __device__ __forceinline__ int64_t PoolEntry(const PoolView& pool, int layer, in
 }
 
 // Blocks (token - first_token, part): the token's rotations and copies are spread over gridDim.y
-// blocks, so a decode step of few tokens still fills the GPU.
+// blocks, so a decode step of few tokens still fills the GPU. A block's work is a few dependent
+// round trips to memory (the step's metadata: sequence, write start, page; the row's norm scale;
+// then its data), and 56 registers a thread leave 4 blocks an SM, so each block overlaps what it
+// can: every thread first asks for its first q/k pair and v vector (they depend on the token
+// alone), then warp 0 computes the norm scale while thread 32 looks up the metadata, and one
+// barrier hands both to the block.
 __global__ void RopeAndCacheWriteKernel(bf16* __restrict__ qkv, int64_t qkv_stride,
                                         const float* __restrict__ rope_table, int num_heads,
                                         StepView step, int layer, PoolView pool, int first_token,
                                         RowRmsView norm) {
   __shared__ float row_scale;
+  __shared__ int64_t row_entry;
+  __shared__ int row_position;
   PdlWait();
   PdlLaunchDependents();
   const int token = first_token + static_cast<int>(blockIdx.x);
-  // A folded RMSNorm's s for this token (row_rms.cuh): one warp computes it for the block.
-  float scale = 1.0f;
-  if (norm.rows != nullptr) {
-    if (threadIdx.x < 32) {
-      const float value = WarpRowInvRms(norm, token);
-      if (threadIdx.x == 0) row_scale = value;
-    }
-    __syncthreads();
-    scale = row_scale;
-  }
   const int head_dim = pool.head_dim;
   const int half = head_dim / 2;
   const int kv_heads = pool.num_kv_heads;
-  // Decode tokens (one per sequence, after the prefill tokens) need no search.
-  const int seq = token >= step.num_prefill_tokens
-                      ? step.num_prefill_seqs + (token - step.num_prefill_tokens)
-                      : SequenceOf(step.query_start, step.num_prefill_seqs, token);
-  const int write_start = step.write_start[static_cast<int64_t>(layer) * step.num_seqs + seq];
-  const int position = step.positions[token];
-  int64_t entry = -1;
-  if (write_start >= 0) {
-    entry =
-        PoolEntry(pool, layer, step.seq_slots[seq], write_start + token - step.query_start[seq]);
-  }
   bf16* row = qkv + static_cast<int64_t>(token) * qkv_stride;
-  const float* cos_sin = rope_table + static_cast<int64_t>(position) * head_dim;
   const int first = static_cast<int>(blockIdx.y * blockDim.x + threadIdx.x);
   const int stride = static_cast<int>(gridDim.y * blockDim.x);
   // Rotate q and k: work item = 8 pairs (x[i], x[i + half]) of one head, from two 16-byte
   // loads (scalar bf16 accesses held the kernel to about a third of the copy rate at prefill
   // sizes).
   const int vectors = half / 8;
-  for (int item = first; item < (num_heads + kv_heads) * vectors; item += stride) {
+  const int rotate_items = (num_heads + kv_heads) * vectors;
+  const int v_vectors = kv_heads * head_dim / 8;
+  auto* v = reinterpret_cast<uint4*>(row + (num_heads + kv_heads) * head_dim);
+  uint4 a_first = make_uint4(0, 0, 0, 0);
+  uint4 b_first = a_first;
+  uint4 v_first = a_first;
+  if (first < rotate_items) {
+    const bf16* x = row + first / vectors * head_dim + first % vectors * 8;
+    a_first = *reinterpret_cast<const uint4*>(x);
+    b_first = *reinterpret_cast<const uint4*>(x + half);
+  }
+  if (first < v_vectors) v_first = v[first];
+
+  if (threadIdx.x < 32) {
+    // A folded RMSNorm's s for this token (row_rms.cuh; 1 without one).
+    const float value = WarpRowInvRms(norm, token);
+    if (threadIdx.x == 0) row_scale = value;
+  } else if (threadIdx.x == 32) {
+    // Decode tokens (one per sequence, after the prefill tokens) need no search.
+    const int seq = token >= step.num_prefill_tokens
+                        ? step.num_prefill_seqs + (token - step.num_prefill_tokens)
+                        : SequenceOf(step.query_start, step.num_prefill_seqs, token);
+    const int write_start = step.write_start[static_cast<int64_t>(layer) * step.num_seqs + seq];
+    row_position = step.positions[token];
+    row_entry = write_start >= 0 ? PoolEntry(pool, layer, step.seq_slots[seq],
+                                             write_start + token - step.query_start[seq])
+                                 : -1;
+  }
+  __syncthreads();
+  const float scale = row_scale;
+  const int64_t entry = row_entry;
+  const int position = row_position;
+  const float* cos_sin = rope_table + static_cast<int64_t>(position) * head_dim;
+  for (int item = first; item < rotate_items; item += stride) {
     const int head = item / vectors;
     const int index = item % vectors * 8;
     bf16* x = row + head * head_dim;
+    uint4 a_raw = a_first;
+    uint4 b_raw = b_first;
+    if (item != first) {
+      a_raw = *reinterpret_cast<const uint4*>(x + index);
+      b_raw = *reinterpret_cast<const uint4*>(x + index + half);
+    }
     float a[8], b[8], cs[16];
-    Unpack8(*reinterpret_cast<const uint4*>(x + index), a);
-    Unpack8(*reinterpret_cast<const uint4*>(x + index + half), b);
+    Unpack8(a_raw, a);
+    Unpack8(b_raw, b);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const float4 quad = reinterpret_cast<const float4*>(cos_sin + 2 * index)[q];
@@ -116,11 +140,10 @@ __global__ void RopeAndCacheWriteKernel(bf16* __restrict__ qkv, int64_t qkv_stri
   }
   // v: scaled in qkv too (prefill attention reads it from there), then copied to the page.
   if (norm.rows != nullptr || entry >= 0) {
-    auto* v = reinterpret_cast<uint4*>(row + (num_heads + kv_heads) * head_dim);
     auto* page =
         entry >= 0 ? reinterpret_cast<uint4*>(pool.v + entry * kv_heads * head_dim) : nullptr;
-    for (int index = first; index < kv_heads * head_dim / 8; index += stride) {
-      uint4 raw = v[index];
+    for (int index = first; index < v_vectors; index += stride) {
+      uint4 raw = index == first ? v_first : v[index];
       if (norm.rows != nullptr) {
         float values[8];
         Unpack8(raw, values);
