@@ -7,7 +7,7 @@
 #                                        sanitize_engine bench step ab profile timeline sdpa
 #                                        soak
 #                                        serve serve_ab warm prefill headline accuracy tp
-#                                        sampling attention
+#                                        sampling attention large_batch
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
@@ -188,6 +188,25 @@ print(" ".join("%sx%s:%s" % (n, k, v) for (n, k), v in picks.items()))')
 if has step; then
   step_bench ./build/gpu/sieve this
   grep -A12 "^1/10 kept  " "$LOGS/step_this.log" | head -12 >> "$summary"
+fi
+
+if has large_batch; then
+  # Decode at large batches, where the products rather than the bytes may set the time: the
+  # decode GEMM table at LARGE_BATCH_ROWS rows (bytes and TFLOP/s), then the decode step at batch
+  # 256 x 2048 (dense KV fits beside the weights), each beside its byte bound.
+  ensure_sieve
+  ./build/gpu/sieve bench kernels --skip-attention --skip-sparsity --skip-decode-step \
+    --gemm-rows "${LARGE_BATCH_ROWS:-1,64,128,256}" --result-json "$OUT/kernels.json" \
+    > "$LOGS/large_batch_gemm.log" 2>&1 || note "large_batch GEMM table FAILED"
+  grep -E "^ *[0-9]+  (qkv|o|gate_up|down|lm_head|all) " "$LOGS/large_batch_gemm.log" \
+    | cut -c1-90 | tee -a "$summary"
+  # The sparse step's kernels on a timeline (tools/kernel_timeline), by kind.
+  cmake --build --preset gpu --target sieve_kernel_timeline > "$LOGS/build_timeline.log" 2>&1
+  CUDA_INJECTION64_PATH="$PWD/build/gpu/tools/libsieve_kernel_timeline.so" \
+    SIEVE_TIMELINE_CSV="$LOGS/batch256_timeline.csv" \
+    step_bench ./build/gpu/sieve batch256 --no-step-variants --profile-step --batch 256 --context 2048
+  python3 scripts/timeline_gaps.py "$LOGS/batch256_timeline.csv" 2>&1 \
+    | grep -E "^timeline(:| kernel)" | head -14 | tee -a "$summary"
 fi
 
 if has ab; then

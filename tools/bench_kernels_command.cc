@@ -62,6 +62,7 @@ struct KernelsFlags {
   bool skip_attention = false;
   bool skip_sparsity = false;
   bool skip_gemm = false;
+  std::vector<int> gemm_rows = {1, 16, 64};
   bool skip_decode_step = false;
   bool no_graph = false;
   bool profile_step = false;
@@ -229,6 +230,7 @@ int Run(const KernelsFlags& flags) {
                       {"gate_up", 2 * c.intermediate_size, c.hidden_size},
                       {"down", c.hidden_size, c.intermediate_size},
                       {"lm_head", static_cast<int>(c.vocab_size), c.hidden_size}};
+    options.rows = flags.gemm_rows;
     options.copy_bandwidth = copy;
     std::vector<cuda::GemmBenchResult> results;
     options.results = &results;
@@ -474,6 +476,11 @@ CommandRunner AddBenchKernelsCommand(CLI::App& app) {
   app.add_flag("--skip-attention", flags->skip_attention, "Skip the attention kernels");
   app.add_flag("--skip-sparsity", flags->skip_sparsity, "Skip the score/select/compact path");
   app.add_flag("--skip-gemm", flags->skip_gemm, "Skip the decode-size GEMMs");
+  app.add_option("--gemm-rows", flags->gemm_rows,
+                 "Rows (decode batch sizes) of the GEMM table, e.g. 1,16,64,256")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536))
+      ->delimiter(',');
   app.add_flag("--skip-decode-step", flags->skip_decode_step, "Skip the whole-model decode step");
   app.add_flag("--no-graph", flags->no_graph, "Run the decode step without a CUDA graph");
   app.add_flag("--profile-step", flags->profile_step,
