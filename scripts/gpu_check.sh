@@ -7,7 +7,7 @@
 #                                        sanitize_engine bench step ab profile timeline sdpa
 #                                        soak
 #                                        serve serve_ab warm prefill headline accuracy tp
-#                                        sampling attention large_batch
+#                                        sampling attention large_batch profile_attention
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
@@ -207,6 +207,52 @@ if has large_batch; then
     step_bench ./build/gpu/sieve batch256 --no-step-variants --profile-step --batch 256 --context 2048
   python3 scripts/timeline_gaps.py "$LOGS/batch256_timeline.csv" 2>&1 \
     | grep -E "^timeline(:| kernel)" | head -14 | tee -a "$summary"
+fi
+
+if has profile_attention; then
+  # One decode attention launch of a sparse step (the second step's first layer) at batch 256 x
+  # 2048, 1/10 kept (large_batch's step), under Nsight Compute's full set: its throughputs,
+  # occupancy and warp stall reasons, and where in the code the warps stall (scripts/ncu_stalls.py).
+  ensure_sieve
+  timeout 400 ncu --profile-from-start off --clock-control none \
+    --kernel-name regex:DecodeAttentionKernel --launch-skip 32 --launch-count 1 --set full \
+    --import-source yes -f -o /tmp/decode_attention ./build/gpu/sieve bench kernels \
+    --skip-attention --skip-sparsity --skip-gemm --no-step-variants --no-graph --profile-step \
+    --batch 256 --context 2048 > "$LOGS/profile_attention.log" 2>&1
+  note "profile_attention: ncu exit $?"
+  ncu -i /tmp/decode_attention.ncu-rep --page details --csv > "$LOGS/decode_attention_details.csv" 2>&1
+  ncu -i /tmp/decode_attention.ncu-rep --page source --csv --print-source sass \
+    > /tmp/decode_attention_sass.csv 2>&1
+  python3 - "$LOGS/decode_attention_details.csv" <<'PY' | tee -a "$summary"
+import csv, sys
+wanted = ("Duration", "DRAM Throughput", "Memory Throughput", "L2 Hit Rate", "Achieved Occupancy",
+          "Theoretical Occupancy", "Registers Per Thread", "Waves Per SM", "Grid Size", "Block Size",
+          "Dynamic Shared Memory Per Block", "Issue Slots Busy", "No Eligible",
+          "Active Warps Per Scheduler", "Eligible Warps Per Scheduler",
+          "Warp Cycles Per Issued Instruction")
+for row in csv.DictReader(open(sys.argv[1])):
+    if row.get("Metric Name") in wanted:
+        print(f"decode attention: {row['Metric Name']}: {row['Metric Value']} {row['Metric Unit']}")
+PY
+  # Stall reasons: warps stalled for each, per issued instruction (the raw page's metrics).
+  ncu -i /tmp/decode_attention.ncu-rep --page raw --csv > "$LOGS/decode_attention_raw.csv" 2>&1
+  python3 - "$LOGS/decode_attention_raw.csv" <<'PY' | tee -a "$summary"
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+header, values = rows[0], rows[-1]  # names, units, then one row a launch
+prefix, suffix = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+stalls = []
+for name, value in zip(header, values):
+    if name.startswith(prefix) and name.endswith(suffix):
+        try:
+            stalls.append((float(value.replace(",", "")), name[len(prefix):-len(suffix)]))
+        except ValueError:
+            pass
+print("decode attention stalls per issued instruction: " +
+      ", ".join(f"{reason} {value:.2f}" for value, reason in sorted(stalls, reverse=True)[:8]))
+PY
+  python3 scripts/ncu_stalls.py /tmp/decode_attention_sass.csv 2>&1 | head -24 | tee -a "$summary"
+  gzip -c /tmp/decode_attention_sass.csv > "$LOGS/decode_attention_sass.csv.gz"
 fi
 
 if has ab; then
