@@ -256,6 +256,7 @@ PY
 fi
 
 if has ab; then
+  ensure_sieve
   if ab_ready; then
     for round in $(seq 1 "${AB_ROUNDS:-3}"); do
       # AB_STEP_ARGS: other step shapes, e.g. "--batch 1 --context 4000" (word-split on purpose).
