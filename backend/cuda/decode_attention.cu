@@ -443,12 +443,17 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   for (int tile = 0; tile < kStages - 1; ++tile) {
     if (tile < num_tiles && early(tile)) load_kv(tile);
   }
+  // A folded RMSNorm's s of the token (1 without one): each warp computes it, in the same order.
+  // Before PdlWait: the row is the residual stream, written by the kernel that ends the layer
+  // before (or the embedding), two or more kernels back, and the qkv GEMM between only reads it.
+  // That kernel has finished by the time this one starts (pdl.cuh: a kernel lets its dependents
+  // start only after its own PdlWait). So under a qkv GEMM that overlaps this kernel's start (the
+  // skinny kernel of small batches) the row's round trips are off the path after the wait.
+  const float row_scale = fused ? WarpRowInvRms(params.norm, token) : 1.0f;
+  if (fused) TraceStamp(params, kTraceScaleDone);
   PdlWait();
   PdlLaunchDependents();
   TraceStamp(params, kTraceWaitDone);
-  // A folded RMSNorm's s of the token (1 without one): each warp computes it, in the same order.
-  const float row_scale = fused ? WarpRowInvRms(params.norm, token) : 1.0f;
-  if (fused) TraceStamp(params, kTraceScaleDone);
   if (new_entry >= 0) {
     // Fused RoPE: the entry goes to memory before any copy below may read it. The copies are
     // other threads' cp.async (generic proxy, through L2): the fence and the barrier order the

@@ -3,9 +3,12 @@
 // ramp-up. A kernel launched here with LaunchWithPdl may start while its predecessor still runs:
 // it does what depends on nothing (a GEMM prefetches its weights) and then calls PdlWait(), which
 // returns once the predecessor grid has finished and its writes are visible. Every kernel
-// launched this way calls PdlWait() on every path before it reads or writes anything another
-// kernel touches, and before it exits: that keeps the ordering transitive along the stream. They
-// also call PdlLaunchDependents() early, which lets the next kernel be scheduled.
+// launched this way calls PdlWait() on every path before it reads or writes anything its
+// predecessor may write, and before it exits: that keeps the ordering transitive along the
+// stream. They call PdlLaunchDependents() right after PdlWait(), which lets the next kernel be
+// scheduled; so when a kernel starts, every kernel before its predecessor has finished, and what
+// those wrote may be read before PdlWait (decode attention reads the residual row of its folded
+// norm there).
 // On devices before sm_90, or with SIEVE_PDL=0 (a documented option, README_gemm.md), launches
 // are plain and both calls are no-ops.
 #pragma once
