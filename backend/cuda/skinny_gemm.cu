@@ -17,7 +17,9 @@
 // GEMMs read 63% and 72% of the copy rate at one row against 85-97% for the wider ones
 // (bench/results/2026-12-04-h200-decode-batch256.json, the table at 1 row). So where one row tile
 // suffices (m <= 8) and the grid fits 2 CTAs an SM, the kernel loads 8 blocks a group (2 CTAs an
-// SM by its registers: 128 KiB in flight on an SM of 2). The first group is loaded before
+// SM by its registers: 128 KiB in flight on an SM of 2): o and down alone 0.405 -> 0.329 and
+// 1.241 -> 0.959 ms a step, the whole batch-1 step 4.20 -> 4.18 ms, since PDL hid most of it
+// (bench/results/2026-12-04-h200-skinny-deep-group-ab.json). The first group is loaded before
 // PdlWait: it depends on no kernel, so it streams while the kernel before still runs.
 #include "backend/cuda/skinny_gemm.h"
 
