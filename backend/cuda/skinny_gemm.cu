@@ -12,9 +12,15 @@
 // left it).
 //
 // Latency: a warp loads kGroup blocks of 32 k (kGroup KiB of weights per warp) before it needs any;
-// with 3 CTAs (24 warps) on an SM that is ~96 KiB in flight per SM, past what the copy rate needs.
-// The first group is loaded before PdlWait: it depends on no kernel, so it streams while the kernel
-// before still runs.
+// with 3 CTAs (24 warps) on an SM that is ~96 KiB in flight per SM. A grid of n / 16 = 256 CTAs
+// (the o and down GEMMs of Llama-3-8B) puts only 2 CTAs on most SMs, 64 KiB in flight, and those
+// GEMMs read 63% and 72% of the copy rate at one row against 85-97% for the wider ones
+// (bench/results/2026-12-04-h200-decode-batch256.json, the table at 1 row). So where one row tile
+// suffices (m <= 8) and the grid fits 2 CTAs an SM, the kernel loads 8 blocks a group (2 CTAs an
+// SM by its registers: 128 KiB in flight on an SM of 2): o and down alone 0.405 -> 0.329 and
+// 1.241 -> 0.959 ms a step, the whole batch-1 step 4.20 -> 4.18 ms, since PDL hid most of it
+// (bench/results/2026-12-04-h200-skinny-deep-group-ab.json). The first group is loaded before
+// PdlWait: it depends on no kernel, so it streams while the kernel before still runs.
 #include "backend/cuda/skinny_gemm.h"
 
 #include <cooperative_groups.h>
@@ -56,8 +62,13 @@ __device__ __forceinline__ void MmaBlock(float (&acc)[4], const uint4& lo, const
   flash::Mma(acc, second, x.z, x.w);
 }
 
+// CTAs an SM the kernel is compiled for: its registers (lo, hi and xs hold 2 + kXTiles 16-byte
+// values per block of the group) fit 80 a thread at 4 blocks, 128 at 8.
+template <int kGroup>
+constexpr int kCtasPerSm = kGroup > 4 ? 2 : 3;
+
 template <int kXTiles, int kGroup, bool kOutF32, bool kAccumulate>
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
     SkinnyGemmKernel(const bf16* __restrict__ w, int64_t ldw, const bf16* __restrict__ x,
                      int64_t ldx, void* __restrict__ out, int64_t ldo, int m, int n, int k) {
   // Each warp's sums: [warp][row of x][column], padded against bank conflicts.
@@ -208,7 +219,10 @@ void SkinnyGemm(int64_t m, int64_t n, int64_t k, const bf16* w, int64_t ldw, con
                 int64_t ldx, void* out, int64_t ldo, bool out_f32, bool accumulate, int splits,
                 cudaStream_t stream) {
   SIEVE_CHECK(splits == 1 || splits == 2 || splits == 4) << "k split " << splits;
-  if (m <= 8) {
+  const int64_t ctas = (n + kColumns - 1) / kColumns * splits;
+  if (m <= 8 && ctas <= kCtasPerSm<8> * CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>()) {
+    LaunchTiles<1, 8>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream);
+  } else if (m <= 8) {
     LaunchTiles<1, 4>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream);
   } else if (m <= 16) {
     LaunchTiles<2, 4>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream);
