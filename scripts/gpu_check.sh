@@ -8,6 +8,7 @@
 #                                        soak
 #                                        serve serve_ab warm prefill headline accuracy tp
 #                                        sampling attention large_batch profile_attention
+#                                        chunk_ab
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
@@ -320,6 +321,44 @@ if has serve_ab; then
     done
   done
   grep "serve_ab" "$summary"
+fi
+
+if has chunk_ab; then
+  # The step's token budget (--max-num-batched-tokens) against serving throughput: for each budget
+  # of CHUNK_AB_TOKENS (default "8192 2048"), AB_ROUNDS times (default 1), a warmed-up server as
+  # the headline's sparse one (Llama-3-8B shape, dummy weights, full:0-2,pyramidkv:3-31 budget
+  # 400) and `sieve bench sweep` 4000/500 at CHUNK_AB_LEVELS (default 20,128,256; prompts
+  # CHUNK_AB_PROMPTS, default 40,256,256), each level beside its bound at fixed ceilings
+  # (CHUNK_AB_CEILINGS "copy GB/s, GEMM TFLOP/s, attention TFLOP/s", default the headline
+  # record's "4225 703 555"). CHUNK_AB_POLICY (default the sparse one) may be "full".
+  ensure_sieve
+  tok=testdata/tokenizers/llama3/tokenizer.model
+  health() { python3 -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8123/health', timeout=2).status == 200 else 1)" 2>/dev/null; }
+  read -r copy gemm att <<< "${CHUNK_AB_CEILINGS:-4225 703 555}"
+  policy="${CHUNK_AB_POLICY:-full:0-2,pyramidkv:3-31}"
+  for round in $(seq 1 "${AB_ROUNDS:-1}"); do
+    for tokens in ${CHUNK_AB_TOKENS:-8192 2048}; do
+      start=$(date +%s)
+      ./build/gpu/sieve serve --model configs/llama-3-8b --load-format dummy --tokenizer "$tok" \
+        --port 8123 --max-model-len 4600 --max-num-batched-tokens "$tokens" --no-progress \
+        --kv-policy "$policy" --kv-budget 400 --kv-window 32 \
+        > "$LOGS/chunk_ab_serve_${tokens}_$round.log" 2>&1 &
+      pid=$!
+      for i in $(seq 1 600); do health && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
+      log="$LOGS/chunk_ab_${tokens}_$round.log"
+      ./build/gpu/sieve bench sweep --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
+        --input-len 4000 --output-len 500 --concurrency "${CHUNK_AB_LEVELS:-20,128,256}" \
+        --num-prompts-per-level "${CHUNK_AB_PROMPTS:-40,256,256}" --ignore-eos --warmup 2 \
+        --no-progress --label "tokens $tokens" --bound-model-config configs/llama-3-8b \
+        --bound-kv-policy "$policy" --bound-kv-budget 400 --bound-kv-window 32 \
+        --bound-gemm-tflops "$gemm" --bound-attention-tflops "$att" --bound-copy-gbs "$copy" \
+        --result-json "$OUT/chunk_ab_${tokens}_$round.json" > "$log" 2>&1 \
+        || note "chunk_ab $tokens FAILED: $(tail -3 "$log")"
+      kill -TERM $pid; wait $pid
+      note "chunk_ab --max-num-batched-tokens $tokens, round $round ($(( $(date +%s) - start )) s):"
+      grep -E "^\|" "$log" | tee -a "$summary"
+    done
+  done
 fi
 
 if has sampling; then
