@@ -352,7 +352,7 @@ if has chunk_ab; then
         --no-progress --label "tokens $tokens" --bound-model-config configs/llama-3-8b \
         --bound-kv-policy "$policy" --bound-kv-budget 400 --bound-kv-window 32 \
         --bound-gemm-tflops "$gemm" --bound-attention-tflops "$att" --bound-copy-gbs "$copy" \
-        --result-json "$OUT/chunk_ab_${tokens}_$round.json" > "$log" 2>&1 \
+        --result-json "$OUT/sweep_chunk_${tokens}_$round.json" > "$log" 2>&1 \
         || note "chunk_ab $tokens FAILED: $(tail -3 "$log")"
       kill -TERM $pid; wait $pid
       note "chunk_ab --max-num-batched-tokens $tokens, round $round ($(( $(date +%s) - start )) s):"

@@ -49,7 +49,10 @@ void AddEngineFlags(CLI::App& app, EngineFlags& flags, bool policy_flags) {
   app.add_option("--max-num-seqs", flags.engine.max_num_seqs, "Sequences running at once")
       ->capture_default_str();
   app.add_option("--max-num-batched-tokens", flags.engine.max_num_batched_tokens,
-                 "Tokens computed per engine step (prefill chunks + decodes)")
+                 "Tokens computed per engine step (prefill chunks + decodes). Larger steps "
+                 "prefill at a higher rate (more output tok/s under load); smaller ones keep the "
+                 "time to first token and the gaps between tokens short (sched/README.md "
+                 "has the measured trade)")
       ->capture_default_str();
   app.add_flag("--no-chunked-prefill", flags.no_chunked_prefill,
                "Prefill each prompt in one step (it must fit --max-num-batched-tokens)");
