@@ -171,6 +171,48 @@ __global__ void SiluMulVectorKernel(const bf16* __restrict__ gate_up, int64_t in
   }
 }
 
+// A whole row a block (long prefills with a folded RMSNorm): each thread issues all its gate and
+// up loads (kVectors 16-byte vectors of each) before the row scale, so the block's bytes stream
+// while warp 0 reads the residual row and the block waits at the scale's barrier.
+template <int kVectors>
+__global__ void __launch_bounds__(kThreads)
+    SiluMulRowKernel(const bf16* __restrict__ gate_up, int64_t in_stride, int width,
+                     bf16* __restrict__ out, int64_t out_stride, RowRmsView norm) {
+  PdlWait();
+  PdlLaunchDependents();
+  const int row = blockIdx.x;
+  const auto* gate =
+      reinterpret_cast<const uint4*>(gate_up + static_cast<int64_t>(row) * in_stride);
+  const auto* up =
+      reinterpret_cast<const uint4*>(gate_up + static_cast<int64_t>(row) * in_stride + width);
+  const int vectors = width / 8;
+  uint4 gate_bits[kVectors], up_bits[kVectors];
+#pragma unroll
+  for (int v = 0; v < kVectors; ++v) {
+    const int index = static_cast<int>(threadIdx.x) + v * kThreads;
+    if (index < vectors) {
+      gate_bits[v] = gate[index];
+      up_bits[v] = up[index];
+    }
+  }
+  const float s = BlockRowScale(norm, row);
+  auto* dst = reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * out_stride);
+#pragma unroll
+  for (int v = 0; v < kVectors; ++v) {
+    const int index = static_cast<int>(threadIdx.x) + v * kThreads;
+    if (index >= vectors) continue;
+    float g[8], u[8];
+    Unpack8(gate_bits[v], g);
+    Unpack8(up_bits[v], u);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float gate_value = g[i] * s;
+      g[i] = gate_value / (1.0f + __expf(-gate_value)) * (u[i] * s);
+    }
+    dst[index] = Pack8(g);
+  }
+}
+
 __global__ void SiluMulKernel(const bf16* __restrict__ gate_up, int64_t in_stride, int width,
                               bf16* __restrict__ out, int64_t out_stride, RowRmsView norm) {
   PdlWait();
@@ -299,8 +341,15 @@ void SiluMul(const bf16* gate_up, int64_t in_stride, int rows, int width, bf16* 
     // With a folded RMSNorm every block first reads its row of the residual stream for the row's
     // scale: long prefills keep one block per row (as RopeAndCacheWrite), so that the row is
     // read once, not by each of the width / 2048 blocks a decode-size step spreads a row over.
-    const int blocks_per_row =
-        norm.rows != nullptr && rows > 256 ? 1 : (width / 8 + kThreads - 1) / kThreads;
+    const int vectors_per_thread = (width / 8 + kThreads - 1) / kThreads;
+    const bool block_per_row = norm.rows != nullptr && rows > 256;
+    if (block_per_row && vectors_per_thread <= 8) {
+      const auto kernel = vectors_per_thread <= 4 ? SiluMulRowKernel<4> : SiluMulRowKernel<8>;
+      LaunchWithPdl(kernel, rows, kThreads, 0, stream, gate_up, in_stride, width, out, out_stride,
+                    norm);
+      return;
+    }
+    const int blocks_per_row = block_per_row ? 1 : vectors_per_thread;
     const dim3 grid(blocks_per_row, rows);
     LaunchWithPdl(SiluMulVectorKernel, grid, kThreads, 0, stream, gate_up, in_stride, width, out,
                   out_stride, norm);
