@@ -249,15 +249,18 @@ TEST_F(CudaDenseTest, BeginSamplingTakesInOrderAndLeavesTokensForTheNextStep) {
   EXPECT_FALSE(cpu_->BeginSampling(Cpu(logits[0], {rows, vocab}), sampled, cpu_tokens[0]));
 }
 
-// A folded RMSNorm's scale in SiLU: silu(s g) (s u) with s from a residual row, both kernels
-// (vector widths and the scalar fallback), against the CPU.
+// A folded RMSNorm's scale in SiLU: silu(s g) (s u) with s from a residual row, every launch
+// (decode-size steps: a row over several blocks; long prefills, over 256 rows: a block a row; the
+// scalar fallback), against the CPU.
 TEST_F(CudaDenseTest, SiluMulScalesByRowRms) {
-  const int rows = 19, hidden = 4096;
-  const float eps = 1e-5f;
-  const auto residual = Random(static_cast<size_t>(rows) * hidden, 3.0f);
-  Tensor cpu_residual = Cpu(residual, {rows, hidden});
-  Tensor gpu_residual = Gpu(residual, {rows, hidden});
-  for (const int width : {1024, 1000, 999}) {
+  for (const auto& [rows, width] : std::vector<std::pair<int, int>>{
+           {19, 1024}, {19, 1000}, {19, 999}, {300, 1000}, {300, 14336}, {257, 16392}}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows");
+    const int hidden = 4096;
+    const float eps = 1e-5f;
+    const auto residual = Random(static_cast<size_t>(rows) * hidden, 3.0f);
+    Tensor cpu_residual = Cpu(residual, {rows, hidden});
+    Tensor gpu_residual = Gpu(residual, {rows, hidden});
     const auto gate_up = Random(static_cast<size_t>(rows) * 2 * width, 2.0f);
     Tensor cpu_out = Tensor::Empty({rows, width}, DType::kF32);
     cpu_->SiluMul(Cpu(gate_up, {rows, 2 * width}), cpu_out, RowRms{&cpu_residual, eps});
