@@ -13,8 +13,9 @@
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
 # for the tree in .ab/ (made by `scripts/prepare_ab.sh REV`, carried), alternately, AB_ROUNDS
-# times each (default 3; AB_STEP_ARGS adds arguments, e.g. "--batch 1 --context 4000"): a change's
-# effect measured in one run on one machine; `sampling` does the same for the GPU sampler's table,
+# times each (default 3; AB_STEP_ARGS adds arguments, e.g. "--batch 1 --context 4000";
+# AB_GEMM_ROWS adds the decode GEMM table at those rows for each tree): a change's effect
+# measured in one run on one machine; `sampling` does the same for the GPU sampler's table,
 # `attention` for the attention kernels (beside cuDNN SDPA, issue 19 item 2), and `serve_ab` for
 # serving (sieve serve + sieve bench serve at SERVE_AB_LEVELS, default 1 and
 # 32, sparse 4000-token prompts).
@@ -273,6 +274,17 @@ if has ab; then
       step_bench .ab/build/gpu/sieve "ab_$round" --no-step-variants ${AB_STEP_ARGS:-}
     done
     grep -A12 "^1/10 kept  " "$LOGS/step_this_1.log" | head -12 >> "$summary"
+    # AB_GEMM_ROWS (e.g. 16,20,32): the decode GEMM table at those rows, for each tree (the
+    # runner's pick and the skinny kernel alone).
+    if [ -n "${AB_GEMM_ROWS:-}" ]; then
+      for binary in ./build/gpu/sieve .ab/build/gpu/sieve; do
+        name=$( [ "$binary" = ./build/gpu/sieve ] && echo this || echo ab )
+        "$binary" bench kernels --skip-attention --skip-sparsity --skip-decode-step \
+          --gemm-rows "$AB_GEMM_ROWS" > "$LOGS/gemm_ab_$name.log" 2>&1 || note "ab GEMM table $name FAILED"
+        grep -E "^ *[0-9]+  (qkv|o|gate_up|down|lm_head|all) " "$LOGS/gemm_ab_$name.log" \
+          | cut -c1-120 | sed "s/^/gemm $name: /" | tee -a "$summary"
+      done
+    fi
   else
     note "ab: no .ab/ build (build_ab.log)"; tail -20 "$LOGS/build_ab.log" 2>/dev/null
   fi

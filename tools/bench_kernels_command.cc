@@ -242,6 +242,7 @@ int Run(const KernelsFlags& flags) {
                               {"k", r.k},
                               {"cublas_ms", r.cublas_ms},
                               {"cublas_gbs", r.cublas_gbs},
+                              {"skinny_ms", r.skinny_ms},
                               {"plan", r.plan}});
     }
   }

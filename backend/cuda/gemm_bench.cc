@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/skinny_gemm.h"
 
 namespace sieve::cuda {
 namespace {
@@ -19,24 +22,19 @@ struct Timing {
   std::string plan;
 };
 
-// Time of one call inside a CUDA graph of `iterations` back-to-back calls, each on the next of
-// `weights` (together larger than the L2, so every call streams its weight from memory as in a
-// decode step); the median of 5 replays. A graph, as decode steps run, so that host launch costs
-// are not counted.
-Timing TimeRunner(cudaStream_t stream, int m, const GemmBenchShape& shape,
-                  const std::vector<bf16*>& weights, const bf16* x, void* out, bool out_f32,
-                  int iterations) {
-  GemmRunner runner(stream);
-  for (bf16* w : weights) {  // plans on the first call, then warms up
-    runner.Run(m, shape.n, shape.k, w, shape.k, x, shape.k, out, shape.n, out_f32);
-  }
+// Time of one call inside a CUDA graph of `iterations` back-to-back calls of `call`, each on the
+// next of `weights` (together larger than the L2, so every call streams its weight from memory as
+// in a decode step); the median of 5 replays. A graph, as decode steps run, so that host launch
+// costs are not counted.
+double TimeCalls(cudaStream_t stream, const std::vector<bf16*>& weights, int iterations,
+                 const std::function<void(bf16* w)>& call) {
+  for (bf16* w : weights) call(w);  // a runner plans on its first call; then a warm-up
   SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   SIEVE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   for (int iteration = 0; iteration < iterations; ++iteration) {
-    bf16* w = weights[iteration % weights.size()];
-    runner.Run(m, shape.n, shape.k, w, shape.k, x, shape.k, out, shape.n, out_f32);
+    call(weights[iteration % weights.size()]);
   }
   SIEVE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   SIEVE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -59,7 +57,34 @@ Timing TimeRunner(cudaStream_t stream, int m, const GemmBenchShape& shape,
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   std::sort(times.begin(), times.end());
-  return {times[times.size() / 2], runner.last_plan()};
+  return times[times.size() / 2];
+}
+
+Timing TimeRunner(cudaStream_t stream, int m, const GemmBenchShape& shape,
+                  const std::vector<bf16*>& weights, const bf16* x, void* out, bool out_f32,
+                  int iterations) {
+  GemmRunner runner(stream);
+  const double ms = TimeCalls(stream, weights, iterations, [&](bf16* w) {
+    runner.Run(m, shape.n, shape.k, w, shape.k, x, shape.k, out, shape.n, out_f32);
+  });
+  return {ms, runner.last_plan()};
+}
+
+// The skinny kernel alone at its fastest k split (launched as in a step: with PDL, so that each
+// call's first weight loads run under the call before), where it takes the shape; else 0 ms.
+Timing TimeSkinny(cudaStream_t stream, int m, const GemmBenchShape& shape,
+                  const std::vector<bf16*>& weights, const bf16* x, void* out, bool out_f32,
+                  int iterations) {
+  Timing best;
+  if (!SkinnyGemmSupports(m, shape.k, weights[0], shape.k, x, shape.k)) return best;
+  for (const int splits : SkinnyGemmSplits(shape.k)) {
+    const double ms = TimeCalls(stream, weights, iterations, [&](bf16* w) {
+      SkinnyGemm(m, shape.n, shape.k, w, shape.k, x, shape.k, out, shape.n, out_f32,
+                 /*accumulate=*/false, splits, stream);
+    });
+    if (best.ms == 0 || ms < best.ms) best = {ms, "split " + std::to_string(splits)};
+  }
+  return best;
 }
 
 }  // namespace
@@ -78,7 +103,8 @@ int RunGemmBenchmarks(const GemmBenchOptions& options) {
       "%d calls back to back in a CUDA graph, median of 5 replays; %% of the copy rate\n",
       options.iterations);
   std::printf(
-      "   m  gemm         n x k      |      the runner (cuBLASLt or skinny)          | plan\n");
+      "   m  gemm         n x k      |      the runner (cuBLASLt or skinny)          | the skinny "
+      "kernel alone, fastest split | the runner's plan\n");
   // The plans are made (timed) per runner before capture; cuBLASLt keeps its own launches.
   for (const int m : options.rows) {
     double cublas_total_ms = 0, total_bytes = 0;
@@ -100,6 +126,8 @@ int RunGemmBenchmarks(const GemmBenchOptions& options) {
       SIEVE_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(m) * shape.n * 4));
       const Timing cublas =
           TimeRunner(stream, m, shape, weights, x, out, out_f32, options.iterations);
+      const Timing skinny =
+          TimeSkinny(stream, m, shape, weights, x, out, out_f32, options.iterations);
       for (bf16* w : weights) cudaFree(w);
       cudaFree(x);
       cudaFree(out);
@@ -111,12 +139,19 @@ int RunGemmBenchmarks(const GemmBenchOptions& options) {
       result.cublas_ms = cublas.ms;
       result.cublas_gbs = bytes / (cublas.ms * 1e-3) / 1e9;
       result.plan = cublas.plan;
+      result.skinny_ms = skinny.ms;
       // Past about 170 rows (700 TFLOP/s over 4.2 TB/s, what cuBLASLt and a copy reach on an
       // H200) the products, not the weights' bytes, set a GEMM's time: both rates are printed.
       const double tflops = 2.0 * m * static_cast<double>(count) / (cublas.ms * 1e-3) / 1e12;
-      std::printf("%4d  %-8s %6d x %-6d | %8.3f ms %6.0f GB/s (%3.0f%%) %4.0f TFLOP/s | %s\n", m,
-                  shape.name.c_str(), shape.n, shape.k, cublas.ms, result.cublas_gbs,
-                  percent(result.cublas_gbs), tflops, cublas.plan.c_str());
+      char skinny_column[64] = "-";
+      if (skinny.ms > 0) {
+        std::snprintf(skinny_column, sizeof(skinny_column), "%8.3f ms (%3.0f%%) %s", skinny.ms,
+                      percent(bytes / (skinny.ms * 1e-3) / 1e9), skinny.plan.c_str());
+      }
+      std::printf(
+          "%4d  %-8s %6d x %-6d | %8.3f ms %6.0f GB/s (%3.0f%%) %4.0f TFLOP/s | %-28s | %s\n", m,
+          shape.name.c_str(), shape.n, shape.k, cublas.ms, result.cublas_gbs,
+          percent(result.cublas_gbs), tflops, skinny_column, cublas.plan.c_str());
       cublas_total_ms += cublas.ms;
       total_bytes += bytes;
       if (options.results != nullptr) options.results->push_back(result);

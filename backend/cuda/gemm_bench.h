@@ -1,7 +1,8 @@
 // Timing of the GEMMs of one decoder layer and the lm_head at decode batch sizes, for
-// `sieve bench kernels`: the backend's GemmRunner (cuBLASLt, the fastest of its candidates) as
-// GB/s of weights streamed, beside the measured copy rate. PERF.md's anchor: cuBLAS reaches ~72%
-// of copy at M = 1..128 when timed one call at a time.
+// `sieve bench kernels`: the backend's GemmRunner (cuBLASLt or the skinny kernel, the fastest of
+// its candidates) as GB/s of weights streamed, beside the measured copy rate, and the skinny
+// kernel alone. PERF.md's anchor: cuBLAS reaches ~72% of copy at M = 1..128 when timed one call
+// at a time.
 #pragma once
 
 #include <string>
@@ -19,7 +20,8 @@ struct GemmBenchResult {
   std::string name;
   int m = 0, n = 0, k = 0;
   double cublas_ms = 0, cublas_gbs = 0;
-  std::string plan;  // the runner's plan, e.g. "cuBLASLt, candidate 2 of 8 (...)"
+  std::string plan;      // the runner's plan, e.g. "cuBLASLt, candidate 2 of 8 (...)"
+  double skinny_ms = 0;  // the skinny kernel alone at its fastest k split; 0 where it cannot run
 };
 
 struct GemmBenchOptions {
