@@ -65,7 +65,8 @@ def headline_section(record, charts):
     sweeps = record.get("sweeps") or {}
     out = ["## The headline: serving throughput, warm, beside its bound", "",
            "`sieve bench sweep` against `sieve serve` (Llama-3-8B shape, dummy weights, warmed up "
-           "at start; 500 output tokens per request, `--ignore-eos`, two warm-up requests per "
+           "at start, `--max-num-batched-tokens 8192`: sched/README.md has what the step's token "
+           "budget trades; 500 output tokens per request, `--ignore-eos`, two warm-up requests per "
            "level), dense (`--kv-policy full`) against sparse (`full:0-2,pyramidkv:3-31`, window "
            "32). Each level's bound is computed by the benchmark: every prompt's prefill at the "
            "ceilings measured in the same run (the prefill GEMMs' cuBLASLt rate, causal attention "
