@@ -2,30 +2,54 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <mutex>
 
 namespace sieve::testing {
 
 namespace {
+std::mutex g_seed_mutex;
 uint64_t g_last_seed = 0;
-}
+const ::testing::TestInfo* g_seeds_test = nullptr;  // the test g_test_seeds were drawn in
+std::vector<uint64_t> g_test_seeds;                 // its seeds so far, in order
+}  // namespace
 
 std::mt19937_64 MakeRng() {
+  std::lock_guard<std::mutex> lock(g_seed_mutex);
+  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  if (test != g_seeds_test) {
+    g_seeds_test = test;
+    g_test_seeds.clear();
+  }
   uint64_t seed;
   if (const char* env = std::getenv("SIEVE_TEST_SEED"); env && *env) {
-    seed = std::strtoull(env, nullptr, 10);
+    // A comma-separated list: a test's k-th generator takes the k-th seed, the last one past it.
+    std::vector<uint64_t> listed;
+    for (const char* at = env; at != nullptr && *at != '\0';) {
+      listed.push_back(std::strtoull(at, nullptr, 10));
+      at = std::strchr(at, ',');
+      if (at != nullptr) ++at;
+    }
+    seed = listed.empty() ? 0 : listed[std::min(g_test_seeds.size(), listed.size() - 1)];
   } else {
     std::random_device device;
     seed = (static_cast<uint64_t>(device()) << 32) ^ device();
   }
+  g_test_seeds.push_back(seed);
   g_last_seed = seed;
+  std::string replay;
+  for (const uint64_t drawn : g_test_seeds) {
+    replay += (replay.empty() ? "" : ",") + std::to_string(drawn);
+  }
   ::testing::Test::RecordProperty("seed", std::to_string(seed));
-  std::printf("random seed %llu (replay with SIEVE_TEST_SEED=%llu)\n",
-              static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
+  std::printf("random seed %llu (replay with SIEVE_TEST_SEED=%s)\n",
+              static_cast<unsigned long long>(seed), replay.c_str());
   return std::mt19937_64(seed);
 }
 

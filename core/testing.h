@@ -17,8 +17,9 @@
 
 namespace sieve::testing {
 
-// A generator seeded from the test's name and a fresh random device value, logged so that a
-// failure can be replayed with SIEVE_TEST_SEED.
+// A generator seeded from a fresh random device value, logged so that a failure can be replayed
+// with SIEVE_TEST_SEED: the log line lists every seed the test has drawn so far, comma-separated,
+// and with such a list the test's k-th generator takes the k-th seed (a single seed: every one).
 std::mt19937_64 MakeRng();
 uint64_t LastSeed();
 

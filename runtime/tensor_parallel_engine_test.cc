@@ -29,6 +29,12 @@ namespace sieve {
 namespace {
 
 constexpr double kLogprobTolerance = 1e-4;
+// Where decode evicts by accumulated score (H2O, a decode cap by score), a near-tie between two
+// entries' scores can fall the other way on N ranks (the residual all-reduce sums in another
+// order), another entry goes, and later logits move by far more than the sums do: 0.015 in one
+// run of the MHA case (snapkv with decode cap 36, 4 ranks, at the 11th token). Such cases get
+// this bound, still far below what a wrong slice of a head or layer gives (logits off by ~1).
+constexpr double kEvictionLogprobTolerance = 0.1;
 
 // The ranks' backends and communicators, which must outlive the engine.
 struct Ranks {
@@ -140,11 +146,16 @@ std::vector<std::pair<std::string, EngineOptions>> EveryPolicy(int layers) {
 void CheckGreedyTokens(const ModelConfig& config, const ModelFactory& factory,
                        const std::vector<int>& sizes, const std::string& name) {
   std::mt19937_64 rng = testing::MakeRng();
-  double worst = 0;
+  double worst = 0;           // cases whose kept entries do not depend on scores during decode
+  double worst_evicting = 0;  // cases that evict by score during decode
   for (const auto& policy_case : EveryPolicy(config.num_layers)) {
     // Named copies, not structured bindings: the lambda below captures them (clang 14).
     const std::string policy = policy_case.first;
     EngineOptions options = policy_case.second;
+    const bool evicts_by_score =
+        options.kv_policy.find("h2o") != std::string::npos ||
+        (options.kv_policy_options.decode_cap > 0 && options.kv_policy_options.decode_cap_by_score);
+    const double tolerance = evicts_by_score ? kEvictionLogprobTolerance : kLogprobTolerance;
     std::vector<std::vector<int32_t>> prompts;
     for (const int length : {150, 97, 61, 120}) {
       std::vector<int32_t> prompt(length);
@@ -202,24 +213,30 @@ void CheckGreedyTokens(const ModelConfig& config, const ModelFactory& factory,
         ASSERT_EQ(got.tokens.size(), want.tokens.size()) << what << ", prompt " << index;
         ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << what;
         // Sums in another order move logits by ~1e-6: a step whose top two are nearer than
-        // kLogprobTolerance may take the other token (then the continuations part there), no
+        // the tolerance may take the other token (then the continuations part there), no
         // other step may.
         size_t same = 0;
         while (same < want.tokens.size() && got.tokens[same] == want.tokens[same]) ++same;
         if (same < want.tokens.size()) {
-          EXPECT_LT(want.gaps[same], kLogprobTolerance)
+          EXPECT_LT(want.gaps[same], tolerance)
               << what << ", prompt " << index << ": tokens differ at step " << same
               << " where one rank's top two are " << want.gaps[same] << " apart";
         }
+        double& case_worst = evicts_by_score ? worst_evicting : worst;
         for (size_t token = 0; token < same; ++token) {
-          worst = std::max(
-              worst, static_cast<double>(std::fabs(got.logprobs[token] - want.logprobs[token])));
+          case_worst =
+              std::max(case_worst,
+                       static_cast<double>(std::fabs(got.logprobs[token] - want.logprobs[token])));
         }
       }
     }
   }
   EXPECT_LE(worst, kLogprobTolerance) << name;
-  std::printf("%s: largest |logprob difference| against one rank %.3g\n", name.c_str(), worst);
+  EXPECT_LE(worst_evicting, kEvictionLogprobTolerance) << name << ", evicting by score";
+  std::printf(
+      "%s: largest |logprob difference| against one rank %.3g (%.3g where decode evicts by "
+      "score)\n",
+      name.c_str(), worst, worst_evicting);
 }
 
 ModelConfig RandomConfig(int heads, int kv_heads) {
