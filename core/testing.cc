@@ -15,7 +15,6 @@ namespace sieve::testing {
 
 namespace {
 std::mutex g_seed_mutex;
-uint64_t g_last_seed = 0;
 const ::testing::TestInfo* g_seeds_test = nullptr;  // the test g_test_seeds were drawn in
 std::vector<uint64_t> g_test_seeds;                 // its seeds so far, in order
 }  // namespace
@@ -36,13 +35,12 @@ std::mt19937_64 MakeRng() {
       at = std::strchr(at, ',');
       if (at != nullptr) ++at;
     }
-    seed = listed.empty() ? 0 : listed[std::min(g_test_seeds.size(), listed.size() - 1)];
+    seed = listed[std::min(g_test_seeds.size(), listed.size() - 1)];  // env is not empty
   } else {
     std::random_device device;
     seed = (static_cast<uint64_t>(device()) << 32) ^ device();
   }
   g_test_seeds.push_back(seed);
-  g_last_seed = seed;
   std::string replay;
   for (const uint64_t drawn : g_test_seeds) {
     replay += (replay.empty() ? "" : ",") + std::to_string(drawn);
@@ -53,7 +51,10 @@ std::mt19937_64 MakeRng() {
   return std::mt19937_64(seed);
 }
 
-uint64_t LastSeed() { return g_last_seed; }
+uint64_t LastSeed() {
+  std::lock_guard<std::mutex> lock(g_seed_mutex);
+  return g_test_seeds.empty() ? 0 : g_test_seeds.back();
+}
 
 void FillRandom(float* data, size_t count, std::mt19937_64& rng, float stddev) {
   std::normal_distribution<float> normal(0.0f, stddev);

@@ -24,6 +24,7 @@
 #include "model/safetensors.h"
 #include "runtime/engine.h"
 #include "runtime/model_loader.h"
+#include "sparsity/kv_policy.h"
 
 namespace sieve {
 namespace {
@@ -152,9 +153,10 @@ void CheckGreedyTokens(const ModelConfig& config, const ModelFactory& factory,
     // Named copies, not structured bindings: the lambda below captures them (clang 14).
     const std::string policy = policy_case.first;
     EngineOptions options = policy_case.second;
-    const bool evicts_by_score =
-        options.kv_policy.find("h2o") != std::string::npos ||
-        (options.kv_policy_options.decode_cap > 0 && options.kv_policy_options.decode_cap_by_score);
+    const auto parsed =
+        KvPolicy::Parse(options.kv_policy, config.num_layers, options.kv_policy_options);
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    const bool evicts_by_score = parsed->NeedsScorePool();  // H2O or a decode cap by score
     const double tolerance = evicts_by_score ? kEvictionLogprobTolerance : kLogprobTolerance;
     std::vector<std::vector<int32_t>> prompts;
     for (const int length : {150, 97, 61, 120}) {

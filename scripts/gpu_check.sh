@@ -64,6 +64,17 @@ ensure_sieve() {
   note "build of sieve: ok in $(( $(date +%s) - start )) s"
 }
 
+# Until `sieve serve` (PID $1, port 8123) answers /health with 200, or is gone (a refused
+# configuration must not cost minutes of waiting), at most 300 s.
+wait_for_server() {
+  for _ in $(seq 1 600); do
+    python3 -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8123/health', timeout=2).status == 200 else 1)" 2>/dev/null && return 0
+    kill -0 "$1" 2>/dev/null || return 1
+    sleep 0.5
+  done
+  return 1
+}
+
 # Whether this call's build stage built .ab/'s sieve (it builds it in the background while the
 # tests run; the first caller waits for it).
 ab_ready() {
@@ -305,7 +316,6 @@ if has serve_ab; then
   ensure_sieve
   ab_ready
   tok=testdata/tokenizers/llama3/tokenizer.model
-  health() { python3 -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8123/health', timeout=2).status == 200 else 1)" 2>/dev/null; }
   sieves=(./build/gpu/sieve)
   if [ -x .ab/build/gpu/sieve ]; then
     sieves+=(.ab/build/gpu/sieve)
@@ -320,7 +330,7 @@ if has serve_ab; then
         --no-progress --kv-policy "full:0-2,pyramidkv:3-31" --kv-budget 400 --kv-window 32 \
         ${SERVE_AB_ARGS:-} > "$LOGS/serve_ab_${name}_$round.log" 2>&1 &
       pid=$!
-      for i in $(seq 1 600); do health && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
+      wait_for_server $pid
       for level in ${SERVE_AB_LEVELS:-1 32}; do
         prompts=$(( level == 1 ? 3 : 2 * level ))
         log="$LOGS/bench_serve_ab_${name}_${round}_c$level.log"
@@ -345,7 +355,6 @@ if has chunk_ab; then
   # record's "4225 703 555"). CHUNK_AB_POLICY (default the sparse one) may be "full".
   ensure_sieve
   tok=testdata/tokenizers/llama3/tokenizer.model
-  health() { python3 -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8123/health', timeout=2).status == 200 else 1)" 2>/dev/null; }
   read -r copy gemm att <<< "${CHUNK_AB_CEILINGS:-4225 703 555}"
   policy="${CHUNK_AB_POLICY:-full:0-2,pyramidkv:3-31}"
   for round in $(seq 1 "${AB_ROUNDS:-1}"); do
@@ -356,7 +365,7 @@ if has chunk_ab; then
         --kv-policy "$policy" --kv-budget 400 --kv-window 32 \
         > "$LOGS/chunk_ab_serve_${tokens}_$round.log" 2>&1 &
       pid=$!
-      for i in $(seq 1 600); do health && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
+      wait_for_server $pid
       log="$LOGS/chunk_ab_${tokens}_$round.log"
       ./build/gpu/sieve bench sweep --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
         --input-len 4000 --output-len 500 --concurrency "${CHUNK_AB_LEVELS:-20,128,256}" \
@@ -527,7 +536,6 @@ print(round(k["copy_bandwidth_gbs"]), round(gemm), round(sdpa.get(4096, 0)), rou
 PY
 )
   note "headline ceilings: copy $copy GB/s, prefill GEMMs $gemm TFLOP/s, cuDNN SDPA $att4k (4k) / $att16k (16k) TFLOP/s"
-  health() { python3 -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8123/health', timeout=2).status == 200 else 1)" 2>/dev/null; }
   workloads=()
   # name, model shape, input tokens, --max-model-len, --kv-budget, attention rate, levels, prompts
   # per level, tensor parallel size. 16k prompts need Llama 3.1's context (Llama 3's is 8192).
@@ -551,8 +559,7 @@ PY
         --tensor-parallel-size "$tp" --kv-policy "$policy" --kv-budget "$budget" --kv-window 32 \
         > "$LOGS/headline_serve_${name}_$kind.log" 2>&1 &
       pid=$!
-      # Until it is ready, or gone (a refused configuration must not cost minutes of waiting).
-      for i in $(seq 1 600); do health && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
+      wait_for_server $pid
       if ! kill -0 $pid 2>/dev/null; then
         note "headline $name $kind: serve FAILED: $(tail -1 "$LOGS/headline_serve_${name}_$kind.log")"
         continue
@@ -655,7 +662,6 @@ fi
 if has warm; then
   ensure_sieve
   tok=testdata/tokenizers/llama3/tokenizer.model
-  health() { python3 -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8123/health', timeout=2).status == 200 else 1)" 2>/dev/null; }
   for mode in on off; do
     flag=$( [ "$mode" = off ] && echo --no-warm-up )
     start=$(date +%s.%N)
@@ -664,7 +670,7 @@ if has warm; then
       --kv-policy "full:0-2,pyramidkv:3-31" --kv-budget 400 --kv-window 32 \
       > "$LOGS/serve_warm_$mode.log" 2>&1 &
     pid=$!
-    for i in $(seq 1 600); do health && break; kill -0 $pid 2>/dev/null || break; sleep 0.5; done
+    wait_for_server $pid
     note "warm start $mode: /health 200 after $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s;" \
       "$(grep -h "warm-up" "$LOGS/serve_warm_$mode.log" | tail -1 | sed 's/.*warm-up/warm-up/')"
     for run in first second; do
