@@ -264,9 +264,10 @@ std::vector<std::pair<bool, int>> Combinations(const std::vector<int>& splits) {
 }
 
 // The skinny kernel alone, at every row count it takes (its three x-tile widths and their edges)
-// and every k split, on ragged n and k (k a multiple of 8, as it requires), plain and
-// accumulating, f32 and bf16 out. Up to 8 rows a grid that fits 2 CTAs an SM loads 8 blocks a
-// group and a wider one 4: n = 9000 (563 CTAs) is past 2 an SM on GPUs of up to 281 SMs.
+// and every k split, on ragged n and k (k a multiple of 8, as it requires; n ragged against both
+// the 16 columns a CTA takes up to 8 rows and the 32 it takes from 9), plain and accumulating, f32
+// and bf16 out. Up to 8 rows a grid that fits 2 CTAs an SM loads 8 blocks a group and a wider one
+// 4: n = 9000 (563 CTAs) is past 2 an SM on GPUs of up to 281 SMs.
 TEST_F(CudaGemmTest, SkinnyKernelMatchesHostProduct) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const int m : {1, 2, 7, 8, 9, 16, 17, 31, 32}) {

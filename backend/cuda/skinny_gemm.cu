@@ -11,6 +11,11 @@
 // below). The weights are read once, bypassing L1 (x comes from the L2, where the kernel before
 // left it).
 //
+// x is read from the L2 once per CTA: n / 16 times, 3 MB at one row for n = 6144 but 96 MB at
+// 32, twice the weights. So from 9 rows a CTA takes 2 column blocks (32 columns) and feeds each x
+// fragment to the mmas of both, halving that traffic; the grid is half as wide (the k splits
+// widen it again where it no longer fills the SMs).
+//
 // Latency: a warp loads kGroup blocks of 32 k (kGroup KiB of weights per warp) before it needs any;
 // with 3 CTAs (24 warps) on an SM that is ~96 KiB in flight per SM. A grid of n / 16 = 256 CTAs
 // (the o and down GEMMs of Llama-3-8B) puts only 2 CTAs on most SMs, 64 KiB in flight, and those
@@ -37,7 +42,7 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kColumns = 16;  // output columns (rows of w) per CTA
+constexpr int kColumns = 16;  // output columns (rows of w) of one column block: an mma's M
 constexpr int kBlockK = 32;   // k per load: 16 bytes of a weight row per lane of a quad
 
 // 16 bytes of weights, read once: not kept in L1, the L2 asked to fetch 256-byte blocks. Volatile
@@ -62,49 +67,62 @@ __device__ __forceinline__ void MmaBlock(float (&acc)[4], const uint4& lo, const
   flash::Mma(acc, second, x.z, x.w);
 }
 
-// CTAs an SM the kernel is compiled for: its registers (lo, hi and xs hold 2 + kXTiles 16-byte
-// values per block of the group) fit 80 a thread at 4 blocks, 128 at 8.
-template <int kGroup>
-constexpr int kCtasPerSm = kGroup > 4 ? 2 : 3;
+// CTAs an SM the kernel is compiled for: its registers (lo and hi hold 2 x kColumnBlocks 16-byte
+// values per block of the group, xs kXTiles) fit 80 a thread at 4 blocks of one column block,
+// 128 at 8 or with 2 column blocks.
+template <int kGroup, int kColumnBlocks>
+constexpr int kCtasPerSm = kGroup > 4 || kColumnBlocks > 1 ? 2 : 3;
 
-template <int kXTiles, int kGroup, bool kOutF32, bool kAccumulate>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
+// A CTA computes kColumnBlocks x 16 columns: each x fragment a warp loads feeds the mmas of every
+// column block, so x is read from the L2 n / (16 kColumnBlocks) times, not n / 16.
+template <int kXTiles, int kGroup, int kColumnBlocks, bool kOutF32, bool kAccumulate>
+__global__ void __launch_bounds__(kThreads, (kCtasPerSm<kGroup, kColumnBlocks>))
     SkinnyGemmKernel(const bf16* __restrict__ w, int64_t ldw, const bf16* __restrict__ x,
                      int64_t ldx, void* __restrict__ out, int64_t ldo, int m, int n, int k) {
+  constexpr int kCtaColumns = kColumns * kColumnBlocks;
   // Each warp's sums: [warp][row of x][column], padded against bank conflicts.
-  __shared__ float partial[kWarps][kXTiles * 8][kColumns + 1];
+  __shared__ float partial[kWarps][kXTiles * 8][kCtaColumns + 1];
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4;
   const int t = lane % 4;
-  const int column0 = static_cast<int>(blockIdx.x) * kColumns;
+  const int column0 = static_cast<int>(blockIdx.x) * kCtaColumns;
   // The cluster's CTAs (blockIdx.y) split k between them, then their warps.
   const int splits = static_cast<int>(gridDim.y);
   const int split_warp = static_cast<int>(blockIdx.y) * kWarps + warp;
   // Rows of w past n read the last row (in bounds); their sums are never stored.
-  const bf16* w_lo = w + static_cast<int64_t>(min(column0 + g, n - 1)) * ldw + 8 * t;
-  const bf16* w_hi = w + static_cast<int64_t>(min(column0 + g + 8, n - 1)) * ldw + 8 * t;
+  const bf16* w_lo[kColumnBlocks];
+  const bf16* w_hi[kColumnBlocks];
+#pragma unroll
+  for (int c = 0; c < kColumnBlocks; ++c) {
+    const int column = column0 + c * kColumns + g;
+    w_lo[c] = w + static_cast<int64_t>(min(column, n - 1)) * ldw + 8 * t;
+    w_hi[c] = w + static_cast<int64_t>(min(column + 8, n - 1)) * ldw + 8 * t;
+  }
   const int blocks = (k + kBlockK - 1) / kBlockK;
   const int per_warp = (blocks + kWarps * splits - 1) / (kWarps * splits);
   const int begin = min(blocks, split_warp * per_warp);
   const int end = min(blocks, begin + per_warp);
 
-  uint4 lo[kGroup];
-  uint4 hi[kGroup];
+  uint4 lo[kGroup][kColumnBlocks];
+  uint4 hi[kGroup][kColumnBlocks];
   const auto load_weights = [&](int first) {
 #pragma unroll
     for (int u = 0; u < kGroup; ++u) {
       const int offset = (first + u) * kBlockK;
       const bool valid = first + u < end && offset + 8 * t < k;
-      lo[u] = valid ? LoadWeights(w_lo + offset) : make_uint4(0, 0, 0, 0);
-      hi[u] = valid ? LoadWeights(w_hi + offset) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int c = 0; c < kColumnBlocks; ++c) {
+        lo[u][c] = valid ? LoadWeights(w_lo[c] + offset) : make_uint4(0, 0, 0, 0);
+        hi[u][c] = valid ? LoadWeights(w_hi[c] + offset) : make_uint4(0, 0, 0, 0);
+      }
     }
   };
   load_weights(begin);  // depends on no kernel: streams while the kernel before finishes
   PdlWait();
   PdlLaunchDependents();
 
-  float acc[kXTiles][4] = {};
+  float acc[kColumnBlocks][kXTiles][4] = {};
   for (int first = begin; first < end; first += kGroup) {
     if (first != begin) load_weights(first);
     uint4 xs[kGroup][kXTiles];
@@ -123,28 +141,38 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
 #pragma unroll
     for (int u = 0; u < kGroup; ++u) {
 #pragma unroll
-      for (int tile = 0; tile < kXTiles; ++tile) MmaBlock(acc[tile], lo[u], hi[u], xs[u][tile]);
+      for (int c = 0; c < kColumnBlocks; ++c) {
+#pragma unroll
+        for (int tile = 0; tile < kXTiles; ++tile) {
+          MmaBlock(acc[c][tile], lo[u][c], hi[u][c], xs[u][tile]);
+        }
+      }
     }
   }
 
-  // acc[tile]: c0, c1 = (column g, x rows 8 tile + 2t, + 1), c2, c3 = (column g + 8, same rows).
+  // acc[c][tile]: c0, c1 = (column 16 c + g, x rows 8 tile + 2t, + 1), c2, c3 = (column
+  // 16 c + g + 8, same rows).
 #pragma unroll
-  for (int tile = 0; tile < kXTiles; ++tile) {
-    const int row = tile * 8 + 2 * t;
-    partial[warp][row][g] = acc[tile][0];
-    partial[warp][row + 1][g] = acc[tile][1];
-    partial[warp][row][g + 8] = acc[tile][2];
-    partial[warp][row + 1][g + 8] = acc[tile][3];
+  for (int c = 0; c < kColumnBlocks; ++c) {
+#pragma unroll
+    for (int tile = 0; tile < kXTiles; ++tile) {
+      const int row = tile * 8 + 2 * t;
+      const int column = c * kColumns + g;
+      partial[warp][row][column] = acc[c][tile][0];
+      partial[warp][row + 1][column] = acc[c][tile][1];
+      partial[warp][row][column + 8] = acc[c][tile][2];
+      partial[warp][row + 1][column + 8] = acc[c][tile][3];
+    }
   }
   __syncthreads();
   // This CTA's sums over its warps, into partial[0] (each entry read and written by one thread).
-  for (int index = static_cast<int>(threadIdx.x); index < kXTiles * 8 * kColumns;
+  for (int index = static_cast<int>(threadIdx.x); index < kXTiles * 8 * kCtaColumns;
        index += kThreads) {
-    const int row = index / kColumns;
+    const int row = index / kCtaColumns;
     float sum = 0.0f;
 #pragma unroll
-    for (int from = 0; from < kWarps; ++from) sum += partial[from][row][index % kColumns];
-    partial[0][row][index % kColumns] = sum;
+    for (int from = 0; from < kWarps; ++from) sum += partial[from][row][index % kCtaColumns];
+    partial[0][row][index % kCtaColumns] = sum;
   }
   namespace cg = cooperative_groups;
   if (splits > 1) {
@@ -157,14 +185,14 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
   } else {
     __syncthreads();
   }
-  for (int index = static_cast<int>(threadIdx.x); index < kXTiles * 8 * kColumns;
+  for (int index = static_cast<int>(threadIdx.x); index < kXTiles * 8 * kCtaColumns;
        index += kThreads) {
-    const int row = index / kColumns;
-    const int column = column0 + index % kColumns;
+    const int row = index / kCtaColumns;
+    const int column = column0 + index % kCtaColumns;
     if (row >= m || column >= n) continue;
-    float sum = partial[0][row][index % kColumns];
+    float sum = partial[0][row][index % kCtaColumns];
     for (int rank = 1; rank < splits; ++rank) {
-      sum += *cg::this_cluster().map_shared_rank(&partial[0][row][index % kColumns], rank);
+      sum += *cg::this_cluster().map_shared_rank(&partial[0][row][index % kCtaColumns], rank);
     }
     const int64_t at = static_cast<int64_t>(row) * ldo + column;
     if constexpr (kOutF32) {
@@ -178,11 +206,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
   if (splits > 1) cg::this_cluster().sync();
 }
 
-template <int kXTiles, int kGroup>
+template <int kXTiles, int kGroup, int kColumnBlocks = 1>
 void LaunchTiles(int64_t m, int64_t n, int64_t k, const bf16* w, int64_t ldw, const bf16* x,
                  int64_t ldx, void* out, int64_t ldo, bool out_f32, bool accumulate, int splits,
                  cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((n + kColumns - 1) / kColumns), splits);
+  constexpr int kCtaColumns = kColumns * kColumnBlocks;
+  const dim3 grid(static_cast<unsigned>((n + kCtaColumns - 1) / kCtaColumns), splits);
   const dim3 cluster(1, splits, 1);
   const dim3 block(kThreads);
   const auto launch = [&](auto kernel) {
@@ -190,11 +219,11 @@ void LaunchTiles(int64_t m, int64_t n, int64_t k, const bf16* w, int64_t ldw, co
                             static_cast<int>(m), static_cast<int>(n), static_cast<int>(k));
   };
   if (out_f32) {
-    accumulate ? launch(SkinnyGemmKernel<kXTiles, kGroup, true, true>)
-               : launch(SkinnyGemmKernel<kXTiles, kGroup, true, false>);
+    accumulate ? launch(SkinnyGemmKernel<kXTiles, kGroup, kColumnBlocks, true, true>)
+               : launch(SkinnyGemmKernel<kXTiles, kGroup, kColumnBlocks, true, false>);
   } else {
-    accumulate ? launch(SkinnyGemmKernel<kXTiles, kGroup, false, true>)
-               : launch(SkinnyGemmKernel<kXTiles, kGroup, false, false>);
+    accumulate ? launch(SkinnyGemmKernel<kXTiles, kGroup, kColumnBlocks, false, true>)
+               : launch(SkinnyGemmKernel<kXTiles, kGroup, kColumnBlocks, false, false>);
   }
 }
 
@@ -220,14 +249,15 @@ void SkinnyGemm(int64_t m, int64_t n, int64_t k, const bf16* w, int64_t ldw, con
                 cudaStream_t stream) {
   SIEVE_CHECK(splits == 1 || splits == 2 || splits == 4) << "k split " << splits;
   const int64_t ctas = (n + kColumns - 1) / kColumns * splits;
-  if (m <= 8 && ctas <= kCtasPerSm<8> * CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>()) {
+  if (m <= 8 &&
+      ctas <= kCtasPerSm<8, 1> * CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>()) {
     LaunchTiles<1, 8>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream);
   } else if (m <= 8) {
     LaunchTiles<1, 4>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream);
   } else if (m <= 16) {
-    LaunchTiles<2, 4>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream);
+    LaunchTiles<2, 3, 2>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream);
   } else {
-    LaunchTiles<4, 2>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream);
+    LaunchTiles<4, 2, 2>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream);
   }
   SIEVE_CUDA_CHECK(cudaGetLastError());
 }
