@@ -626,7 +626,10 @@ INSTANTIATE_TEST_SUITE_P(
         DecodeCase{"page24_b3_gqa8x2_d128", 8, 2, 128, 3, 1000, {}, true, {0, 2}, 24},
         // The sparse decode step's shape: 512 CTAs, more than one wide wave, so auto is narrow
         // (on a GPU of fewer than 256 SMs).
-        DecodeCase{"b64_gqa32x8_d128_short", 32, 8, 128, 64, 500, {}, false, {0, 1, 3}}),
+        DecodeCase{"b64_gqa32x8_d128_short", 32, 8, 128, 64, 500, {}, false, {0, 1, 3}},
+        // 640 narrow CTAs, past one wave of 4 an SM (on a GPU of fewer than 160 SMs): 2 stages.
+        DecodeCase{"b80_gqa32x8_d128_short", 32, 8, 128, 80, 500, {}, false, {0, 1, 3}},
+        DecodeCase{"b320_gqa8x2_d64_short", 8, 2, 64, 320, 300, {}, false, {0, 1}}),
     [](const ::testing::TestParamInfo<DecodeCase>& info) { return info.param.name; });
 
 // ------------------------------------------------------------------------------------------
@@ -876,7 +879,9 @@ INSTANTIATE_TEST_SUITE_P(
         RopeDecodeCase{"folded_b7_gqa32x8_d128", 32, 8, 128, 7, 3000, {}, {0, 1, 4}, 16, true},
         RopeDecodeCase{"folded_mixed_b5_gqa8x2_d64", 8, 2, 64, 5, 700, {4}, {0, 3}, 16, true},
         RopeDecodeCase{"folded_b5_gqa48x2_d128", 48, 2, 128, 5, 1000, {}, {0, 1, 2}, 16, true},
-        RopeDecodeCase{"folded_b64_gqa32x8_d128_short", 32, 8, 128, 64, 500, {}, {0, 3}, 16, true}),
+        RopeDecodeCase{"folded_b64_gqa32x8_d128_short", 32, 8, 128, 64, 500, {}, {0, 3}, 16, true},
+        // Past one wave of narrow CTAs: 2 stages.
+        RopeDecodeCase{"folded_b80_gqa32x8_d128_short", 32, 8, 128, 80, 500, {}, {0, 3}, 16, true}),
     [](const ::testing::TestParamInfo<RopeDecodeCase>& info) { return info.param.name; });
 
 // Not a check: the benchmark (attention_bench.h) run from this binary, so that one GPU session can

@@ -53,6 +53,11 @@ constexpr int kMaxSplitEntries = 4096;
 // Wide CTAs an SM holds at once at d = 128, what the shared memory allows: one wave of them is
 // where ChooseDecodeCta turns to narrow CTAs.
 constexpr int kWideCtasPerSm = 2;
+// Narrow CTAs an SM holds with 3 stages (52 KiB each at d = 128). Past one wave of them each
+// CTA's prologue (metadata, page ids, row scale, q, new entry: about 8 us at batch 64) comes
+// again in every wave, with little streaming on an SM whose CTAs are in theirs; narrow CTAs of
+// 2 stages (36 KiB) fit 5 an SM by their registers (190), 25% more CTAs to overlap them.
+constexpr int kNarrowCtasPerSm = 4;
 
 // How many pieces a sequence of `length` entries is cut into when `fill_splits` pieces per
 // sequence fill the GPU: at least that many and enough that none exceeds kMaxSplitEntries, but
@@ -838,7 +843,13 @@ void LaunchDecodeMainKernel(const DecodeParams& params, cudaStream_t stream) {
 
 template <int kHeadDim>
 void LaunchDecode(const DecodeParams& params, DecodeCta cta, cudaStream_t stream) {
-  if (cta == DecodeCta::kNarrow) {
+  const int64_t ctas_per_split =
+      static_cast<int64_t>(params.num_decode) * params.num_kv_heads * params.head_chunks;
+  if (cta == DecodeCta::kNarrow && ctas_per_split > int64_t{kNarrowCtasPerSm} * SmCount()) {
+    int device = 0;
+    SIEVE_CUDA_CHECK(cudaGetDevice(&device));
+    LaunchDecodeMain<kHeadDim, 2, kNarrowWarps>(params, device, stream);
+  } else if (cta == DecodeCta::kNarrow) {
     LaunchDecodeMainKernel<kHeadDim, kNarrowWarps>(params, stream);
   } else {
     LaunchDecodeMainKernel<kHeadDim, kWideWarps>(params, stream);
