@@ -13,7 +13,8 @@
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
 # for the tree in .ab/ (made by `scripts/prepare_ab.sh REV`, carried), alternately, AB_ROUNDS
-# times each (default 3; AB_STEP_ARGS adds arguments, e.g. "--batch 1 --context 4000";
+# times each (default 3; AB_STEP_ARGS adds arguments, e.g. "--batch 1 --context 4000", and
+# several shapes go separated by ";";
 # AB_GEMM_ROWS adds the decode GEMM table at those rows for each tree): a change's effect
 # measured in one run on one machine; `sampling` does the same for the GPU sampler's table,
 # `attention` for the attention kernels (beside cuDNN SDPA, issue 19 item 2), and `serve_ab` for
@@ -277,12 +278,18 @@ fi
 if has ab; then
   ensure_sieve
   if ab_ready; then
+    # AB_STEP_ARGS: other step shapes, e.g. "--batch 1 --context 4000" (word-split on purpose);
+    # several shapes separated by ";" are timed in turn, each named by its position (this_1,
+    # this_1_s2, ...), so one build measures a change at a small and a large batch.
+    IFS=';' read -r -a step_shapes <<< "${AB_STEP_ARGS:- }"
     for round in $(seq 1 "${AB_ROUNDS:-3}"); do
-      # AB_STEP_ARGS: other step shapes, e.g. "--batch 1 --context 4000" (word-split on purpose).
-      # shellcheck disable=SC2086
-      step_bench ./build/gpu/sieve "this_$round" --no-step-variants ${AB_STEP_ARGS:-}
-      # shellcheck disable=SC2086
-      step_bench .ab/build/gpu/sieve "ab_$round" --no-step-variants ${AB_STEP_ARGS:-}
+      for shape in "${!step_shapes[@]}"; do
+        suffix=$( [ "$shape" -eq 0 ] && echo "" || echo "_s$((shape + 1))" )
+        # shellcheck disable=SC2086
+        step_bench ./build/gpu/sieve "this_$round$suffix" --no-step-variants ${step_shapes[$shape]}
+        # shellcheck disable=SC2086
+        step_bench .ab/build/gpu/sieve "ab_$round$suffix" --no-step-variants ${step_shapes[$shape]}
+      done
     done
     grep -A12 "^1/10 kept  " "$LOGS/step_this_1.log" | head -12 >> "$summary"
     # AB_GEMM_ROWS (e.g. 16,20,32): the decode GEMM table at those rows, for each tree (the
