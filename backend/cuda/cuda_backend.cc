@@ -35,6 +35,7 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
     for (cudaGraphExec_t exec : graphs_) {
       if (exec != nullptr) cudaGraphExecDestroy(exec);
     }
@@ -49,6 +50,10 @@ class CudaBackend final : public Backend {
     cudaFreeHost(staging_);
     for (const Staged& staged : staged_) cudaEventDestroy(staged.copied);
     for (cudaEvent_t event : spare_events_) cudaEventDestroy(event);
+    for (cudaEvent_t event : {sampled_, params_ready_}) {
+      if (event != nullptr) cudaEventDestroy(event);
+    }
+    if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
     cudaStreamDestroy(stream_);
   }
 
@@ -104,7 +109,10 @@ class CudaBackend final : public Backend {
     SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
-  void Synchronize() override { SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void Synchronize() override {
+    SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (copy_stream_ != nullptr) SIEVE_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+  }
 
   Tensor UploadWeight(const void* src, DType src_dtype, std::vector<int64_t> shape) override {
     Tensor tensor = Allocate(std::move(shape), DType::kBF16);
@@ -283,16 +291,25 @@ class CudaBackend final : public Backend {
     if (logits.dim(1) > cuda::kSampleTokensMaxVocab) return false;  // so does a huge vocabulary
     CheckDevice(tokens, "sampled tokens");
     SIEVE_CHECK(tokens.dtype() == DType::kI32 && tokens.numel() >= count);
-    // The device side (params in, log-probabilities out) is ordered by the stream and shared by
-    // every sampling; the host side is not, so each of the two outstanding has its own pinned
+    // The device side (params in, log-probabilities out) is shared by every sampling, ordered by
+    // the events below; the host side is not, so each of the two outstanding has its own pinned
     // buffer and event. Both are sized for kSamplingRows rows at once: growing them synchronises
-    // (the device buffer's free waits for the stream, cudaFreeHost for the device), which would
+    // (the device buffer's free waits for the streams, cudaFreeHost for the device), which would
     // hold the samples of the step before until this step has run.
     constexpr int kSamplingRows = 1024;
     const int capacity_rows = std::max(count, kSamplingRows);
     const size_t param_bytes = rows.size() * sizeof(DeviceSamplingRow);
-    EnsureWorkspace(sample_buffer_, sample_buffer_bytes_,
-                    capacity_rows * (sizeof(DeviceSamplingRow) + 4));
+    if (copy_stream_ == nullptr) {
+      SIEVE_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+      SIEVE_CUDA_CHECK(cudaEventCreateWithFlags(&sampled_, cudaEventDisableTiming));
+      SIEVE_CUDA_CHECK(cudaEventCreateWithFlags(&params_ready_, cudaEventDisableTiming));
+    }
+    const size_t sample_bytes = capacity_rows * (sizeof(DeviceSamplingRow) + 4);
+    if (sample_bytes > sample_buffer_bytes_) {
+      // The copy stream may still read the log-probabilities of the sampling before.
+      SIEVE_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+      EnsureWorkspace(sample_buffer_, sample_buffer_bytes_, sample_bytes);
+    }
     auto* params = static_cast<cuda::SamplingRowParams*>(sample_buffer_);
     float* out_logprobs =
         reinterpret_cast<float*>(static_cast<char*>(sample_buffer_) + param_bytes);
@@ -307,16 +324,29 @@ class CudaBackend final : public Backend {
       SIEVE_CUDA_CHECK(cudaEventCreateWithFlags(&host.done, cudaEventDisableTiming));
     }
     host.count = count;
-    if (count > 0) {
-      StageAndCopy(params, rows.data(), param_bytes);
-      cuda::SampleTokens(logits.data_as<float>(), count, static_cast<int>(logits.dim(1)), params,
-                         tokens.data_as<int32_t>(), out_logprobs, nullptr, 0, stream_);
-      SIEVE_CUDA_CHECK(
-          cudaMemcpyAsync(host.memory, tokens.data(), count * 4, cudaMemcpyDeviceToHost, stream_));
-      SIEVE_CUDA_CHECK(cudaMemcpyAsync(static_cast<int32_t*>(host.memory) + count, out_logprobs,
-                                       count * 4, cudaMemcpyDeviceToHost, stream_));
+    if (count == 0) {
+      SIEVE_CUDA_CHECK(cudaEventRecord(host.done, stream_));
+      begun_.push_back(&host);
+      return true;
     }
-    SIEVE_CUDA_CHECK(cudaEventRecord(host.done, stream_));
+    // The params go up and the samples come back on copy_stream_, beside the compute stream:
+    // in its order they sat between the step's graph and the next step's, on the critical path
+    // of every decode step. The params go up while the step runs, once the sampling before has
+    // read its own (sampled_ still marks that one); the sampling waits for them, and for the
+    // read-back before it (which reads the same tokens and log-probabilities).
+    SIEVE_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, sampled_, 0));
+    StageAndCopy(params, rows.data(), param_bytes, copy_stream_);
+    SIEVE_CUDA_CHECK(cudaEventRecord(params_ready_, copy_stream_));
+    SIEVE_CUDA_CHECK(cudaStreamWaitEvent(stream_, params_ready_, 0));
+    cuda::SampleTokens(logits.data_as<float>(), count, static_cast<int>(logits.dim(1)), params,
+                       tokens.data_as<int32_t>(), out_logprobs, nullptr, 0, stream_);
+    SIEVE_CUDA_CHECK(cudaEventRecord(sampled_, stream_));
+    SIEVE_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, sampled_, 0));
+    SIEVE_CUDA_CHECK(cudaMemcpyAsync(host.memory, tokens.data(), count * 4, cudaMemcpyDeviceToHost,
+                                     copy_stream_));
+    SIEVE_CUDA_CHECK(cudaMemcpyAsync(static_cast<int32_t*>(host.memory) + count, out_logprobs,
+                                     count * 4, cudaMemcpyDeviceToHost, copy_stream_));
+    SIEVE_CUDA_CHECK(cudaEventRecord(host.done, copy_stream_));
     begun_.push_back(&host);
     return true;
   }
@@ -397,14 +427,18 @@ class CudaBackend final : public Backend {
   // step before it has run (Engine's overlapped steps). A region of the ring is reused once
   // the copy out of it has happened.
   void StageAndCopy(void* dst, const void* src, size_t bytes) {
+    StageAndCopy(dst, src, bytes, stream_);
+  }
+  void StageAndCopy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
     constexpr size_t kRingBytes = size_t{4} << 20;
     if (bytes == 0) return;
     if (bytes > kRingBytes / 4) {
-      SIEVE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+      SIEVE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
       return;
     }
     if (staging_ == nullptr) SIEVE_CUDA_CHECK(cudaMallocHost(&staging_, kRingBytes));
-    // Copies done by now free their regions (oldest first; the stream runs them in order).
+    // Copies done by now free their regions (oldest first: a later copy found done on the other
+    // stream frees its region once the ones before it are done).
     while (!staged_.empty() && cudaEventQuery(staged_.front().copied) == cudaSuccess) {
       spare_events_.push_back(staged_.front().copied);
       staged_.erase(staged_.begin());
@@ -418,7 +452,7 @@ class CudaBackend final : public Backend {
     }
     std::memcpy(static_cast<char*>(staging_) + offset, src, bytes);
     SIEVE_CUDA_CHECK(cudaMemcpyAsync(dst, static_cast<char*>(staging_) + offset, bytes,
-                                     cudaMemcpyHostToDevice, stream_));
+                                     cudaMemcpyHostToDevice, stream));
     cudaEvent_t copied = nullptr;
     if (spare_events_.empty()) {
       SIEVE_CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
@@ -426,7 +460,7 @@ class CudaBackend final : public Backend {
       copied = spare_events_.back();
       spare_events_.pop_back();
     }
-    SIEVE_CUDA_CHECK(cudaEventRecord(copied, stream_));
+    SIEVE_CUDA_CHECK(cudaEventRecord(copied, stream));
     staged_.push_back({offset, bytes, copied});
     staging_head_ = offset + bytes;
   }
@@ -521,6 +555,12 @@ class CudaBackend final : public Backend {
   HostSamples host_samples_[2];
   int next_host_samples_ = 0;
   std::vector<HostSamples*> begun_;  // oldest first
+  // BeginSampling's side stream for its params and read-backs, and its events: the last
+  // sampling kernel has run (its params read, its results written); this sampling's params are
+  // up (and the read-back before them done).
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t sampled_ = nullptr;
+  cudaEvent_t params_ready_ = nullptr;
   // StageAndCopy's pinned ring and the copies out of it not known to be done, oldest first.
   struct Staged {
     size_t offset;
