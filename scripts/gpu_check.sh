@@ -8,7 +8,7 @@
 #                                        soak
 #                                        serve serve_ab warm prefill headline accuracy tp
 #                                        sampling attention large_batch profile_attention
-#                                        chunk_ab
+#                                        chunk_ab serve_timeline
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
@@ -470,6 +470,39 @@ if has timeline; then
   fi
   grep -E "^(dense|1/10 kept)|kernel_timeline" "$LOGS/timeline.log" | tee -a "$summary"
   python3 scripts/timeline_gaps.py "$trace" 2>&1 | head -80 | tee -a "$summary"
+fi
+
+if has serve_timeline; then
+  # Where a served run's time goes: the headline's sparse server (4000/500, full:0-2,pyramidkv:3-31,
+  # budget 400, --max-num-batched-tokens 8192) under tools/kernel_timeline (CUPTI, whole process),
+  # `sieve bench serve` (2 warm-up requests, then twice C prompts) at each C of
+  # SERVE_TIMELINE_LEVELS (default "128"), a fresh server each; then scripts/timeline_steps.py
+  # --totals: the run's time by step kind (decode graph, eager prefill or mixed) and by kernel
+  # within each, from the first gap of over a second on (the server's warm-up is done by then).
+  ensure_sieve
+  cmake --build --preset gpu --target sieve_kernel_timeline > "$LOGS/build_timeline.log" 2>&1
+  tok=testdata/tokenizers/llama3/tokenizer.model
+  for level in ${SERVE_TIMELINE_LEVELS:-128}; do
+    CUDA_INJECTION64_PATH="$PWD/build/gpu/tools/libsieve_kernel_timeline.so" SIEVE_TIMELINE_WHOLE=1 \
+      SIEVE_TIMELINE_CSV=/tmp/serve_timeline.csv ./build/gpu/sieve serve --model configs/llama-3-8b \
+      --load-format dummy --tokenizer "$tok" --port 8123 --max-model-len 4600 \
+      --max-num-batched-tokens 8192 --no-progress --kv-policy "full:0-2,pyramidkv:3-31" \
+      --kv-budget 400 --kv-window 32 > "$LOGS/serve_timeline_server_c$level.log" 2>&1 &
+    pid=$!
+    wait_for_server $pid
+    sleep 2  # a gap of over a second between the warm-up's last kernel and the client's first
+    ./build/gpu/sieve bench serve --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
+      --input-len 4000 --output-len 500 --num-prompts $(( 2 * level )) --max-concurrency "$level" \
+      --ignore-eos --warmup 2 --no-progress > "$LOGS/serve_timeline_bench_c$level.log" 2>&1 \
+      || note "serve_timeline C=$level: bench FAILED"
+    kill -TERM $pid; wait $pid
+    note "serve_timeline C=$level (traced): $(grep -E "Benchmark duration|Output token throughput|Mean TTFT|Mean TPOT" \
+      "$LOGS/serve_timeline_bench_c$level.log" | tr -s ' ' | tr '\n' ';')"
+    python3 scripts/timeline_steps.py /tmp/serve_timeline.csv --after-idle-ms 1000 --totals \
+      --by-graph > "$LOGS/serve_timeline_c$level.txt" 2>&1
+    sed "s/^/C=$level: /" "$LOGS/serve_timeline_c$level.txt" | tee -a "$summary" | head -12
+    rm -f /tmp/serve_timeline.csv
+  done
 fi
 
 if has prefill; then

@@ -13,6 +13,11 @@ within 1.5x the median period (a window that waited on a request's arrival says 
 kind of kernel's mean count and time a window, inside the graph or outside it. Copies (recorded
 by tools/kernel_timeline as `[CUDA memcpy ...]`) count as kernels here.
 
+With --totals, then the whole run's time by group (decode graph, eager) and, within each, by
+kind of kernel: each entry's exclusive time (as below), summed over the run, in seconds and as
+a share of the run. --after-idle-ms MS first drops everything up to the first gap of more than
+MS ms between kernels (a server's warm-up before its client starts).
+
 With --by-graph, then a table per CUDA graph that served at least 100 decode windows (a window
 of one graph with at most 20 entries outside it), beside the graph ids given with --against
 (e.g. a step-tuning candidate of the same shape): each kind's exclusive time, the next entry's
@@ -20,7 +25,7 @@ start minus its own (kernels overlap under programmatic dependent launch, so the
 up to more than the step), its mean over the windows (a kind absent from one counts 0 there, so a
 column sums to the mean period), and the median period.
 
-    scripts/timeline_steps.py TRACE.csv [--by-graph [--against ID ...]]
+    scripts/timeline_steps.py TRACE.csv [--after-idle-ms MS] [--totals] [--by-graph [--against ID ...]]
 """
 import argparse
 import collections
@@ -73,9 +78,29 @@ def by_graph(kernels, cuts, against):
     print(f"  {'':7s} {'windows':44s} {'':10s}" + "".join(f" {len(windows[g]):10d}" for g in shown))
 
 
+def print_totals(groups, run_ns):
+    """The run's time by group and by kind of kernel within it (exclusive times, seconds)."""
+    print(f"totals: {run_ns / 1e9:.3f} s from the first window's start to the last one's end")
+    for label, windows in sorted(groups.items(), key=lambda kv: -sum(w["period"] for w in kv[1])):
+        period = sum(w["period"] for w in windows)
+        idle = sum(w["idle"] for w in windows)
+        print(f"  {label}: {len(windows)} windows, {period / 1e9:.3f} s ({100 * period / run_ns:.1f}%),"
+              f" of which the largest gap of each window {idle / 1e9:.3f} s")
+        exclusive = collections.defaultdict(float)
+        for w in windows:
+            entries = w["kernels"] + [w["next"]]
+            for current, following in zip(entries, entries[1:]):
+                exclusive[(current[2] != 0, current[3])] += following[0] - current[0]
+        for (in_graph, name), value in sorted(exclusive.items(), key=lambda kv: -kv[1])[:16]:
+            print(f"    {'graph' if in_graph else 'outside':7s} {name:48s} {value / 1e9:8.3f} s"
+                  f"  {100 * value / run_ns:5.1f}%")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("trace")
+    parser.add_argument("--after-idle-ms", type=float, default=None)
+    parser.add_argument("--totals", action="store_true")
     parser.add_argument("--by-graph", action="store_true")
     parser.add_argument("--against", type=int, nargs="*", default=[])
     args = parser.parse_args()
@@ -86,6 +111,13 @@ def main():
             kernels.append((start, start + int(row["Duration (ns)"]), int(row["Graph"]),
                             kind(row["Name"]), row.get("Grid", "")))
     kernels.sort()
+    if args.after_idle_ms is not None:
+        end = kernels[0][1] if kernels else 0
+        for index, k in enumerate(kernels[1:], start=1):
+            if k[0] - end > args.after_idle_ms * 1e6:
+                kernels = kernels[index:]
+                break
+            end = max(end, k[1])
     cuts = [i for i, k in enumerate(kernels) if k[3].startswith("RmsNorm")]
     if len(cuts) < 2:
         print("timeline_steps: fewer than two steps in the trace")
@@ -102,12 +134,14 @@ def main():
             end = max(end, current[1])
         period = kernels[b][0] - window[0][0]
         groups[label].append({"period": period, "idle": idle, "gpu": period - idle,
-                              "kernels": window})
+                              "kernels": window, "next": kernels[b]})
     print(f"timeline_steps: {len(cuts) - 1} windows (final norm to final norm)")
     for label, windows in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         print(f"{label}: {len(windows)} windows")
         for key in ("period", "gpu", "idle"):
             print(f"  {key:6s} {percentiles([w[key] for w in windows])}")
+    if args.totals:
+        print_totals(groups, kernels[cuts[-1]][0] - kernels[cuts[0]][0])
     windows = groups.get("decode graph", [])
     if not windows:
         return 0
