@@ -42,6 +42,15 @@ def percentiles(values):
             f"  p90 {pick(0.9) / 1e3:9.1f}")
 
 
+def exclusive_times(entries, key):
+    """Each entry's exclusive time (the next entry's start minus its own), summed by key(entry);
+    the last entry only ends the one before it."""
+    sums = collections.defaultdict(float)
+    for current, following in zip(entries, entries[1:]):
+        sums[key(current)] += following[0] - current[0]
+    return sums
+
+
 def by_graph(kernels, cuts, against):
     windows = collections.defaultdict(list)
     cuts = [i for i in cuts if kernels[i][2] != 0]  # final norms replayed in a graph
@@ -59,9 +68,7 @@ def by_graph(kernels, cuts, against):
     for graph in shown:
         exclusive = collections.defaultdict(list)
         for window in windows[graph]:
-            sums = collections.defaultdict(float)
-            for current, following in zip(window, window[1:]):
-                sums[(current[2] != 0, current[3], current[4])] += following[0] - current[0]
+            sums = exclusive_times(window, lambda k: (k[2] != 0, k[3], k[4]))
             for key, value in sums.items():
                 exclusive[key].append(value)
         tables.append({key: sum(values) / len(windows[graph]) for key, values in exclusive.items()})
@@ -88,9 +95,9 @@ def print_totals(groups, run_ns):
               f" of which the largest gap of each window {idle / 1e9:.3f} s")
         exclusive = collections.defaultdict(float)
         for w in windows:
-            entries = w["kernels"] + [w["next"]]
-            for current, following in zip(entries, entries[1:]):
-                exclusive[(current[2] != 0, current[3])] += following[0] - current[0]
+            for key, value in exclusive_times(w["kernels"] + [w["next"]],
+                                              lambda k: (k[2] != 0, k[3])).items():
+                exclusive[key] += value
         for (in_graph, name), value in sorted(exclusive.items(), key=lambda kv: -kv[1])[:16]:
             print(f"    {'graph' if in_graph else 'outside':7s} {name:48s} {value / 1e9:8.3f} s"
                   f"  {100 * value / run_ns:5.1f}%")
