@@ -76,6 +76,18 @@ wait_for_server() {
   return 1
 }
 
+# start_server BINARY LOG [ARG...]: `BINARY serve` of the Llama-3-8B shape (dummy weights, the
+# committed Llama 3 tokenizer, port 8123, --max-model-len 4600, --kv-budget 400, --kv-window 32,
+# no progress bar) with ARG added (the caller's --kv-policy, --max-num-batched-tokens, ...), in
+# the background with its output in LOG; its PID in $pid once it is ready (wait_for_server).
+start_server() {
+  "$1" serve --model configs/llama-3-8b --load-format dummy \
+    --tokenizer testdata/tokenizers/llama3/tokenizer.model --port 8123 --max-model-len 4600 \
+    --kv-budget 400 --kv-window 32 --no-progress "${@:3}" > "$2" 2>&1 &
+  pid=$!
+  wait_for_server $pid
+}
+
 # Whether this call's build stage built .ab/'s sieve (it builds it in the background while the
 # tests run; the first caller waits for it).
 ab_ready() {
@@ -332,12 +344,9 @@ if has serve_ab; then
   for round in $(seq 1 "${AB_ROUNDS:-2}"); do
     for binary in "${sieves[@]}"; do
       name=$( [ "$binary" = ./build/gpu/sieve ] && echo this || echo ab )
-      "$binary" serve --model configs/llama-3-8b --load-format dummy --tokenizer "$tok" \
-        --port 8123 --max-model-len 4600 --max-num-batched-tokens 8192 --max-num-seqs 64 \
-        --no-progress --kv-policy "full:0-2,pyramidkv:3-31" --kv-budget 400 --kv-window 32 \
-        ${SERVE_AB_ARGS:-} > "$LOGS/serve_ab_${name}_$round.log" 2>&1 &
-      pid=$!
-      wait_for_server $pid
+      # shellcheck disable=SC2086
+      start_server "$binary" "$LOGS/serve_ab_${name}_$round.log" --max-num-batched-tokens 8192 \
+        --max-num-seqs 64 --kv-policy "full:0-2,pyramidkv:3-31" ${SERVE_AB_ARGS:-}
       for level in ${SERVE_AB_LEVELS:-1 32}; do
         prompts=$(( level == 1 ? 3 : 2 * level ))
         log="$LOGS/bench_serve_ab_${name}_${round}_c$level.log"
@@ -367,12 +376,8 @@ if has chunk_ab; then
   for round in $(seq 1 "${AB_ROUNDS:-1}"); do
     for tokens in ${CHUNK_AB_TOKENS:-8192 2048}; do
       start=$(date +%s)
-      ./build/gpu/sieve serve --model configs/llama-3-8b --load-format dummy --tokenizer "$tok" \
-        --port 8123 --max-model-len 4600 --max-num-batched-tokens "$tokens" --no-progress \
-        --kv-policy "$policy" --kv-budget 400 --kv-window 32 \
-        > "$LOGS/chunk_ab_serve_${tokens}_$round.log" 2>&1 &
-      pid=$!
-      wait_for_server $pid
+      start_server ./build/gpu/sieve "$LOGS/chunk_ab_serve_${tokens}_$round.log" \
+        --max-num-batched-tokens "$tokens" --kv-policy "$policy"
       log="$LOGS/chunk_ab_${tokens}_$round.log"
       ./build/gpu/sieve bench sweep --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
         --input-len 4000 --output-len 500 --concurrency "${CHUNK_AB_LEVELS:-20,128,256}" \
@@ -484,12 +489,9 @@ if has serve_timeline; then
   tok=testdata/tokenizers/llama3/tokenizer.model
   for level in ${SERVE_TIMELINE_LEVELS:-128}; do
     CUDA_INJECTION64_PATH="$PWD/build/gpu/tools/libsieve_kernel_timeline.so" SIEVE_TIMELINE_WHOLE=1 \
-      SIEVE_TIMELINE_CSV=/tmp/serve_timeline.csv ./build/gpu/sieve serve --model configs/llama-3-8b \
-      --load-format dummy --tokenizer "$tok" --port 8123 --max-model-len 4600 \
-      --max-num-batched-tokens 8192 --no-progress --kv-policy "full:0-2,pyramidkv:3-31" \
-      --kv-budget 400 --kv-window 32 > "$LOGS/serve_timeline_server_c$level.log" 2>&1 &
-    pid=$!
-    wait_for_server $pid
+      SIEVE_TIMELINE_CSV=/tmp/serve_timeline.csv start_server ./build/gpu/sieve \
+      "$LOGS/serve_timeline_server_c$level.log" --max-num-batched-tokens 8192 \
+      --kv-policy "full:0-2,pyramidkv:3-31"
     sleep 2  # a gap of over a second between the warm-up's last kernel and the client's first
     ./build/gpu/sieve bench serve --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
       --input-len 4000 --output-len 500 --num-prompts $(( 2 * level )) --max-concurrency "$level" \
@@ -705,12 +707,9 @@ if has warm; then
   for mode in on off; do
     flag=$( [ "$mode" = off ] && echo --no-warm-up )
     start=$(date +%s.%N)
-    ./build/gpu/sieve serve --model configs/llama-3-8b --load-format dummy --tokenizer "$tok" \
-      --port 8123 --max-model-len 4600 --max-num-batched-tokens 8192 --no-progress $flag \
-      --kv-policy "full:0-2,pyramidkv:3-31" --kv-budget 400 --kv-window 32 \
-      > "$LOGS/serve_warm_$mode.log" 2>&1 &
-    pid=$!
-    wait_for_server $pid
+    # shellcheck disable=SC2086
+    start_server ./build/gpu/sieve "$LOGS/serve_warm_$mode.log" --max-num-batched-tokens 8192 \
+      --kv-policy "full:0-2,pyramidkv:3-31" $flag
     note "warm start $mode: /health 200 after $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s;" \
       "$(grep -h "warm-up" "$LOGS/serve_warm_$mode.log" | tail -1 | sed 's/.*warm-up/warm-up/')"
     for run in first second; do
@@ -739,13 +738,8 @@ if has serve; then
   tok=testdata/tokenizers/llama3/tokenizer.model
   for policy in full "full:0-2,pyramidkv:3-31"; do
     name=$( [ "$policy" = full ] && echo dense || echo sparse )
-    ./build/gpu/sieve serve --model configs/llama-3-8b --load-format dummy --tokenizer "$tok" \
-      --port 8123 --max-model-len 4600 --max-num-batched-tokens 8192 --kv-policy "$policy" \
-      --kv-budget 400 --kv-window 32 > "$LOGS/serve_$name.log" 2>&1 &
-    pid=$!
-    for i in $(seq 1 180); do
-      (echo > /dev/tcp/127.0.0.1/8123) 2>/dev/null && break; kill -0 $pid 2>/dev/null || break; sleep 1
-    done
+    start_server ./build/gpu/sieve "$LOGS/serve_$name.log" --max-num-batched-tokens 8192 \
+      --kv-policy "$policy"
     ./build/gpu/sieve bench serve --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
       --input-len 4000 --output-len 500 --num-prompts 40 --max-concurrency 10 --ignore-eos \
       --warmup 2 --no-progress --label "$name" --metadata policy="$policy" \
