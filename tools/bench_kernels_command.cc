@@ -315,6 +315,25 @@ int Run(const KernelsFlags& flags) {
       }
     }
   }
+  if (flags.prefill_step) {
+    std::printf("== the MLP's gate_up GEMM and SiLU, %s shape, at prefill rows\n", dir.c_str());
+    cuda::SwiGluBenchOptions options;
+    options.f = static_cast<int>(config->intermediate_size);
+    options.k = static_cast<int>(config->hidden_size);
+    options.rows = {512, 1024, 2048, 4096, flags.prefill_seqs * flags.prefill_len};
+    std::vector<cuda::SwiGluBenchResult> results;
+    options.results = &results;
+    cuda::RunSwiGluBenchmarks(options);
+    for (const cuda::SwiGluBenchResult& r : results) {
+      json["swiglu"].push_back({{"m", r.m},
+                                {"f", r.f},
+                                {"k", r.k},
+                                {"gemm_ms", r.gemm_ms},
+                                {"unfused_ms", r.unfused_ms},
+                                {"fused_ms", r.fused_ms},
+                                {"max_relative_difference", r.max_relative_difference}});
+    }
+  }
   if (!flags.skip_decode_step) {
     std::printf(
         "== decode step, %s shape, batch %d x %d context (dummy weights, %s; median of 20 samples"

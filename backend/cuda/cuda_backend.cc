@@ -11,6 +11,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sampling_kernels.h"
+#include "backend/cuda/swiglu_gemm.h"
 
 namespace sieve {
 
@@ -19,6 +20,10 @@ namespace {
 using cuda::bf16;
 
 bf16* Bf16(const Tensor& tensor) { return static_cast<bf16*>(tensor.data()); }
+
+// Steps of at least this many rows run the MLP's gate_up GEMM and SiLU as one kernel
+// (swiglu_gemm.h); shorter ones keep cuBLASLt and SiluMul.
+constexpr int64_t kSwiGluGemmMinRows = 1024;
 
 void CheckDevice(const Tensor& tensor, const char* what) {
   SIEVE_CHECK(tensor.device() == Device::kCuda)
@@ -177,6 +182,22 @@ class CudaBackend final : public Backend {
   void SiluMul(const Tensor& gate_up, Tensor& out, RowRms norm) override {
     cuda::SiluMul(Bf16(gate_up), gate_up.stride(0), static_cast<int>(out.dim(0)),
                   static_cast<int>(out.dim(1)), Bf16(out), out.stride(0), View(norm), stream_);
+  }
+  void LinearSiluMul(const Tensor& x, const Tensor& w, Tensor& gate_up, Tensor& out,
+                     RowRms norm) override {
+    const int64_t rows = x.dim(0);
+    const int64_t f = out.dim(1);
+    const int64_t k = x.dim(1);
+    // Past kSwiGluGemmMinRows the fused kernel (swiglu_gemm.h); the row scales go where the
+    // unfused pair would have put gate and up.
+    if (rows >= kSwiGluGemmMinRows && w.dim(0) == 2 * f && w.dim(1) == k && w.stride(0) == k &&
+        gate_up.dtype() == DType::kBF16 && gate_up.dim(1) >= 2 &&
+        cuda::SwiGluGemmSupports(f, k, Bf16(x), x.stride(0), Bf16(w), Bf16(out), out.stride(0))) {
+      cuda::SwiGluGemm(rows, f, k, Bf16(x), x.stride(0), Bf16(w), View(norm),
+                       static_cast<float*>(gate_up.data()), Bf16(out), out.stride(0), stream_);
+      return;
+    }
+    Backend::LinearSiluMul(x, w, gate_up, out, norm);
   }
   void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) override {
     cuda::GatherRows(Bf16(x), x.stride(0), rows.data_as<int32_t>(), static_cast<int>(rows.numel()),

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -13,6 +14,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/skinny_gemm.h"
+#include "backend/cuda/swiglu_gemm.h"
 
 namespace sieve::cuda {
 namespace {
@@ -161,6 +163,100 @@ int RunGemmBenchmarks(const GemmBenchOptions& options) {
     std::printf("%4d  %-8s %15s | %8.3f ms %6.0f GB/s (%3.0f%%) %4.0f TFLOP/s |\n", m, "all", "",
                 cublas_total_ms, cublas_gbs, percent(cublas_gbs), tflops);
   }
+  cudaStreamDestroy(stream);
+  return 0;
+}
+
+int RunSwiGluBenchmarks(const SwiGluBenchOptions& options) {
+  cudaStream_t stream;
+  SIEVE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const int f = options.f;
+  const int k = options.k;
+  const size_t weight_count = static_cast<size_t>(2 * f) * k;
+  bf16* w = nullptr;
+  SIEVE_CUDA_CHECK(cudaMalloc(&w, weight_count * sizeof(bf16)));
+  FillRandomBf16(w, static_cast<int64_t>(weight_count), 17, 0.02f, stream);
+  std::printf(
+      "gate_up (2 x %d x %d) and SiLU with a folded norm's row scales: %d calls back to back in a "
+      "CUDA graph, median of 5 replays; TFLOP/s of the GEMM's FLOPs\n",
+      f, k, options.iterations);
+  std::printf(
+      "    m  | gate_up alone         | gate_up + SiluMul     | fused                 | fused / "
+      "unfused | max rel. difference\n");
+  for (const int m : options.rows) {
+    const size_t x_count = static_cast<size_t>(m) * k;
+    bf16* x = nullptr;
+    bf16* gate_up = nullptr;
+    bf16* unfused = nullptr;
+    bf16* fused = nullptr;
+    SIEVE_CUDA_CHECK(cudaMalloc(&x, x_count * sizeof(bf16)));
+    SIEVE_CUDA_CHECK(cudaMalloc(&gate_up, static_cast<size_t>(m) * 2 * f * sizeof(bf16)));
+    SIEVE_CUDA_CHECK(cudaMalloc(&unfused, static_cast<size_t>(m) * f * sizeof(bf16)));
+    SIEVE_CUDA_CHECK(cudaMalloc(&fused, static_cast<size_t>(m) * f * sizeof(bf16)));
+    FillRandomBf16(x, static_cast<int64_t>(x_count), 5, 3.0f, stream);
+    RowRmsView norm;
+    norm.rows = x;  // the GEMM reads the residual stream, whose rows' RMS scales the products
+    norm.stride = k;
+    norm.width = k;
+    norm.eps = 1e-5f;
+    GemmRunner runner(stream);
+    const std::vector<bf16*> weights = {w};
+    const auto run_gemm = [&](bf16* weight) {
+      runner.Run(m, 2 * f, k, weight, k, x, k, gate_up, 2 * f, /*out_f32=*/false);
+    };
+    SwiGluBenchResult result;
+    result.m = m;
+    result.f = f;
+    result.k = k;
+    result.gemm_ms = TimeCalls(stream, weights, options.iterations, run_gemm);
+    result.unfused_ms = TimeCalls(stream, weights, options.iterations, [&](bf16* weight) {
+      run_gemm(weight);
+      SiluMul(gate_up, 2 * f, m, f, unfused, f, norm, stream);
+    });
+    const bool runs = SwiGluGemmSupports(f, k, x, k, w, fused, f);
+    if (runs) {
+      // The fused kernel's row scales go into the (otherwise unused) gate_up buffer, as in the
+      // backend.
+      result.fused_ms = TimeCalls(stream, weights, options.iterations, [&](bf16* weight) {
+        SwiGluGemm(m, f, k, x, k, weight, norm, reinterpret_cast<float*>(gate_up), fused, f,
+                   stream);
+      });
+      // Both outputs again, from one input, and compared.
+      run_gemm(w);
+      SiluMul(gate_up, 2 * f, m, f, unfused, f, norm, stream);
+      SwiGluGemm(m, f, k, x, k, w, norm, reinterpret_cast<float*>(gate_up), fused, f, stream);
+      std::vector<bf16> a(static_cast<size_t>(m) * f), b(a.size());
+      SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream));
+      SIEVE_CUDA_CHECK(cudaMemcpy(a.data(), fused, a.size() * sizeof(bf16), cudaMemcpyDefault));
+      SIEVE_CUDA_CHECK(cudaMemcpy(b.data(), unfused, b.size() * sizeof(bf16), cudaMemcpyDefault));
+      double max_abs = 0, max_difference = 0;
+      for (size_t index = 0; index < a.size(); ++index) {
+        const double expected = __bfloat162float(b[index]);
+        max_abs = std::max(max_abs, std::abs(expected));
+        max_difference = std::max(max_difference, std::abs(__bfloat162float(a[index]) - expected));
+      }
+      result.max_relative_difference = max_abs > 0 ? max_difference / max_abs : 0;
+    }
+    cudaFree(x);
+    cudaFree(gate_up);
+    cudaFree(unfused);
+    cudaFree(fused);
+    const double flops = 2.0 * m * 2.0 * f * k;
+    const auto rate = [&](double ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0; };
+    char fused_column[64] = "-                    ";
+    char ratio_column[32] = "-";
+    if (result.fused_ms > 0) {
+      std::snprintf(fused_column, sizeof(fused_column), "%7.3f ms %4.0f TFLOP/s", result.fused_ms,
+                    rate(result.fused_ms));
+      std::snprintf(ratio_column, sizeof(ratio_column), "%.3f",
+                    result.fused_ms / result.unfused_ms);
+    }
+    std::printf("%6d | %7.3f ms %4.0f TFLOP/s | %7.3f ms %4.0f TFLOP/s | %s | %-15s | %.2e\n", m,
+                result.gemm_ms, rate(result.gemm_ms), result.unfused_ms, rate(result.unfused_ms),
+                fused_column, ratio_column, result.max_relative_difference);
+    if (options.results != nullptr) options.results->push_back(result);
+  }
+  cudaFree(w);
   cudaStreamDestroy(stream);
   return 0;
 }

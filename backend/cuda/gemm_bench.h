@@ -2,7 +2,7 @@
 // `sieve bench kernels`: the backend's GemmRunner (cuBLASLt or the skinny kernel, the fastest of
 // its candidates) as GB/s of weights streamed, beside the measured copy rate, and the skinny
 // kernel alone. PERF.md's anchor: cuBLAS reaches ~72% of copy at M = 1..128 when timed one call
-// at a time.
+// at a time. Also the MLP's gate_up and SiLU at prefill sizes, unfused against fused.
 #pragma once
 
 #include <string>
@@ -33,5 +33,23 @@ struct GemmBenchOptions {
 };
 
 int RunGemmBenchmarks(const GemmBenchOptions& options);
+
+// The MLP's gate_up GEMM and SiLU at prefill row counts: GemmRunner's gate_up then SiluMul, against
+// the fused kernel (swiglu_gemm.h) where it runs, both with a folded norm's row scales.
+struct SwiGluBenchResult {
+  int m = 0, f = 0, k = 0;
+  double gemm_ms = 0;                  // GemmRunner's gate_up alone
+  double unfused_ms = 0;               // gate_up, then SiluMul
+  double fused_ms = 0;                 // 0 where the fused kernel does not run
+  double max_relative_difference = 0;  // fused against unfused, over the whole output
+};
+struct SwiGluBenchOptions {
+  int f = 14336;
+  int k = 4096;
+  std::vector<int> rows = {512, 1024, 2048, 8000};
+  int iterations = 10;
+  std::vector<SwiGluBenchResult>* results = nullptr;
+};
+int RunSwiGluBenchmarks(const SwiGluBenchOptions& options);
 
 }  // namespace sieve::cuda

@@ -12,8 +12,6 @@
 // consumers take turns issuing (named barriers), so one's softmax overlaps the others' products. A
 // K/V stage goes back to the producer once every consumer's products on it are done, the Q tile
 // once their last S is. The design and its numbers are in README_attention.md.
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -25,6 +23,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/flash_warp.cuh"
 #include "backend/cuda/prefill_attention.h"
+#include "backend/cuda/tensor_map.h"
 #include "backend/cuda/wgmma.cuh"
 #include "core/check.h"
 
@@ -383,37 +382,6 @@ __global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, 1)
 #endif  // SIEVE_SM90A
 }
 
-// cuTensorMapEncodeTiled from the driver, found once through the runtime (no libcuda link).
-PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* function = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    SIEVE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000,
-                                                      cudaEnableDefault, &found));
-    SIEVE_CHECK(found == cudaDriverEntryPointSuccess && function != nullptr)
-        << "the CUDA driver has no cuTensorMapEncodeTiled";
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
-  }();
-  return encode;
-}
-
-// A [rows][width] bf16 matrix with row stride `stride` (elements) as boxes of `box_rows` rows x
-// 64 columns, 128-byte swizzled: each box lands as one panel of a tile.
-CUtensorMap PanelTensorMap(const bf16* base, int64_t width, int64_t rows, int64_t stride,
-                           int box_rows) {
-  CUtensorMap map{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(width), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride) * 2};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult result = TensorMapEncoder()(
-      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides, box,
-      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  SIEVE_CHECK(result == CUDA_SUCCESS) << "cuTensorMapEncodeTiled failed: " << result;
-  return map;
-}
-
 template <int kHeadDim>
 void Launch(const PrefillParams& params, int num_heads, const StepView& step, cudaStream_t stream) {
   using S = Shape<kHeadDim>;
@@ -446,29 +414,8 @@ void Launch(const PrefillParams& params, int num_heads, const StepView& step, cu
 }  // namespace
 
 bool PrefillAttentionSm90Supported() {
-  // Per device: an sm_90 part, and a binary whose kernel was compiled for sm_90a (a build for
-  // other architectures has the kernel without its body; its PTX would JIT to nothing useful).
-  static std::atomic<uint64_t> checked{0};
-  static std::atomic<uint64_t> supported{0};
-  int device = 0;
-  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((checked.load(std::memory_order_acquire) & bit) == 0) {
-    int major = 0;
-    int minor = 0;
-    SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    bool ok = false;
-    if (major == 9 && minor == 0) {
-      cudaFuncAttributes attributes{};
-      ok = cudaFuncGetAttributes(&attributes, PrefillAttentionSm90Kernel<128>) == cudaSuccess &&
-           attributes.binaryVersion == 90 && attributes.ptxVersion == 90;
-      (void)cudaGetLastError();  // a kernel image that does not load is an answer, not an error
-    }
-    if (ok) supported.fetch_or(bit, std::memory_order_release);
-    checked.fetch_or(bit, std::memory_order_release);
-  }
-  return (supported.load(std::memory_order_acquire) & bit) != 0;
+  static Sm90aKernelCheck check(reinterpret_cast<const void*>(PrefillAttentionSm90Kernel<128>));
+  return check.Runs();
 }
 
 void LaunchPrefillAttentionSm90(const PrefillParams& params, int head_dim, int num_heads,
