@@ -145,8 +145,10 @@ fi
 
 if has test; then
   start=$(date +%s)
-  # GPU_TESTS: a regular expression of the tests to run (ctest -R), e.g. "Decode|GpuEngine".
-  ctest --test-dir build/gpu -L gpu ${GPU_TESTS:+-R "$GPU_TESTS"} --output-on-failure --timeout 600 \
+  # GPU_TESTS: a regular expression of the tests to run (ctest -R), e.g. "Decode|GpuEngine";
+  # GPU_TEST_TIMEOUT: seconds a test may take (600), less where a new kernel might hang.
+  ctest --test-dir build/gpu -L gpu ${GPU_TESTS:+-R "$GPU_TESTS"} --output-on-failure \
+    --timeout "${GPU_TEST_TIMEOUT:-600}" \
     > "$LOGS/gpu_tests.log" 2>&1
   note "gpu tests: $(grep -E 'tests passed|tests failed' "$LOGS/gpu_tests.log" | tail -1) in $(( $(date +%s) - start )) s"
   grep -E "^\s+[0-9]+ - .*(Failed|Exception|Timeout|Not Run)" "$LOGS/gpu_tests.log" | head -40 | tee -a "$summary"

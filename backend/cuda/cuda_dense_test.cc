@@ -312,16 +312,25 @@ TEST_F(CudaDenseTest, LinearSiluMulMatchesCpuAndUnfused) {
   }
 }
 
-// The fused kernel alone (swiglu_gemm.h) at row counts the backend leaves to the unfused pair:
-// one row, ragged tiles (row tiles past m, a k step past k), two column tiles, with and without
-// row scales, against the GPU's Linear then SiluMul and the CPU.
+// The fused kernel alone (swiglu_gemm.h), in clusters of 1 and 2 CTAs, at row counts the backend
+// leaves to the unfused pair: one row, ragged tiles (row tiles past m, a cluster's second row tile
+// past m, a k step past k), several column tiles (more than the CTAs: each CTA takes several),
+// with and without row scales, against the GPU's Linear then SiluMul and the CPU.
 TEST_F(CudaDenseTest, SwiGluGemmMatchesUnfusedAtAnyRows) {
   const float eps = 1e-5f;
-  for (const auto& [rows, f, k] : std::vector<std::tuple<int, int, int>>{
-           {1, 128, 64}, {7, 256, 264}, {64, 128, 128}, {65, 256, 64}, {300, 128, 4096}}) {
+  for (const auto& [rows, f, k, cluster] :
+       std::vector<std::tuple<int, int, int, int>>{{1, 128, 64, 1},
+                                                   {7, 256, 264, 1},
+                                                   {65, 256, 64, 1},
+                                                   {300, 128, 4096, 1},
+                                                   {1, 128, 64, 2},
+                                                   {129, 256, 264, 2},
+                                                   {300, 128, 4096, 2},
+                                                   {520, 128 * 40, 128, 1},
+                                                   {520, 128 * 40, 128, 2}}) {
     for (const bool norm : {false, true}) {
       SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(f) + " x " + std::to_string(k) +
-                   (norm ? " with a norm" : ""));
+                   " in clusters of " + std::to_string(cluster) + (norm ? ", with a norm" : ""));
       const auto x = Random(static_cast<size_t>(rows) * k, 2.0f);
       const auto w = Random(static_cast<size_t>(2 * f) * k, 0.05f);
       Tensor cpu_x = Cpu(x, {rows, k});
@@ -338,7 +347,8 @@ TEST_F(CudaDenseTest, SwiGluGemmMatchesUnfusedAtAnyRows) {
       if (norm) view = cuda::RowRmsView{x_bits, k, k, eps};
       cuda::testing::DeviceBuffer<float> scales(rows);
       gpu_->Synchronize();
-      cuda::SwiGluGemm(rows, f, k, x_bits, k, w_bits, view, scales.get(), out_bits, f, nullptr);
+      cuda::SwiGluGemm(rows, f, k, x_bits, k, w_bits, view, scales.get(), out_bits, f, nullptr,
+                       cluster);
       SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
       Tensor gate_up = gpu_->Allocate({rows, 2 * f}, DType::kBF16);
       Tensor unfused = gpu_->Allocate({rows, f}, DType::kBF16);

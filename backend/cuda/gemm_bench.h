@@ -38,15 +38,16 @@ int RunGemmBenchmarks(const GemmBenchOptions& options);
 // the fused kernel (swiglu_gemm.h) where it runs, both with a folded norm's row scales.
 struct SwiGluBenchResult {
   int m = 0, f = 0, k = 0;
-  double gemm_ms = 0;                  // GemmRunner's gate_up alone
-  double unfused_ms = 0;               // gate_up, then SiluMul
-  double fused_ms = 0;                 // 0 where the fused kernel does not run
+  double gemm_ms = 0;            // GemmRunner's gate_up alone
+  double unfused_ms = 0;         // gate_up, then SiluMul
+  double fused_ms = 0;           // 0 where the fused kernel does not run
+  double fused_cluster2_ms = 0;  // the experiment of CTA pairs sharing w (swiglu_gemm_sm90.cu)
   double max_relative_difference = 0;  // fused against unfused, over the whole output
 };
 struct SwiGluBenchOptions {
   int f = 14336;
   int k = 4096;
-  std::vector<int> rows = {512, 1024, 2048, 8000};
+  std::vector<int> rows = {128, 256, 512, 1024, 2048, 8000};
   int iterations = 10;
   std::vector<SwiGluBenchResult>* results = nullptr;
 };

@@ -21,10 +21,11 @@ bool SwiGluGemmSupports(int64_t f, int64_t k, const __nv_bfloat16* x, int64_t ld
 
 // out[m][f] = silu(s_m bf16(x_m . w_j)) * (s_m bf16(x_m . w_{F+j})) for j < F, s_m from `norm`
 // (row_rms.cuh; 1 without rows). w [2F][K]: gate rows, then up rows. `row_scales`: room for m
-// floats on the device (where s goes between the two kernels this launches). Checked by
+// floats on the device (where s goes between the two kernels this launches). `cluster`: 1, or 2
+// for the experiment whose CTA pairs share their w slices (swiglu_gemm_sm90.cu). Checked by
 // SwiGluGemmSupports first.
 void SwiGluGemm(int64_t m, int64_t f, int64_t k, const __nv_bfloat16* x, int64_t ldx,
                 const __nv_bfloat16* w, const RowRmsView& norm, float* row_scales,
-                __nv_bfloat16* out, int64_t ldo, cudaStream_t stream);
+                __nv_bfloat16* out, int64_t ldo, cudaStream_t stream, int cluster = 1);
 
 }  // namespace sieve::cuda

@@ -11,6 +11,11 @@
 // A producer warpgroup (one thread issues the copies of each k step's x and w slices into a ring
 // of kStages stages, running ahead into the next tile) and two consumer warpgroups of 64 rows
 // each, which keep one k step's products in flight while the next is issued.
+//
+// kCluster = 2 (an experiment beside kCluster = 1): two CTAs of a thread-block cluster take
+// adjacent row tiles of one column tile and share its w slice: each copies one half (the gate
+// rows, the up rows) into both CTAs' shared memory (multicast), so a CTA reads 32 KiB of the L2 a k
+// step instead of 48. A stage is then free once the consumers of both CTAs are done with it.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -75,12 +80,14 @@ __global__ void RowScalesKernel(RowRmsView norm, int rows, float* __restrict__ s
   if (threadIdx.x % 32 == 0) scales[row] = scale;
 }
 
+template <int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     SwiGluGemmSm90Kernel(const __grid_constant__ CUtensorMap map_x,
                          const __grid_constant__ CUtensorMap map_w,
                          const float* __restrict__ row_scales, bf16* __restrict__ out,
                          int64_t out_stride, int m, int f, int k) {
 #if SIEVE_SM90A
+  static_assert(kCluster == 1 || kCluster == 2);
   extern __shared__ uint8_t smem_raw[];
   const uint32_t smem = (flash::SharedAddress(smem_raw) + 1023) & ~1023u;
   // Stage s: the x slice (128 rows), then the w slice (128 gate rows, 128 up rows), each row 64
@@ -90,19 +97,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t barriers = smem + kStages * kStageBytes;
   const auto bar_full = [&](int stage) { return barriers + 8 * stage; };
   const auto bar_empty = [&](int stage) { return barriers + 8 * (kStages + stage); };
-  const int row_tiles = (m + kBlockM - 1) / kBlockM;
+  // A unit of work: kCluster adjacent row tiles of one column tile, one a CTA of the cluster (a
+  // row tile past m reads zeros and stores nothing).
+  const int cta = kCluster > 1 ? static_cast<int>(wgmma::ClusterRank()) : 0;
+  const int cluster = static_cast<int>(blockIdx.x) / kCluster;
+  const int num_clusters = static_cast<int>(gridDim.x) / kCluster;
+  const int row_units = (m + kBlockM * kCluster - 1) / (kBlockM * kCluster);
   const int column_tiles = f / kBlockN;
-  const int num_tiles = row_tiles * column_tiles;
+  const int num_units = row_units * column_tiles;
   const int k_steps = (k + kBlockK - 1) / kBlockK;  // a last partial step reads zeros past k
 
   if (threadIdx.x == 0) {
     for (int stage = 0; stage < kStages; ++stage) {
       wgmma::BarrierInit(bar_full(stage), 1);
-      wgmma::BarrierInit(bar_empty(stage), 4 * kConsumers);  // each consumer warp
+      // Each consumer warp of each CTA whose w half the stage receives.
+      wgmma::BarrierInit(bar_empty(stage), 4 * kConsumers * kCluster);
     }
     wgmma::FenceBarrierInit();
   }
-  __syncthreads();
+  if constexpr (kCluster > 1) {
+    wgmma::ClusterSync();  // no CTA copies or arrives into another before its barriers exist
+  } else {
+    __syncthreads();
+  }
   // x (the residual stream) and the row scales come from the kernels before.
   PdlWait();
   PdlLaunchDependents();
@@ -113,20 +130,35 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::RegistersDecrease<kProducerRegisters>();
     if (threadIdx.x != 0) return;
     int steps = 0;  // k steps loaded so far: the stage and its phase
-    for (int tile = static_cast<int>(blockIdx.x); tile < num_tiles;
-         tile += static_cast<int>(gridDim.x)) {
-      int row_tile = 0;
+    for (int unit = cluster; unit < num_units; unit += num_clusters) {
+      int row_unit = 0;
       int column_tile = 0;
-      TileOf(tile, row_tiles, column_tiles, row_tile, column_tile);
+      TileOf(unit, row_units, column_tiles, row_unit, column_tile);
+      const int row0 = (row_unit * kCluster + cta) * kBlockM;
       for (int step = 0; step < k_steps; ++step, ++steps) {
         const int stage = steps % kStages;
         if (steps >= kStages) wgmma::BarrierWait(bar_empty(stage), ((steps / kStages) & 1) ^ 1);
         wgmma::BarrierArriveExpectBytes(bar_full(stage), kStageBytes);
         const int k0 = step * kBlockK;
-        wgmma::TensorCopy2d(stage_x(stage), &map_x, k0, row_tile * kBlockM, bar_full(stage));
-        wgmma::TensorCopy2d(stage_w(stage), &map_w, k0, column_tile * kBlockN, bar_full(stage));
-        wgmma::TensorCopy2d(stage_w(stage) + kGateBytes, &map_w, k0, f + column_tile * kBlockN,
-                            bar_full(stage));
+        wgmma::TensorCopy2d(stage_x(stage), &map_x, k0, row0, bar_full(stage));
+        if constexpr (kCluster == 1) {
+          wgmma::TensorCopy2d(stage_w(stage), &map_w, k0, column_tile * kBlockN, bar_full(stage));
+          wgmma::TensorCopy2d(stage_w(stage) + kGateBytes, &map_w, k0, f + column_tile * kBlockN,
+                              bar_full(stage));
+        } else {
+          // CTA 0 the gate rows, CTA 1 the up rows, each into both.
+          wgmma::TensorCopy2dMulticast(stage_w(stage) + cta * kGateBytes, &map_w, k0,
+                                       cta * f + column_tile * kBlockN, bar_full(stage), 0b11);
+        }
+      }
+    }
+    if constexpr (kCluster > 1) {
+      // The other CTA's consumers arrive on this CTA's empty barriers until its last stages are
+      // done: this CTA stays until they have, so that no arrival meets a CTA that has exited.
+      for (int tail = 0; tail < kStages; ++tail, ++steps) {
+        if (steps >= kStages) {
+          wgmma::BarrierWait(bar_empty(steps % kStages), ((steps / kStages) & 1) ^ 1);
+        }
       }
     }
     return;
@@ -141,15 +173,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The warpgroup's 64 x 256 accumulator: blocks 0-15 the gate columns, 16-31 the up columns.
   float acc[32][4];
   const auto release = [&](int stage) {
-    if (lane == 0) wgmma::BarrierArrive(bar_empty(stage));
+    if (lane == 0) {
+      wgmma::BarrierArrive(bar_empty(stage));
+      if constexpr (kCluster > 1) wgmma::BarrierArriveInCta(bar_empty(stage), cta ^ 1);
+    }
   };
 
   int steps = 0;
-  for (int tile = static_cast<int>(blockIdx.x); tile < num_tiles;
-       tile += static_cast<int>(gridDim.x)) {
-    int row_tile = 0;
+  for (int unit = cluster; unit < num_units; unit += num_clusters) {
+    int row_unit = 0;
     int column_tile = 0;
-    TileOf(tile, row_tiles, column_tiles, row_tile, column_tile);
+    TileOf(unit, row_units, column_tiles, row_unit, column_tile);
+    const int row_tile = row_unit * kCluster + cta;
     // The main loop: a k step's 4 wgmma (k16 each, 32 bytes into the panels' rows), committed as
     // one group; the step before is then waited for and its stage given back.
     for (int step = 0; step < k_steps; ++step, ++steps) {
@@ -199,8 +234,56 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 Sm90aKernelCheck& KernelCheck() {
-  static Sm90aKernelCheck check(reinterpret_cast<const void*>(SwiGluGemmSm90Kernel));
+  static Sm90aKernelCheck check(reinterpret_cast<const void*>(SwiGluGemmSm90Kernel<1>));
   return check;
+}
+
+// How many CTAs of kCluster run at once on the current device (persistent: the grid is no
+// larger), asked once per device.
+template <int kCluster>
+int ResidentCtas() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> ctas[kMaxDevices] = {};
+  int device = 0;
+  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
+  int count = device < kMaxDevices ? ctas[device].load() : 0;
+  if (count > 0) return count;
+  SIEVE_CUDA_CHECK(cudaFuncSetAttribute(SwiGluGemmSm90Kernel<kCluster>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  count = CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>();
+  if constexpr (kCluster > 1) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(kCluster * count);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kSmemBytes;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = kCluster;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int clusters = 0;
+    SIEVE_CUDA_CHECK(
+        cudaOccupancyMaxActiveClusters(&clusters, SwiGluGemmSm90Kernel<kCluster>, &config));
+    SIEVE_CHECK(clusters > 0) << "no cluster of " << kCluster << " fused gate_up CTAs fits";
+    count = clusters * kCluster;
+  }
+  if (device < kMaxDevices) ctas[device].store(count);
+  return count;
+}
+
+template <int kCluster>
+void Launch(int64_t m, int64_t f, int64_t k, const bf16* x, int64_t ldx, const bf16* w,
+            const float* scales, bf16* out, int64_t ldo, cudaStream_t stream) {
+  const CUtensorMap map_x = PanelTensorMap(x, k, m, ldx, kBlockM);
+  const CUtensorMap map_w = PanelTensorMap(w, k, 2 * f, k, kBlockN);
+  const int64_t units = (m + kBlockM * kCluster - 1) / (kBlockM * kCluster) * (f / kBlockN);
+  const int grid =
+      static_cast<int>(std::min<int64_t>(units, ResidentCtas<kCluster>() / kCluster)) * kCluster;
+  LaunchWithPdlInClusters(SwiGluGemmSm90Kernel<kCluster>, dim3(grid), dim3(kCluster),
+                          dim3(kThreads), kSmemBytes, stream, map_x, map_w, scales, out, ldo,
+                          static_cast<int>(m), static_cast<int>(f), static_cast<int>(k));
 }
 
 }  // namespace
@@ -213,21 +296,15 @@ bool SwiGluGemmSupports(int64_t f, int64_t k, const bf16* x, int64_t ldx, const 
 
 void SwiGluGemm(int64_t m, int64_t f, int64_t k, const bf16* x, int64_t ldx, const bf16* w,
                 const RowRmsView& norm, float* row_scales, bf16* out, int64_t ldo,
-                cudaStream_t stream) {
+                cudaStream_t stream, int cluster) {
   if (m == 0) return;
   SIEVE_CHECK(SwiGluGemmSupports(f, k, x, ldx, w, out, ldo))
       << "the fused gate_up GEMM does not take " << m << " x " << f << " x " << k;
   SIEVE_CHECK(m < (int64_t{1} << 31) && f < (int64_t{1} << 30) && k < (int64_t{1} << 31));
+  SIEVE_CHECK(cluster == 1 || cluster == 2) << "clusters of " << cluster << " CTAs";
   SIEVE_CHECK(norm.rows == nullptr ||
               (norm.width % 8 == 0 && norm.stride % 8 == 0 && Aligned16(norm.rows)))
       << "a folded RMSNorm's rows must be 16-byte aligned, width and stride multiples of 8";
-  static std::atomic<uint64_t> configured_devices{0};
-  int device = 0;
-  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
-  OncePerDevice(configured_devices, device, [] {
-    SIEVE_CUDA_CHECK(cudaFuncSetAttribute(SwiGluGemmSm90Kernel,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  });
   const float* scales = nullptr;
   if (norm.rows != nullptr) {
     constexpr int kWarps = 8;
@@ -235,13 +312,11 @@ void SwiGluGemm(int64_t m, int64_t f, int64_t k, const bf16* x, int64_t ldx, con
                   stream, norm, static_cast<int>(m), row_scales);
     scales = row_scales;
   }
-  const CUtensorMap map_x = PanelTensorMap(x, k, m, ldx, kBlockM);
-  const CUtensorMap map_w = PanelTensorMap(w, k, 2 * f, k, kBlockN);
-  const int64_t num_tiles = (m + kBlockM - 1) / kBlockM * (f / kBlockN);
-  const int grid = static_cast<int>(
-      std::min<int64_t>(num_tiles, CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>()));
-  LaunchWithPdl(SwiGluGemmSm90Kernel, grid, kThreads, kSmemBytes, stream, map_x, map_w, scales, out,
-                ldo, static_cast<int>(m), static_cast<int>(f), static_cast<int>(k));
+  if (cluster == 2) {
+    Launch<2>(m, f, k, x, ldx, w, scales, out, ldo, stream);
+  } else {
+    Launch<1>(m, f, k, x, ldx, w, scales, out, ldo, stream);
+  }
 }
 
 }  // namespace sieve::cuda

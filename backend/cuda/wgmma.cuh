@@ -99,6 +99,40 @@ __device__ __forceinline__ void TensorCopy2d(uint32_t destination, const void* t
       "l"(tensor_map), "r"(x), "r"(y), "r"(barrier)
       : "memory");
 }
+// ---- thread-block clusters ----
+// This CTA's rank in its cluster.
+__device__ __forceinline__ uint32_t ClusterRank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+// Every thread of every CTA of the cluster (all must execute it): after it, barriers initialised
+// before it are visible cluster-wide.
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
+// Arrives on the barrier at this CTA's shared address `barrier`, but in cluster CTA `cta`.
+__device__ __forceinline__ void BarrierArriveInCta(uint32_t barrier, uint32_t cta) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(barrier),
+      "r"(cta)
+      : "memory");
+}
+// TensorCopy2d into the same shared address of every cluster CTA in `cta_mask`, completing its
+// bytes on each one's barrier at `barrier`.
+__device__ __forceinline__ void TensorCopy2dMulticast(uint32_t destination, const void* tensor_map,
+                                                      int x, int y, uint32_t barrier,
+                                                      uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
+      "cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(destination),
+      "l"(tensor_map), "r"(x), "r"(y), "r"(barrier), "h"(cta_mask)
+      : "memory");
+}
 // Warpgroup register budgets (all 4 warps execute it): producers give registers back, the
 // consumers doing the math take them.
 template <int kRegisters>
