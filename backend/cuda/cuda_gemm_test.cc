@@ -5,6 +5,7 @@
 // outputs (one bf16 rounding of each output is ~4e-3 alone).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "backend/cuda/cuda_test_util.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/skinny_gemm.h"
+#include "backend/cuda/swiglu_gemm.h"
 
 namespace sieve::cuda {
 namespace {
@@ -369,6 +371,35 @@ TEST_F(CudaGemmTest, RunnerMatchesHostProduct) {
       SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
       EXPECT_LE(problem.Error(out.ToHost()), kF32Tolerance)
           << m << "x" << n << "x" << k << ": " << runner.last_plan();
+    }
+  }
+}
+
+// The fused gate_up kernel's order of work (host arithmetic, no GPU needed): every unit of the
+// grid is one (row unit, column tile) and each comes once; any 132 consecutive units (the CTAs of
+// one wave) lie in at most two groups of rows, the L2 locality the order is for.
+TEST(SwiGluUnitOrderTest, CoversEveryTileOnceInGroupsOfRows) {
+  for (const auto& [row_units, column_tiles] : std::vector<std::pair<int, int>>{
+           {1, 1}, {1, 112}, {63, 112}, {32, 112}, {7, 3}, {17, 56}, {9, 1}}) {
+    SCOPED_TRACE(std::to_string(row_units) + " row units x " + std::to_string(column_tiles));
+    const int units = row_units * column_tiles;
+    std::vector<int> seen(static_cast<size_t>(units), 0);
+    std::vector<int> row_of(static_cast<size_t>(units));
+    for (int unit = 0; unit < units; ++unit) {
+      const SwiGluUnit work = SwiGluUnitOf(unit, row_units, column_tiles);
+      ASSERT_GE(work.row_unit, 0);
+      ASSERT_LT(work.row_unit, row_units);
+      ASSERT_GE(work.column_tile, 0);
+      ASSERT_LT(work.column_tile, column_tiles);
+      ++seen[static_cast<size_t>(work.row_unit) * column_tiles + work.column_tile];
+      row_of[static_cast<size_t>(unit)] = work.row_unit;
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), units);
+    const int wave = 132;
+    for (int first = 0; first + wave <= units; first += wave / 4) {
+      const auto [low, high] =
+          std::minmax_element(row_of.begin() + first, row_of.begin() + first + wave);
+      EXPECT_LE(*high / kSwiGluGroupRows - *low / kSwiGluGroupRows, 1) << "units from " << first;
     }
   }
 }

@@ -28,4 +28,22 @@ void SwiGluGemm(int64_t m, int64_t f, int64_t k, const __nv_bfloat16* x, int64_t
                 const __nv_bfloat16* w, const RowRmsView& norm, float* row_scales,
                 __nv_bfloat16* out, int64_t ldo, cudaStream_t stream, int cluster = 1);
 
+// The fused kernel's order of work (for it and its test): unit `unit` of a walk over row_units x
+// column_tiles (a unit: the row tiles of one cluster) in groups of kSwiGluGroupRows row units,
+// column tiles across each group, rows fastest within it. The ~132 CTAs running together then
+// span 8 row tiles (8 MiB of x at K = 4096) and ~17 column tiles (34 MiB of w), which the L2 holds.
+constexpr int kSwiGluGroupRows = 8;
+struct SwiGluUnit {
+  int row_unit;
+  int column_tile;
+};
+__host__ __device__ inline SwiGluUnit SwiGluUnitOf(int unit, int row_units, int column_tiles) {
+  const int per_group = kSwiGluGroupRows * column_tiles;
+  const int group = unit / per_group;
+  const int first = group * kSwiGluGroupRows;
+  const int rows = row_units - first < kSwiGluGroupRows ? row_units - first : kSwiGluGroupRows;
+  const int in_group = unit - group * per_group;
+  return {first + in_group % rows, in_group / rows};
+}
+
 }  // namespace sieve::cuda

@@ -7,7 +7,8 @@
 // both. In the accumulator fragment (wgmma.cuh) a thread then holds gate column c in block j and
 // up column c in block j + 16 of the same rows: the epilogue multiplies them in registers, with
 // no shuffle and no shared memory. The grid is persistent (one CTA per SM) and walks the tiles in
-// groups of kGroupM row tiles, so the CTAs running together share their x and w tiles in the L2.
+// groups of row tiles (SwiGluUnitOf), so the CTAs running together share their x and w tiles in
+// the L2.
 // A producer warpgroup (one thread issues the copies of each k step's x and w slices into a ring
 // of kStages stages, running ahead into the next tile) and two consumer warpgroups of 64 rows
 // each, which keep one k step's products in flight while the next is issued.
@@ -46,9 +47,6 @@ constexpr int kConsumers = 2;
 constexpr int kThreads = (1 + kConsumers) * 128;
 [[maybe_unused]] constexpr int kProducerRegisters = 24;
 [[maybe_unused]] constexpr int kConsumerRegisters = 240;
-// Row tiles per group of the tile order: the ~132 tiles in flight span 8 row tiles (8 MiB of x
-// at K = 4096) and ~17 column tiles (34 MiB of w), which the L2 holds.
-[[maybe_unused]] constexpr int kGroupM = 8;
 [[maybe_unused]] constexpr uint32_t kTileXBytes = kBlockM * kBlockK * 2;  // 16 KiB
 [[maybe_unused]] constexpr uint32_t kGateBytes = kBlockN * kBlockK * 2;   // 16 KiB, as the up rows
 constexpr uint32_t kStageBytes = kTileXBytes + 2 * kGateBytes;            // 48 KiB
@@ -56,19 +54,6 @@ constexpr uint32_t kStageBytes = kTileXBytes + 2 * kGateBytes;            // 48 
 constexpr int kSmemBytes = 1024 + kStages * static_cast<int>(kStageBytes) + 2 * kStages * 8;
 static_assert(kSmemBytes <= 227 * 1024);
 static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumers <= 65536);
-
-// Tile `tile` of the walk: groups of kGroupM row tiles, column tiles across each group, rows
-// fastest within it.
-[[maybe_unused]] __device__ __forceinline__ void TileOf(int tile, int row_tiles, int column_tiles,
-                                                        int& row_tile, int& column_tile) {
-  const int per_group = kGroupM * column_tiles;
-  const int group = tile / per_group;
-  const int first = group * kGroupM;
-  const int rows = min(row_tiles - first, kGroupM);
-  const int in_group = tile - group * per_group;
-  row_tile = first + in_group % rows;
-  column_tile = in_group / rows;
-}
 
 // s of each row (row_rms.cuh), a warp a row: the GEMM's epilogue reads it from `scales`.
 __global__ void RowScalesKernel(RowRmsView norm, int rows, float* __restrict__ scales) {
@@ -131,10 +116,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x != 0) return;
     int steps = 0;  // k steps loaded so far: the stage and its phase
     for (int unit = cluster; unit < num_units; unit += num_clusters) {
-      int row_unit = 0;
-      int column_tile = 0;
-      TileOf(unit, row_units, column_tiles, row_unit, column_tile);
-      const int row0 = (row_unit * kCluster + cta) * kBlockM;
+      const SwiGluUnit work = SwiGluUnitOf(unit, row_units, column_tiles);
+      const int column_tile = work.column_tile;
+      const int row0 = (work.row_unit * kCluster + cta) * kBlockM;
       for (int step = 0; step < k_steps; ++step, ++steps) {
         const int stage = steps % kStages;
         if (steps >= kStages) wgmma::BarrierWait(bar_empty(stage), ((steps / kStages) & 1) ^ 1);
@@ -181,10 +165,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   int steps = 0;
   for (int unit = cluster; unit < num_units; unit += num_clusters) {
-    int row_unit = 0;
-    int column_tile = 0;
-    TileOf(unit, row_units, column_tiles, row_unit, column_tile);
-    const int row_tile = row_unit * kCluster + cta;
+    const SwiGluUnit work = SwiGluUnitOf(unit, row_units, column_tiles);
+    const int column_tile = work.column_tile;
+    const int row_tile = work.row_unit * kCluster + cta;
     // The main loop: a k step's 4 wgmma (k16 each, 32 bytes into the panels' rows), committed as
     // one group; the step before is then waited for and its stage given back.
     for (int step = 0; step < k_steps; ++step, ++steps) {
