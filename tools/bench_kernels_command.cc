@@ -320,7 +320,7 @@ int Run(const KernelsFlags& flags) {
     cuda::SwiGluBenchOptions options;
     options.f = static_cast<int>(config->intermediate_size);
     options.k = static_cast<int>(config->hidden_size);
-    options.rows = {128, 256, 512, 1024, 2048, 4096, flags.prefill_seqs * flags.prefill_len};
+    options.rows = {1, 8, 128, 256, 512, 1024, 2048, 4096, flags.prefill_seqs * flags.prefill_len};
     std::vector<cuda::SwiGluBenchResult> results;
     options.results = &results;
     cuda::RunSwiGluBenchmarks(options);
@@ -332,6 +332,7 @@ int Run(const KernelsFlags& flags) {
                                 {"unfused_ms", r.unfused_ms},
                                 {"fused_ms", r.fused_ms},
                                 {"fused_cluster2_ms", r.fused_cluster2_ms},
+                                {"skinny_ms", r.skinny_ms},
                                 {"max_relative_difference", r.max_relative_difference}});
     }
   }

@@ -11,6 +11,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sampling_kernels.h"
+#include "backend/cuda/skinny_gemm.h"
 #include "backend/cuda/swiglu_gemm.h"
 
 namespace sieve {
@@ -188,13 +189,21 @@ class CudaBackend final : public Backend {
     const int64_t rows = x.dim(0);
     const int64_t f = out.dim(1);
     const int64_t k = x.dim(1);
+    const bool gate_then_up = w.dim(0) == 2 * f && w.dim(1) == k && w.stride(0) == k;
     // Past kSwiGluGemmMinRows the fused kernel (swiglu_gemm.h); the row scales go where the
     // unfused pair would have put gate and up.
-    if (rows >= kSwiGluGemmMinRows && w.dim(0) == 2 * f && w.dim(1) == k && w.stride(0) == k &&
-        gate_up.dtype() == DType::kBF16 && gate_up.dim(1) >= 2 &&
+    if (rows >= kSwiGluGemmMinRows && gate_then_up && gate_up.dtype() == DType::kBF16 &&
+        gate_up.dim(1) >= 2 &&
         cuda::SwiGluGemmSupports(f, k, Bf16(x), x.stride(0), Bf16(w), Bf16(out), out.stride(0))) {
       cuda::SwiGluGemm(rows, f, k, Bf16(x), x.stride(0), Bf16(w), View(norm),
                        static_cast<float*>(gate_up.data()), Bf16(out), out.stride(0), stream_);
+      return;
+    }
+    // At one row (where the runner's plan is the skinny kernel anyway) its gated form.
+    if (rows == 1 && gate_then_up &&
+        cuda::SkinnyGemmSupports(rows, k, Bf16(w), k, Bf16(x), x.stride(0))) {
+      cuda::SkinnyGemmSwiGlu(rows, f, k, Bf16(w), Bf16(x), x.stride(0), View(norm), Bf16(out),
+                             out.stride(0), stream_);
       return;
     }
     Backend::LinearSiluMul(x, w, gate_up, out, norm);

@@ -13,6 +13,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_test_util.h"
+#include "backend/cuda/skinny_gemm.h"
 #include "backend/cuda/swiglu_gemm.h"
 
 namespace sieve {
@@ -278,15 +279,16 @@ TEST_F(CudaDenseTest, SiluMulScalesByRowRms) {
 
 // The MLP's gate_up GEMM and SiLU as one op, through the backend: a long step's rows (the fused
 // kernel of swiglu_gemm.h where it runs; F = 1000 is not a multiple of 128 and stays unfused), a
-// short step's (unfused), with and without a folded norm, against the CPU and against the GPU's
-// own Linear then SiluMul.
+// short step's (unfused), one row (the gated skinny kernel), with and without a folded norm,
+// against the CPU and against the GPU's own Linear then SiluMul.
 TEST_F(CudaDenseTest, LinearSiluMulMatchesCpuAndUnfused) {
   struct Case {
     int rows, f, k;
     bool norm;
   };
-  for (const Case c : {Case{1100, 384, 512, true}, Case{1024, 256, 200, false},
-                       Case{40, 384, 512, true}, Case{1100, 1000, 256, true}}) {
+  for (const Case c :
+       {Case{1100, 384, 512, true}, Case{1024, 256, 200, false}, Case{40, 384, 512, true},
+        Case{1100, 1000, 256, true}, Case{1, 1000, 4096, true}, Case{1, 384, 200, false}}) {
     SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.f) + " x " +
                  std::to_string(c.k) + (c.norm ? " with a norm" : ""));
     const float eps = 1e-5f;
@@ -349,6 +351,44 @@ TEST_F(CudaDenseTest, SwiGluGemmMatchesUnfusedAtAnyRows) {
       gpu_->Synchronize();
       cuda::SwiGluGemm(rows, f, k, x_bits, k, w_bits, view, scales.get(), out_bits, f, nullptr,
                        cluster);
+      SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
+      Tensor gate_up = gpu_->Allocate({rows, 2 * f}, DType::kBF16);
+      Tensor unfused = gpu_->Allocate({rows, f}, DType::kBF16);
+      gpu_->Linear(gpu_x, gpu_w, gate_up);
+      gpu_->SiluMul(gate_up, unfused, norm ? RowRms{&gpu_x, eps} : RowRms{});
+      Tensor cpu_gate_up = Tensor::Empty({rows, 2 * f}, DType::kF32);
+      Tensor cpu_out = Tensor::Empty({rows, f}, DType::kF32);
+      cpu_->LinearSiluMul(cpu_x, Cpu(w, {2 * f, k}), cpu_gate_up, cpu_out,
+                          norm ? RowRms{&cpu_x, eps} : RowRms{});
+      const std::vector<float> got = Download(out);
+      EXPECT_LE(RelL2(got, Download(unfused)), 1e-3);
+      EXPECT_LE(RelL2(got, Values(cpu_out)), kBf16Tolerance);
+    }
+  }
+}
+
+// The gated skinny kernel (skinny_gemm.h) at 1 to 8 rows, odd F (a CTA's columns past F), k
+// not a multiple of its 32-k blocks, with and without row scales, against the GPU's Linear then
+// SiluMul (bitwise but for a bf16 rounding the order of summation moves) and the CPU.
+TEST_F(CudaDenseTest, SkinnyGemmSwiGluMatchesUnfused) {
+  const float eps = 1e-5f;
+  for (const auto& [rows, f, k] : std::vector<std::tuple<int, int, int>>{
+           {1, 14336 / 8, 4096}, {1, 1001, 264}, {3, 384, 4096}, {8, 100, 512}}) {
+    for (const bool norm : {false, true}) {
+      SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(f) + " x " + std::to_string(k) +
+                   (norm ? ", with a norm" : ""));
+      const auto x = Random(static_cast<size_t>(rows) * k, 2.0f);
+      const auto w = Random(static_cast<size_t>(2 * f) * k, 0.05f);
+      Tensor cpu_x = Cpu(x, {rows, k});
+      Tensor gpu_x = Gpu(x, {rows, k});
+      Tensor gpu_w = Gpu(w, {2 * f, k});
+      Tensor out = gpu_->Allocate({rows, f}, DType::kBF16);
+      const auto* x_bits = static_cast<const __nv_bfloat16*>(gpu_x.data());
+      cuda::RowRmsView view;
+      if (norm) view = cuda::RowRmsView{x_bits, k, k, eps};
+      gpu_->Synchronize();
+      cuda::SkinnyGemmSwiGlu(rows, f, k, static_cast<const __nv_bfloat16*>(gpu_w.data()), x_bits, k,
+                             view, static_cast<__nv_bfloat16*>(out.data()), f, nullptr);
       SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
       Tensor gate_up = gpu_->Allocate({rows, 2 * f}, DType::kBF16);
       Tensor unfused = gpu_->Allocate({rows, f}, DType::kBF16);

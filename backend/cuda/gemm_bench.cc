@@ -182,7 +182,7 @@ int RunSwiGluBenchmarks(const SwiGluBenchOptions& options) {
       f, k, options.iterations);
   std::printf(
       "     m | gate_up alone         | gate_up + SiluMul     | fused (x unfused)            | "
-      "fused, CTA pairs (x unfused) | max rel. difference\n");
+      "fused, CTA pairs (x unfused) | gated skinny (x unfused)     | max rel. difference\n");
   for (const int m : options.rows) {
     const size_t x_count = static_cast<size_t>(m) * k;
     bf16* x = nullptr;
@@ -248,6 +248,12 @@ int RunSwiGluBenchmarks(const SwiGluBenchOptions& options) {
       }
       result.max_relative_difference = max_abs > 0 ? max_difference / max_abs : 0;
     }
+    if (m <= kSkinnyGemmMaxGatedRows && SkinnyGemmSupports(m, k, w, k, x, k)) {
+      const auto run_skinny = [&](bf16* weight) {
+        SkinnyGemmSwiGlu(m, f, k, weight, x, k, norm, fused, f, stream);
+      };
+      result.skinny_ms = TimeCalls(stream, weights, options.iterations, run_skinny);
+    }
     cudaFree(x);
     cudaFree(gate_up);
     cudaFree(unfused);
@@ -262,10 +268,11 @@ int RunSwiGluBenchmarks(const SwiGluBenchOptions& options) {
       }
       return std::string(text);
     };
-    std::printf("%6d | %7.3f ms %4.0f TFLOP/s | %7.3f ms %4.0f TFLOP/s | %-28s | %-28s | %.2e\n", m,
-                result.gemm_ms, rate(result.gemm_ms), result.unfused_ms, rate(result.unfused_ms),
-                column(result.fused_ms).c_str(), column(result.fused_cluster2_ms).c_str(),
-                result.max_relative_difference);
+    std::printf(
+        "%6d | %7.3f ms %4.0f TFLOP/s | %7.3f ms %4.0f TFLOP/s | %-28s | %-28s | %-28s | %.2e\n", m,
+        result.gemm_ms, rate(result.gemm_ms), result.unfused_ms, rate(result.unfused_ms),
+        column(result.fused_ms).c_str(), column(result.fused_cluster2_ms).c_str(),
+        column(result.skinny_ms).c_str(), result.max_relative_difference);
     if (options.results != nullptr) options.results->push_back(result);
   }
   cudaFree(w);
