@@ -29,20 +29,31 @@ inline bool Aligned16(const void* pointer) {
   return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
 }
 
-// `kAttribute` of the current device, read once per device (launch paths ask on every call);
-// device ids past the cache read it every time.
-template <cudaDeviceAttr kAttribute>
-int CurrentDeviceAttribute() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> values[kMaxDevices] = {};
+// A nonzero value per device, computed by `compute(device)` the first time the current device
+// asks and kept in `values` (launch paths ask on every call); device ids past the cache compute
+// it every time.
+inline constexpr int kMaxCachedDevices = 64;
+template <typename Compute>
+int PerDeviceValue(std::atomic<int> (&values)[kMaxCachedDevices], Compute&& compute) {
   int device = 0;
   SIEVE_CUDA_CHECK(cudaGetDevice(&device));
-  int value = device < kMaxDevices ? values[device].load() : 0;
+  int value = device < kMaxCachedDevices ? values[device].load() : 0;
   if (value == 0) {
-    SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&value, kAttribute, device));
-    if (device < kMaxDevices) values[device].store(value);
+    value = compute(device);
+    if (device < kMaxCachedDevices) values[device].store(value);
   }
   return value;
+}
+
+// `kAttribute` of the current device, read once per device.
+template <cudaDeviceAttr kAttribute>
+int CurrentDeviceAttribute() {
+  static std::atomic<int> values[kMaxCachedDevices] = {};
+  return PerDeviceValue(values, [](int device) {
+    int value = 0;
+    SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&value, kAttribute, device));
+    return value;
+  });
 }
 
 // Runs `configure()` the first time it is called for `device` with this `done` set: kernel

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -74,6 +75,38 @@ class CudaDenseTest : public ::testing::Test {
   }
   static double RelL2(const std::vector<float>& actual, const std::vector<float>& expected) {
     return sieve::testing::RelativeL2Error(actual.data(), expected.data(), expected.size());
+  }
+
+  // Fused gate_up + SiLU paths against the unfused pair: `fused` computes out [rows][f] from x
+  // [rows][k] and w [2f][k] (gate rows, then up rows) on the GPU, with the folded norm of x's own
+  // rows or none; this checks it on fresh random inputs against the GPU's Linear then SiluMul
+  // (equal but for a rare bf16 rounding of gate or up that the GEMMs' order of summation moves) and
+  // the CPU's LinearSiluMul.
+  void ExpectSwiGluMatchesUnfused(int rows, int f, int k, bool norm,
+                                  const std::function<void(const Tensor& x, const Tensor& w,
+                                                           Tensor& out, RowRms scale)>& fused) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(f) + " x " + std::to_string(k) +
+                 (norm ? ", with a norm" : ""));
+    const float eps = 1e-5f;
+    const auto x = Random(static_cast<size_t>(rows) * k, 2.0f);
+    const auto w = Random(static_cast<size_t>(2 * f) * k, 0.05f);
+    Tensor cpu_x = Cpu(x, {rows, k});
+    Tensor gpu_x = Gpu(x, {rows, k});
+    Tensor gpu_w = Gpu(w, {2 * f, k});
+    Tensor out = gpu_->Allocate({rows, f}, DType::kBF16);
+    fused(gpu_x, gpu_w, out, norm ? RowRms{&gpu_x, eps} : RowRms{});
+    SIEVE_CUDA_CHECK(cudaDeviceSynchronize());  // a kernel launched on another stream
+    Tensor gate_up = gpu_->Allocate({rows, 2 * f}, DType::kBF16);
+    Tensor unfused = gpu_->Allocate({rows, f}, DType::kBF16);
+    gpu_->Linear(gpu_x, gpu_w, gate_up);
+    gpu_->SiluMul(gate_up, unfused, norm ? RowRms{&gpu_x, eps} : RowRms{});
+    Tensor cpu_gate_up = Tensor::Empty({rows, 2 * f}, DType::kF32);
+    Tensor cpu_out = Tensor::Empty({rows, f}, DType::kF32);
+    cpu_->LinearSiluMul(cpu_x, Cpu(w, {2 * f, k}), cpu_gate_up, cpu_out,
+                        norm ? RowRms{&cpu_x, eps} : RowRms{});
+    const std::vector<float> got = Download(out);
+    EXPECT_LE(RelL2(got, Download(unfused)), 1e-3);
+    EXPECT_LE(RelL2(got, Values(cpu_out)), kBf16Tolerance);
   }
 
   std::unique_ptr<Backend> gpu_;
@@ -277,49 +310,44 @@ TEST_F(CudaDenseTest, SiluMulScalesByRowRms) {
   }
 }
 
+// A kernel launched by hand, as the backend would: its bf16 pointers and the folded norm's view.
+__nv_bfloat16* Bits(const Tensor& tensor) { return static_cast<__nv_bfloat16*>(tensor.data()); }
+cuda::RowRmsView ViewOf(const RowRms& norm) {
+  if (norm.rows == nullptr) return {};
+  const Tensor& rows = *norm.rows;
+  return {Bits(rows), rows.stride(0), static_cast<int>(rows.dim(1)), norm.eps};
+}
+
 // The MLP's gate_up GEMM and SiLU as one op, through the backend: a long step's rows (the fused
 // kernel of swiglu_gemm.h where it runs; F = 1000 is not a multiple of 128 and stays unfused), a
-// short step's (unfused), one row (the gated skinny kernel), with and without a folded norm,
-// against the CPU and against the GPU's own Linear then SiluMul.
+// short step's (unfused), one row (the gated skinny kernel), with and without a folded norm.
 TEST_F(CudaDenseTest, LinearSiluMulMatchesCpuAndUnfused) {
-  struct Case {
-    int rows, f, k;
-    bool norm;
-  };
-  for (const Case c :
-       {Case{1100, 384, 512, true}, Case{1024, 256, 200, false}, Case{40, 384, 512, true},
-        Case{1100, 1000, 256, true}, Case{1, 1000, 4096, true}, Case{1, 384, 200, false}}) {
-    SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.f) + " x " +
-                 std::to_string(c.k) + (c.norm ? " with a norm" : ""));
-    const float eps = 1e-5f;
-    const auto x = Random(static_cast<size_t>(c.rows) * c.k, 2.0f);
-    const auto w = Random(static_cast<size_t>(2 * c.f) * c.k, 0.05f);
-    Tensor cpu_x = Cpu(x, {c.rows, c.k});
-    Tensor gpu_x = Gpu(x, {c.rows, c.k});
-    Tensor gpu_w = Gpu(w, {2 * c.f, c.k});
-    Tensor cpu_gate_up = Tensor::Empty({c.rows, 2 * c.f}, DType::kF32);
-    Tensor cpu_out = Tensor::Empty({c.rows, c.f}, DType::kF32);
-    cpu_->LinearSiluMul(cpu_x, Cpu(w, {2 * c.f, c.k}), cpu_gate_up, cpu_out,
-                        c.norm ? RowRms{&cpu_x, eps} : RowRms{});
-    Tensor gate_up = gpu_->Allocate({c.rows, 2 * c.f}, DType::kBF16);
-    Tensor out = gpu_->Allocate({c.rows, c.f}, DType::kBF16);
-    gpu_->LinearSiluMul(gpu_x, gpu_w, gate_up, out, c.norm ? RowRms{&gpu_x, eps} : RowRms{});
-    Tensor unfused = gpu_->Allocate({c.rows, c.f}, DType::kBF16);
-    gpu_->Linear(gpu_x, gpu_w, gate_up);
-    gpu_->SiluMul(gate_up, unfused, c.norm ? RowRms{&gpu_x, eps} : RowRms{});
-    const std::vector<float> got = Download(out);
-    EXPECT_LE(RelL2(got, Values(cpu_out)), kBf16Tolerance);
-    // Equal but for a rare bf16 rounding of gate or up that the GEMMs' order of summation moves.
-    EXPECT_LE(RelL2(got, Download(unfused)), 1e-3);
+  for (const auto& [rows, f, k, norm] :
+       std::vector<std::tuple<int, int, int, bool>>{{1100, 384, 512, true},
+                                                    {1024, 256, 200, false},
+                                                    {40, 384, 512, true},
+                                                    {1100, 1000, 256, true},
+                                                    {1, 1000, 4096, true},
+                                                    {1, 384, 200, false}}) {
+    Tensor gate_up = gpu_->Allocate({rows, 2 * f}, DType::kBF16);  // scratch
+    ExpectSwiGluMatchesUnfused(rows, f, k, norm,
+                               [&](const Tensor& x, const Tensor& w, Tensor& out, RowRms view) {
+                                 gpu_->LinearSiluMul(x, w, gate_up, out, view);
+                               });
   }
 }
 
 // The fused kernel alone (swiglu_gemm.h), in clusters of 1 and 2 CTAs, at row counts the backend
 // leaves to the unfused pair: one row, ragged tiles (row tiles past m, a cluster's second row tile
 // past m, a k step past k), several column tiles (more than the CTAs: each CTA takes several),
-// with and without row scales, against the GPU's Linear then SiluMul and the CPU.
+// with and without row scales.
 TEST_F(CudaDenseTest, SwiGluGemmMatchesUnfusedAtAnyRows) {
-  const float eps = 1e-5f;
+  {
+    Tensor probe = gpu_->Allocate({1, 128}, DType::kBF16);
+    if (!cuda::SwiGluGemmSupports(128, 64, Bits(probe), 128, Bits(probe), Bits(probe), 128)) {
+      GTEST_SKIP() << "the fused gate_up GEMM needs an sm_90 device and an sm_90a build";
+    }
+  }
   for (const auto& [rows, f, k, cluster] :
        std::vector<std::tuple<int, int, int, int>>{{1, 128, 64, 1},
                                                    {7, 256, 264, 1},
@@ -330,77 +358,33 @@ TEST_F(CudaDenseTest, SwiGluGemmMatchesUnfusedAtAnyRows) {
                                                    {300, 128, 4096, 2},
                                                    {520, 128 * 40, 128, 1},
                                                    {520, 128 * 40, 128, 2}}) {
+    SCOPED_TRACE("clusters of " + std::to_string(cluster));
     for (const bool norm : {false, true}) {
-      SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(f) + " x " + std::to_string(k) +
-                   " in clusters of " + std::to_string(cluster) + (norm ? ", with a norm" : ""));
-      const auto x = Random(static_cast<size_t>(rows) * k, 2.0f);
-      const auto w = Random(static_cast<size_t>(2 * f) * k, 0.05f);
-      Tensor cpu_x = Cpu(x, {rows, k});
-      Tensor gpu_x = Gpu(x, {rows, k});
-      Tensor gpu_w = Gpu(w, {2 * f, k});
-      Tensor out = gpu_->Allocate({rows, f}, DType::kBF16);
-      const auto* x_bits = static_cast<const __nv_bfloat16*>(gpu_x.data());
-      const auto* w_bits = static_cast<const __nv_bfloat16*>(gpu_w.data());
-      auto* out_bits = static_cast<__nv_bfloat16*>(out.data());
-      if (!cuda::SwiGluGemmSupports(f, k, x_bits, k, w_bits, out_bits, f)) {
-        GTEST_SKIP() << "the fused gate_up GEMM needs an sm_90 device and an sm_90a build";
-      }
-      cuda::RowRmsView view;
-      if (norm) view = cuda::RowRmsView{x_bits, k, k, eps};
-      cuda::testing::DeviceBuffer<float> scales(rows);
-      gpu_->Synchronize();
-      cuda::SwiGluGemm(rows, f, k, x_bits, k, w_bits, view, scales.get(), out_bits, f, nullptr,
-                       cluster);
-      SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
-      Tensor gate_up = gpu_->Allocate({rows, 2 * f}, DType::kBF16);
-      Tensor unfused = gpu_->Allocate({rows, f}, DType::kBF16);
-      gpu_->Linear(gpu_x, gpu_w, gate_up);
-      gpu_->SiluMul(gate_up, unfused, norm ? RowRms{&gpu_x, eps} : RowRms{});
-      Tensor cpu_gate_up = Tensor::Empty({rows, 2 * f}, DType::kF32);
-      Tensor cpu_out = Tensor::Empty({rows, f}, DType::kF32);
-      cpu_->LinearSiluMul(cpu_x, Cpu(w, {2 * f, k}), cpu_gate_up, cpu_out,
-                          norm ? RowRms{&cpu_x, eps} : RowRms{});
-      const std::vector<float> got = Download(out);
-      EXPECT_LE(RelL2(got, Download(unfused)), 1e-3);
-      EXPECT_LE(RelL2(got, Values(cpu_out)), kBf16Tolerance);
+      ExpectSwiGluMatchesUnfused(
+          rows, f, k, norm, [&](const Tensor& x, const Tensor& w, Tensor& out, RowRms view) {
+            cuda::testing::DeviceBuffer<float> scales(x.dim(0));
+            gpu_->Synchronize();
+            cuda::SwiGluGemm(x.dim(0), out.dim(1), x.dim(1), Bits(x), x.stride(0), Bits(w),
+                             ViewOf(view), scales.get(), Bits(out), out.stride(0), nullptr,
+                             cluster);
+            SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
+          });
     }
   }
 }
 
 // The gated skinny kernel (skinny_gemm.h) at 1 to 8 rows, odd F (a CTA's columns past F), k
-// not a multiple of its 32-k blocks, with and without row scales, against the GPU's Linear then
-// SiluMul (bitwise but for a bf16 rounding the order of summation moves) and the CPU.
+// not a multiple of its 32-k blocks, with and without row scales.
 TEST_F(CudaDenseTest, SkinnyGemmSwiGluMatchesUnfused) {
-  const float eps = 1e-5f;
   for (const auto& [rows, f, k] : std::vector<std::tuple<int, int, int>>{
            {1, 14336 / 8, 4096}, {1, 1001, 264}, {3, 384, 4096}, {8, 100, 512}}) {
     for (const bool norm : {false, true}) {
-      SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(f) + " x " + std::to_string(k) +
-                   (norm ? ", with a norm" : ""));
-      const auto x = Random(static_cast<size_t>(rows) * k, 2.0f);
-      const auto w = Random(static_cast<size_t>(2 * f) * k, 0.05f);
-      Tensor cpu_x = Cpu(x, {rows, k});
-      Tensor gpu_x = Gpu(x, {rows, k});
-      Tensor gpu_w = Gpu(w, {2 * f, k});
-      Tensor out = gpu_->Allocate({rows, f}, DType::kBF16);
-      const auto* x_bits = static_cast<const __nv_bfloat16*>(gpu_x.data());
-      cuda::RowRmsView view;
-      if (norm) view = cuda::RowRmsView{x_bits, k, k, eps};
-      gpu_->Synchronize();
-      cuda::SkinnyGemmSwiGlu(rows, f, k, static_cast<const __nv_bfloat16*>(gpu_w.data()), x_bits, k,
-                             view, static_cast<__nv_bfloat16*>(out.data()), f, nullptr);
-      SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
-      Tensor gate_up = gpu_->Allocate({rows, 2 * f}, DType::kBF16);
-      Tensor unfused = gpu_->Allocate({rows, f}, DType::kBF16);
-      gpu_->Linear(gpu_x, gpu_w, gate_up);
-      gpu_->SiluMul(gate_up, unfused, norm ? RowRms{&gpu_x, eps} : RowRms{});
-      Tensor cpu_gate_up = Tensor::Empty({rows, 2 * f}, DType::kF32);
-      Tensor cpu_out = Tensor::Empty({rows, f}, DType::kF32);
-      cpu_->LinearSiluMul(cpu_x, Cpu(w, {2 * f, k}), cpu_gate_up, cpu_out,
-                          norm ? RowRms{&cpu_x, eps} : RowRms{});
-      const std::vector<float> got = Download(out);
-      EXPECT_LE(RelL2(got, Download(unfused)), 1e-3);
-      EXPECT_LE(RelL2(got, Values(cpu_out)), kBf16Tolerance);
+      ExpectSwiGluMatchesUnfused(
+          rows, f, k, norm, [&](const Tensor& x, const Tensor& w, Tensor& out, RowRms view) {
+            gpu_->Synchronize();
+            cuda::SkinnyGemmSwiGlu(x.dim(0), out.dim(1), x.dim(1), Bits(w), Bits(x), x.stride(0),
+                                   ViewOf(view), Bits(out), out.stride(0), nullptr);
+          });
     }
   }
 }

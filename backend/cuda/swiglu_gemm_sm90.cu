@@ -225,35 +225,32 @@ Sm90aKernelCheck& KernelCheck() {
 // larger), asked once per device.
 template <int kCluster>
 int ResidentCtas() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> ctas[kMaxDevices] = {};
-  int device = 0;
-  SIEVE_CUDA_CHECK(cudaGetDevice(&device));
-  int count = device < kMaxDevices ? ctas[device].load() : 0;
-  if (count > 0) return count;
-  SIEVE_CUDA_CHECK(cudaFuncSetAttribute(SwiGluGemmSm90Kernel<kCluster>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  count = CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>();
-  if constexpr (kCluster > 1) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(kCluster * count);
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = kSmemBytes;
-    cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = kCluster;
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    int clusters = 0;
-    SIEVE_CUDA_CHECK(
-        cudaOccupancyMaxActiveClusters(&clusters, SwiGluGemmSm90Kernel<kCluster>, &config));
-    SIEVE_CHECK(clusters > 0) << "no cluster of " << kCluster << " fused gate_up CTAs fits";
-    count = clusters * kCluster;
-  }
-  if (device < kMaxDevices) ctas[device].store(count);
-  return count;
+  static std::atomic<int> ctas[kMaxCachedDevices] = {};
+  return PerDeviceValue(ctas, [](int) {
+    SIEVE_CUDA_CHECK(cudaFuncSetAttribute(SwiGluGemmSm90Kernel<kCluster>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    const int sms = CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>();
+    if constexpr (kCluster == 1) {
+      return sms;
+    } else {
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(kCluster * sms);
+      config.blockDim = dim3(kThreads);
+      config.dynamicSmemBytes = kSmemBytes;
+      cudaLaunchAttribute attribute;
+      attribute.id = cudaLaunchAttributeClusterDimension;
+      attribute.val.clusterDim.x = kCluster;
+      attribute.val.clusterDim.y = 1;
+      attribute.val.clusterDim.z = 1;
+      config.attrs = &attribute;
+      config.numAttrs = 1;
+      int clusters = 0;
+      SIEVE_CUDA_CHECK(
+          cudaOccupancyMaxActiveClusters(&clusters, SwiGluGemmSm90Kernel<kCluster>, &config));
+      SIEVE_CHECK(clusters > 0) << "no cluster of " << kCluster << " fused gate_up CTAs fits";
+      return clusters * kCluster;
+    }
+  });
 }
 
 template <int kCluster>
