@@ -144,6 +144,11 @@ if has golden; then
 fi
 
 if has test; then
+  # The golden-model tests skip without the golden stage's models (ignored files, which last only
+  # as long as the device machine): say so, so that a run without them is not read as covering
+  # them.
+  [ -d testdata/models_gpu ] || note "gpu tests: no golden models (testdata/models_gpu): the \
+golden-model tests skip; add the golden stage to run them"
   start=$(date +%s)
   # GPU_TESTS: a regular expression of the tests to run (ctest -R), e.g. "Decode|GpuEngine";
   # GPU_TEST_TIMEOUT: seconds a test may take (600), less where a new kernel might hang.
