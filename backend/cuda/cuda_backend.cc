@@ -105,7 +105,7 @@ class CudaBackend final : public Backend {
     SIEVE_CHECK(bytes <= dst.nbytes()) << bytes << " bytes into " << dst.ShapeString();
     // The caller may reuse its buffer at once: the source is staged (StageAndCopy) before this
     // returns.
-    StageAndCopy(dst.data(), src, bytes);
+    StageAndCopy(dst.data(), src, bytes, stream_);
   }
 
   void CopyToHost(const Tensor& src, void* dst) override {
@@ -456,9 +456,6 @@ class CudaBackend final : public Backend {
   // "API synchronization behavior"), which would hold the engine's upload of a step until the
   // step before it has run (Engine's overlapped steps). A region of the ring is reused once
   // the copy out of it has happened.
-  void StageAndCopy(void* dst, const void* src, size_t bytes) {
-    StageAndCopy(dst, src, bytes, stream_);
-  }
   void StageAndCopy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
     constexpr size_t kRingBytes = size_t{4} << 20;
     if (bytes == 0) return;
