@@ -102,6 +102,19 @@ class Backend {
   virtual void RopeAndCacheWrite(Tensor& qkv, const Tensor& rope_table, int num_heads,
                                  const StepMeta& step, int layer, KvPool& pool, RopeTokens tokens,
                                  RowRms norm) = 0;
+  // The attention's first ops as one, so that a backend can fuse the qkv GEMM with the RoPE and
+  // cache write of the prefill tokens (the CUDA backend does on sm_90a for long steps):
+  // Linear(x, w, qkv), then RopeAndCacheWrite(..., RopeTokens::kPrefill, norm) when the step has
+  // prefill tokens. Decode tokens' rows are left as the GEMM's product.
+  // x [T][D] act, w [(H + 2G) d][D] act, qkv [T][(H + 2G) d] act.
+  virtual void LinearRopeAndCacheWrite(const Tensor& x, const Tensor& w, Tensor& qkv,
+                                       const Tensor& rope_table, int num_heads,
+                                       const StepMeta& step, int layer, KvPool& pool, RowRms norm) {
+    Linear(x, w, qkv);
+    if (step.num_prefill_tokens > 0) {
+      RopeAndCacheWrite(qkv, rope_table, num_heads, step, layer, pool, RopeTokens::kPrefill, norm);
+    }
+  }
   // Builds each prefill sequence's whole K/V in scratch rows key_start[s] .. : the entries cached
   // before this step (context_lens[s] of them, gathered from the layer's pages) followed by the
   // chunk's rotated k and v from qkv.      k_out, v_out [num_prefill_keys][G][d] act

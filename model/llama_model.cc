@@ -393,13 +393,10 @@ void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& w
   const RowRms norm{&hidden, eps};
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     const LlamaLayerWeights& w = weights_.layers[layer];
-    backend_.Linear(hidden, w.qkv, qkv);
     // Decode tokens are rotated and written by RopeDecodeAttention below; nothing in between
     // reads them (the prefill ops touch prefill sequences only).
-    if (prefill_tokens > 0) {
-      backend_.RopeAndCacheWrite(qkv, rope_table_, heads, step, layer, pool, RopeTokens::kPrefill,
-                                 norm);
-    }
+    backend_.LinearRopeAndCacheWrite(hidden, w.qkv, qkv, rope_table_, heads, step, layer, pool,
+                                     norm);
     if (step.num_prefill_seqs > 0) {
       Tensor q_prefill = q.Rows(0, prefill_tokens);
       Tensor attn_prefill = attn.Rows(0, prefill_tokens);

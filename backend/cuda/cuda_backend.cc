@@ -8,11 +8,12 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/epilogue_gemm.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sampling_kernels.h"
 #include "backend/cuda/skinny_gemm.h"
-#include "backend/cuda/swiglu_gemm.h"
+#include "backend/cuda/step_views.h"
 
 namespace sieve {
 
@@ -22,9 +23,10 @@ using cuda::bf16;
 
 bf16* Bf16(const Tensor& tensor) { return static_cast<bf16*>(tensor.data()); }
 
-// Steps of at least this many rows run the MLP's gate_up GEMM and SiLU as one kernel
-// (swiglu_gemm.h); shorter ones keep cuBLASLt and SiluMul.
-constexpr int64_t kSwiGluGemmMinRows = 1024;
+// Steps of at least this many rows run the MLP's gate_up GEMM and SiLU as one kernel, and (with
+// prefill tokens) the qkv GEMM, RoPE and cache write as one (epilogue_gemm.h); shorter ones keep
+// cuBLASLt and the separate kernels.
+constexpr int64_t kEpilogueGemmMinRows = 1024;
 
 void CheckDevice(const Tensor& tensor, const char* what) {
   SIEVE_CHECK(tensor.device() == Device::kCuda)
@@ -48,6 +50,7 @@ class CudaBackend final : public Backend {
     gemm_.reset();
     cudaFree(attention_workspace_);
     cudaFree(select_workspace_);
+    cudaFree(row_scale_workspace_);
     cudaFree(sample_buffer_);
     for (HostSamples& host : host_samples_) {
       cudaFreeHost(host.memory);
@@ -190,9 +193,9 @@ class CudaBackend final : public Backend {
     const int64_t f = out.dim(1);
     const int64_t k = x.dim(1);
     const bool gate_then_up = w.dim(0) == 2 * f && w.dim(1) == k && w.stride(0) == k;
-    // Past kSwiGluGemmMinRows the fused kernel (swiglu_gemm.h); the row scales go where the
+    // Past kEpilogueGemmMinRows the fused kernel (epilogue_gemm.h); the row scales go where the
     // unfused pair would have put gate and up.
-    if (rows >= kSwiGluGemmMinRows && gate_then_up && gate_up.dtype() == DType::kBF16 &&
+    if (rows >= kEpilogueGemmMinRows && gate_then_up && gate_up.dtype() == DType::kBF16 &&
         gate_up.dim(1) >= 2 &&
         cuda::SwiGluGemmSupports(f, k, Bf16(x), x.stride(0), Bf16(w), Bf16(out), out.stride(0))) {
       cuda::SwiGluGemm(rows, f, k, Bf16(x), x.stride(0), Bf16(w), View(norm),
@@ -221,6 +224,30 @@ class CudaBackend final : public Backend {
     cuda::RopeAndCacheWrite(Bf16(qkv), qkv.stride(0), rope_table.data_as<float>(), num_heads,
                             View(step), layer, View(pool), first_token, end_token, View(norm),
                             stream_);
+  }
+  void LinearRopeAndCacheWrite(const Tensor& x, const Tensor& w, Tensor& qkv,
+                               const Tensor& rope_table, int num_heads, const StepMeta& step,
+                               int layer, KvPool& pool, RowRms norm) override {
+    const int64_t rows = x.dim(0);
+    const int64_t k = x.dim(1);
+    const int64_t width = qkv.dim(1);
+    // A long step with prefill tokens: the fused kernel (epilogue_gemm.h), its row scales in a
+    // workspace of the backend's.
+    if (rows >= kEpilogueGemmMinRows && step.num_prefill_tokens > 0 && rows == step.num_tokens &&
+        w.dim(0) == width && w.dim(1) == k && w.stride(0) == k && qkv.dtype() == DType::kBF16 &&
+        qkv.stride(1) == 1 &&
+        width == static_cast<int64_t>(num_heads + 2 * pool.num_kv_heads) * pool.head_dim &&
+        cuda::QkvRopeGemmSupports(width, pool.head_dim, k, Bf16(x), x.stride(0), Bf16(w), Bf16(qkv),
+                                  qkv.stride(0), rope_table.data_as<float>())) {
+      EnsureWorkspace(row_scale_workspace_, row_scale_workspace_bytes_,
+                      static_cast<size_t>(step.num_prefill_tokens) * sizeof(float));
+      cuda::QkvRopeGemm(rows, k, Bf16(x), x.stride(0), Bf16(w), rope_table.data_as<float>(),
+                        num_heads, View(step), layer, View(pool), View(norm),
+                        static_cast<float*>(row_scale_workspace_), Bf16(qkv), qkv.stride(0),
+                        stream_);
+      return;
+    }
+    Backend::LinearRopeAndCacheWrite(x, w, qkv, rope_table, num_heads, step, layer, pool, norm);
   }
   void GatherPrefillKv(const Tensor& qkv, int num_heads, const StepMeta& step, int layer,
                        const KvPool& pool, Tensor& k_out, Tensor& v_out) override {
@@ -517,26 +544,7 @@ class CudaBackend final : public Backend {
     view.eps = norm.eps;
     return view;
   }
-  static cuda::StepView View(const StepMeta& step) {
-    cuda::StepView view{};
-    view.token_ids = step.token_ids.data_as<int32_t>();
-    view.positions = step.positions.data_as<int32_t>();
-    view.query_start = step.query_start.data_as<int32_t>();
-    view.key_start = step.key_start.data_as<int32_t>();
-    view.context_lens = step.context_lens.data_as<int32_t>();
-    view.seq_slots = step.seq_slots.data_as<int32_t>();
-    view.write_start = step.write_start.data_as<int32_t>();
-    view.compression_jobs = step.compression_jobs.data_as<int32_t>();
-    view.eviction_jobs = step.eviction_jobs.data_as<int32_t>();
-    view.num_tokens = step.num_tokens;
-    view.num_prefill_tokens = step.num_prefill_tokens;
-    view.num_seqs = step.num_seqs;
-    view.num_prefill_seqs = step.num_prefill_seqs;
-    view.max_query_len = step.max_query_len;
-    view.max_kv_len = step.max_kv_len;
-    view.num_prefill_keys = static_cast<int>(step.num_prefill_keys);
-    return view;
-  }
+  static cuda::StepView View(const StepMeta& step) { return cuda::ViewOf(step); }
   // The step as one layer's decode attention sees it: max_kv_len is that layer's bound (the
   // workspace is still sized by the step's, which bounds every layer's).
   static cuda::StepView LayerView(const StepMeta& step, int layer) {
@@ -544,21 +552,7 @@ class CudaBackend final : public Backend {
     view.max_kv_len = step.MaxKvLen(layer);
     return view;
   }
-  static cuda::PoolView View(const KvPool& pool) {
-    cuda::PoolView view{};
-    view.k = Bf16(pool.k);
-    view.v = Bf16(pool.v);
-    view.page_table = pool.page_table.data_as<int32_t>();
-    view.kv_lens = pool.kv_lens.data_as<int32_t>();
-    view.scores = pool.scores.defined() ? pool.scores.data_as<float>() : nullptr;
-    view.positions = pool.positions.defined() ? pool.positions.data_as<int32_t>() : nullptr;
-    view.page_size = pool.page_size;
-    view.max_seqs = pool.max_seqs;
-    view.max_pages_per_seq = pool.max_pages_per_seq;
-    view.num_kv_heads = pool.num_kv_heads;
-    view.head_dim = pool.head_dim;
-    return view;
-  }
+  static cuda::PoolView View(const KvPool& pool) { return cuda::ViewOf(pool); }
 
   int device_;
   cudaDeviceProp props_{};
@@ -568,6 +562,8 @@ class CudaBackend final : public Backend {
   size_t attention_workspace_bytes_ = 0;
   void* select_workspace_ = nullptr;
   size_t select_workspace_bytes_ = 0;
+  void* row_scale_workspace_ = nullptr;  // a folded norm's row scales for the qkv GEMM with RoPE
+  size_t row_scale_workspace_bytes_ = 0;
   std::vector<cudaGraphExec_t> graphs_;
   void* sample_buffer_ = nullptr;  // one sampling's params, then its log-probabilities
   int sampling_supported_ = -1;    // SampleTokensSupported(), asked once
@@ -633,6 +629,47 @@ void* CudaStreamOf(const Backend& backend) {
   const auto* cuda_backend = dynamic_cast<const CudaBackend*>(&backend);
   return cuda_backend != nullptr ? cuda_backend->stream() : nullptr;
 }
+
+namespace cuda {
+
+StepView ViewOf(const StepMeta& step) {
+  StepView view{};
+  view.token_ids = step.token_ids.data_as<int32_t>();
+  view.positions = step.positions.data_as<int32_t>();
+  view.query_start = step.query_start.data_as<int32_t>();
+  view.key_start = step.key_start.data_as<int32_t>();
+  view.context_lens = step.context_lens.data_as<int32_t>();
+  view.seq_slots = step.seq_slots.data_as<int32_t>();
+  view.write_start = step.write_start.data_as<int32_t>();
+  view.compression_jobs = step.compression_jobs.data_as<int32_t>();
+  view.eviction_jobs = step.eviction_jobs.data_as<int32_t>();
+  view.num_tokens = step.num_tokens;
+  view.num_prefill_tokens = step.num_prefill_tokens;
+  view.num_seqs = step.num_seqs;
+  view.num_prefill_seqs = step.num_prefill_seqs;
+  view.max_query_len = step.max_query_len;
+  view.max_kv_len = step.max_kv_len;
+  view.num_prefill_keys = static_cast<int>(step.num_prefill_keys);
+  return view;
+}
+
+PoolView ViewOf(const KvPool& pool) {
+  PoolView view{};
+  view.k = static_cast<bf16*>(pool.k.data());
+  view.v = static_cast<bf16*>(pool.v.data());
+  view.page_table = pool.page_table.data_as<int32_t>();
+  view.kv_lens = pool.kv_lens.data_as<int32_t>();
+  view.scores = pool.scores.defined() ? pool.scores.data_as<float>() : nullptr;
+  view.positions = pool.positions.defined() ? pool.positions.data_as<int32_t>() : nullptr;
+  view.page_size = pool.page_size;
+  view.max_seqs = pool.max_seqs;
+  view.max_pages_per_seq = pool.max_pages_per_seq;
+  view.num_kv_heads = pool.num_kv_heads;
+  view.head_dim = pool.head_dim;
+  return view;
+}
+
+}  // namespace cuda
 
 Result<std::unique_ptr<Backend>> MakeCudaBackend(int device_index) {
   int count = 0;

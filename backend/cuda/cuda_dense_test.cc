@@ -14,8 +14,9 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_test_util.h"
+#include "backend/cuda/epilogue_gemm.h"
 #include "backend/cuda/skinny_gemm.h"
-#include "backend/cuda/swiglu_gemm.h"
+#include "backend/cuda/step_views.h"
 
 namespace sieve {
 namespace {
@@ -319,7 +320,7 @@ cuda::RowRmsView ViewOf(const RowRms& norm) {
 }
 
 // The MLP's gate_up GEMM and SiLU as one op, through the backend: a long step's rows (the fused
-// kernel of swiglu_gemm.h where it runs; F = 1000 is not a multiple of 128 and stays unfused), a
+// kernel of epilogue_gemm.h where it runs; F = 1000 is not a multiple of 128 and stays unfused), a
 // short step's (unfused), one row (the gated skinny kernel), with and without a folded norm.
 TEST_F(CudaDenseTest, LinearSiluMulMatchesCpuAndUnfused) {
   for (const auto& [rows, f, k, norm] :
@@ -337,7 +338,7 @@ TEST_F(CudaDenseTest, LinearSiluMulMatchesCpuAndUnfused) {
   }
 }
 
-// The fused kernel alone (swiglu_gemm.h), in clusters of 1 and 2 CTAs, at row counts the backend
+// The fused kernel alone (epilogue_gemm.h), in clusters of 1 and 2 CTAs, at row counts the backend
 // leaves to the unfused pair: one row, ragged tiles (row tiles past m, a cluster's second row tile
 // past m, a k step past k), several column tiles (more than the CTAs: each CTA takes several),
 // with and without row scales.
@@ -443,7 +444,7 @@ TEST_F(CudaDenseTest, FillRandomIsSeededAndNormal) {
 class CudaDenseRopeTest : public CudaDenseTest {
  protected:
   static constexpr int kHeads = 8, kKvHeads = 2, kHeadDim = 128, kLayers = 2, kPageSize = 16;
-  static constexpr int kMaxSeqs = 4, kMaxPages = 8, kNumPages = 64, kLayer = 1;
+  static constexpr int kMaxSeqs = 4, kLayer = 1;
   static constexpr int kWidth = (kHeads + 2 * kKvHeads) * kHeadDim;
   static constexpr int kHidden = 1024;  // residual rows of a folded RMSNorm
   static constexpr float kEps = 1e-5f;
@@ -458,21 +459,23 @@ class CudaDenseRopeTest : public CudaDenseTest {
     CudaDenseTest::SetUp();
     if (IsSkipped()) return;
     // Random distinct pages per (layer, slot).
-    std::vector<int32_t> pages(kNumPages);
+    std::vector<int32_t> pages(num_pages_);
     std::iota(pages.begin(), pages.end(), 0);
     std::shuffle(pages.begin(), pages.end(), rng_);
-    table_.assign(static_cast<size_t>(kLayers) * kMaxSeqs * kMaxPages, -1);
+    table_.assign(static_cast<size_t>(kLayers) * kMaxSeqs * max_pages_, -1);
     int next = 0;
     for (int l = 0; l < kLayers; ++l) {
       for (int slot = 0; slot < kMaxSeqs; ++slot) {
-        for (int p = 0; p < 7; ++p)
-          table_[(l * kMaxSeqs + slot) * kMaxPages + p] = pages[next++ % kNumPages];
+        for (int p = 0; p < max_pages_ - 1; ++p)
+          table_[(l * kMaxSeqs + slot) * max_pages_ + p] = pages[next++ % num_pages_];
       }
     }
     for (int seq = 0; seq < 4; ++seq) {
       for (int i = 0; i < chunk_[seq]; ++i) positions_.push_back(context_[seq] + i);
       query_start_.push_back(query_start_.back() + chunk_[seq]);
       if (seq < 2) key_start_.push_back(key_start_.back() + context_[seq] + chunk_[seq]);
+      max_query_len_ = std::max(max_query_len_, chunk_[seq]);
+      max_kv_len_ = std::max(max_kv_len_, context_[seq] + chunk_[seq]);
     }
     tokens_ = query_start_.back();
     prefill_tokens_ = chunk_[0] + chunk_[1];
@@ -483,21 +486,21 @@ class CudaDenseRopeTest : public CudaDenseTest {
     residual_ = Random(static_cast<size_t>(tokens_) * kHidden, 2.0f);
     cpu_residual_ = Cpu(residual_, {tokens_, kHidden});
     gpu_residual_ = Gpu(residual_, {tokens_, kHidden});
-    k_pool_ = Random(static_cast<size_t>(kNumPages) * kPageSize * kKvHeads * kHeadDim);
+    k_pool_ = Random(static_cast<size_t>(num_pages_) * kPageSize * kKvHeads * kHeadDim);
     v_pool_ = Random(k_pool_.size());
-    scores_.resize(static_cast<size_t>(kNumPages) * kPageSize * kKvHeads);
+    scores_.resize(static_cast<size_t>(num_pages_) * kPageSize * kKvHeads);
     std::uniform_real_distribution<float> uniform(0.1f, 1.0f);
     for (float& score : scores_) score = uniform(rng_);
-    rope_.resize(static_cast<size_t>(256) * kHeadDim);
-    for (int p = 0; p < 256; ++p) {
+    rope_.resize(static_cast<size_t>(max_kv_len_) * kHeadDim);
+    for (int p = 0; p < max_kv_len_; ++p) {
       for (int i = 0; i < kHeadDim / 2; ++i) {
         const double angle = p * std::pow(10000.0, -2.0 * i / kHeadDim);
         rope_[(p * kHeadDim / 2 + i) * 2] = static_cast<float>(std::cos(angle));
         rope_[(p * kHeadDim / 2 + i) * 2 + 1] = static_cast<float>(std::sin(angle));
       }
     }
-    cpu_rope_ = Cpu(rope_, {256, kHeadDim / 2, 2});
-    gpu_rope_ = gpu_->Allocate({256, kHeadDim / 2, 2}, DType::kF32);
+    cpu_rope_ = Cpu(rope_, {max_kv_len_, kHeadDim / 2, 2});
+    gpu_rope_ = gpu_->Allocate({max_kv_len_, kHeadDim / 2, 2}, DType::kF32);
     gpu_->CopyFromHost(rope_.data(), rope_.size() * 4, gpu_rope_);
   }
 
@@ -514,8 +517,8 @@ class CudaDenseRopeTest : public CudaDenseTest {
     step.num_seqs = 4;
     step.num_prefill_seqs = 2;
     step.num_layers = kLayers;
-    step.max_query_len = 37;
-    step.max_kv_len = 71;
+    step.max_query_len = max_query_len_;
+    step.max_kv_len = max_kv_len_;
     step.num_prefill_keys = key_start_.back();
     step.positions = ints(positions_, {tokens_});
     step.token_ids = ints(positions_, {tokens_});
@@ -527,23 +530,23 @@ class CudaDenseRopeTest : public CudaDenseTest {
     step.compression_jobs = ints({0}, {1});
     step.eviction_jobs = ints({0}, {1});
     pool.page_size = kPageSize;
-    pool.num_pages = kNumPages;
+    pool.num_pages = num_pages_;
     pool.max_seqs = kMaxSeqs;
-    pool.max_pages_per_seq = kMaxPages;
+    pool.max_pages_per_seq = max_pages_;
     pool.num_kv_heads = kKvHeads;
     pool.head_dim = kHeadDim;
-    pool.k = floats(k_pool_, {kNumPages, kPageSize, kKvHeads, kHeadDim});
-    pool.v = floats(v_pool_, {kNumPages, kPageSize, kKvHeads, kHeadDim});
-    pool.page_table = ints(table_, {kLayers, kMaxSeqs, kMaxPages});
+    pool.k = floats(k_pool_, {num_pages_, kPageSize, kKvHeads, kHeadDim});
+    pool.v = floats(v_pool_, {num_pages_, kPageSize, kKvHeads, kHeadDim});
+    pool.page_table = ints(table_, {kLayers, kMaxSeqs, max_pages_});
     pool.kv_lens = ints(kv_lens_, {kLayers, kMaxSeqs});
-    pool.positions = ints(std::vector<int32_t>(kNumPages * kPageSize * kKvHeads, -7),
-                          {kNumPages * kPageSize, kKvHeads});
+    pool.positions = ints(std::vector<int32_t>(num_pages_ * kPageSize * kKvHeads, -7),
+                          {num_pages_ * kPageSize, kKvHeads});
     if (scores) {
       if (on_gpu) {
-        pool.scores = gpu_->Allocate({kNumPages * kPageSize, kKvHeads}, DType::kF32);
+        pool.scores = gpu_->Allocate({num_pages_ * kPageSize, kKvHeads}, DType::kF32);
         gpu_->CopyFromHost(scores_.data(), scores_.size() * 4, pool.scores);
       } else {
-        pool.scores = Cpu(scores_, {kNumPages * kPageSize, kKvHeads});
+        pool.scores = Cpu(scores_, {num_pages_ * kPageSize, kKvHeads});
       }
     }
     qkv = on_gpu ? Gpu(qkv_, {tokens_, kWidth}) : Cpu(qkv_, {tokens_, kWidth});
@@ -580,11 +583,94 @@ class CudaDenseRopeTest : public CudaDenseTest {
     }
   }
 
+  // The qkv GEMM with RoPE and the cache write as one op: `fused` computes qkv = x w^T (x the
+  // fixture's residual rows, which the folded norm also reads, as in the model) and rotates and
+  // writes the prefill tokens on the GPU; this checks qkv and the pool against the GPU's unfused
+  // pair (Linear, then RopeAndCacheWrite of the prefill tokens: equal but for a rare bf16
+  // rounding that the GEMMs' order of summation moves; positions and scores exactly) and the
+  // CPU's LinearRopeAndCacheWrite.
+  using FusedQkv = std::function<void(const Tensor& x, const Tensor& w, Tensor& qkv, StepMeta& step,
+                                      KvPool& pool, RowRms norm)>;
+  void ExpectQkvRopeMatchesUnfused(bool folded, bool scores, const std::string& what,
+                                   const FusedQkv& fused) {
+    SCOPED_TRACE(what + (folded ? ", folded RMSNorm" : "") + (scores ? ", H2O scores" : ""));
+    const auto w = Random(static_cast<size_t>(kWidth) * kHidden, 0.05f);
+    Tensor gpu_w = Gpu(w, {kWidth, kHidden});
+    StepMeta cpu_step, gpu_step, unfused_step;
+    KvPool cpu_pool, gpu_pool, unfused_pool;
+    Tensor cpu_qkv, gpu_qkv, unfused_qkv;
+    Build(false, scores, cpu_step, cpu_pool, cpu_qkv);
+    Build(true, scores, gpu_step, gpu_pool, gpu_qkv);
+    Build(true, scores, unfused_step, unfused_pool, unfused_qkv);
+    fused(gpu_residual_, gpu_w, gpu_qkv, gpu_step, gpu_pool, Norm(true, folded));
+    SIEVE_CUDA_CHECK(cudaDeviceSynchronize());  // a kernel launched on another stream
+    gpu_->Linear(gpu_residual_, gpu_w, unfused_qkv);
+    gpu_->RopeAndCacheWrite(unfused_qkv, gpu_rope_, kHeads, unfused_step, kLayer, unfused_pool,
+                            RopeTokens::kPrefill, Norm(true, folded));
+    cpu_->LinearRopeAndCacheWrite(cpu_residual_, Cpu(w, {kWidth, kHidden}), cpu_qkv, cpu_rope_,
+                                  kHeads, cpu_step, kLayer, cpu_pool, Norm(false, folded));
+    const std::vector<float> got = Download(gpu_qkv);
+    EXPECT_LE(RelL2(got, Download(unfused_qkv)), 1e-3);
+    EXPECT_LE(RelL2(got, Values(cpu_qkv)), kBf16Tolerance);
+    for (const auto& [gpu_side, unfused_side, cpu_side, initial] :
+         {std::tuple{&gpu_pool.k, &unfused_pool.k, &cpu_pool.k, &k_pool_},
+          std::tuple{&gpu_pool.v, &unfused_pool.v, &cpu_pool.v, &v_pool_}}) {
+      const std::vector<float> entries = Download(*gpu_side);
+      EXPECT_NE(entries, *initial) << "no entry written";
+      EXPECT_LE(RelL2(entries, Download(*unfused_side)), 1e-3);
+      EXPECT_LE(RelL2(entries, Values(*cpu_side)), kBf16Tolerance);
+    }
+    std::vector<int32_t> positions(cpu_pool.positions.numel());
+    std::vector<int32_t> unfused_positions(positions.size());
+    gpu_->CopyToHost(gpu_pool.positions, positions.data());
+    gpu_->CopyToHost(unfused_pool.positions, unfused_positions.data());
+    EXPECT_EQ(positions, unfused_positions);
+    EXPECT_TRUE(
+        std::equal(positions.begin(), positions.end(), cpu_pool.positions.data_as<int32_t>()));
+    if (scores) {
+      EXPECT_EQ(Download(gpu_pool.scores), Download(unfused_pool.scores));
+    }
+  }
+
+  // The op through the backend.
+  FusedQkv BackendOp() {
+    return [this](const Tensor& x, const Tensor& w, Tensor& qkv, StepMeta& step, KvPool& pool,
+                  RowRms norm) {
+      gpu_->LinearRopeAndCacheWrite(x, w, qkv, gpu_rope_, kHeads, step, kLayer, pool, norm);
+    };
+  }
+  // The fused kernel alone (epilogue_gemm.h), in clusters of `cluster` CTAs; null where it does
+  // not run (before sm_90, or a build without sm_90a).
+  FusedQkv QkvRopeKernel(int cluster) {
+    if (!cuda::QkvRopeGemmSupports(kWidth, kHeadDim, kHidden, Bits(gpu_residual_), kHidden,
+                                   Bits(gpu_residual_), Bits(gpu_residual_), kWidth,
+                                   gpu_rope_.data_as<float>())) {
+      return nullptr;
+    }
+    return [this, cluster](const Tensor& x, const Tensor& w, Tensor& qkv, StepMeta& step,
+                           KvPool& pool, RowRms norm) {
+      cuda::testing::DeviceBuffer<float> scales(step.num_prefill_tokens);
+      gpu_->Synchronize();
+      cuda::QkvRopeGemm(x.dim(0), x.dim(1), Bits(x), x.stride(0), Bits(w),
+                        gpu_rope_.data_as<float>(), kHeads, cuda::ViewOf(step), kLayer,
+                        cuda::ViewOf(pool), ViewOf(norm), scales.get(), Bits(qkv), qkv.stride(0),
+                        nullptr, cluster);
+      SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
+    };
+  }
+
   std::vector<float> residual_;
   Tensor cpu_residual_;
   Tensor gpu_residual_;
-  const std::vector<int> chunk_ = {37, 20, 1, 1};
-  const std::vector<int> context_ = {0, 45, 70, 16};
+  // The step: chunk lengths and contexts of the two prefill and two decode sequences, and the
+  // pool's size (each (layer, slot) holds max_pages_ - 1 distinct pages of num_pages_); a
+  // fixture for longer steps sets them in its constructor.
+  std::vector<int> chunk_ = {37, 20, 1, 1};
+  std::vector<int> context_ = {0, 45, 70, 16};
+  int max_pages_ = 8;
+  int num_pages_ = 64;
+  int max_query_len_ = 0;
+  int max_kv_len_ = 0;
   const std::vector<int32_t> slots_ = {2, 0, 3, 1};
   // [L][S]: in layer 0 only sequence 0 is not written; in kLayer every sequence is.
   const std::vector<int32_t> write_start_ = {-1, 45, 70, 16, 0, 45, 70, 16};
@@ -686,6 +772,48 @@ TEST_F(CudaDenseRopeTest, RopeDecodeAttentionMatchesCpu) {
               kBf16Tolerance)
         << what;
     ExpectPoolMatches(gpu_pool, cpu_pool, what, folded);
+  }
+}
+
+// The op through the backend: at this step's 59 rows the unfused pair (Linear, then
+// RopeAndCacheWrite of the prefill tokens), against itself by hand and the CPU.
+TEST_F(CudaDenseRopeTest, LinearRopeAndCacheWriteMatchesUnfused) {
+  for (const bool folded : {false, true}) {
+    ExpectQkvRopeMatchesUnfused(folded, /*scores=*/false, "backend", BackendOp());
+  }
+}
+
+// The fused kernel alone at this step's 59 rows, which the backend leaves to the unfused pair:
+// six column tiles of two heads (q, then k, then v), rows past the step, in clusters of 1 and 2
+// CTAs, with and without a folded norm and the H2O score pool.
+TEST_F(CudaDenseRopeTest, QkvRopeGemmMatchesUnfused) {
+  for (const int cluster : {1, 2}) {
+    const FusedQkv kernel = QkvRopeKernel(cluster);
+    if (!kernel) GTEST_SKIP() << "the fused qkv GEMM needs an sm_90 device and an sm_90a build";
+    for (int variant = 0; variant < 4; ++variant) {
+      ExpectQkvRopeMatchesUnfused(variant % 2 == 1, variant >= 2,
+                                  "clusters of " + std::to_string(cluster), kernel);
+    }
+  }
+}
+
+// A long step (1100 prefill tokens over 9 row tiles, two decode tokens): through the backend,
+// which runs the fused kernel there where it runs, and the kernel alone in CTA pairs.
+class CudaDenseLongStepRopeTest : public CudaDenseRopeTest {
+ protected:
+  CudaDenseLongStepRopeTest() {
+    chunk_ = {700, 400, 1, 1};
+    max_pages_ = 48;
+    num_pages_ = kLayers * kMaxSeqs * (max_pages_ - 1);
+  }
+};
+
+TEST_F(CudaDenseLongStepRopeTest, LinearRopeAndCacheWriteMatchesUnfused) {
+  for (const bool folded : {false, true}) {
+    ExpectQkvRopeMatchesUnfused(folded, /*scores=*/false, "backend", BackendOp());
+  }
+  if (const FusedQkv kernel = QkvRopeKernel(2)) {
+    ExpectQkvRopeMatchesUnfused(/*folded=*/true, /*scores=*/true, "clusters of 2", kernel);
   }
 }
 

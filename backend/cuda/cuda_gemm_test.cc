@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "backend/cuda/cuda_test_util.h"
+#include "backend/cuda/epilogue_gemm.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/skinny_gemm.h"
-#include "backend/cuda/swiglu_gemm.h"
 
 namespace sieve::cuda {
 namespace {
@@ -375,10 +375,10 @@ TEST_F(CudaGemmTest, RunnerMatchesHostProduct) {
   }
 }
 
-// The fused gate_up kernel's order of work (host arithmetic, no GPU needed): every unit of the
+// The fused kernels' order of work (host arithmetic, no GPU needed): every unit of the
 // grid is one (row unit, column tile) and each comes once; any 132 consecutive units (the CTAs of
 // one wave) lie in at most two groups of rows, the L2 locality the order is for.
-TEST(SwiGluUnitOrderTest, CoversEveryTileOnceInGroupsOfRows) {
+TEST(EpilogueGemmUnitOrderTest, CoversEveryTileOnceInGroupsOfRows) {
   for (const auto& [row_units, column_tiles] : std::vector<std::pair<int, int>>{
            {1, 1}, {1, 112}, {63, 112}, {32, 112}, {7, 3}, {17, 56}, {9, 1}}) {
     SCOPED_TRACE(std::to_string(row_units) + " row units x " + std::to_string(column_tiles));
@@ -386,7 +386,7 @@ TEST(SwiGluUnitOrderTest, CoversEveryTileOnceInGroupsOfRows) {
     std::vector<int> seen(static_cast<size_t>(units), 0);
     std::vector<int> row_of(static_cast<size_t>(units));
     for (int unit = 0; unit < units; ++unit) {
-      const SwiGluUnit work = SwiGluUnitOf(unit, row_units, column_tiles);
+      const EpilogueGemmUnit work = EpilogueGemmUnitOf(unit, row_units, column_tiles);
       ASSERT_GE(work.row_unit, 0);
       ASSERT_LT(work.row_unit, row_units);
       ASSERT_GE(work.column_tile, 0);
@@ -399,7 +399,8 @@ TEST(SwiGluUnitOrderTest, CoversEveryTileOnceInGroupsOfRows) {
     for (int first = 0; first + wave <= units; first += wave / 4) {
       const auto [low, high] =
           std::minmax_element(row_of.begin() + first, row_of.begin() + first + wave);
-      EXPECT_LE(*high / kSwiGluGroupRows - *low / kSwiGluGroupRows, 1) << "units from " << first;
+      EXPECT_LE(*high / kEpilogueGemmGroupRows - *low / kEpilogueGemmGroupRows, 1)
+          << "units from " << first;
     }
   }
 }

@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/epilogue_gemm.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/skinny_gemm.h"
-#include "backend/cuda/swiglu_gemm.h"
 
 namespace sieve::cuda {
 namespace {

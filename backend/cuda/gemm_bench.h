@@ -35,13 +35,13 @@ struct GemmBenchOptions {
 int RunGemmBenchmarks(const GemmBenchOptions& options);
 
 // The MLP's gate_up GEMM and SiLU at prefill row counts: GemmRunner's gate_up then SiluMul, against
-// the fused kernel (swiglu_gemm.h) where it runs, both with a folded norm's row scales.
+// the fused kernel (epilogue_gemm.h) where it runs, both with a folded norm's row scales.
 struct SwiGluBenchResult {
   int m = 0, f = 0, k = 0;
   double gemm_ms = 0;            // GemmRunner's gate_up alone
   double unfused_ms = 0;         // gate_up, then SiluMul
   double fused_ms = 0;           // 0 where the fused kernel does not run
-  double fused_cluster2_ms = 0;  // the experiment of CTA pairs sharing w (swiglu_gemm_sm90.cu)
+  double fused_cluster2_ms = 0;  // the experiment of CTA pairs sharing w (epilogue_gemm_sm90.cu)
   double skinny_ms = 0;  // the gated skinny kernel (skinny_gemm.h), up to its 8 rows; else 0
   double max_relative_difference = 0;  // fused against unfused, over the whole output
 };

@@ -8,6 +8,7 @@
 #include "backend/cuda/bf16x8.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_index.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rope.cuh"
 #include "backend/cuda/row_rms.cuh"
@@ -18,28 +19,6 @@ namespace sieve::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// The sequence a row belongs to: the last s with starts[s] <= row (starts is cumulative).
-__device__ __forceinline__ int SequenceOf(const int32_t* __restrict__ starts, int count, int row) {
-  int low = 0;
-  int high = count - 1;
-  while (low < high) {
-    const int mid = (low + high + 1) / 2;
-    if (starts[mid] <= row) {
-      low = mid;
-    } else {
-      high = mid - 1;
-    }
-  }
-  return low;
-}
-
-__device__ __forceinline__ int64_t PoolEntry(const PoolView& pool, int layer, int slot, int entry) {
-  const int32_t* row = pool.page_table + (static_cast<int64_t>(layer) * pool.max_seqs + slot) *
-                                             pool.max_pages_per_seq;
-  return static_cast<int64_t>(row[entry / pool.page_size]) * pool.page_size +
-         entry % pool.page_size;
-}
 
 // Blocks (token - first_token, part): the token's rotations and copies are spread over gridDim.y
 // blocks, so a decode step of few tokens still fills the GPU.
@@ -64,17 +43,8 @@ __global__ void RopeAndCacheWriteKernel(bf16* __restrict__ qkv, int64_t qkv_stri
   const int head_dim = pool.head_dim;
   const int half = head_dim / 2;
   const int kv_heads = pool.num_kv_heads;
-  // Decode tokens (one per sequence, after the prefill tokens) need no search.
-  const int seq = token >= step.num_prefill_tokens
-                      ? step.num_prefill_seqs + (token - step.num_prefill_tokens)
-                      : SequenceOf(step.query_start, step.num_prefill_seqs, token);
-  const int write_start = step.write_start[static_cast<int64_t>(layer) * step.num_seqs + seq];
   const int position = step.positions[token];
-  int64_t entry = -1;
-  if (write_start >= 0) {
-    entry =
-        PoolEntry(pool, layer, step.seq_slots[seq], write_start + token - step.query_start[seq]);
-  }
+  const int64_t entry = TokenWriteEntry(step, layer, pool, token);
   bf16* row = qkv + static_cast<int64_t>(token) * qkv_stride;
   const float* cos_sin = rope_table + static_cast<int64_t>(position) * head_dim;
   const int first = static_cast<int>(blockIdx.y * blockDim.x + threadIdx.x);

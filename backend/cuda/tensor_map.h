@@ -1,4 +1,4 @@
-// Host side of the sm_90a kernels (prefill_attention_sm90.cu, swiglu_gemm_sm90.cu): tensor maps
+// Host side of the sm_90a kernels (prefill_attention_sm90.cu, epilogue_gemm_sm90.cu): tensor maps
 // (TMA descriptors) of bf16 matrices in the panels wgmma.cuh's tiles use, and the check that the
 // current device runs a kernel's sm_90a code.
 #pragma once

@@ -1,5 +1,5 @@
 // Hopper warpgroup MMA (wgmma) in PTX, for the sm_90a kernels (prefill_attention_sm90.cu,
-// swiglu_gemm_sm90.cu): the shared-memory matrix descriptor, the fences and group waits, the
+// epilogue_gemm_sm90.cu): the shared-memory matrix descriptor, the fences and group waits, the
 // shapes those kernels use, and the transaction barriers and tensor copies (TMA) that feed them.
 // Only compiled into code for sm_90a (callers guard with SIEVE_SM90A).
 //
@@ -193,7 +193,7 @@ __device__ __forceinline__ void MmaSs64x128(float (&d)[16][4], uint64_t desc_a, 
 }
 
 // d = A B (accumulate 0) or d += A B (accumulate 1) over k16: A (64 x 16) and B (16 x 256) both
-// K-major in shared memory, given by their descriptors (swiglu_gemm_sm90.cu's tiles).
+// K-major in shared memory, given by their descriptors (epilogue_gemm_sm90.cu's tiles).
 __device__ __forceinline__ void MmaSs64x256(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b,
                                             int accumulate) {
   asm volatile(
