@@ -330,8 +330,10 @@ int Run(const KernelsFlags& flags) {
                                 {"k", r.k},
                                 {"gemm_ms", r.gemm_ms},
                                 {"unfused_ms", r.unfused_ms},
-                                {"fused_ms", r.fused_ms},
-                                {"fused_cluster2_ms", r.fused_cluster2_ms},
+                                {"fused_ms", r.fused_ms[0]},
+                                {"fused_cluster2_ms", r.fused_ms[1]},
+                                {"fused_pingpong_ms", r.fused_ms[2]},
+                                {"fused_pingpong_cluster2_ms", r.fused_ms[3]},
                                 {"skinny_ms", r.skinny_ms},
                                 {"max_relative_difference", r.max_relative_difference}});
     }

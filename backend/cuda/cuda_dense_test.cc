@@ -338,10 +338,17 @@ TEST_F(CudaDenseTest, LinearSiluMulMatchesCpuAndUnfused) {
   }
 }
 
-// The fused kernel alone (epilogue_gemm.h), in clusters of 1 and 2 CTAs, at row counts the backend
-// leaves to the unfused pair: one row, ragged tiles (row tiles past m, a cluster's second row tile
-// past m, a k step past k), several column tiles (more than the CTAs: each CTA takes several),
-// with and without row scales.
+// A variant of the fused kernels' schedule, for a trace.
+std::string Describe(const cuda::EpilogueGemmVariant& variant) {
+  return std::string(variant.pingpong ? "ping-pong" : "cooperative") + ", clusters of " +
+         std::to_string(variant.cluster);
+}
+
+// The fused kernel alone (epilogue_gemm.h), in every schedule the benchmark times, at row counts
+// the backend leaves to the unfused pair: one row, ragged tiles (row tiles past m, a cluster's
+// second row tile past m, a k step past k, fewer k steps than stages), several column tiles (more
+// than the CTAs: each CTA takes several, and the ping-pong consumers several turns each), with and
+// without row scales.
 TEST_F(CudaDenseTest, SwiGluGemmMatchesUnfusedAtAnyRows) {
   {
     Tensor probe = gpu_->Allocate({1, 128}, DType::kBF16);
@@ -349,27 +356,25 @@ TEST_F(CudaDenseTest, SwiGluGemmMatchesUnfusedAtAnyRows) {
       GTEST_SKIP() << "the fused gate_up GEMM needs an sm_90 device and an sm_90a build";
     }
   }
-  for (const auto& [rows, f, k, cluster] :
-       std::vector<std::tuple<int, int, int, int>>{{1, 128, 64, 1},
-                                                   {7, 256, 264, 1},
-                                                   {65, 256, 64, 1},
-                                                   {300, 128, 4096, 1},
-                                                   {1, 128, 64, 2},
-                                                   {129, 256, 264, 2},
-                                                   {300, 128, 4096, 2},
-                                                   {520, 128 * 40, 128, 1},
-                                                   {520, 128 * 40, 128, 2}}) {
-    SCOPED_TRACE("clusters of " + std::to_string(cluster));
-    for (const bool norm : {false, true}) {
-      ExpectSwiGluMatchesUnfused(
-          rows, f, k, norm, [&](const Tensor& x, const Tensor& w, Tensor& out, RowRms view) {
-            cuda::testing::DeviceBuffer<float> scales(x.dim(0));
-            gpu_->Synchronize();
-            cuda::SwiGluGemm(x.dim(0), out.dim(1), x.dim(1), Bits(x), x.stride(0), Bits(w),
-                             ViewOf(view), scales.get(), Bits(out), out.stride(0), nullptr,
-                             cluster);
-            SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
-          });
+  for (const auto& [rows, f, k] : std::vector<std::tuple<int, int, int>>{{1, 128, 64},
+                                                                         {7, 256, 264},
+                                                                         {65, 256, 64},
+                                                                         {129, 256, 264},
+                                                                         {300, 128, 4096},
+                                                                         {520, 128 * 40, 128}}) {
+    for (const cuda::EpilogueGemmVariant& variant : cuda::kEpilogueGemmVariants) {
+      SCOPED_TRACE(Describe(variant));
+      for (const bool norm : {false, true}) {
+        ExpectSwiGluMatchesUnfused(
+            rows, f, k, norm, [&](const Tensor& x, const Tensor& w, Tensor& out, RowRms view) {
+              cuda::testing::DeviceBuffer<float> scales(x.dim(0));
+              gpu_->Synchronize();
+              cuda::SwiGluGemm(x.dim(0), out.dim(1), x.dim(1), Bits(x), x.stride(0), Bits(w),
+                               ViewOf(view), scales.get(), Bits(out), out.stride(0), nullptr,
+                               variant);
+              SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
+            });
+      }
     }
   }
 }
@@ -639,22 +644,22 @@ class CudaDenseRopeTest : public CudaDenseTest {
       gpu_->LinearRopeAndCacheWrite(x, w, qkv, gpu_rope_, kHeads, step, kLayer, pool, norm);
     };
   }
-  // The fused kernel alone (epilogue_gemm.h), in clusters of `cluster` CTAs; null where it does
+  // The fused kernel alone (epilogue_gemm.h) in one of its schedules; null where it does
   // not run (before sm_90, or a build without sm_90a).
-  FusedQkv QkvRopeKernel(int cluster) {
+  FusedQkv QkvRopeKernel(const cuda::EpilogueGemmVariant& variant) {
     if (!cuda::QkvRopeGemmSupports(kWidth, kHeadDim, kHidden, Bits(gpu_residual_), kHidden,
                                    Bits(gpu_residual_), Bits(gpu_residual_), kWidth,
                                    gpu_rope_.data_as<float>())) {
       return nullptr;
     }
-    return [this, cluster](const Tensor& x, const Tensor& w, Tensor& qkv, StepMeta& step,
+    return [this, variant](const Tensor& x, const Tensor& w, Tensor& qkv, StepMeta& step,
                            KvPool& pool, RowRms norm) {
       cuda::testing::DeviceBuffer<float> scales(step.num_prefill_tokens);
       gpu_->Synchronize();
       cuda::QkvRopeGemm(x.dim(0), x.dim(1), Bits(x), x.stride(0), Bits(w),
                         gpu_rope_.data_as<float>(), kHeads, cuda::ViewOf(step), kLayer,
                         cuda::ViewOf(pool), ViewOf(norm), scales.get(), Bits(qkv), qkv.stride(0),
-                        nullptr, cluster);
+                        nullptr, variant);
       SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
     };
   }
@@ -784,21 +789,22 @@ TEST_F(CudaDenseRopeTest, LinearRopeAndCacheWriteMatchesUnfused) {
 }
 
 // The fused kernel alone at this step's 59 rows, which the backend leaves to the unfused pair:
-// six column tiles of two heads (q, then k, then v), rows past the step, in clusters of 1 and 2
-// CTAs, with and without a folded norm and the H2O score pool.
+// six column tiles of two heads (q, then k, then v), rows past the step, in every schedule the
+// benchmark times, with and without a folded norm and the H2O score pool.
 TEST_F(CudaDenseRopeTest, QkvRopeGemmMatchesUnfused) {
-  for (const int cluster : {1, 2}) {
-    const FusedQkv kernel = QkvRopeKernel(cluster);
+  for (const cuda::EpilogueGemmVariant& variant : cuda::kEpilogueGemmVariants) {
+    const FusedQkv kernel = QkvRopeKernel(variant);
     if (!kernel) GTEST_SKIP() << "the fused qkv GEMM needs an sm_90 device and an sm_90a build";
-    for (int variant = 0; variant < 4; ++variant) {
-      ExpectQkvRopeMatchesUnfused(variant % 2 == 1, variant >= 2,
-                                  "clusters of " + std::to_string(cluster), kernel);
+    for (const bool folded : {false, true}) {
+      for (const bool scores : {false, true}) {
+        ExpectQkvRopeMatchesUnfused(folded, scores, Describe(variant), kernel);
+      }
     }
   }
 }
 
 // A long step (1100 prefill tokens over 9 row tiles, two decode tokens): through the backend,
-// which runs the fused kernel there where it runs, and the kernel alone in CTA pairs.
+// which runs the fused kernel there where it runs, and the kernel alone in every schedule.
 class CudaDenseLongStepRopeTest : public CudaDenseRopeTest {
  protected:
   CudaDenseLongStepRopeTest() {
@@ -812,8 +818,10 @@ TEST_F(CudaDenseLongStepRopeTest, LinearRopeAndCacheWriteMatchesUnfused) {
   for (const bool folded : {false, true}) {
     ExpectQkvRopeMatchesUnfused(folded, /*scores=*/false, "backend", BackendOp());
   }
-  if (const FusedQkv kernel = QkvRopeKernel(2)) {
-    ExpectQkvRopeMatchesUnfused(/*folded=*/true, /*scores=*/true, "clusters of 2", kernel);
+  for (const cuda::EpilogueGemmVariant& variant : cuda::kEpilogueGemmVariants) {
+    if (const FusedQkv kernel = QkvRopeKernel(variant)) {
+      ExpectQkvRopeMatchesUnfused(/*folded=*/true, /*scores=*/true, Describe(variant), kernel);
+    }
   }
 }
 

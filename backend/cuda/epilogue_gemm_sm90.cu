@@ -9,19 +9,23 @@
 //   (RopeAndCacheWrite's, kv_kernels.cu): a tile's 256 output columns are whole heads (d = 64 or
 //   128), so the rotated pair (c, c + d/2) of a head is blocks j and j + d/16 of one thread.
 //
-// A tile is 128 rows of x by 256 rows of w (two halves of 128 rows, each one tensor copy a k
-// step), computed by one wgmma of N = 256 a k16 slice. The grid is persistent (one CTA per SM) and
-// walks the tiles in groups of row tiles (EpilogueGemmUnitOf), so the CTAs running together share
-// their x and w tiles in the L2.
+// A tile's w slice is 256 rows (two halves of 128 rows, each one tensor copy a k step), computed
+// by one wgmma of N = 256 a k16 slice. The grid is persistent (one CTA per SM) and walks the tiles
+// in groups of row tiles (EpilogueGemmUnitOf), so the CTAs running together share their x and w
+// tiles in the L2.
 // A producer warpgroup (one thread issues the copies of each k step's x and w slices into a ring
-// of kStages stages, running ahead into the next tile) and two consumer warpgroups of 64 rows
-// each, which keep one k step's products in flight while the next is issued, then run the
-// epilogue on their 64 x 256 accumulators straight from registers.
+// of stages, running ahead into the next tile) and two consumer warpgroups, which keep one k step's
+// products in flight while the next is issued, then run the epilogue on their 64 x 256
+// accumulators straight from registers.
 //
-// kCluster = 2 (an experiment beside kCluster = 1): two CTAs of a thread-block cluster take
-// adjacent row tiles of one column tile and share its w slice: each copies one half into both
-// CTAs' shared memory (multicast), so a CTA reads 32 KiB of the L2 a k step instead of 48. A stage
-// is then free once the consumers of both CTAs are done with it.
+// Two experiments beside the default (EpilogueGemmVariant):
+// - ping-pong: the consumers take turns with tiles of 64 rows of their own instead of sharing
+//   tiles of 128 rows, so that one's epilogue runs while the other's products are on the tensor
+//   cores (the cooperative schedule leaves them idle during its epilogue);
+// - cluster = 2: two CTAs of a thread-block cluster take adjacent row tiles of one column tile and
+//   share its w slice: each copies one half into both CTAs' shared memory (multicast), so a CTA
+//   reads 32 KiB of the L2 a k step instead of 48. A stage is then free once its consumers in both
+//   CTAs are done with it.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -46,22 +50,30 @@ using bf16 = __nv_bfloat16;
 
 // Some of these are used only by the kernel body, which the host pass and builds for other
 // architectures leave out.
-constexpr int kBlockM = 128;                  // rows of x a tile: 64 a consumer warpgroup
 constexpr int kHalfRows = 128;                // rows of w a half of a tile's w slice
 constexpr int kTileColumns = 2 * kHalfRows;   // the accumulator's columns: 32 blocks of 8
 [[maybe_unused]] constexpr int kBlockK = 64;  // a k step: one 128-byte panel of each operand
-constexpr int kStages = 4;
 constexpr int kConsumers = 2;
 constexpr int kThreads = (1 + kConsumers) * 128;
 [[maybe_unused]] constexpr int kProducerRegisters = 24;
 [[maybe_unused]] constexpr int kConsumerRegisters = 240;
-[[maybe_unused]] constexpr uint32_t kTileXBytes = kBlockM * kBlockK * 2;   // 16 KiB
 [[maybe_unused]] constexpr uint32_t kHalfBytes = kHalfRows * kBlockK * 2;  // 16 KiB
-constexpr uint32_t kStageBytes = kTileXBytes + 2 * kHalfBytes;             // 48 KiB
-// 4 stages of 48 KiB, 1 KiB to align them to the 1024-byte swizzle atoms, and the barriers.
-constexpr int kSmemBytes = 1024 + kStages * static_cast<int>(kStageBytes) + 2 * kStages * 8;
-static_assert(kSmemBytes <= 227 * 1024);
 static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumers <= 65536);
+
+// The consumers' schedule. Cooperative: a tile is 128 rows of x, 64 a consumer, 4 stages of
+// 48 KiB. Ping-pong: a tile is 64 rows, the consumers take every other tile of their CTA, 5
+// stages of 40 KiB. Shared memory: the stages, 1 KiB to align them to the 1024-byte swizzle
+// atoms, and the barriers.
+template <bool kPingpong>
+struct Schedule {
+  static constexpr int kTileRows = kPingpong ? 64 : 128;
+  static constexpr int kStages = kPingpong ? 5 : 4;
+  static constexpr uint32_t kTileXBytes = kTileRows * kBlockK * 2;
+  static constexpr uint32_t kStageBytes = kTileXBytes + 2 * kHalfBytes;
+  static constexpr int kSmemBytes =
+      1024 + kStages * static_cast<int>(kStageBytes) + 2 * kStages * 8;
+  static_assert(kSmemBytes <= 227 * 1024);
+};
 
 // s of each row (row_rms.cuh), a warp a row: the GEMM's epilogue reads it from `scales`.
 __global__ void RowScalesKernel(RowRmsView norm, int rows, float* __restrict__ scales) {
@@ -237,18 +249,21 @@ using epilogues::SwiGluEpilogue;
 // ---- The main loop, shared by the epilogues' kernels (below; a kernel of its own each, so
 // that a timeline tells them apart). The tensor maps are the kernel's __grid_constant__
 // parameters: the tensor copies take their addresses. ----
-template <int kCluster, class Epilogue>
+template <int kCluster, bool kPingpong, class Epilogue>
 __device__ __forceinline__ void EpilogueGemmMainLoop(const CUtensorMap& map_x,
                                                      const CUtensorMap& map_w, int m, int k,
                                                      const Epilogue& epilogue) {
 #if SIEVE_SM90A
   static_assert(kCluster == 1 || kCluster == 2);
+  using S = Schedule<kPingpong>;
+  constexpr int kStages = S::kStages;
+  constexpr uint32_t kStageBytes = S::kStageBytes;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t smem = (flash::SharedAddress(smem_raw) + 1023) & ~1023u;
-  // Stage s: the x slice (128 rows), then the w slice (its two halves of 128 rows), each row 64
-  // k of 128 bytes. The barriers after the stages: full, then empty, one of each a stage.
+  // Stage s: the x slice (a tile's rows), then the w slice (its two halves of 128 rows), each row
+  // 64 k of 128 bytes. The barriers after the stages: full, then empty, one of each a stage.
   const auto stage_x = [&](int stage) { return smem + stage * kStageBytes; };
-  const auto stage_w = [&](int stage) { return smem + stage * kStageBytes + kTileXBytes; };
+  const auto stage_w = [&](int stage) { return smem + stage * kStageBytes + S::kTileXBytes; };
   const uint32_t barriers = smem + kStages * kStageBytes;
   const auto bar_full = [&](int stage) { return barriers + 8 * stage; };
   const auto bar_empty = [&](int stage) { return barriers + 8 * (kStages + stage); };
@@ -257,7 +272,7 @@ __device__ __forceinline__ void EpilogueGemmMainLoop(const CUtensorMap& map_x,
   const int cta = kCluster > 1 ? static_cast<int>(wgmma::ClusterRank()) : 0;
   const int cluster = static_cast<int>(blockIdx.x) / kCluster;
   const int num_clusters = static_cast<int>(gridDim.x) / kCluster;
-  const int row_units = (m + kBlockM * kCluster - 1) / (kBlockM * kCluster);
+  const int row_units = (m + S::kTileRows * kCluster - 1) / (S::kTileRows * kCluster);
   const int column_tiles = epilogue.column_tiles;
   const int num_units = row_units * column_tiles;
   const int k_steps = (k + kBlockK - 1) / kBlockK;  // a last partial step reads zeros past k
@@ -265,8 +280,9 @@ __device__ __forceinline__ void EpilogueGemmMainLoop(const CUtensorMap& map_x,
   if (threadIdx.x == 0) {
     for (int stage = 0; stage < kStages; ++stage) {
       wgmma::BarrierInit(bar_full(stage), 1);
-      // Each consumer warp of each CTA whose w half the stage receives.
-      wgmma::BarrierInit(bar_empty(stage), 4 * kConsumers * kCluster);
+      // Each warp of the stage's consumers (one warpgroup in ping-pong, both otherwise) in each
+      // CTA whose w half the stage receives.
+      wgmma::BarrierInit(bar_empty(stage), 4 * (kPingpong ? 1 : kConsumers) * kCluster);
     }
     wgmma::FenceBarrierInit();
   }
@@ -288,7 +304,7 @@ __device__ __forceinline__ void EpilogueGemmMainLoop(const CUtensorMap& map_x,
     int steps = 0;  // k steps loaded so far: the stage and its phase
     for (int unit = cluster; unit < num_units; unit += num_clusters) {
       const EpilogueGemmUnit work = EpilogueGemmUnitOf(unit, row_units, column_tiles);
-      const int row0 = (work.row_unit * kCluster + cta) * kBlockM;
+      const int row0 = (work.row_unit * kCluster + cta) * S::kTileRows;
       for (int step = 0; step < k_steps; ++step, ++steps) {
         const int stage = steps % kStages;
         if (steps >= kStages) wgmma::BarrierWait(bar_empty(stage), ((steps / kStages) & 1) ^ 1);
@@ -332,10 +348,25 @@ __device__ __forceinline__ void EpilogueGemmMainLoop(const CUtensorMap& map_x,
     }
   };
 
+  // Ping-pong: the consumers take the CTA's units in turn, 0 first. Each waits for its turn on its
+  // named barrier (1 + consumer), which the other arrives on once it has waited for the last full
+  // stage of its unit. The order is needed, not only wanted: a consumer that ran ahead to a stage
+  // two fills away would take the parity of the fill before it for its own.
+  const int my_turn = 1 + consumer;
+  const int next_turn = 1 + (consumer + 1) % kConsumers;
+  if (kPingpong && consumer == 0) wgmma::NamedBarrierArrive(my_turn, 256);
   int steps = 0;
-  for (int unit = cluster; unit < num_units; unit += num_clusters) {
+  int turn = 0;  // ping-pong: the CTA's units so far; this consumer takes every other one
+  for (int unit = cluster; unit < num_units; unit += num_clusters, ++turn) {
+    if (kPingpong && turn % kConsumers != consumer) {
+      steps += k_steps;  // the other consumer's tile: its stages are the other's to release
+      continue;
+    }
+    if constexpr (kPingpong) wgmma::NamedBarrierSync(my_turn, 256);
     const EpilogueGemmUnit work = EpilogueGemmUnitOf(unit, row_units, column_tiles);
     const int row_tile = work.row_unit * kCluster + cta;
+    // The first of this warpgroup's 64 rows (ping-pong: the whole tile).
+    const int row0 = row_tile * S::kTileRows + (kPingpong ? 0 : consumer * 64);
     // The main loop: a k step's 4 wgmma (k16 each, 32 bytes into the panels' rows), committed as
     // one group; the step before is then waited for and its stage given back.
     for (int step = 0; step < k_steps; ++step, ++steps) {
@@ -344,8 +375,8 @@ __device__ __forceinline__ void EpilogueGemmMainLoop(const CUtensorMap& map_x,
       wgmma::Fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockK / 16; ++kk) {
-        const uint64_t desc_x =
-            wgmma::Descriptor(stage_x(stage) + consumer * 64 * 128 + kk * 32, 0, 1024);
+        const uint64_t desc_x = wgmma::Descriptor(
+            stage_x(stage) + (kPingpong ? 0 : consumer * 64 * 128) + kk * 32, 0, 1024);
         const uint64_t desc_w = wgmma::Descriptor(stage_w(stage) + kk * 32, 0, 1024);
         wgmma::MmaSs64x256(acc, desc_x, desc_w, step > 0 || kk > 0 ? 1 : 0);
       }
@@ -355,54 +386,55 @@ __device__ __forceinline__ void EpilogueGemmMainLoop(const CUtensorMap& map_x,
         release((steps - 1) % kStages);
       }
     }
+    if constexpr (kPingpong) wgmma::NamedBarrierArrive(next_turn, 256);
     wgmma::Wait<0>();
     wgmma::PinRegisters(acc);
     release((steps - 1) % kStages);
-    epilogue.Store(acc, row_tile * kBlockM + consumer * 64 + warp * 16 + lane / 4, work.column_tile,
-                   lane & 3);
+    epilogue.Store(acc, row0 + warp * 16 + lane / 4, work.column_tile, lane & 3);
   }
 #endif  // SIEVE_SM90A
 }
 
-template <int kCluster>
+template <int kCluster, bool kPingpong>
 __global__ void __launch_bounds__(kThreads, 1)
     SwiGluGemmSm90Kernel(const __grid_constant__ CUtensorMap map_x,
                          const __grid_constant__ CUtensorMap map_w, int m, int k,
                          const __grid_constant__ SwiGluEpilogue epilogue) {
-  EpilogueGemmMainLoop<kCluster>(map_x, map_w, m, k, epilogue);
+  EpilogueGemmMainLoop<kCluster, kPingpong>(map_x, map_w, m, k, epilogue);
 }
 
-template <int kCluster, int kHeadDim>
+template <int kCluster, bool kPingpong, int kHeadDim>
 __global__ void __launch_bounds__(kThreads, 1)
     QkvRopeGemmSm90Kernel(const __grid_constant__ CUtensorMap map_x,
                           const __grid_constant__ CUtensorMap map_w, int m, int k,
                           const __grid_constant__ QkvRopeEpilogue<kHeadDim> epilogue) {
-  EpilogueGemmMainLoop<kCluster>(map_x, map_w, m, k, epilogue);
+  EpilogueGemmMainLoop<kCluster, kPingpong>(map_x, map_w, m, k, epilogue);
 }
 
 // The kernel of an epilogue.
-template <int kCluster>
+template <int kCluster, bool kPingpong>
 auto KernelOf(const SwiGluEpilogue&) {
-  return SwiGluGemmSm90Kernel<kCluster>;
+  return SwiGluGemmSm90Kernel<kCluster, kPingpong>;
 }
-template <int kCluster, int kHeadDim>
+template <int kCluster, bool kPingpong, int kHeadDim>
 auto KernelOf(const QkvRopeEpilogue<kHeadDim>&) {
-  return QkvRopeGemmSm90Kernel<kCluster, kHeadDim>;
+  return QkvRopeGemmSm90Kernel<kCluster, kPingpong, kHeadDim>;
 }
 
 template <class Epilogue>
 Sm90aKernelCheck& KernelCheck() {
-  static Sm90aKernelCheck check(reinterpret_cast<const void*>(KernelOf<1>(Epilogue{})));
+  static Sm90aKernelCheck check(reinterpret_cast<const void*>(KernelOf<1, false>(Epilogue{})));
   return check;
 }
 
 // How many CTAs of kCluster run at once on the current device (persistent: the grid is no
 // larger), asked once per device.
-template <int kCluster, class Epilogue>
+template <int kCluster, bool kPingpong, class Epilogue>
 int ResidentCtas() {
   static std::atomic<int> ctas[kMaxCachedDevices] = {};
   return PerDeviceValue(ctas, [](int) {
-    const auto kernel = KernelOf<kCluster>(Epilogue{});
+    constexpr int kSmemBytes = Schedule<kPingpong>::kSmemBytes;
+    const auto kernel = KernelOf<kCluster, kPingpong>(Epilogue{});
     SIEVE_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     const int sms = CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>();
@@ -430,28 +462,37 @@ int ResidentCtas() {
 
 // x [m][k] (row stride ldx) times w [w_rows][k] (contiguous), as many persistent CTAs as run at
 // once and there are units.
-template <int kCluster, class Epilogue>
+template <int kCluster, bool kPingpong, class Epilogue>
 void Launch(int64_t m, int64_t k, const bf16* x, int64_t ldx, const bf16* w, int64_t w_rows,
             const Epilogue& epilogue, cudaStream_t stream) {
-  const CUtensorMap map_x = PanelTensorMap(x, k, m, ldx, kBlockM);
+  using S = Schedule<kPingpong>;
+  const CUtensorMap map_x = PanelTensorMap(x, k, m, ldx, S::kTileRows);
   const CUtensorMap map_w = PanelTensorMap(w, k, w_rows, k, kHalfRows);
-  const int64_t units = (m + kBlockM * kCluster - 1) / (kBlockM * kCluster) * epilogue.column_tiles;
-  const int grid =
-      static_cast<int>(std::min<int64_t>(units, ResidentCtas<kCluster, Epilogue>() / kCluster)) *
-      kCluster;
-  LaunchWithPdlInClusters(KernelOf<kCluster>(epilogue), dim3(grid), dim3(kCluster), dim3(kThreads),
-                          kSmemBytes, stream, map_x, map_w, static_cast<int>(m),
+  const int64_t row_units = (m + S::kTileRows * kCluster - 1) / (S::kTileRows * kCluster);
+  const int64_t units = row_units * epilogue.column_tiles;
+  const int resident = ResidentCtas<kCluster, kPingpong, Epilogue>() / kCluster;
+  const int grid = static_cast<int>(std::min<int64_t>(units, resident)) * kCluster;
+  LaunchWithPdlInClusters(KernelOf<kCluster, kPingpong>(epilogue), dim3(grid), dim3(kCluster),
+                          dim3(kThreads), S::kSmemBytes, stream, map_x, map_w, static_cast<int>(m),
                           static_cast<int>(k), epilogue);
 }
 
 template <class Epilogue>
-void LaunchInClusters(int cluster, int64_t m, int64_t k, const bf16* x, int64_t ldx, const bf16* w,
-                      int64_t w_rows, const Epilogue& epilogue, cudaStream_t stream) {
-  SIEVE_CHECK(cluster == 1 || cluster == 2) << "clusters of " << cluster << " CTAs";
-  if (cluster == 2) {
-    Launch<2>(m, k, x, ldx, w, w_rows, epilogue, stream);
+void LaunchVariant(const EpilogueGemmVariant& variant, int64_t m, int64_t k, const bf16* x,
+                   int64_t ldx, const bf16* w, int64_t w_rows, const Epilogue& epilogue,
+                   cudaStream_t stream) {
+  SIEVE_CHECK(variant.cluster == 1 || variant.cluster == 2)
+      << "clusters of " << variant.cluster << " CTAs";
+  if (variant.cluster == 2) {
+    if (variant.pingpong) {
+      Launch<2, true>(m, k, x, ldx, w, w_rows, epilogue, stream);
+    } else {
+      Launch<2, false>(m, k, x, ldx, w, w_rows, epilogue, stream);
+    }
+  } else if (variant.pingpong) {
+    Launch<1, true>(m, k, x, ldx, w, w_rows, epilogue, stream);
   } else {
-    Launch<1>(m, k, x, ldx, w, w_rows, epilogue, stream);
+    Launch<1, false>(m, k, x, ldx, w, w_rows, epilogue, stream);
   }
 }
 
@@ -487,7 +528,7 @@ bool SwiGluGemmSupports(int64_t f, int64_t k, const bf16* x, int64_t ldx, const 
 
 void SwiGluGemm(int64_t m, int64_t f, int64_t k, const bf16* x, int64_t ldx, const bf16* w,
                 const RowRmsView& norm, float* row_scales, bf16* out, int64_t ldo,
-                cudaStream_t stream, int cluster) {
+                cudaStream_t stream, const EpilogueGemmVariant& variant) {
   if (m == 0) return;
   SIEVE_CHECK(SwiGluGemmSupports(f, k, x, ldx, w, out, ldo))
       << "the fused gate_up GEMM does not take " << m << " x " << f << " x " << k;
@@ -495,7 +536,7 @@ void SwiGluGemm(int64_t m, int64_t f, int64_t k, const bf16* x, int64_t ldx, con
   const SwiGluEpilogue epilogue{
       RowScales(m, norm, row_scales, stream), out, ldo, static_cast<int>(m), static_cast<int>(f),
       static_cast<int>(f / kHalfRows)};
-  LaunchInClusters(cluster, m, k, x, ldx, w, 2 * f, epilogue, stream);
+  LaunchVariant(variant, m, k, x, ldx, w, 2 * f, epilogue, stream);
 }
 
 bool QkvRopeGemmSupports(int64_t width, int head_dim, int64_t k, const bf16* x, int64_t ldx,
@@ -511,7 +552,7 @@ bool QkvRopeGemmSupports(int64_t width, int head_dim, int64_t k, const bf16* x, 
 void QkvRopeGemm(int64_t m, int64_t k, const bf16* x, int64_t ldx, const bf16* w,
                  const float* rope_table, int num_heads, const StepView& step, int layer,
                  const PoolView& pool, const RowRmsView& norm, float* row_scales, bf16* qkv,
-                 int64_t ldq, cudaStream_t stream, int cluster) {
+                 int64_t ldq, cudaStream_t stream, const EpilogueGemmVariant& variant) {
   if (m == 0) return;
   const int head_dim = pool.head_dim;
   const int64_t width = static_cast<int64_t>(num_heads + 2 * pool.num_kv_heads) * head_dim;
@@ -536,7 +577,7 @@ void QkvRopeGemm(int64_t m, int64_t k, const bf16* x, int64_t ldx, const bf16* w
     epilogue.m = static_cast<int>(m);
     epilogue.rope_rows = step.num_prefill_tokens;
     epilogue.column_tiles = static_cast<int>(width / kTileColumns);
-    LaunchInClusters(cluster, m, k, x, ldx, w, width, epilogue, stream);
+    LaunchVariant(variant, m, k, x, ldx, w, width, epilogue, stream);
   };
   if (head_dim == 64) {
     launch(QkvRopeEpilogue<64>{});

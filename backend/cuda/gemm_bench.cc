@@ -182,7 +182,9 @@ int RunSwiGluBenchmarks(const SwiGluBenchOptions& options) {
       f, k, options.iterations);
   std::printf(
       "     m | gate_up alone         | gate_up + SiluMul     | fused (x unfused)            | "
-      "fused, CTA pairs (x unfused) | gated skinny (x unfused)     | max rel. difference\n");
+      "fused, CTA pairs (x unfused) | ping-pong (x unfused)        | ping-pong, CTA pairs         "
+      "| "
+      "gated skinny (x unfused)     | max rel. difference\n");
   for (const int m : options.rows) {
     const size_t x_count = static_cast<size_t>(m) * k;
     bf16* x = nullptr;
@@ -206,9 +208,9 @@ int RunSwiGluBenchmarks(const SwiGluBenchOptions& options) {
     };
     // The fused kernel's row scales go into the (otherwise unused) gate_up buffer, as in the
     // backend.
-    const auto run_fused = [&](bf16* weight, int cluster) {
+    const auto run_fused = [&](bf16* weight, const EpilogueGemmVariant& variant) {
       SwiGluGemm(m, f, k, x, k, weight, norm, reinterpret_cast<float*>(gate_up), fused, f, stream,
-                 cluster);
+                 variant);
     };
     SwiGluBenchResult result;
     result.m = m;
@@ -232,8 +234,9 @@ int RunSwiGluBenchmarks(const SwiGluBenchOptions& options) {
       for (const bf16 value : expected) {
         max_abs = std::max(max_abs, std::abs(static_cast<double>(__bfloat162float(value))));
       }
-      for (const int cluster : {1, 2}) {
-        run_fused(w, cluster);
+      for (int index = 0; index < 4; ++index) {
+        const EpilogueGemmVariant& variant = kEpilogueGemmVariants[index];
+        run_fused(w, variant);
         SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream));
         SIEVE_CUDA_CHECK(
             cudaMemcpy(got.data(), fused, got.size() * sizeof(bf16), cudaMemcpyDefault));
@@ -242,9 +245,8 @@ int RunSwiGluBenchmarks(const SwiGluBenchOptions& options) {
                                     static_cast<double>(__bfloat162float(expected[index]));
           max_difference = std::max(max_difference, std::abs(difference));
         }
-        double& ms = cluster == 1 ? result.fused_ms : result.fused_cluster2_ms;
-        ms = TimeCalls(stream, weights, options.iterations,
-                       [&](bf16* weight) { run_fused(weight, cluster); });
+        result.fused_ms[index] = TimeCalls(stream, weights, options.iterations,
+                                           [&](bf16* weight) { run_fused(weight, variant); });
       }
       result.max_relative_difference = max_abs > 0 ? max_difference / max_abs : 0;
     }
@@ -269,9 +271,11 @@ int RunSwiGluBenchmarks(const SwiGluBenchOptions& options) {
       return std::string(text);
     };
     std::printf(
-        "%6d | %7.3f ms %4.0f TFLOP/s | %7.3f ms %4.0f TFLOP/s | %-28s | %-28s | %-28s | %.2e\n", m,
-        result.gemm_ms, rate(result.gemm_ms), result.unfused_ms, rate(result.unfused_ms),
-        column(result.fused_ms).c_str(), column(result.fused_cluster2_ms).c_str(),
+        "%6d | %7.3f ms %4.0f TFLOP/s | %7.3f ms %4.0f TFLOP/s | %-28s | %-28s | %-28s | %-28s | "
+        "%-28s | %.2e\n",
+        m, result.gemm_ms, rate(result.gemm_ms), result.unfused_ms, rate(result.unfused_ms),
+        column(result.fused_ms[0]).c_str(), column(result.fused_ms[1]).c_str(),
+        column(result.fused_ms[2]).c_str(), column(result.fused_ms[3]).c_str(),
         column(result.skinny_ms).c_str(), result.max_relative_difference);
     if (options.results != nullptr) options.results->push_back(result);
   }

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/epilogue_gemm.h"
+
 namespace sieve::cuda {
 
 struct GemmBenchShape {
@@ -38,10 +40,10 @@ int RunGemmBenchmarks(const GemmBenchOptions& options);
 // the fused kernel (epilogue_gemm.h) where it runs, both with a folded norm's row scales.
 struct SwiGluBenchResult {
   int m = 0, f = 0, k = 0;
-  double gemm_ms = 0;            // GemmRunner's gate_up alone
-  double unfused_ms = 0;         // gate_up, then SiluMul
-  double fused_ms = 0;           // 0 where the fused kernel does not run
-  double fused_cluster2_ms = 0;  // the experiment of CTA pairs sharing w (epilogue_gemm_sm90.cu)
+  double gemm_ms = 0;     // GemmRunner's gate_up alone
+  double unfused_ms = 0;  // gate_up, then SiluMul
+  // The fused kernel's schedules, as kEpilogueGemmVariants; 0 where the fused kernel does not run.
+  double fused_ms[4] = {};
   double skinny_ms = 0;  // the gated skinny kernel (skinny_gemm.h), up to its 8 rows; else 0
   double max_relative_difference = 0;  // fused against unfused, over the whole output
 };
