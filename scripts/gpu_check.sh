@@ -548,8 +548,9 @@ if has prefill; then
       --skip-sparsity --skip-gemm --skip-decode-step --prefill-step \
       --prefill-attention-tflops "$cudnn" --profile-prefill --result-json "$json" \
       > "$LOGS/prefill_$run.log" 2>&1 || note "prefill bench FAILED: $(tail -3 "$LOGS/prefill_$run.log")"
-    # The step rows, then (where the tree prints it) the gate_up + SiLU table.
-    grep -E "^(dense|sparse)|^    |^gate_up \(|^ +[0-9]+ \|" "$LOGS/prefill_$run.log" | tee -a "$summary"
+    # The step rows, then (where the tree prints them) the gate_up + SiLU and qkv + RoPE tables.
+    grep -E "^(dense|sparse)|^    |^(gate_up|qkv) \(|^ +[0-9]+ \|" "$LOGS/prefill_$run.log" \
+      | tee -a "$summary"
     # The kernels by kind, then the largest gaps between them by transition.
     [ -f "$csv" ] && python3 scripts/timeline_gaps.py "$csv" > "$LOGS/prefill_gaps_$run.txt" 2>&1 \
       && { grep -E "^timeline(:| kernel)" "$LOGS/prefill_gaps_$run.txt" | head -16

@@ -81,6 +81,14 @@ struct KernelsFlags {
 };
 
 #ifdef SIEVE_HAVE_CUDA
+// A fused kernel's times in each of its schedules (cuda::kEpilogueGemmVariants), by name.
+nlohmann::json FusedTimes(const double (&ms)[4]) {
+  return {{"cooperative", ms[0]},
+          {"cooperative_cta_pairs", ms[1]},
+          {"pingpong", ms[2]},
+          {"pingpong_cta_pairs", ms[3]}};
+}
+
 // A config.json directory as given, or relative to the source tree.
 Result<ModelConfig> LoadConfigHereOrInSource(const std::string& dir) {
   auto config = LoadModelConfig(dir);
@@ -330,12 +338,29 @@ int Run(const KernelsFlags& flags) {
                                 {"k", r.k},
                                 {"gemm_ms", r.gemm_ms},
                                 {"unfused_ms", r.unfused_ms},
-                                {"fused_ms", r.fused_ms[0]},
-                                {"fused_cluster2_ms", r.fused_ms[1]},
-                                {"fused_pingpong_ms", r.fused_ms[2]},
-                                {"fused_pingpong_cluster2_ms", r.fused_ms[3]},
+                                {"fused_ms", FusedTimes(r.fused_ms)},
                                 {"skinny_ms", r.skinny_ms},
                                 {"max_relative_difference", r.max_relative_difference}});
+    }
+    std::printf("== the attention's qkv GEMM, RoPE and cache write, %s shape, at prefill rows\n",
+                dir.c_str());
+    cuda::QkvRopeBenchOptions qkv_options;
+    qkv_options.num_heads = config->num_heads;
+    qkv_options.num_kv_heads = config->num_kv_heads;
+    qkv_options.head_dim = config->head_dim;
+    qkv_options.k = config->hidden_size;
+    qkv_options.rows = {1024, 2048, 4096, flags.prefill_seqs * flags.prefill_len};
+    std::vector<cuda::QkvRopeBenchResult> qkv_results;
+    qkv_options.results = &qkv_results;
+    cuda::RunQkvRopeBenchmarks(qkv_options);
+    for (const cuda::QkvRopeBenchResult& r : qkv_results) {
+      json["qkv_rope"].push_back({{"m", r.m},
+                                  {"width", r.width},
+                                  {"k", r.k},
+                                  {"gemm_ms", r.gemm_ms},
+                                  {"unfused_ms", r.unfused_ms},
+                                  {"fused_ms", FusedTimes(r.fused_ms)},
+                                  {"max_relative_difference", r.max_relative_difference}});
     }
   }
   if (!flags.skip_decode_step) {

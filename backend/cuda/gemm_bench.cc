@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,58 @@ double TimeCalls(cudaStream_t stream, const std::vector<bf16*>& weights, int ite
   cudaGraphDestroy(graph);
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
+}
+
+// A row of a fused kernel's table: the GEMM alone and the unfused pair (time and TFLOP/s of the
+// GEMM's `flops`), then each schedule of the fused kernel and each of `more` (time, TFLOP/s, time
+// over the unfused pair's; "-" where it did not run), then the largest difference.
+void PrintFusedRow(int m, double flops, double gemm_ms, double unfused_ms,
+                   const double (&fused_ms)[4], const std::vector<double>& more,
+                   double max_relative_difference) {
+  const auto rate = [&](double ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0; };
+  std::printf("%6d | %7.3f ms %4.0f TFLOP/s | %7.3f ms %4.0f TFLOP/s |", m, gemm_ms, rate(gemm_ms),
+              unfused_ms, rate(unfused_ms));
+  std::vector<double> columns(std::begin(fused_ms), std::end(fused_ms));
+  columns.insert(columns.end(), more.begin(), more.end());
+  for (const double ms : columns) {
+    char text[64] = "-";
+    if (ms > 0) {
+      std::snprintf(text, sizeof(text), "%7.3f ms %4.0f TFLOP/s %.3f", ms, rate(ms),
+                    ms / unfused_ms);
+    }
+    std::printf(" %-28s |", text);
+  }
+  std::printf(" %.2e\n", max_relative_difference);
+}
+
+// Each schedule of a fused kernel (kEpilogueGemmVariants), `run(weight, variant)` writing
+// `fused`: its output against `unfused` (computed by the caller from the same input) first, the
+// largest difference over the largest unfused value kept in `max_relative_difference`, then its
+// time into `ms`.
+void TimeVariants(cudaStream_t stream, const std::vector<bf16*>& weights, int iterations,
+                  const bf16* unfused, const bf16* fused, size_t count,
+                  const std::function<void(bf16*, const EpilogueGemmVariant&)>& run,
+                  double (&ms)[4], double& max_relative_difference) {
+  std::vector<bf16> expected(count), got(count);
+  SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  SIEVE_CUDA_CHECK(cudaMemcpy(expected.data(), unfused, count * sizeof(bf16), cudaMemcpyDefault));
+  double max_abs = 0, max_difference = 0;
+  for (const bf16 value : expected) {
+    max_abs = std::max(max_abs, std::abs(static_cast<double>(__bfloat162float(value))));
+  }
+  for (int variant = 0; variant < 4; ++variant) {
+    run(weights[0], kEpilogueGemmVariants[variant]);
+    SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    SIEVE_CUDA_CHECK(cudaMemcpy(got.data(), fused, count * sizeof(bf16), cudaMemcpyDefault));
+    for (size_t index = 0; index < count; ++index) {
+      const double difference = static_cast<double>(__bfloat162float(got[index])) -
+                                static_cast<double>(__bfloat162float(expected[index]));
+      max_difference = std::max(max_difference, std::abs(difference));
+    }
+    ms[variant] = TimeCalls(stream, weights, iterations,
+                            [&](bf16* weight) { run(weight, kEpilogueGemmVariants[variant]); });
+  }
+  max_relative_difference = max_abs > 0 ? max_difference / max_abs : 0;
 }
 
 Timing TimeRunner(cudaStream_t stream, int m, const GemmBenchShape& shape,
@@ -222,33 +275,10 @@ int RunSwiGluBenchmarks(const SwiGluBenchOptions& options) {
       SiluMul(gate_up, 2 * f, m, f, unfused, f, norm, stream);
     });
     if (SwiGluGemmSupports(f, k, x, k, w, fused, f)) {
-      // Each variant's output against the unfused pair's from the same input first (the largest
-      // difference over the largest unfused value), then its time.
       run_gemm(w);
       SiluMul(gate_up, 2 * f, m, f, unfused, f, norm, stream);
-      std::vector<bf16> expected(static_cast<size_t>(m) * f), got(expected.size());
-      SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream));
-      SIEVE_CUDA_CHECK(
-          cudaMemcpy(expected.data(), unfused, expected.size() * sizeof(bf16), cudaMemcpyDefault));
-      double max_abs = 0, max_difference = 0;
-      for (const bf16 value : expected) {
-        max_abs = std::max(max_abs, std::abs(static_cast<double>(__bfloat162float(value))));
-      }
-      for (int index = 0; index < 4; ++index) {
-        const EpilogueGemmVariant& variant = kEpilogueGemmVariants[index];
-        run_fused(w, variant);
-        SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream));
-        SIEVE_CUDA_CHECK(
-            cudaMemcpy(got.data(), fused, got.size() * sizeof(bf16), cudaMemcpyDefault));
-        for (size_t index = 0; index < got.size(); ++index) {
-          const double difference = static_cast<double>(__bfloat162float(got[index])) -
-                                    static_cast<double>(__bfloat162float(expected[index]));
-          max_difference = std::max(max_difference, std::abs(difference));
-        }
-        result.fused_ms[index] = TimeCalls(stream, weights, options.iterations,
-                                           [&](bf16* weight) { run_fused(weight, variant); });
-      }
-      result.max_relative_difference = max_abs > 0 ? max_difference / max_abs : 0;
+      TimeVariants(stream, weights, options.iterations, unfused, fused, static_cast<size_t>(m) * f,
+                   run_fused, result.fused_ms, result.max_relative_difference);
     }
     if (m <= kSkinnyGemmMaxGatedRows && SkinnyGemmSupports(m, k, w, k, x, k)) {
       const auto run_skinny = [&](bf16* weight) {
@@ -260,23 +290,132 @@ int RunSwiGluBenchmarks(const SwiGluBenchOptions& options) {
     cudaFree(gate_up);
     cudaFree(unfused);
     cudaFree(fused);
-    const double flops = 2.0 * m * 2.0 * f * k;
-    const auto rate = [&](double ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0; };
-    const auto column = [&](double ms) {
-      char text[64] = "-";
-      if (ms > 0) {
-        std::snprintf(text, sizeof(text), "%7.3f ms %4.0f TFLOP/s %.3f", ms, rate(ms),
-                      ms / result.unfused_ms);
-      }
-      return std::string(text);
+    PrintFusedRow(m, 2.0 * m * 2.0 * f * k, result.gemm_ms, result.unfused_ms, result.fused_ms,
+                  {result.skinny_ms}, result.max_relative_difference);
+    if (options.results != nullptr) options.results->push_back(result);
+  }
+  cudaFree(w);
+  cudaStreamDestroy(stream);
+  return 0;
+}
+
+int RunQkvRopeBenchmarks(const QkvRopeBenchOptions& options) {
+  cudaStream_t stream;
+  SIEVE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const int heads = options.num_heads;
+  const int kv_heads = options.num_kv_heads;
+  const int d = options.head_dim;
+  const int k = options.k;
+  const int width = (heads + 2 * kv_heads) * d;
+  bf16* w = nullptr;
+  SIEVE_CUDA_CHECK(cudaMalloc(&w, static_cast<size_t>(width) * k * sizeof(bf16)));
+  FillRandomBf16(w, static_cast<int64_t>(width) * k, 19, 0.02f, stream);
+  const std::vector<bf16*> weights = {w};
+  std::printf(
+      "qkv (%d x %d, %d heads, %d KV heads, d %d) and RoPE + cache write of one prompt with a "
+      "folded norm's row scales: %d calls back to back in a CUDA graph, median of 5 replays; "
+      "TFLOP/s of the GEMM's FLOPs\n",
+      width, k, heads, kv_heads, d, options.iterations);
+  std::printf(
+      "     m | qkv alone             | qkv + RoPE            | fused (x unfused)            | "
+      "fused, CTA pairs (x unfused) | ping-pong (x unfused)        | ping-pong, CTA pairs         "
+      "| "
+      "max rel. difference\n");
+  constexpr int kPageSize = 16;
+  for (const int m : options.rows) {
+    // One prompt of m tokens at positions 0 .. m - 1, written to entries 0 .. m - 1 of its pages
+    // (pages in order), and a RoPE table of random angles' cos and sin.
+    const int pages = (m + kPageSize - 1) / kPageSize;
+    std::vector<int32_t> positions(static_cast<size_t>(m)), page_table(static_cast<size_t>(pages));
+    for (int i = 0; i < m; ++i) positions[static_cast<size_t>(i)] = i;
+    for (int p = 0; p < pages; ++p) page_table[static_cast<size_t>(p)] = p;
+    const std::vector<int32_t> starts = {0, m};
+    const std::vector<int32_t> zero = {0};
+    std::vector<float> rope(static_cast<size_t>(m) * d);
+    for (size_t i = 0; i < rope.size(); i += 2) {
+      const double angle = 0.618034 * static_cast<double>(i);
+      rope[i] = static_cast<float>(std::cos(angle));
+      rope[i + 1] = static_cast<float>(std::sin(angle));
+    }
+    std::vector<void*> buffers;
+    const auto upload = [&](const void* host, size_t bytes) {
+      void* device = nullptr;
+      SIEVE_CUDA_CHECK(cudaMalloc(&device, bytes));
+      SIEVE_CUDA_CHECK(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
+      buffers.push_back(device);
+      return device;
     };
-    std::printf(
-        "%6d | %7.3f ms %4.0f TFLOP/s | %7.3f ms %4.0f TFLOP/s | %-28s | %-28s | %-28s | %-28s | "
-        "%-28s | %.2e\n",
-        m, result.gemm_ms, rate(result.gemm_ms), result.unfused_ms, rate(result.unfused_ms),
-        column(result.fused_ms[0]).c_str(), column(result.fused_ms[1]).c_str(),
-        column(result.fused_ms[2]).c_str(), column(result.fused_ms[3]).c_str(),
-        column(result.skinny_ms).c_str(), result.max_relative_difference);
+    const auto allocate = [&](size_t bytes) {
+      void* device = nullptr;
+      SIEVE_CUDA_CHECK(cudaMalloc(&device, bytes));
+      buffers.push_back(device);
+      return device;
+    };
+    StepView step{};
+    step.positions = static_cast<const int32_t*>(upload(positions.data(), positions.size() * 4));
+    step.token_ids = step.positions;
+    step.query_start = static_cast<const int32_t*>(upload(starts.data(), 8));
+    step.key_start = step.query_start;
+    step.context_lens = static_cast<const int32_t*>(upload(zero.data(), 4));
+    step.seq_slots = step.context_lens;
+    step.write_start = step.context_lens;
+    step.num_tokens = m;
+    step.num_prefill_tokens = m;
+    step.num_seqs = 1;
+    step.num_prefill_seqs = 1;
+    step.max_query_len = m;
+    step.max_kv_len = m;
+    step.num_prefill_keys = m;
+    PoolView pool{};
+    const size_t entries = static_cast<size_t>(pages) * kPageSize;
+    pool.k = static_cast<bf16*>(allocate(entries * kv_heads * d * sizeof(bf16)));
+    pool.v = static_cast<bf16*>(allocate(entries * kv_heads * d * sizeof(bf16)));
+    pool.page_table = static_cast<const int32_t*>(upload(page_table.data(), page_table.size() * 4));
+    pool.positions = static_cast<int32_t*>(allocate(entries * kv_heads * sizeof(int32_t)));
+    pool.page_size = kPageSize;
+    pool.max_seqs = 1;
+    pool.max_pages_per_seq = pages;
+    pool.num_kv_heads = kv_heads;
+    pool.head_dim = d;
+    const auto* rope_table = static_cast<const float*>(upload(rope.data(), rope.size() * 4));
+    auto* x = static_cast<bf16*>(allocate(static_cast<size_t>(m) * k * sizeof(bf16)));
+    auto* unfused = static_cast<bf16*>(allocate(static_cast<size_t>(m) * width * sizeof(bf16)));
+    auto* fused = static_cast<bf16*>(allocate(static_cast<size_t>(m) * width * sizeof(bf16)));
+    auto* scales = static_cast<float*>(allocate(static_cast<size_t>(m) * sizeof(float)));
+    FillRandomBf16(x, static_cast<int64_t>(m) * k, 7, 3.0f, stream);
+    RowRmsView norm;
+    norm.rows = x;  // the GEMM reads the residual stream, whose rows' RMS scales the products
+    norm.stride = k;
+    norm.width = k;
+    norm.eps = 1e-5f;
+    GemmRunner runner(stream);
+    const auto run_gemm = [&](bf16* weight) {
+      runner.Run(m, width, k, weight, k, x, k, unfused, width, /*out_f32=*/false);
+    };
+    const auto run_unfused = [&](bf16* weight) {
+      run_gemm(weight);
+      RopeAndCacheWrite(unfused, width, rope_table, heads, step, 0, pool, 0, m, norm, stream);
+    };
+    QkvRopeBenchResult result;
+    result.m = m;
+    result.width = width;
+    result.k = k;
+    result.gemm_ms = TimeCalls(stream, weights, options.iterations, run_gemm);
+    result.unfused_ms = TimeCalls(stream, weights, options.iterations, run_unfused);
+    if (QkvRopeGemmSupports(width, d, k, x, k, w, fused, width, rope_table)) {
+      run_unfused(w);
+      TimeVariants(
+          stream, weights, options.iterations, unfused, fused, static_cast<size_t>(m) * width,
+          [&](bf16* weight, const EpilogueGemmVariant& variant) {
+            QkvRopeGemm(m, k, x, k, weight, rope_table, heads, step, 0, pool, norm, scales, fused,
+                        width, stream, variant);
+          },
+          result.fused_ms, result.max_relative_difference);
+    }
+    SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (void* buffer : buffers) cudaFree(buffer);
+    PrintFusedRow(m, 2.0 * m * width * k, result.gemm_ms, result.unfused_ms, result.fused_ms, {},
+                  result.max_relative_difference);
     if (options.results != nullptr) options.results->push_back(result);
   }
   cudaFree(w);

@@ -2,7 +2,8 @@
 // `sieve bench kernels`: the backend's GemmRunner (cuBLASLt or the skinny kernel, the fastest of
 // its candidates) as GB/s of weights streamed, beside the measured copy rate, and the skinny
 // kernel alone. PERF.md's anchor: cuBLAS reaches ~72% of copy at M = 1..128 when timed one call
-// at a time. Also the MLP's gate_up and SiLU at prefill sizes, unfused against fused.
+// at a time. Also the MLP's gate_up and SiLU and the attention's qkv GEMM and RoPE at prefill
+// sizes, unfused against fused.
 #pragma once
 
 #include <string>
@@ -55,5 +56,27 @@ struct SwiGluBenchOptions {
   std::vector<SwiGluBenchResult>* results = nullptr;
 };
 int RunSwiGluBenchmarks(const SwiGluBenchOptions& options);
+
+// The attention's qkv GEMM with RoPE and the cache write at prefill row counts (one prompt of m
+// tokens writing its pages): GemmRunner's qkv then RopeAndCacheWrite, against the fused kernel
+// (epilogue_gemm.h) in each schedule, with a folded norm's row scales.
+struct QkvRopeBenchResult {
+  int m = 0, width = 0, k = 0;
+  double gemm_ms = 0;     // GemmRunner's qkv alone
+  double unfused_ms = 0;  // qkv, then RopeAndCacheWrite
+  // As kEpilogueGemmVariants; 0 where the fused kernel does not run.
+  double fused_ms[4] = {};
+  double max_relative_difference = 0;  // fused against unfused, over qkv
+};
+struct QkvRopeBenchOptions {
+  int num_heads = 32;
+  int num_kv_heads = 8;
+  int head_dim = 128;
+  int k = 4096;
+  std::vector<int> rows = {1024, 2048, 8000};
+  int iterations = 10;
+  std::vector<QkvRopeBenchResult>* results = nullptr;
+};
+int RunQkvRopeBenchmarks(const QkvRopeBenchOptions& options);
 
 }  // namespace sieve::cuda
