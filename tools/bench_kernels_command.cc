@@ -328,7 +328,8 @@ int Run(const KernelsFlags& flags) {
     cuda::SwiGluBenchOptions options;
     options.f = static_cast<int>(config->intermediate_size);
     options.k = static_cast<int>(config->hidden_size);
-    options.rows = {1, 8, 128, 256, 512, 1024, 2048, 4096, flags.prefill_seqs * flags.prefill_len};
+    options.rows = {1,   8,   16,   20,   32,   128,
+                    256, 512, 1024, 2048, 4096, flags.prefill_seqs * flags.prefill_len};
     std::vector<cuda::SwiGluBenchResult> results;
     options.results = &results;
     cuda::RunSwiGluBenchmarks(options);

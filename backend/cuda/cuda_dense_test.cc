@@ -379,11 +379,17 @@ TEST_F(CudaDenseTest, SwiGluGemmMatchesUnfusedAtAnyRows) {
   }
 }
 
-// The gated skinny kernel (skinny_gemm.h) at 1 to 8 rows, odd F (a CTA's columns past F), k
-// not a multiple of its 32-k blocks, with and without row scales.
+// The gated skinny kernel (skinny_gemm.h) at 1 to 32 rows (each of its row-tile counts, rows
+// past the last tile's), odd F (a CTA's columns past F), k not a multiple of its 32-k blocks,
+// with and without row scales.
 TEST_F(CudaDenseTest, SkinnyGemmSwiGluMatchesUnfused) {
-  for (const auto& [rows, f, k] : std::vector<std::tuple<int, int, int>>{
-           {1, 14336 / 8, 4096}, {1, 1001, 264}, {3, 384, 4096}, {8, 100, 512}}) {
+  for (const auto& [rows, f, k] : std::vector<std::tuple<int, int, int>>{{1, 14336 / 8, 4096},
+                                                                         {1, 1001, 264},
+                                                                         {3, 384, 4096},
+                                                                         {8, 100, 512},
+                                                                         {13, 1001, 264},
+                                                                         {20, 14336 / 8, 4096},
+                                                                         {32, 384, 512}}) {
     for (const bool norm : {false, true}) {
       ExpectSwiGluMatchesUnfused(
           rows, f, k, norm, [&](const Tensor& x, const Tensor& w, Tensor& out, RowRms view) {

@@ -280,7 +280,7 @@ int RunSwiGluBenchmarks(const SwiGluBenchOptions& options) {
       TimeVariants(stream, weights, options.iterations, unfused, fused, static_cast<size_t>(m) * f,
                    run_fused, result.fused_ms, result.max_relative_difference);
     }
-    if (m <= kSkinnyGemmMaxGatedRows && SkinnyGemmSupports(m, k, w, k, x, k)) {
+    if (SkinnyGemmSupports(m, k, w, k, x, k)) {
       const auto run_skinny = [&](bf16* weight) {
         SkinnyGemmSwiGlu(m, f, k, weight, x, k, norm, fused, f, stream);
       };

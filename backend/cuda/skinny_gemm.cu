@@ -273,18 +273,25 @@ void SkinnyGemm(int64_t m, int64_t n, int64_t k, const bf16* w, int64_t ldw, con
 
 void SkinnyGemmSwiGlu(int64_t m, int64_t f, int64_t k, const bf16* w, const bf16* x, int64_t ldx,
                       const RowRmsView& norm, bf16* out, int64_t ldo, cudaStream_t stream) {
-  SIEVE_CHECK(m >= 1 && m <= kSkinnyGemmMaxGatedRows && f >= 1 && f < (int64_t{1} << 30) &&
-              SkinnyGemmSupports(m, k, w, k, x, ldx))
+  SIEVE_CHECK(f >= 1 && f < (int64_t{1} << 30) && SkinnyGemmSupports(m, k, w, k, x, ldx))
       << "the gated skinny GEMM does not take " << m << " x " << f << " x " << k;
   SIEVE_CHECK(norm.rows == nullptr ||
               (norm.width % 8 == 0 && norm.stride % 8 == 0 && Aligned16(norm.rows)))
       << "a folded RMSNorm's rows must be 16-byte aligned, width and stride multiples of 8";
   // 8 output columns (16 rows of w) a CTA: f / 8 CTAs, enough to fill the SMs at the MLP's
-  // widths without a k split.
+  // widths without a k split. Row tiles and load groups as SkinnyGemm's past 8 rows.
   const dim3 grid(static_cast<unsigned>((f + kColumns / 2 - 1) / (kColumns / 2)));
-  LaunchWithPdl(SkinnyGemmKernel<1, 4, false, false, true>, grid, kThreads, 0, stream, w, k, x, ldx,
-                static_cast<void*>(out), ldo, static_cast<int>(m), static_cast<int>(f),
-                static_cast<int>(k), norm);
+  const auto launch = [&](auto kernel) {
+    LaunchWithPdl(kernel, grid, kThreads, 0, stream, w, k, x, ldx, static_cast<void*>(out), ldo,
+                  static_cast<int>(m), static_cast<int>(f), static_cast<int>(k), norm);
+  };
+  if (m <= 8) {
+    launch(SkinnyGemmKernel<1, 4, false, false, true>);
+  } else if (m <= 16) {
+    launch(SkinnyGemmKernel<2, 4, false, false, true>);
+  } else {
+    launch(SkinnyGemmKernel<4, 2, false, false, true>);
+  }
   SIEVE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -36,8 +36,7 @@ void SkinnyGemm(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t
 // The MLP's gate_up GEMM at one decode row with SiLU x mul fused (an experiment; the sm_90a
 // kernel of epilogue_gemm.h does the same for long steps): out[m][j] = silu(s bf16(x . w_j)) *
 // (s bf16(x . w_{F+j})) for j < F, s of each row from `norm` (1 without rows), w [2F][K] (gate
-// rows, then up rows, row stride K). Up to kSkinnyGemmMaxGatedRows rows, where SkinnyGemmSupports.
-inline constexpr int64_t kSkinnyGemmMaxGatedRows = 8;
+// rows, then up rows, row stride K). Where SkinnyGemmSupports (up to kSkinnyGemmMaxRows rows).
 void SkinnyGemmSwiGlu(int64_t m, int64_t f, int64_t k, const __nv_bfloat16* w,
                       const __nv_bfloat16* x, int64_t ldx, const RowRmsView& norm,
                       __nv_bfloat16* out, int64_t ldo, cudaStream_t stream);
