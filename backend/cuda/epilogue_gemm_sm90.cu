@@ -99,7 +99,9 @@ __device__ __forceinline__ float RoundToBf16(float value) {
 
 // ---- Epilogues. Each gives the w rows of a column tile's two halves and stores a consumer
 // warp's 16 x 256 accumulators: rows row_g and row_g + 8 of x (lane = 4g + t), blocks of 8
-// columns, block j holding columns 8j + 2t, 8j + 2t + 1 (wgmma.cuh). ----
+// columns, block j holding columns 8j + 2t, 8j + 2t + 1 (wgmma.cuh). What a row needs from memory
+// (its scale, its pool entry) is loaded by Prepare before the tile's main loop, whose products
+// then hide those loads' latency, and handed to Store. ----
 
 // out[m][f] = silu(s bf16(gate)) * (s bf16(up)): SiluMul's arithmetic (dense_kernels.cu) on the
 // bf16 products, each quad writing 16 contiguous bytes of a row.
@@ -114,13 +116,25 @@ struct SwiGluEpilogue {
   __device__ int WRow(int column_tile, int half) const {
     return half * f + column_tile * kHalfRows;
   }
-  __device__ __forceinline__ void Store(float (&acc)[32][4], int row_g, int column_tile,
-                                        int t) const {
+  struct Rows {
+    float scale[2];
+  };
+  __device__ __forceinline__ Rows Prepare(int row_g) const {
+    Rows rows;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row_g + 8 * half;
+      rows.scale[half] = row_scales != nullptr && row < m ? row_scales[row] : 1.0f;
+    }
+    return rows;
+  }
+  __device__ __forceinline__ void Store(float (&acc)[32][4], const Rows& rows, int row_g,
+                                        int column_tile, int t) const {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = row_g + 8 * half;
       if (row >= m) continue;
-      const float s = row_scales != nullptr ? row_scales[row] : 1.0f;
+      const float s = rows.scale[half];
       bf16* out_row =
           out + static_cast<int64_t>(row) * out_stride + column_tile * kHalfRows + 2 * t;
 #pragma unroll
@@ -159,8 +173,26 @@ struct QkvRopeEpilogue {
   __device__ int WRow(int column_tile, int half) const {
     return column_tile * kTileColumns + half * kHalfRows;
   }
-  __device__ __forceinline__ void Store(float (&acc)[32][4], int row_g, int column_tile,
-                                        int t) const {
+  // A prefill row's scale, position and pool entry (-1: none).
+  struct Rows {
+    float scale[2];
+    int position[2];
+    int64_t entry[2];
+  };
+  __device__ __forceinline__ Rows Prepare(int row_g) const {
+    Rows rows;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row_g + 8 * half;
+      const bool rotated = row < m && row < rope_rows;
+      rows.scale[half] = rotated && row_scales != nullptr ? row_scales[row] : 1.0f;
+      rows.position[half] = rotated ? step.positions[row] : 0;
+      rows.entry[half] = rotated ? TokenWriteEntry(step, layer, pool, row) : -1;
+    }
+    return rows;
+  }
+  __device__ __forceinline__ void Store(float (&acc)[32][4], const Rows& rows, int row_g,
+                                        int column_tile, int t) const {
     constexpr int kHeadsPerTile = kTileColumns / kHeadDim;
     constexpr int kHeadBlocks = kHeadDim / 8;
     constexpr int kPairBlocks = kHeadBlocks / 2;  // from x[i] to its partner x[i + d/2]
@@ -180,9 +212,9 @@ struct QkvRopeEpilogue {
         }
         continue;
       }
-      const float s = row_scales != nullptr ? row_scales[row] : 1.0f;
-      const int position = step.positions[row];
-      const int64_t entry = TokenWriteEntry(step, layer, pool, row);
+      const float s = rows.scale[half];
+      const int position = rows.position[half];
+      const int64_t entry = rows.entry[half];
       const float* cos_sin = rope_table + static_cast<int64_t>(position) * kHeadDim;
 #pragma unroll
       for (int local = 0; local < kHeadsPerTile; ++local) {
@@ -365,8 +397,11 @@ __device__ __forceinline__ void EpilogueGemmMainLoop(const CUtensorMap& map_x,
     if constexpr (kPingpong) wgmma::NamedBarrierSync(my_turn, 256);
     const EpilogueGemmUnit work = EpilogueGemmUnitOf(unit, row_units, column_tiles);
     const int row_tile = work.row_unit * kCluster + cta;
-    // The first of this warpgroup's 64 rows (ping-pong: the whole tile).
+    // The first of this warpgroup's 64 rows (ping-pong: the whole tile), and this thread's first
+    // row; what the epilogue needs of its rows is loaded now, under the main loop.
     const int row0 = row_tile * S::kTileRows + (kPingpong ? 0 : consumer * 64);
+    const int row_g = row0 + warp * 16 + lane / 4;
+    const auto rows = epilogue.Prepare(row_g);
     // The main loop: a k step's 4 wgmma (k16 each, 32 bytes into the panels' rows), committed as
     // one group; the step before is then waited for and its stage given back.
     for (int step = 0; step < k_steps; ++step, ++steps) {
@@ -390,7 +425,7 @@ __device__ __forceinline__ void EpilogueGemmMainLoop(const CUtensorMap& map_x,
     wgmma::Wait<0>();
     wgmma::PinRegisters(acc);
     release((steps - 1) % kStages);
-    epilogue.Store(acc, row0 + warp * 16 + lane / 4, work.column_tile, lane & 3);
+    epilogue.Store(acc, rows, row_g, work.column_tile, lane & 3);
   }
 #endif  // SIEVE_SM90A
 }
