@@ -173,7 +173,8 @@ struct QkvRopeEpilogue {
   __device__ int WRow(int column_tile, int half) const {
     return column_tile * kTileColumns + half * kHalfRows;
   }
-  // A prefill row's scale, position and pool entry (-1: none).
+  // A prefill row's scale, position and pool entry (-1: none). Every lane of the warp calls it
+  // (the sequence search shuffles).
   struct Rows {
     float scale[2];
     int position[2];
@@ -185,9 +186,10 @@ struct QkvRopeEpilogue {
     for (int half = 0; half < 2; ++half) {
       const int row = row_g + 8 * half;
       const bool rotated = row < m && row < rope_rows;
+      const int seq = WarpSequenceOf(step.query_start, step.num_prefill_seqs, row);
       rows.scale[half] = rotated && row_scales != nullptr ? row_scales[row] : 1.0f;
       rows.position[half] = rotated ? step.positions[row] : 0;
-      rows.entry[half] = rotated ? TokenWriteEntry(step, layer, pool, row) : -1;
+      rows.entry[half] = rotated ? WriteEntry(step, layer, pool, row, seq) : -1;
     }
     return rows;
   }
