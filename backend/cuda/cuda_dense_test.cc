@@ -455,7 +455,7 @@ TEST_F(CudaDenseTest, FillRandomIsSeededAndNormal) {
 class CudaDenseRopeTest : public CudaDenseTest {
  protected:
   static constexpr int kHeads = 8, kKvHeads = 2, kHeadDim = 128, kLayers = 2, kPageSize = 16;
-  static constexpr int kMaxSeqs = 4, kLayer = 1;
+  static constexpr int kLayer = 1;
   static constexpr int kWidth = (kHeads + 2 * kKvHeads) * kHeadDim;
   static constexpr int kHidden = 1024;  // residual rows of a folded RMSNorm
   static constexpr float kEps = 1e-5f;
@@ -473,26 +473,31 @@ class CudaDenseRopeTest : public CudaDenseTest {
     std::vector<int32_t> pages(num_pages_);
     std::iota(pages.begin(), pages.end(), 0);
     std::shuffle(pages.begin(), pages.end(), rng_);
-    table_.assign(static_cast<size_t>(kLayers) * kMaxSeqs * max_pages_, -1);
+    const int seqs = Seqs();
+    table_.assign(static_cast<size_t>(kLayers) * seqs * max_pages_, -1);
     int next = 0;
     for (int l = 0; l < kLayers; ++l) {
-      for (int slot = 0; slot < kMaxSeqs; ++slot) {
+      for (int slot = 0; slot < seqs; ++slot) {
         for (int p = 0; p < max_pages_ - 1; ++p)
-          table_[(l * kMaxSeqs + slot) * max_pages_ + p] = pages[next++ % num_pages_];
+          table_[(l * seqs + slot) * max_pages_ + p] = pages[next++ % num_pages_];
       }
     }
-    for (int seq = 0; seq < 4; ++seq) {
+    for (int seq = 0; seq < seqs; ++seq) {
       for (int i = 0; i < chunk_[seq]; ++i) positions_.push_back(context_[seq] + i);
       query_start_.push_back(query_start_.back() + chunk_[seq]);
-      if (seq < 2) key_start_.push_back(key_start_.back() + context_[seq] + chunk_[seq]);
+      if (seq < prefill_seqs_) {
+        key_start_.push_back(key_start_.back() + context_[seq] + chunk_[seq]);
+        prefill_tokens_ += chunk_[seq];
+      }
       max_query_len_ = std::max(max_query_len_, chunk_[seq]);
       max_kv_len_ = std::max(max_kv_len_, context_[seq] + chunk_[seq]);
     }
     tokens_ = query_start_.back();
-    prefill_tokens_ = chunk_[0] + chunk_[1];
     // The decode sequences hold their context and this step's entry in kLayer.
-    kv_lens_.assign(kLayers * kMaxSeqs, 0);
-    for (int seq = 2; seq < 4; ++seq) kv_lens_[kLayer * kMaxSeqs + slots_[seq]] = context_[seq] + 1;
+    kv_lens_.assign(kLayers * seqs, 0);
+    for (int seq = prefill_seqs_; seq < seqs; ++seq) {
+      kv_lens_[kLayer * seqs + slots_[seq]] = context_[seq] + 1;
+    }
     qkv_ = Random(static_cast<size_t>(tokens_) * kWidth);
     residual_ = Random(static_cast<size_t>(tokens_) * kHidden, 2.0f);
     cpu_residual_ = Cpu(residual_, {tokens_, kHidden});
@@ -525,31 +530,32 @@ class CudaDenseRopeTest : public CudaDenseTest {
     };
     step.num_tokens = tokens_;
     step.num_prefill_tokens = prefill_tokens_;
-    step.num_seqs = 4;
-    step.num_prefill_seqs = 2;
+    const int seqs = Seqs();
+    step.num_seqs = seqs;
+    step.num_prefill_seqs = prefill_seqs_;
     step.num_layers = kLayers;
     step.max_query_len = max_query_len_;
     step.max_kv_len = max_kv_len_;
     step.num_prefill_keys = key_start_.back();
     step.positions = ints(positions_, {tokens_});
     step.token_ids = ints(positions_, {tokens_});
-    step.query_start = ints(query_start_, {5});
-    step.key_start = ints(key_start_, {3});
-    step.context_lens = ints(std::vector<int32_t>(context_.begin(), context_.end()), {4});
-    step.seq_slots = ints(slots_, {4});
-    step.write_start = ints(write_start_, {kLayers * 4});
+    step.query_start = ints(query_start_, {seqs + 1});
+    step.key_start = ints(key_start_, {prefill_seqs_ + 1});
+    step.context_lens = ints(std::vector<int32_t>(context_.begin(), context_.end()), {seqs});
+    step.seq_slots = ints(slots_, {seqs});
+    step.write_start = ints(write_start_, {kLayers * seqs});
     step.compression_jobs = ints({0}, {1});
     step.eviction_jobs = ints({0}, {1});
     pool.page_size = kPageSize;
     pool.num_pages = num_pages_;
-    pool.max_seqs = kMaxSeqs;
+    pool.max_seqs = seqs;
     pool.max_pages_per_seq = max_pages_;
     pool.num_kv_heads = kKvHeads;
     pool.head_dim = kHeadDim;
     pool.k = floats(k_pool_, {num_pages_, kPageSize, kKvHeads, kHeadDim});
     pool.v = floats(v_pool_, {num_pages_, kPageSize, kKvHeads, kHeadDim});
-    pool.page_table = ints(table_, {kLayers, kMaxSeqs, max_pages_});
-    pool.kv_lens = ints(kv_lens_, {kLayers, kMaxSeqs});
+    pool.page_table = ints(table_, {kLayers, seqs, max_pages_});
+    pool.kv_lens = ints(kv_lens_, {kLayers, seqs});
     pool.positions = ints(std::vector<int32_t>(num_pages_ * kPageSize * kKvHeads, -7),
                           {num_pages_ * kPageSize, kKvHeads});
     if (scores) {
@@ -673,18 +679,22 @@ class CudaDenseRopeTest : public CudaDenseTest {
   std::vector<float> residual_;
   Tensor cpu_residual_;
   Tensor gpu_residual_;
-  // The step: chunk lengths and contexts of the two prefill and two decode sequences, and the
-  // pool's size (each (layer, slot) holds max_pages_ - 1 distinct pages of num_pages_); a
-  // fixture for longer steps sets them in its constructor.
+  int Seqs() const { return static_cast<int>(chunk_.size()); }
+
+  // The step: the first prefill_seqs_ sequences are prefill chunks, the rest decode tokens (chunk
+  // 1); their chunk lengths, contexts, slots (one a sequence, the pool's max_seqs) and
+  // write_start [L][S]; the pool's size (each (layer, slot) holds max_pages_ - 1 distinct pages of
+  // num_pages_). A fixture for other steps sets them in its constructor.
+  int prefill_seqs_ = 2;
   std::vector<int> chunk_ = {37, 20, 1, 1};
   std::vector<int> context_ = {0, 45, 70, 16};
+  std::vector<int32_t> slots_ = {2, 0, 3, 1};
+  // In layer 0 only sequence 0 is not written; in kLayer every sequence is.
+  std::vector<int32_t> write_start_ = {-1, 45, 70, 16, 0, 45, 70, 16};
   int max_pages_ = 8;
   int num_pages_ = 64;
   int max_query_len_ = 0;
   int max_kv_len_ = 0;
-  const std::vector<int32_t> slots_ = {2, 0, 3, 1};
-  // [L][S]: in layer 0 only sequence 0 is not written; in kLayer every sequence is.
-  const std::vector<int32_t> write_start_ = {-1, 45, 70, 16, 0, 45, 70, 16};
   std::vector<int32_t> table_, positions_, query_start_ = {0}, key_start_ = {0}, kv_lens_;
   std::vector<float> qkv_, k_pool_, v_pool_, scores_, rope_;
   int tokens_ = 0;
@@ -816,7 +826,7 @@ class CudaDenseLongStepRopeTest : public CudaDenseRopeTest {
   CudaDenseLongStepRopeTest() {
     chunk_ = {700, 400, 1, 1};
     max_pages_ = 48;
-    num_pages_ = kLayers * kMaxSeqs * (max_pages_ - 1);
+    num_pages_ = kLayers * Seqs() * (max_pages_ - 1);
   }
 };
 
@@ -830,6 +840,49 @@ TEST_F(CudaDenseLongStepRopeTest, LinearRopeAndCacheWriteMatchesUnfused) {
     }
   }
 }
+
+// Many prefill sequences in one step of 1000+ rows (34, past the 32 starts a warp's search reads at
+// once, and 20, within them: WarpSequenceOf's two paths), each continuing a prompt or starting
+// one, some not written in layer 0, and two decode tokens; through the backend (the fused kernel
+// where it runs) and the kernel alone in every schedule.
+class CudaDenseManySeqsRopeTest : public CudaDenseRopeTest,
+                                  public ::testing::WithParamInterface<int> {
+ protected:
+  CudaDenseManySeqsRopeTest() {
+    prefill_seqs_ = GetParam();
+    const int seqs = prefill_seqs_ + 2;
+    chunk_.assign(seqs, 1);
+    context_.assign(seqs, 0);
+    slots_.resize(seqs);
+    write_start_.assign(static_cast<size_t>(kLayers) * seqs, 0);
+    int longest = 0;
+    for (int seq = 0; seq < seqs; ++seq) {
+      if (seq < prefill_seqs_) {
+        chunk_[seq] = 1100 / prefill_seqs_ + seq % 7;  // ragged over the 64-row tiles
+        context_[seq] = seq % 3 == 0 ? 0 : 16 * (seq % 5) + seq % 4;
+      } else {
+        context_[seq] = 9 + seq;
+      }
+      slots_[seq] = (seq * 7 + 3) % seqs;  // a permutation: 7 and seqs share no factor here
+      write_start_[seq] = seq % 4 == 1 ? -1 : context_[seq];
+      write_start_[seqs + seq] = context_[seq];
+      longest = std::max(longest, context_[seq] + chunk_[seq]);
+    }
+    max_pages_ = (longest + kPageSize - 1) / kPageSize + 1;
+    num_pages_ = kLayers * seqs * (max_pages_ - 1);
+  }
+};
+
+TEST_P(CudaDenseManySeqsRopeTest, LinearRopeAndCacheWriteMatchesUnfused) {
+  ExpectQkvRopeMatchesUnfused(/*folded=*/true, /*scores=*/false, "backend", BackendOp());
+  for (const cuda::EpilogueGemmVariant& variant : cuda::kEpilogueGemmVariants) {
+    if (const FusedQkv kernel = QkvRopeKernel(variant)) {
+      ExpectQkvRopeMatchesUnfused(/*folded=*/true, /*scores=*/true, Describe(variant), kernel);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(PrefillSeqs, CudaDenseManySeqsRopeTest, ::testing::Values(20, 34));
 
 }  // namespace
 }  // namespace sieve
