@@ -80,6 +80,15 @@ class Backend {
   // out = silu(s gate_up[:, :F]) * (s gate_up[:, F:]), s from `norm` per row (1 when
   // norm.rows is null)     gate_up [T][2F] act, out [T][F] act
   virtual void SiluMul(const Tensor& gate_up, Tensor& out, RowRms norm) = 0;
+  // The MLP's first half as one op, so that a backend can fuse the GEMM and SiLU (the CUDA backend
+  // does at one row): Linear(x, w, gate_up) then SiluMul(gate_up, out, norm).
+  // x [T][D] act, w [2F][D] act (gate rows, then up rows), gate_up [T][2F] act is scratch
+  // (afterwards unspecified), out [T][F] act.
+  virtual void LinearSiluMul(const Tensor& x, const Tensor& w, Tensor& gate_up, Tensor& out,
+                             RowRms norm) {
+    Linear(x, w, gate_up);
+    SiluMul(gate_up, out, norm);
+  }
   // out[r] = x[rows[r]]             x [T][D] act, rows [R] i32, out [R][D] act
   virtual void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;
 

@@ -389,8 +389,7 @@ void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& w
   backend_.Embedding(weights_.embed, step.token_ids, hidden);
   // Folded norms (top of llama_model.h): the qkv and gate_up GEMMs read the residual stream
   // `hidden` itself and the ops after them scale each row by its inverse RMS; `hidden` does not
-  // change between a layer's qkv GEMM and its attention ops, nor between its gate_up GEMM and
-  // SiluMul.
+  // change between a layer's qkv GEMM and its attention ops, nor within LinearSiluMul.
   const RowRms norm{&hidden, eps};
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     const LlamaLayerWeights& w = weights_.layers[layer];
@@ -420,8 +419,7 @@ void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& w
       }
     }
     RowParallelAdd(attn_out, w.o, hidden);
-    backend_.Linear(hidden, w.gate_up, gate_up);
-    backend_.SiluMul(gate_up, act, norm);
+    backend_.LinearSiluMul(hidden, w.gate_up, gate_up, act, norm);
     RowParallelAdd(act, w.down, hidden);
   }
   if (!logits.defined()) return;

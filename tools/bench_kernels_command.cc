@@ -244,6 +244,11 @@ int Run(const KernelsFlags& flags) {
                               {"cublas_gbs", r.cublas_gbs},
                               {"skinny_ms", r.skinny_ms},
                               {"plan", r.plan}});
+      if (r.gated_skinny_ms > 0) {
+        json["gemm"].back()["silu_pair_ms"] = r.silu_pair_ms;
+        json["gemm"].back()["gated_skinny_ms"] = r.gated_skinny_ms;
+        json["gemm"].back()["gated_max_relative_difference"] = r.gated_max_relative_difference;
+      }
     }
   }
   if (flags.prefill_step) {

@@ -11,6 +11,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sampling_kernels.h"
+#include "backend/cuda/skinny_gemm.h"
 
 namespace sieve {
 
@@ -177,6 +178,21 @@ class CudaBackend final : public Backend {
   void SiluMul(const Tensor& gate_up, Tensor& out, RowRms norm) override {
     cuda::SiluMul(Bf16(gate_up), gate_up.stride(0), static_cast<int>(out.dim(0)),
                   static_cast<int>(out.dim(1)), Bf16(out), out.stride(0), View(norm), stream_);
+  }
+  void LinearSiluMul(const Tensor& x, const Tensor& w, Tensor& gate_up, Tensor& out,
+                     RowRms norm) override {
+    const int64_t rows = x.dim(0);
+    const int64_t f = out.dim(1);
+    const int64_t k = x.dim(1);
+    // At one row (where the runner's plan is the skinny kernel anyway) its gated form; from 8 rows
+    // on cuBLASLt + SiluMul is faster (README_gemm.md, "The gated form").
+    if (rows == 1 && w.dim(0) == 2 * f && w.dim(1) == k && w.stride(0) == k &&
+        cuda::SkinnyGemmSupports(rows, k, Bf16(w), k, Bf16(x), x.stride(0))) {
+      cuda::SkinnyGemmSwiGlu(rows, f, k, Bf16(w), Bf16(x), x.stride(0), View(norm), Bf16(out),
+                             out.stride(0), stream_);
+      return;
+    }
+    Backend::LinearSiluMul(x, w, gate_up, out, norm);
   }
   void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) override {
     cuda::GatherRows(Bf16(x), x.stride(0), rows.data_as<int32_t>(), static_cast<int>(rows.numel()),

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_test_util.h"
+#include "backend/cuda/skinny_gemm.h"
 
 namespace sieve {
 namespace {
@@ -72,6 +74,37 @@ class CudaDenseTest : public ::testing::Test {
   }
   static double RelL2(const std::vector<float>& actual, const std::vector<float>& expected) {
     return sieve::testing::RelativeL2Error(actual.data(), expected.data(), expected.size());
+  }
+
+  // A fused gate_up + SiLU path against the unfused pair: `fused` computes out [rows][f] from x
+  // [rows][k] and w [2f][k] (gate rows, then up rows) on the GPU, with the folded norm of x's own
+  // rows or none; this checks it on fresh random inputs against the GPU's Linear then SiluMul
+  // (equal but for a rare bf16 rounding of gate or up that the GEMMs' order of summation moves)
+  // and the CPU's LinearSiluMul.
+  void ExpectSwiGluMatchesUnfused(int rows, int f, int k, bool norm,
+                                  const std::function<void(const Tensor& x, const Tensor& w,
+                                                           Tensor& out, RowRms scale)>& fused) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(f) + " x " + std::to_string(k) +
+                 (norm ? ", with a norm" : ""));
+    const float eps = 1e-5f;
+    const auto x = Random(static_cast<size_t>(rows) * k, 2.0f);
+    const auto w = Random(static_cast<size_t>(2 * f) * k, 0.05f);
+    Tensor cpu_x = Cpu(x, {rows, k});
+    Tensor gpu_x = Gpu(x, {rows, k});
+    Tensor gpu_w = Gpu(w, {2 * f, k});
+    Tensor out = gpu_->Allocate({rows, f}, DType::kBF16);
+    fused(gpu_x, gpu_w, out, norm ? RowRms{&gpu_x, eps} : RowRms{});
+    Tensor gate_up = gpu_->Allocate({rows, 2 * f}, DType::kBF16);
+    Tensor unfused = gpu_->Allocate({rows, f}, DType::kBF16);
+    gpu_->Linear(gpu_x, gpu_w, gate_up);
+    gpu_->SiluMul(gate_up, unfused, norm ? RowRms{&gpu_x, eps} : RowRms{});
+    Tensor cpu_gate_up = Tensor::Empty({rows, 2 * f}, DType::kF32);
+    Tensor cpu_out = Tensor::Empty({rows, f}, DType::kF32);
+    cpu_->LinearSiluMul(cpu_x, Cpu(w, {2 * f, k}), cpu_gate_up, cpu_out,
+                        norm ? RowRms{&cpu_x, eps} : RowRms{});
+    const std::vector<float> got = Download(out);
+    EXPECT_LE(RelL2(got, Download(unfused)), 1e-3);
+    EXPECT_LE(RelL2(got, Values(cpu_out)), kBf16Tolerance);
   }
 
   std::unique_ptr<Backend> gpu_;
@@ -272,6 +305,48 @@ TEST_F(CudaDenseTest, SiluMulScalesByRowRms) {
     Tensor plain = Tensor::Empty({rows, width}, DType::kF32);
     cpu_->SiluMul(Cpu(gate_up, {rows, 2 * width}), plain, RowRms{});
     EXPECT_GT(RelL2(got, Values(plain)), 0.1) << width;
+  }
+}
+
+// A kernel launched by hand, as the backend would: its bf16 pointers and the folded norm's view.
+__nv_bfloat16* Bits(const Tensor& tensor) { return static_cast<__nv_bfloat16*>(tensor.data()); }
+cuda::RowRmsView ViewOf(const RowRms& norm) {
+  if (norm.rows == nullptr) return {};
+  const Tensor& rows = *norm.rows;
+  return {Bits(rows), rows.stride(0), static_cast<int>(rows.dim(1)), norm.eps};
+}
+
+// The MLP's gate_up GEMM and SiLU as one op, through the backend: one row (the gated skinny
+// kernel), and more rows (the unfused pair), with and without a folded norm.
+TEST_F(CudaDenseTest, LinearSiluMulMatchesCpuAndUnfused) {
+  for (const auto& [rows, f, k, norm] :
+       std::vector<std::tuple<int, int, int, bool>>{{1, 1000, 4096, true},
+                                                    {1, 384, 200, false},
+                                                    {2, 384, 512, true},
+                                                    {40, 384, 512, true}}) {
+    Tensor gate_up = gpu_->Allocate({rows, 2 * f}, DType::kBF16);  // scratch
+    ExpectSwiGluMatchesUnfused(rows, f, k, norm,
+                               [&](const Tensor& x, const Tensor& w, Tensor& out, RowRms view) {
+                                 gpu_->LinearSiluMul(x, w, gate_up, out, view);
+                               });
+  }
+}
+
+// The gated skinny kernel (skinny_gemm.h) alone at 1 to kSkinnyGemmSwiGluMaxRows rows (rows past
+// m in its tile), odd F (a CTA's columns past F), k not a multiple of its 32-k blocks, with and
+// without row scales.
+TEST_F(CudaDenseTest, SkinnyGemmSwiGluMatchesUnfused) {
+  for (const auto& [rows, f, k] : std::vector<std::tuple<int, int, int>>{
+           {1, 14336 / 8, 4096}, {1, 1001, 264}, {3, 384, 4096}, {8, 100, 512}, {5, 1001, 264}}) {
+    for (const bool norm : {false, true}) {
+      ExpectSwiGluMatchesUnfused(
+          rows, f, k, norm, [&](const Tensor& x, const Tensor& w, Tensor& out, RowRms view) {
+            gpu_->Synchronize();
+            cuda::SkinnyGemmSwiGlu(x.dim(0), out.dim(1), x.dim(1), Bits(w), Bits(x), x.stride(0),
+                                   ViewOf(view), Bits(out), out.stride(0), nullptr);
+            SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
+          });
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -87,6 +88,55 @@ Timing TimeSkinny(cudaStream_t stream, int m, const GemmBenchShape& shape,
   return best;
 }
 
+// gate_up then SiluMul (the runner's plan, then the SiLU kernel) against the gated skinny kernel,
+// on `weights` ([2F][K], F = shape.n / 2), with x's own rows as the folded norm's; fills `result`'s
+// silu_pair_ms, gated_skinny_ms and gated_max_relative_difference.
+void TimeGatedSkinny(cudaStream_t stream, int m, const GemmBenchShape& shape,
+                     const std::vector<bf16*>& weights, const bf16* x, int iterations,
+                     GemmBenchResult& result) {
+  const int f = shape.n / 2;
+  const int k = shape.k;
+  const size_t count = static_cast<size_t>(m) * f;
+  bf16* gate_up = nullptr;
+  bf16* pair_out = nullptr;
+  bf16* gated_out = nullptr;
+  SIEVE_CUDA_CHECK(cudaMalloc(&gate_up, static_cast<size_t>(m) * shape.n * sizeof(bf16)));
+  SIEVE_CUDA_CHECK(cudaMalloc(&pair_out, count * sizeof(bf16)));
+  SIEVE_CUDA_CHECK(cudaMalloc(&gated_out, count * sizeof(bf16)));
+  RowRmsView norm;
+  norm.rows = x;  // the GEMM reads the residual stream, whose rows' RMS scales the products
+  norm.stride = k;
+  norm.width = k;
+  norm.eps = 1e-5f;
+  GemmRunner runner(stream);
+  const auto pair = [&](bf16* w) {
+    runner.Run(m, shape.n, k, w, k, x, k, gate_up, shape.n, /*out_f32=*/false);
+    SiluMul(gate_up, shape.n, m, f, pair_out, f, norm, stream);
+  };
+  const auto gated = [&](bf16* w) {
+    SkinnyGemmSwiGlu(m, f, k, w, x, k, norm, gated_out, f, stream);
+  };
+  result.silu_pair_ms = TimeCalls(stream, weights, iterations, pair);
+  result.gated_skinny_ms = TimeCalls(stream, weights, iterations, gated);
+  pair(weights[0]);
+  gated(weights[0]);
+  std::vector<bf16> expected(count), got(count);
+  SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  SIEVE_CUDA_CHECK(cudaMemcpy(expected.data(), pair_out, count * sizeof(bf16), cudaMemcpyDefault));
+  SIEVE_CUDA_CHECK(cudaMemcpy(got.data(), gated_out, count * sizeof(bf16), cudaMemcpyDefault));
+  double max_abs = 0, max_difference = 0;
+  for (size_t index = 0; index < count; ++index) {
+    const double want = __bfloat162float(expected[index]);
+    max_abs = std::max(max_abs, std::abs(want));
+    max_difference = std::max(max_difference,
+                              std::abs(static_cast<double>(__bfloat162float(got[index])) - want));
+  }
+  result.gated_max_relative_difference = max_abs > 0 ? max_difference / max_abs : 0;
+  cudaFree(gate_up);
+  cudaFree(pair_out);
+  cudaFree(gated_out);
+}
+
 }  // namespace
 
 int RunGemmBenchmarks(const GemmBenchOptions& options) {
@@ -128,10 +178,13 @@ int RunGemmBenchmarks(const GemmBenchOptions& options) {
           TimeRunner(stream, m, shape, weights, x, out, out_f32, options.iterations);
       const Timing skinny =
           TimeSkinny(stream, m, shape, weights, x, out, out_f32, options.iterations);
+      GemmBenchResult result;
+      const bool gated = shape.name == "gate_up" && m <= kSkinnyGemmSwiGluMaxRows &&
+                         SkinnyGemmSupports(m, shape.k, weights[0], shape.k, x, shape.k);
+      if (gated) TimeGatedSkinny(stream, m, shape, weights, x, options.iterations, result);
       for (bf16* w : weights) cudaFree(w);
       cudaFree(x);
       cudaFree(out);
-      GemmBenchResult result;
       result.name = shape.name;
       result.m = m;
       result.n = shape.n;
@@ -152,6 +205,13 @@ int RunGemmBenchmarks(const GemmBenchOptions& options) {
           "%4d  %-8s %6d x %-6d | %8.3f ms %6.0f GB/s (%3.0f%%) %4.0f TFLOP/s | %-28s | %s\n", m,
           shape.name.c_str(), shape.n, shape.k, cublas.ms, result.cublas_gbs,
           percent(result.cublas_gbs), tflops, skinny_column, cublas.plan.c_str());
+      if (gated) {
+        std::printf(
+            "%4d  %-8s %15s | + SiluMul %8.3f ms, gated skinny %8.3f ms (%.3fx the pair, max rel. "
+            "difference %.2e)\n",
+            m, "gate_up", "and SiLU", result.silu_pair_ms, result.gated_skinny_ms,
+            result.gated_skinny_ms / result.silu_pair_ms, result.gated_max_relative_difference);
+      }
       cublas_total_ms += cublas.ms;
       total_bytes += bytes;
       if (options.results != nullptr) options.results->push_back(result);

@@ -1,7 +1,8 @@
 // Timing of the GEMMs of one decoder layer and the lm_head at decode batch sizes, for
 // `sieve bench kernels`: the backend's GemmRunner (cuBLASLt or the skinny kernel, the fastest of
 // its candidates) as GB/s of weights streamed, beside the measured copy rate, and the skinny
-// kernel alone. PERF.md's anchor: cuBLAS reaches ~72% of copy at M = 1..128 when timed one call
+// kernel alone; at gate_up's few-row sizes also gate_up + SiLU x mul as the pair and as the gated
+// skinny kernel. PERF.md's anchor: cuBLAS reaches ~72% of copy at M = 1..128 when timed one call
 // at a time.
 #pragma once
 
@@ -22,6 +23,10 @@ struct GemmBenchResult {
   double cublas_ms = 0, cublas_gbs = 0;
   std::string plan;      // the runner's plan, e.g. "cuBLASLt, candidate 2 of 8 (...)"
   double skinny_ms = 0;  // the skinny kernel alone at its fastest k split; 0 where it cannot run
+  // gate_up up to kSkinnyGemmSwiGluMaxRows rows (else 0): the runner then SiluMul, against the
+  // gated skinny kernel (SkinnyGemmSwiGlu), both with a folded norm's row scales, and the largest
+  // difference of the gated output from the pair's over the pair's largest value.
+  double silu_pair_ms = 0, gated_skinny_ms = 0, gated_max_relative_difference = 0;
 };
 
 struct GemmBenchOptions {

@@ -21,6 +21,10 @@
 // 1.241 -> 0.959 ms a step, the whole batch-1 step 4.20 -> 4.18 ms, since PDL hid most of it
 // (bench/results/2026-12-04-h200-skinny-deep-group-ab.json). The first group is loaded before
 // PdlWait: it depends on no kernel, so it streams while the kernel before still runs.
+//
+// The gated form (kGated, SkinnyGemmSwiGlu) is the MLP's gate_up GEMM with SiLU x mul fused: a
+// CTA's 16 rows of w are 8 gate rows and their 8 up rows, and its sums leave through SiluMul's
+// arithmetic as 8 output columns, so a one-row step runs no SiLU kernel and never writes gate_up.
 #include "backend/cuda/skinny_gemm.h"
 
 #include <cooperative_groups.h>
@@ -28,6 +32,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/flash_warp.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/row_rms.cuh"
 #include "core/check.h"
 
 namespace sieve::cuda {
@@ -67,23 +72,32 @@ __device__ __forceinline__ void MmaBlock(float (&acc)[4], const uint4& lo, const
 template <int kGroup>
 constexpr int kCtasPerSm = kGroup > 4 ? 2 : 3;
 
-template <int kXTiles, int kGroup, bool kOutF32, bool kAccumulate>
+// kGated (the MLP's gate_up GEMM with SiLU x mul fused, skinny_gemm.h's SkinnyGemmSwiGlu): n is
+// F, w has 2F rows (gate, then up), and a CTA's 16 rows of w are gate rows c .. c + 8 and the up
+// rows F further on, so that its sums hold both halves of 8 output columns; `norm` gives the
+// folded norm's row scales. Otherwise `norm` is unused.
+template <int kXTiles, int kGroup, bool kOutF32, bool kAccumulate, bool kGated>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
     SkinnyGemmKernel(const bf16* __restrict__ w, int64_t ldw, const bf16* __restrict__ x,
-                     int64_t ldx, void* __restrict__ out, int64_t ldo, int m, int n, int k) {
+                     int64_t ldx, void* __restrict__ out, int64_t ldo, int m, int n, int k,
+                     RowRmsView norm) {
   // Each warp's sums: [warp][row of x][column], padded against bank conflicts.
   __shared__ float partial[kWarps][kXTiles * 8][kColumns + 1];
+  __shared__ float row_scales[kGated ? kXTiles * 8 : 1];
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4;
   const int t = lane % 4;
-  const int column0 = static_cast<int>(blockIdx.x) * kColumns;
+  constexpr int kOutColumns = kGated ? kColumns / 2 : kColumns;  // output columns per CTA
+  const int column0 = static_cast<int>(blockIdx.x) * kOutColumns;
   // The cluster's CTAs (blockIdx.y) split k between them, then their warps.
   const int splits = static_cast<int>(gridDim.y);
   const int split_warp = static_cast<int>(blockIdx.y) * kWarps + warp;
   // Rows of w past n read the last row (in bounds); their sums are never stored.
-  const bf16* w_lo = w + static_cast<int64_t>(min(column0 + g, n - 1)) * ldw + 8 * t;
-  const bf16* w_hi = w + static_cast<int64_t>(min(column0 + g + 8, n - 1)) * ldw + 8 * t;
+  const int64_t row_lo = min(column0 + g, n - 1);
+  const int64_t row_hi = kGated ? n + row_lo : min(column0 + g + 8, n - 1);
+  const bf16* w_lo = w + row_lo * ldw + 8 * t;
+  const bf16* w_hi = w + row_hi * ldw + 8 * t;
   const int blocks = (k + kBlockK - 1) / kBlockK;
   const int per_warp = (blocks + kWarps * splits - 1) / (kWarps * splits);
   const int begin = min(blocks, split_warp * per_warp);
@@ -137,6 +151,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
     partial[warp][row + 1][g + 8] = acc[tile][3];
   }
   __syncthreads();
+  if constexpr (kGated) {
+    // The folded norm's s of each row (the bits SiluMul computes), for the cluster's first CTA.
+    if (blockIdx.y == 0) {
+      for (int row = warp; row < m; row += kWarps) {
+        const float scale = WarpRowInvRms(norm, row);
+        if (lane == 0) row_scales[row] = scale;
+      }
+    }
+  }
   // This CTA's sums over its warps, into partial[0] (each entry read and written by one thread).
   for (int index = static_cast<int>(threadIdx.x); index < kXTiles * 8 * kColumns;
        index += kThreads) {
@@ -157,16 +180,31 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
   } else {
     __syncthreads();
   }
-  for (int index = static_cast<int>(threadIdx.x); index < kXTiles * 8 * kColumns;
-       index += kThreads) {
-    const int row = index / kColumns;
-    const int column = column0 + index % kColumns;
-    if (row >= m || column >= n) continue;
-    float sum = partial[0][row][index % kColumns];
+  // The sum of one entry of partial[0] over the cluster's CTAs.
+  const auto cluster_sum = [&](int row, int column) {
+    float sum = partial[0][row][column];
     for (int rank = 1; rank < splits; ++rank) {
-      sum += *cg::this_cluster().map_shared_rank(&partial[0][row][index % kColumns], rank);
+      sum += *cg::this_cluster().map_shared_rank(&partial[0][row][column], rank);
     }
+    return sum;
+  };
+  for (int index = static_cast<int>(threadIdx.x); index < kXTiles * 8 * kOutColumns;
+       index += kThreads) {
+    const int row = index / kOutColumns;
+    const int column = column0 + index % kOutColumns;
+    if (row >= m || column >= n) continue;
     const int64_t at = static_cast<int64_t>(row) * ldo + column;
+    if constexpr (kGated) {
+      // SiluMul's arithmetic (dense_kernels.cu) on the bf16 gate and up.
+      const float s = row_scales[row];
+      const float gate =
+          __bfloat162float(__float2bfloat16_rn(cluster_sum(row, index % kOutColumns))) * s;
+      const float up =
+          __bfloat162float(__float2bfloat16_rn(cluster_sum(row, index % kOutColumns + 8)));
+      static_cast<bf16*>(out)[at] = __float2bfloat16_rn(gate / (1.0f + __expf(-gate)) * (up * s));
+      continue;
+    }
+    const float sum = cluster_sum(row, index % kOutColumns);
     if constexpr (kOutF32) {
       float* target = static_cast<float*>(out) + at;
       *target = kAccumulate ? *target + sum : sum;
@@ -187,14 +225,15 @@ void LaunchTiles(int64_t m, int64_t n, int64_t k, const bf16* w, int64_t ldw, co
   const dim3 block(kThreads);
   const auto launch = [&](auto kernel) {
     LaunchWithPdlInClusters(kernel, grid, cluster, block, 0, stream, w, ldw, x, ldx, out, ldo,
-                            static_cast<int>(m), static_cast<int>(n), static_cast<int>(k));
+                            static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                            RowRmsView{});
   };
   if (out_f32) {
-    accumulate ? launch(SkinnyGemmKernel<kXTiles, kGroup, true, true>)
-               : launch(SkinnyGemmKernel<kXTiles, kGroup, true, false>);
+    accumulate ? launch(SkinnyGemmKernel<kXTiles, kGroup, true, true, false>)
+               : launch(SkinnyGemmKernel<kXTiles, kGroup, true, false, false>);
   } else {
-    accumulate ? launch(SkinnyGemmKernel<kXTiles, kGroup, false, true>)
-               : launch(SkinnyGemmKernel<kXTiles, kGroup, false, false>);
+    accumulate ? launch(SkinnyGemmKernel<kXTiles, kGroup, false, true, false>)
+               : launch(SkinnyGemmKernel<kXTiles, kGroup, false, false, false>);
   }
 }
 
@@ -229,6 +268,25 @@ void SkinnyGemm(int64_t m, int64_t n, int64_t k, const bf16* w, int64_t ldw, con
   } else {
     LaunchTiles<4, 2>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream);
   }
+  SIEVE_CUDA_CHECK(cudaGetLastError());
+}
+
+void SkinnyGemmSwiGlu(int64_t m, int64_t f, int64_t k, const bf16* w, const bf16* x, int64_t ldx,
+                      const RowRmsView& norm, bf16* out, int64_t ldo, cudaStream_t stream) {
+  SIEVE_CHECK(f >= 1 && f < (int64_t{1} << 30) && m <= kSkinnyGemmSwiGluMaxRows &&
+              SkinnyGemmSupports(m, k, w, k, x, ldx))
+      << "the gated skinny GEMM does not take " << m << " x " << f << " x " << k;
+  SIEVE_CHECK(norm.rows == nullptr ||
+              (norm.width % 8 == 0 && norm.stride % 8 == 0 && Aligned16(norm.rows)))
+      << "a folded RMSNorm's rows must be 16-byte aligned, width and stride multiples of 8";
+  // 8 output columns (16 rows of w) a CTA: f / 8 CTAs, enough to fill the SMs at the MLP's
+  // widths without a k split. One row tile and SkinnyGemm's load group for it.
+  const dim3 grid(static_cast<unsigned>((f + kColumns / 2 - 1) / (kColumns / 2)));
+  const auto launch = [&](auto kernel) {
+    LaunchWithPdl(kernel, grid, kThreads, 0, stream, w, k, x, ldx, static_cast<void*>(out), ldo,
+                  static_cast<int>(m), static_cast<int>(f), static_cast<int>(k), norm);
+  };
+  launch(SkinnyGemmKernel<1, 4, false, false, true>);
   SIEVE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/cuda/row_rms.cuh"
+
 namespace sieve::cuda {
 
 inline constexpr int64_t kSkinnyGemmMaxRows = 32;
@@ -30,5 +32,17 @@ std::vector<int> SkinnyGemmSplits(int64_t k);
 void SkinnyGemm(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t ldw,
                 const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32,
                 bool accumulate, int splits, cudaStream_t stream);
+
+// The rows SkinnyGemmSwiGlu takes (one row tile); the backend runs it at one row, where it beat
+// the skinny GEMM + SiluMul pair (README_gemm.md, "The gated form").
+inline constexpr int64_t kSkinnyGemmSwiGluMaxRows = 8;
+
+// The MLP's gate_up GEMM with SiLU x mul fused: out[m][j] = silu(s bf16(x . w_j)) *
+// (s bf16(x . w_{F+j})) for j < F, s of each row from `norm` (1 without rows), w [2F][K] (gate
+// rows, then up rows, row stride K). Up to kSkinnyGemmSwiGluMaxRows rows, where
+// SkinnyGemmSupports; the norm's rows 16-byte aligned with width and stride multiples of 8.
+void SkinnyGemmSwiGlu(int64_t m, int64_t f, int64_t k, const __nv_bfloat16* w,
+                      const __nv_bfloat16* x, int64_t ldx, const RowRmsView& norm,
+                      __nv_bfloat16* out, int64_t ldo, cudaStream_t stream);
 
 }  // namespace sieve::cuda
