@@ -280,7 +280,8 @@ void SkinnyGemmSwiGlu(int64_t m, int64_t f, int64_t k, const bf16* w, const bf16
               (norm.width % 8 == 0 && norm.stride % 8 == 0 && Aligned16(norm.rows)))
       << "a folded RMSNorm's rows must be 16-byte aligned, width and stride multiples of 8";
   // 8 output columns (16 rows of w) a CTA: f / 8 CTAs, enough to fill the SMs at the MLP's
-  // widths without a k split. One row tile and SkinnyGemm's load group for it.
+  // widths without a k split. One row tile; groups of 4 blocks, as SkinnyGemm loads for grids
+  // past 2 CTAs an SM.
   const dim3 grid(static_cast<unsigned>((f + kColumns / 2 - 1) / (kColumns / 2)));
   const auto launch = [&](auto kernel) {
     LaunchWithPdl(kernel, grid, kThreads, 0, stream, w, k, x, ldx, static_cast<void*>(out), ldo,
