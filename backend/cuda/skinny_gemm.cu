@@ -152,12 +152,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
   }
   __syncthreads();
   if constexpr (kGated) {
-    // The folded norm's s of each row (the bits SiluMul computes), for the cluster's first CTA.
-    if (blockIdx.y == 0) {
-      for (int row = warp; row < m; row += kWarps) {
-        const float scale = WarpRowInvRms(norm, row);
-        if (lane == 0) row_scales[row] = scale;
-      }
+    // The folded norm's s of each row (the bits SiluMul computes), a warp a row: the gated form
+    // takes one row tile (m <= kWarps) and no k split.
+    static_assert(kXTiles * 8 <= kWarps, "the gated form takes one row tile");
+    if (warp < m) {
+      const float scale = WarpRowInvRms(norm, warp);
+      if (lane == 0) row_scales[warp] = scale;
     }
   }
   // This CTA's sums over its warps, into partial[0] (each entry read and written by one thread).
