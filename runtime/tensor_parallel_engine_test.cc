@@ -1,10 +1,11 @@
 // Tensor parallelism through the engine on the CPU: one engine (scheduler, KV manager, sampling)
 // driving N ranks, each a CPU backend with its model shard and its own KV pool, joined by the
-// in-process communicator. Greedy tokens on 2 and 4 ranks must equal one rank's, dense and under
-// every KV policy (SnapKV, PyramidKV, StreamingLLM, H2O, a full + SnapKV mix, a score-capped
-// decode), with batched and chunked prefills, padded decode batches and preemption (dense, and
-// sparse, which replays generated tokens), on random models (MHA; GQA with 2 KV heads, replicated
-// on 4 ranks) and on fixture checkpoints loaded sharded. The chosen tokens' log-probabilities
+// in-process communicator. Greedy tokens on 2, 4 and 8 ranks must equal one rank's, dense and
+// under every KV policy (SnapKV, PyramidKV, StreamingLLM, H2O, a full + SnapKV mix, a
+// score-capped decode), with batched and chunked prefills, padded decode batches and preemption
+// (dense, and sparse, which replays generated tokens), on random models (MHA; GQA with 2 KV heads,
+// replicated on 4 ranks; 8 ranks of MHA 8/8 and GQA 16/4) and on checkpoints loaded sharded (the
+// fixtures and the trained default model). The chosen tokens' log-probabilities
 // must agree within 1e-4 (f32: the ranks' partial sums are added in another order, ~1e-6). Bad
 // splits are clear errors at load.
 #include <gtest/gtest.h>
@@ -271,6 +272,33 @@ TEST(TensorParallelEngineTest, MhaGreedyTokensOnTwoAndFourRanksEqualOneRank) {
 TEST(TensorParallelEngineTest, GqaWithTwoKvHeadsOnTwoAndFourRanksEqualsOneRank) {
   const ModelConfig config = RandomConfig(8, 2);
   CheckGreedyTokens(config, RandomFactory(config, testing::MakeRng()()), {2, 4}, "GQA 8/2");
+}
+
+// Eight ranks, as a TP = 8 server of an 8-KV-head model runs: one KV head per rank (MHA 8/8),
+// and 4 KV heads each replicated on 2 ranks with 2 query heads a rank (GQA 16/4).
+TEST(TensorParallelEngineTest, MhaAndGqaOnEightRanksEqualOneRank) {
+  const ModelConfig mha = RandomConfig(8, 8);
+  CheckGreedyTokens(mha, RandomFactory(mha, testing::MakeRng()()), {8}, "MHA 8/8");
+  const ModelConfig gqa = RandomConfig(16, 4);
+  CheckGreedyTokens(gqa, RandomFactory(gqa, testing::MakeRng()()), {8}, "GQA 16/4");
+}
+
+// Sieve's trained default model (models/sieve-tiny-10m: 4 query heads on 2 KV heads, bf16), each
+// rank loading only its slices, on 2 and 4 ranks.
+TEST(TensorParallelEngineTest, TrainedModelOnTwoAndFourRanksEqualsOneRank) {
+  const std::string dir = ProjectSourceDir() + "/models/sieve-tiny-10m";
+  auto config = LoadModelConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  auto checkpoint = SafetensorsCheckpoint::Open(dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
+  const SafetensorsCheckpoint& weights = **checkpoint;
+  const ModelConfig model_config = *config;
+  const ModelFactory factory = [&weights, model_config](Backend& backend,
+                                                        const TensorParallelShard& shard,
+                                                        Communicator* communicator) {
+    return LlamaModel::Load(model_config, weights, backend, 256, shard, communicator);
+  };
+  CheckGreedyTokens(model_config, factory, {2, 4}, "sieve-tiny-10m");
 }
 
 // The fixture checkpoints, each rank loading only its slices: GQA with 2 KV heads (bf16) and
