@@ -192,8 +192,17 @@ fi
 
 if has tp; then
   # Tensor parallelism over TP_SIZE GPUs (default: every GPU of the machine) through NCCL: the
-  # 70B plan's bound with the all-reduce timed on them, and the Llama-3-8B decode step split.
+  # GPU tests of N GPUs against one (greedy tokens through the engine, the trained model and a
+  # Llama-3-8B-shaped dummy one, dense and sparse; logits of a tiny model), then the 70B plan's
+  # bound with the all-reduce timed on them, and the Llama-3-8B decode step split. The tests skip
+  # on one GPU.
   ensure_sieve
+  cmake --build --preset gpu --target gpu_engine_test tensor_parallel_test > "$LOGS/build_tp_tests.log" 2>&1
+  ./build/gpu/runtime/gpu_engine_test --gtest_filter='*TensorParallel*' > "$LOGS/tp_engine_test.log" 2>&1
+  note "tp: engine test exit $? ($(grep -cE 'GPUs against one$' "$LOGS/tp_engine_test.log") runs)"
+  grep -E "greedy tokens equal|largest \|logprob|FAILED|SKIPPED \]" "$LOGS/tp_engine_test.log" | head -30 | tee -a "$summary"
+  ./build/gpu/model/tensor_parallel_test --gtest_filter='GpuTensorParallel*' > "$LOGS/tp_model_test.log" 2>&1
+  note "tp: model test exit $?"; grep -E "worst relative L2|FAILED|SKIPPED \]" "$LOGS/tp_model_test.log" | tee -a "$summary"
   tp_size="${TP_SIZE:-$(nvidia-smi -L | wc -l)}"
   ./build/gpu/sieve bench kernels --skip-attention --skip-sparsity --skip-gemm --no-step-variants \
     --tensor-parallel-size "$tp_size" --result-json "$OUT/kernels_tp$tp_size.json" \
