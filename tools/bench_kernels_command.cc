@@ -337,11 +337,15 @@ int Run(const KernelsFlags& flags) {
       const char* key;
       bool pdl;  // SetPdlEnabled (false: off; true: as the environment)
       StepLengthBounds length_bounds = StepLengthBounds::kTrue;
+      bool fold = false;  // SetDecodeKvHeadFolding (decode_attention.h)
     };
     const Variant variants[] = {
         {"", "", true},
         {", no PDL", "_no_pdl", false},
         {", engine's layer bounds", "_engine_bounds", true, StepLengthBounds::kEngineLayerBounds},
+        // Off by default until timed: this row is its A/B (it folds only past one wave of CTAs,
+        // so at small batches it runs the defaults again).
+        {", folded decode CTAs", "_folded", true, StepLengthBounds::kTrue, true},
     };
     const bool given_pdl = cuda::PdlSetting().load() != 0;
     const std::string given_text = given_pdl ? "" : " SIEVE_PDL=0";
@@ -352,6 +356,7 @@ int Run(const KernelsFlags& flags) {
     for (const Variant& variant : variants) {
       if (flags.no_step_variants && variant.label[0] != '\0') continue;
       cuda::SetPdlEnabled(variant.pdl && given_pdl);
+      cuda::SetDecodeKvHeadFolding(variant.fold);
       const bool headline = variant.label[0] == '\0';
       for (const double kept : {1.0, 0.1}) {
         // A fresh backend for each step, as an engine serving it would have: its GEMM choices
@@ -419,6 +424,7 @@ int Run(const KernelsFlags& flags) {
       }
     }
     cuda::SetPdlEnabled(given_pdl);
+    cuda::SetDecodeKvHeadFolding(false);
   }
   if (ranks) {
     std::printf(

@@ -24,6 +24,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -316,11 +317,62 @@ void PrintTo(const DecodeCase& test_case, std::ostream* os) { *os << test_case.n
 
 class DecodeAttentionTest : public ::testing::TestWithParam<DecodeCase> {};
 
-// "wide", "narrow", or "auto (narrow)": what DecodeAttention picks at these sizes.
-std::string CtaName(DecodeCta cta, int batch, int num_heads, int num_kv_heads) {
-  const auto name = [](DecodeCta shape) { return shape == DecodeCta::kNarrow ? "narrow" : "wide"; };
-  if (cta != DecodeCta::kAuto) return name(cta);
-  return std::string("auto (") + name(ChooseDecodeCta(batch, num_heads, num_kv_heads)) + ")";
+// "wide", "narrow x2" (2 KV heads a CTA), or "auto (narrow x4)": what DecodeAttention picks at
+// these sizes.
+std::string CtaName(DecodeCta cta, int kv_heads_per_cta, int batch, int num_heads,
+                    int num_kv_heads) {
+  const auto name = [](DecodeCta shape, int fold) {
+    return std::string(shape == DecodeCta::kNarrow ? "narrow" : "wide") +
+           (fold > 1 ? " x" + std::to_string(fold) : "");
+  };
+  if (cta != DecodeCta::kAuto) return name(cta, kv_heads_per_cta);
+  const DecodeCta chosen = ChooseDecodeCta(batch, num_heads, num_kv_heads);
+  return "auto (" +
+         name(chosen, ChooseDecodeKvHeadsPerCta(batch, num_heads, num_kv_heads, chosen)) + ")";
+}
+
+// The KV heads a CTA that each forced CTA shape runs with: 1, and where the group allows folding
+// 2 and all of them (each a divisor of num_kv_heads).
+std::vector<int> FoldsToRun(int num_heads, int num_kv_heads) {
+  std::vector<int> folds = {1};
+  if (num_heads / num_kv_heads > kDecodeMaxFoldedGroup) return folds;
+  for (const int fold : {2, num_kv_heads}) {
+    if (fold > 1 && num_kv_heads % fold == 0 &&
+        std::find(folds.begin(), folds.end(), fold) == folds.end()) {
+      folds.push_back(fold);
+    }
+  }
+  return folds;
+}
+
+// A decode attention configuration a test runs: kAuto (DecodeAttention's own choice, with
+// folding off as by default, or on where it folds at this batch), or a forced shape with a forced
+// number of KV heads a CTA.
+struct DecodeShape {
+  DecodeCta cta;
+  int fold;      // KV heads a CTA; 0 with kAuto
+  bool folding;  // SetDecodeKvHeadFolding, for kAuto
+};
+
+// Sets the process-wide folding for one run, and always leaves it off.
+struct ScopedFolding {
+  explicit ScopedFolding(bool enabled) { SetDecodeKvHeadFolding(enabled); }
+  ~ScopedFolding() { SetDecodeKvHeadFolding(false); }
+};
+
+std::vector<DecodeShape> ShapesToRun(int batch, int num_heads, int num_kv_heads) {
+  std::vector<DecodeShape> shapes = {{DecodeCta::kAuto, 0, false}};
+  {
+    const ScopedFolding on(true);
+    const DecodeCta chosen = ChooseDecodeCta(batch, num_heads, num_kv_heads);
+    if (ChooseDecodeKvHeadsPerCta(batch, num_heads, num_kv_heads, chosen) > 1) {
+      shapes.push_back({DecodeCta::kAuto, 0, true});
+    }
+  }
+  for (const DecodeCta cta : {DecodeCta::kWide, DecodeCta::kNarrow}) {
+    for (const int fold : FoldsToRun(num_heads, num_kv_heads)) shapes.push_back({cta, fold, false});
+  }
+  return shapes;
 }
 
 // The decode rows [prefill_tokens, tokens) of a GPU output [tokens][out_stride] against the
@@ -549,13 +601,14 @@ TEST_P(DecodeAttentionTest, MatchesCpu) {
             ? DecodeAttentionWorkspaceBytesForSplits(batch, num_heads, head_dim, forced_splits)
             : DecodeAttentionWorkspaceBytes(batch, num_heads, head_dim, max_kv_len);
     DeviceBuffer<uint8_t> workspace(workspace_bytes);
-    // Each split count in both CTA shapes; with the chosen count also DecodeAttention itself
-    // (kAuto: its own split count and shape).
-    for (const DecodeCta cta : {DecodeCta::kAuto, DecodeCta::kWide, DecodeCta::kNarrow}) {
+    // Each split count in both CTA shapes, unfolded and folded; with the chosen count also
+    // DecodeAttention itself (kAuto: its own split count, shape and folding).
+    for (const auto& [cta, fold, folding] : ShapesToRun(batch, num_heads, kv_heads)) {
       if (cta == DecodeCta::kAuto && forced_splits > 0) continue;
+      const ScopedFolding folding_for_auto(folding);
       const std::string what = test_case.name + (forced_splits > 0 ? " forced" : " chosen") +
                                " splits=" + std::to_string(splits) + " " +
-                               CtaName(cta, batch, num_heads, kv_heads);
+                               CtaName(cta, fold, batch, num_heads, kv_heads);
       std::vector<bf16> first_run;
       for (int run = 0; run < 2; ++run) {
         DeviceBuffer<bf16> out_dev(NanBf16(static_cast<size_t>(tokens) * out_stride));
@@ -564,9 +617,9 @@ TEST_P(DecodeAttentionTest, MatchesCpu) {
         PoolView pool_view = device.Pool(k_dev.get(), v_dev.get(), kv_heads, head_dim);
         pool_view.scores = scores_dev ? scores_dev->get() : nullptr;
         if (cta != DecodeCta::kAuto) {
-          DecodeAttentionWithSplits(splits, cta, qkv_dev.get(), qkv_width, nullptr, num_heads, view,
-                                    layer, pool_view, out_dev.get(), out_stride, workspace.get(),
-                                    workspace_bytes, RowRmsView{}, nullptr);
+          DecodeAttentionWithSplits(splits, cta, fold, qkv_dev.get(), qkv_width, nullptr, num_heads,
+                                    view, layer, pool_view, out_dev.get(), out_stride,
+                                    workspace.get(), workspace_bytes, RowRmsView{}, nullptr);
         } else {
           DecodeAttention(qkv_dev.get(), qkv_width, num_heads, view, layer, pool_view,
                           out_dev.get(), out_stride, workspace.get(), workspace_bytes, nullptr);
@@ -626,7 +679,10 @@ INSTANTIATE_TEST_SUITE_P(
         DecodeCase{"page24_b3_gqa8x2_d128", 8, 2, 128, 3, 1000, {}, true, {0, 2}, 24},
         // The sparse decode step's shape: 512 CTAs, more than one wide wave, so auto is narrow
         // (on a GPU of fewer than 256 SMs).
-        DecodeCase{"b64_gqa32x8_d128_short", 32, 8, 128, 64, 500, {}, false, {0, 1, 3}}),
+        DecodeCase{"b64_gqa32x8_d128_short", 32, 8, 128, 64, 500, {}, false, {0, 1, 3}},
+        // Batch 160: 1,280 (sequence, KV head) CTAs, several narrow waves on a GPU of up to 320
+        // SMs, so auto with folding on folds KV heads into CTAs.
+        DecodeCase{"b160_gqa32x8_d128_short", 32, 8, 128, 160, 300, {}, false, {0, 1, 2}}),
     [](const ::testing::TestParamInfo<DecodeCase>& info) { return info.param.name; });
 
 // ------------------------------------------------------------------------------------------
@@ -769,7 +825,7 @@ TEST_P(RopeDecodeAttentionTest, MatchesCpuAndTwoKernelPath) {
     std::vector<int32_t> positions;
   };
   // One run on fresh copies of everything it writes. splits 0 with kAuto: the public entry points.
-  const auto run = [&](bool fused, int splits, DecodeCta cta, size_t workspace_bytes) {
+  const auto run = [&](bool fused, int splits, DecodeCta cta, int fold, size_t workspace_bytes) {
     DeviceBuffer<bf16> qkv_dev(qkv_bits);
     DeviceBuffer<bf16> k_dev(k_bits);
     DeviceBuffer<bf16> v_dev(v_bits);
@@ -784,7 +840,7 @@ TEST_P(RopeDecodeAttentionTest, MatchesCpuAndTwoKernelPath) {
     }
     const float* table = fused ? rope_dev.get() : nullptr;
     if (splits > 0) {
-      DecodeAttentionWithSplits(splits, cta, qkv_dev.get(), qkv_width, table, num_heads, view,
+      DecodeAttentionWithSplits(splits, cta, fold, qkv_dev.get(), qkv_width, table, num_heads, view,
                                 layer, pool_view, out_dev.get(), out_stride, workspace.get(),
                                 workspace_bytes, fused ? norm : RowRmsView{}, nullptr);
     } else if (fused) {
@@ -812,14 +868,15 @@ TEST_P(RopeDecodeAttentionTest, MatchesCpuAndTwoKernelPath) {
                            ? forced_splits
                            : DecodeAttentionSplits(batch, num_heads, kv_heads, head_dim, max_kv_len,
                                                    workspace_bytes);
-    for (const DecodeCta cta : {DecodeCta::kAuto, DecodeCta::kWide, DecodeCta::kNarrow}) {
+    for (const auto& [cta, fold, folding] : ShapesToRun(batch, num_heads, kv_heads)) {
       if (cta == DecodeCta::kAuto && forced_splits > 0) continue;
+      const ScopedFolding folding_for_auto(folding);
       const std::string what = test_case.name + (forced_splits > 0 ? " forced" : " chosen") +
                                " splits=" + std::to_string(splits) + " " +
-                               CtaName(cta, batch, num_heads, kv_heads);
+                               CtaName(cta, fold, batch, num_heads, kv_heads);
       const int run_splits = cta == DecodeCta::kAuto ? 0 : splits;
-      const RunResult fused = run(true, run_splits, cta, workspace_bytes);
-      const RunResult two_kernels = run(false, run_splits, cta, workspace_bytes);
+      const RunResult fused = run(true, run_splits, cta, fold, workspace_bytes);
+      const RunResult two_kernels = run(false, run_splits, cta, fold, workspace_bytes);
 
       ExpectDecodeRowsMatch(ToFloat(fused.out), out_stride, out_ref.data_as<float>(), tokens,
                             prefill_tokens, q_width, head_dim, what + " fused");
@@ -876,7 +933,11 @@ INSTANTIATE_TEST_SUITE_P(
         RopeDecodeCase{"folded_b7_gqa32x8_d128", 32, 8, 128, 7, 3000, {}, {0, 1, 4}, 16, true},
         RopeDecodeCase{"folded_mixed_b5_gqa8x2_d64", 8, 2, 64, 5, 700, {4}, {0, 3}, 16, true},
         RopeDecodeCase{"folded_b5_gqa48x2_d128", 48, 2, 128, 5, 1000, {}, {0, 1, 2}, 16, true},
-        RopeDecodeCase{"folded_b64_gqa32x8_d128_short", 32, 8, 128, 64, 500, {}, {0, 3}, 16, true}),
+        RopeDecodeCase{"folded_b64_gqa32x8_d128_short", 32, 8, 128, 64, 500, {}, {0, 3}, 16, true},
+        // Auto with folding on folds KV heads into CTAs (as DecodeAttentionTest's b160).
+        RopeDecodeCase{
+            "folded_b160_gqa32x8_d128_short", 32, 8, 128, 160, 300, {}, {0, 2}, 16, true},
+        RopeDecodeCase{"mixed_b300_gqa8x2_d64", 8, 2, 64, 300, 300, {3}, {0, 1}}),
     [](const ::testing::TestParamInfo<RopeDecodeCase>& info) { return info.param.name; });
 
 // Not a check: the benchmark (attention_bench.h) run from this binary, so that one GPU session can

@@ -113,6 +113,15 @@ constexpr bool MergeFits() {  // in the K/V stages of the smallest (2-stage) pip
 }
 static_assert(MergeFits<64, kWideWarps>() && MergeFits<128, kWideWarps>());
 static_assert(MergeFits<64, kNarrowWarps>() && MergeFits<128, kNarrowWarps>());
+// Between two KV heads of a folded CTA the next head's first tiles are in flight, and the merge
+// has the Q tile ((m, l): q is in registers by then) and the one stage just attended: each half
+// of it (K, V) holds the rescaled rows, at most kDecodeMaxFoldedGroup, of half the warps.
+template <int kHeadDim, int kWarps>
+constexpr bool FoldedMergeFits() {
+  return (kWarps + 1) / 2 * kDecodeMaxFoldedGroup * MergeRowStride<kHeadDim>() * 4 <=
+             SmemKvTileBytes<kHeadDim, kWarps>() &&
+         kWarps * 16 * 2 * 4 <= SmemQBytes<kHeadDim>();
+}
 
 struct DecodeParams {
   const bf16* q;               // [T][q_stride]; fused RoPE: qkv rows, q and k not rotated
@@ -134,12 +143,14 @@ struct DecodeParams {
   float* scores;               // [num_pages * page_size][G] or null
   int64_t q_stride;
   int64_t out_stride;
-  int first_seq;     // S_p: decode sequences are [S_p, S)
-  int num_decode;    // B
-  int num_heads;     // H
-  int num_kv_heads;  // G
-  int group;         // H / G
-  int head_chunks;   // ceil(group / kHeadsPerCta)
+  int first_seq;         // S_p: decode sequences are [S_p, S)
+  int num_decode;        // B
+  int num_heads;         // H
+  int num_kv_heads;      // G
+  int group;             // H / G
+  int head_chunks;       // ceil(group / kHeadsPerCta)
+  int kv_heads_per_cta;  // KV heads a CTA attends one after another (folded CTAs: more than 1)
+  int kv_head_groups;    // num_kv_heads / kv_heads_per_cta
   int page_size;
   int page_shift;  // log2(page_size), or -1 when it is not a power of two
   int max_pages_per_seq;
@@ -212,35 +223,51 @@ __device__ __forceinline__ int64_t PoolEntry(const DecodeParams& params, const i
   return EntryInPool(params, pages[page], page, entry);
 }
 
-// Fused RoPE: writes the decode token's k (rotated) and v of KV head `kv_head` into pool entry
-// `pool_entry`, and its position into the side pool; as RopeAndCacheWrite does for that head, bit
-// for bit. `cos_sin` holds the angles of 16-byte chunk (thread % (d / 16)) of a half row. Threads
-// [0, d/16) rotate k, the next d/8 copy v, the next one writes the position.
+// Fused RoPE: writes the decode token's k (rotated) and v of KV heads [first_kv_head,
+// first_kv_head + count) into pool entry `pool_entry`, and its position into the side pool; as
+// RopeAndCacheWrite does for those heads, bit for bit. `cos_sin` holds the angles of 16-byte chunk
+// (thread % (d / 16)) of a half row. Several heads at once: the first kAtOnce * d/16 threads rotate
+// k (thread % (d/16) is the chunk their angles are for), the next kAtOnce * d/8 copy v, the next
+// kAtOnce write the position.
 template <int kHeadDim, int kThreads>
-__device__ __forceinline__ void WriteNewEntry(const DecodeParams& params, int64_t pool_entry,
-                                              int token, int kv_head, int position,
-                                              const float (&cos_sin)[16], float row_scale) {
+__device__ __forceinline__ void WriteNewEntries(const DecodeParams& params, int64_t pool_entry,
+                                                int token, int first_kv_head, int count,
+                                                int position, const float (&cos_sin)[16],
+                                                float row_scale) {
   constexpr int kHalfChunks = kHeadDim / 16;
   constexpr int kChunks = kHeadDim / 8;
-  static_assert(kHalfChunks + kChunks < kThreads, "a thread for each piece of the entry");
+  constexpr int kAtOnce = kThreads / (kHalfChunks + kChunks + 1);
+  static_assert(kAtOnce >= 1, "a thread for each piece of an entry");
   const int tid = static_cast<int>(threadIdx.x);
   const bf16* row = params.q + static_cast<int64_t>(token) * params.q_stride;
-  const int64_t dst = (pool_entry * params.num_kv_heads + kv_head) * kHeadDim;
-  if (tid < kHalfChunks) {
-    const bf16* k = row + static_cast<int64_t>(params.num_heads + kv_head) * kHeadDim;
-    uint4 low = *reinterpret_cast<const uint4*>(k + tid * 8);
-    uint4 high = *reinterpret_cast<const uint4*>(k + (tid + kHalfChunks) * 8);
-    rope::RotateChunks(low, high, cos_sin, row_scale);
-    *reinterpret_cast<uint4*>(params.k_pool + dst + tid * 8) = low;
-    *reinterpret_cast<uint4*>(params.k_pool + dst + (tid + kHalfChunks) * 8) = high;
-  } else if (tid < kHalfChunks + kChunks) {
-    const int chunk = tid - kHalfChunks;
-    const bf16* v =
-        row + static_cast<int64_t>(params.num_heads + params.num_kv_heads + kv_head) * kHeadDim;
-    *reinterpret_cast<uint4*>(params.v_pool + dst + chunk * 8) =
-        rope::ScaleChunk(*reinterpret_cast<const uint4*>(v + chunk * 8), row_scale);
-  } else if (tid == kHalfChunks + kChunks && params.pool_positions != nullptr) {
-    params.pool_positions[pool_entry * params.num_kv_heads + kv_head] = position;
+  for (int base = 0; base < count; base += kAtOnce) {
+    if (tid < kAtOnce * kHalfChunks) {
+      const int kv_head = first_kv_head + base + tid / kHalfChunks;
+      const int piece = tid % kHalfChunks;
+      if (base + tid / kHalfChunks >= count) continue;
+      const int64_t dst = (pool_entry * params.num_kv_heads + kv_head) * kHeadDim;
+      const bf16* k = row + static_cast<int64_t>(params.num_heads + kv_head) * kHeadDim;
+      uint4 low = *reinterpret_cast<const uint4*>(k + piece * 8);
+      uint4 high = *reinterpret_cast<const uint4*>(k + (piece + kHalfChunks) * 8);
+      rope::RotateChunks(low, high, cos_sin, row_scale);
+      *reinterpret_cast<uint4*>(params.k_pool + dst + piece * 8) = low;
+      *reinterpret_cast<uint4*>(params.k_pool + dst + (piece + kHalfChunks) * 8) = high;
+    } else if (tid < kAtOnce * (kHalfChunks + kChunks)) {
+      const int index = tid - kAtOnce * kHalfChunks;
+      const int kv_head = first_kv_head + base + index / kChunks;
+      const int chunk = index % kChunks;
+      if (base + index / kChunks >= count) continue;
+      const int64_t dst = (pool_entry * params.num_kv_heads + kv_head) * kHeadDim;
+      const bf16* v =
+          row + static_cast<int64_t>(params.num_heads + params.num_kv_heads + kv_head) * kHeadDim;
+      *reinterpret_cast<uint4*>(params.v_pool + dst + chunk * 8) =
+          rope::ScaleChunk(*reinterpret_cast<const uint4*>(v + chunk * 8), row_scale);
+    } else if (tid < kAtOnce * (kHalfChunks + kChunks + 1) && params.pool_positions != nullptr) {
+      const int index = tid - kAtOnce * (kHalfChunks + kChunks);
+      if (base + index >= count) continue;
+      params.pool_positions[pool_entry * params.num_kv_heads + first_kv_head + base + index] =
+          position;
+    }
   }
 }
 
@@ -274,8 +301,14 @@ __device__ __forceinline__ void TraceLoopCycles(const DecodeParams& params, bool
   row[kTraceLoopCycles] = end ? now - row[kTraceLoopCycles] : now;
 }
 
-// Grid: x = (decode sequence, KV head, head chunk), chunk fastest; y = split.
-template <int kHeadDim, int kStages, int kWarps>
+// Grid: x = (decode sequence, group of kv_heads_per_cta KV heads, head chunk), chunk fastest;
+// y = split. A CTA of several KV heads (folded, one head chunk) attends them one after another
+// over the same entries: it reads the step metadata and its page ids, waits for the kernels
+// before, computes the folded norm's scale and writes the new entries once for all of them, and
+// its K/V pipeline runs on from one head's tiles into the next head's.
+// kFolded: compiled apart, so that the unfolded CTAs (every batch up to one wave) run code
+// without the between-heads part.
+template <int kHeadDim, int kStages, int kWarps, bool kFolded>
 __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::kMinCtasPerSm)
     DecodeAttentionKernel(const DecodeParams params) {
   constexpr int kThreads = CtaShape<kWarps>::kThreads;
@@ -286,6 +319,7 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   constexpr int kHalfChunks = kHeadDim / 16;  // 16-byte chunks in half a row: RoPE pairs
   static_assert((kTile * kChunks) % kThreads == 0, "K/V copies divide evenly among threads");
   static_assert(kThreads % kHalfChunks == 0, "a thread rotates the same chunk of every row");
+  static_assert(FoldedMergeFits<kHeadDim, kWarps>(), "a folded CTA merges in one K/V stage");
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int32_t cached_pages[kCachedPages];
   const uint32_t smem_q = flash::SharedAddress(smem);
@@ -299,9 +333,10 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   // writes the entry), so tiles without that entry start loading while it may still run.
   TraceStamp(params, kTraceEntry);
   const int item = static_cast<int>(blockIdx.x);
+  const int fold = kFolded ? params.kv_heads_per_cta : 1;
   const int chunk = item % params.head_chunks;
-  const int kv_head = (item / params.head_chunks) % params.num_kv_heads;
-  const int decode_index = item / (params.head_chunks * params.num_kv_heads);
+  const int kv_head0 = (item / params.head_chunks) % params.kv_head_groups * fold;
+  const int decode_index = item / (params.head_chunks * params.kv_head_groups);
   const int split = static_cast<int>(blockIdx.y);
   const int seq = params.first_seq + decode_index;
   const int tid = static_cast<int>(threadIdx.x);
@@ -314,13 +349,14 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   const bool early_ids = split == 0 && tid < params.max_pages_per_seq;
   const int32_t first_id = early_ids ? LoadKept(pages + tid, keep) : 0;
   const int length = LoadKept(params.kv_lens + slot, keep);
-  const int head0 = kv_head * params.group + chunk * kHeadsPerCta;
+  // The query heads of the KV head attended now (they follow on from one KV head to the next).
+  int head0 = kv_head0 * params.group + chunk * kHeadsPerCta;
   const int num_rows = min(kHeadsPerCta, params.group - chunk * kHeadsPerCta);
   const int used_splits = UsedSplits(params, length);
   int begin = 0;
   int end = 0;
   SplitRange<kTile>(length, split, used_splits, begin, end);
-  const int64_t part_row =  // row of (split, sequence, head0) in the partial arrays
+  int64_t part_row =  // row of (split, sequence, head0) in the partial arrays
       (static_cast<int64_t>(split) * params.num_decode + decode_index) * params.num_heads + head0;
   const int written = params.write_start != nullptr ? LoadKept(params.write_start + seq, keep) : -1;
 
@@ -345,22 +381,26 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
     PdlWait();
     PdlLaunchDependents();
     if (new_entry >= 0) {
-      WriteNewEntry<kHeadDim, kThreads>(params, new_entry, token, kv_head, position, cos_sin,
-                                        WarpRowInvRms(params.norm, token));
+      WriteNewEntries<kHeadDim, kThreads>(params, new_entry, token, kv_head0, fold, position,
+                                          cos_sin, WarpRowInvRms(params.norm, token));
     }
     // A split past the sequence's own count has nothing to do: the combine reads only those. An
     // empty piece adds nothing to the combine. A sequence with no entries at all (the engine
     // never makes one: a decode token's own entry is always there) gets zeros, as on the CPU.
     if (split >= used_splits) return;
-    if (used_splits > 1) {
-      if (tid < num_rows) params.partial_lse[part_row + tid] = -INFINITY;
-    } else {
-      for (int index = tid; index < num_rows * kHeadDim; index += kThreads) {
-        params.out[static_cast<int64_t>(token) * params.out_stride +
-                   static_cast<int64_t>(head0) * kHeadDim + index] = __float2bfloat16(0.0f);
-      }
-      if (params.lse != nullptr && tid < num_rows) {
-        params.lse[static_cast<int64_t>(decode_index) * params.num_heads + head0 + tid] = -INFINITY;
+    for (int head = 0; head < fold; ++head) {
+      const int first_head = head0 + head * params.group;
+      if (used_splits > 1) {
+        if (tid < num_rows) params.partial_lse[part_row + head * params.group + tid] = -INFINITY;
+      } else {
+        for (int index = tid; index < num_rows * kHeadDim; index += kThreads) {
+          params.out[static_cast<int64_t>(token) * params.out_stride +
+                     static_cast<int64_t>(first_head) * kHeadDim + index] = __float2bfloat16(0.0f);
+        }
+        if (params.lse != nullptr && tid < num_rows) {
+          params.lse[static_cast<int64_t>(decode_index) * params.num_heads + first_head + tid] =
+              -INFINITY;
+        }
       }
     }
     return;
@@ -377,10 +417,11 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   }
   __syncthreads();
   TraceStamp(params, kTracePagesLoaded);
+  // Tiles are numbered across the CTA's KV heads: tile `index` is tile index % num_tiles of head
+  // index / num_tiles.
   const int num_tiles = (end - begin + kTile - 1) / kTile;
+  const int total_tiles = num_tiles * fold;
   const int64_t entry_stride = static_cast<int64_t>(params.num_kv_heads) * kHeadDim;
-  const bf16* k_head = params.k_pool + static_cast<int64_t>(kv_head) * kHeadDim;
-  const bf16* v_head = params.v_pool + static_cast<int64_t>(kv_head) * kHeadDim;
   // Entries past `end` are zero-filled and masked, never read: their page-table slots may hold
   // anything. The common case, page ids in shared memory and a power-of-two page size, takes few
   // instructions a copy: this lambda is inlined five times, and in a decode step the kernel's code
@@ -397,15 +438,17 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
     const int index = tid + step * kThreads;
     return CopySlot{index / kChunks, index % kChunks, first + index / kChunks};
   };
-  // 16 bytes of an entry's K and V (element `offset` of the pool) into row `row` of a stage.
+  // 16 bytes of an entry's K and V (element `offset` of the pool: entry and head) into row `row`
+  // of a stage.
   const auto copy_chunk = [&](int stage, int row, int piece, int64_t offset, bool valid) {
     const uint32_t dst = flash::TileOffset<kHeadDim>(row, piece);
-    flash::CpAsync16(smem_k + stage * kKvBytes + dst, k_head + offset + piece * 8, valid);
-    flash::CpAsync16(smem_v + stage * kKvBytes + dst, v_head + offset + piece * 8, valid);
+    flash::CpAsync16(smem_k + stage * kKvBytes + dst, params.k_pool + offset + piece * 8, valid);
+    flash::CpAsync16(smem_v + stage * kKvBytes + dst, params.v_pool + offset + piece * 8, valid);
   };
-  const auto load_kv = [&](int tile) {
+  // Tile `tile` of the CTA's KV head `head` into stage `stage`.
+  const auto load_kv = [&](int head, int tile, int stage) {
     const int first = begin + tile * kTile;
-    const int stage = tile % kStages;
+    const int64_t head_offset = static_cast<int64_t>(kv_head0 + head) * kHeadDim;
     if (__builtin_expect(fast_pages, 1)) {
       const int shift = params.page_shift;
       const int mask = (1 << shift) - 1;
@@ -415,7 +458,7 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
         const bool valid = c.entry < end;
         const int32_t id = valid ? cached_pages[(c.entry >> shift) - first_page] : 0;
         const int64_t offset =
-            ((static_cast<int64_t>(id) << shift) + (c.entry & mask)) * entry_stride;
+            ((static_cast<int64_t>(id) << shift) + (c.entry & mask)) * entry_stride + head_offset;
         copy_chunk(stage, c.row, c.piece, offset, valid);
       }
       return;
@@ -424,11 +467,11 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
     for (int step = 0; step < kTile * kChunks / kThreads; ++step) {
       const CopySlot c = slot_of(first, step);
       const bool valid = c.entry < end;
-      int64_t offset = 0;
+      int64_t offset = head_offset;
       if (valid) {
         const int page = PageOf(params, c.entry);
         const int32_t id = cached ? cached_pages[page - first_page] : pages[page];
-        offset = EntryInPool(params, id, page, c.entry) * entry_stride;
+        offset += EntryInPool(params, id, page, c.entry) * entry_stride;
       }
       copy_chunk(stage, c.row, c.piece, offset, valid);
     }
@@ -439,9 +482,17 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   const auto early = [&](int tile) {
     return min(end, begin + (tile + 1) * kTile) <= first_written;
   };
+  // The first kStages - 1 tiles: (head, tile) of index `index` (the next head's when a head has
+  // fewer tiles).
+  const auto head_of = [&](int index) {
+    return !kFolded || index < num_tiles ? 0 : index / num_tiles;
+  };
 #pragma unroll
-  for (int tile = 0; tile < kStages - 1; ++tile) {
-    if (tile < num_tiles && early(tile)) load_kv(tile);
+  for (int index = 0; index < kStages - 1; ++index) {
+    const int head = head_of(index);
+    if (index < total_tiles && early(index - head * num_tiles)) {
+      load_kv(head, index - head * num_tiles, index);
+    }
   }
   PdlWait();
   PdlLaunchDependents();
@@ -450,11 +501,11 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   const float row_scale = fused ? WarpRowInvRms(params.norm, token) : 1.0f;
   if (fused) TraceStamp(params, kTraceScaleDone);
   if (new_entry >= 0) {
-    // Fused RoPE: the entry goes to memory before any copy below may read it. The copies are
+    // Fused RoPE: the entries go to memory before any copy below may read them. The copies are
     // other threads' cp.async (generic proxy, through L2): the fence and the barrier order the
     // stores before them.
-    WriteNewEntry<kHeadDim, kThreads>(params, new_entry, token, kv_head, position, cos_sin,
-                                      row_scale);
+    WriteNewEntries<kHeadDim, kThreads>(params, new_entry, token, kv_head0, fold, position, cos_sin,
+                                        row_scale);
     __threadfence_block();
     __syncthreads();
   }
@@ -462,18 +513,22 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
 
   // The group's query heads are adjacent in q's row: rows of a [16][d] tile, zero past num_rows.
   // Commit groups: the first holds q and tile 0 (and any early tile), then one per tile.
+  const bf16* q_row = params.q + static_cast<int64_t>(token) * params.q_stride;
   flash::LoadTileAsync<kHeadDim, kHeadsPerCta, kThreads>(
-      smem_q,
-      params.q + static_cast<int64_t>(token) * params.q_stride +
-          static_cast<int64_t>(head0) * kHeadDim,
-      kHeadDim, num_rows);
-  if (!early(0)) load_kv(0);
+      smem_q, q_row + static_cast<int64_t>(head0) * kHeadDim, kHeadDim, num_rows);
+  if (!early(0)) load_kv(0, 0, 0);
   flash::CpAsyncCommit();
 #pragma unroll
-  for (int tile = 1; tile < kStages - 1; ++tile) {
-    if (tile < num_tiles && !early(tile)) load_kv(tile);
+  for (int index = 1; index < kStages - 1; ++index) {
+    const int head = head_of(index);
+    if (index < total_tiles && !early(index - head * num_tiles)) {
+      load_kv(head, index - head * num_tiles, index);
+    }
     flash::CpAsyncCommit();
   }
+  // The tile the loop loads next: tile index kStages - 1.
+  int load_head = head_of(kStages - 1);
+  int load_tile = kStages - 1 - load_head * num_tiles;
 
   const int warp = tid / 32;
   const int lane = tid % 32;
@@ -502,111 +557,173 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   TraceStamp(params, kTraceLoopStart);
   TraceLoopCycles(params, false);
 
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    // Tile `tile` visible to all; every warp is done with tile - 1, whose stage is refilled.
-    flash::CpAsyncWait<kStages - 2>();
-    __syncthreads();
-    if (tile + kStages - 1 < num_tiles) load_kv(tile + kStages - 1);
-    flash::CpAsyncCommit();
-
-    const int slice_first = begin + tile * kTile + warp * 16;  // the warp's 16 entries
-    if (slice_first >= end) continue;
-    const int stage = tile % kStages;
-    const uint32_t k_tile = smem_k + stage * kKvBytes;
-    const uint32_t v_tile = smem_v + stage * kKvBytes;
-    const int limit[2] = {end - 1 - slice_first, end - 1 - slice_first};
-    if (slice_first + 16 > end) {
-      state.template AttendTile<16, true>(k_tile, v_tile, warp * 16, params.scale_log2, limit);
-    } else {
-      state.template AttendTile<16, false>(k_tile, v_tile, warp * 16, params.scale_log2, limit);
-    }
-  }
-
-  // Merge the warps' states: out = sum_w acc_w * 2^((m_w - m) c) / sum_w l_w 2^((m_w - m) c).
-  flash::CpAsyncWait<0>();
-  __syncthreads();  // all warps are done with the K/V stages: they become the merge buffers
-  TraceLoopCycles(params, true);
-  TraceStamp(params, kTraceLoopEnd);
-  state.FinishSums();
-  float* merge_ml = reinterpret_cast<float*>(smem + kQBytes);  // [kWarps][16][2] (m, l)
-  float* merge_out = merge_ml + kWarps * 16 * 2;               // [kWarps][16][MergeRowStride]
   constexpr int kMergeStride = MergeRowStride<kHeadDim>();
   const int g = lane / 4;
   const int t = lane % 4;
-  if (t == 0) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      merge_ml[(warp * 16 + g + 8 * half) * 2] = state.m[half];
-      merge_ml[(warp * 16 + g + 8 * half) * 2 + 1] = state.l[half];
-    }
-  }
-  __syncthreads();
-  float factor[2];
-  float row_lse[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = g + 8 * half;
-    float m_max = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, merge_ml[(w * 16 + row) * 2]);
-    float total = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float l_w = merge_ml[(w * 16 + row) * 2 + 1];
-      // l_w == 0 exactly when the warp saw no entry (m_w = -inf): skipping avoids -inf - -inf.
-      if (l_w > 0.0f) {
-        total += l_w * flash::Exp2((merge_ml[(w * 16 + row) * 2] - m_max) * params.scale_log2);
+  int head_first = 0;  // the index of the first tile of the KV head attended now
+  for (int index = 0; index < total_tiles; ++index) {
+    // Tile `index` visible to all; every warp is done with index - 1, whose stage is refilled.
+    flash::CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    if (index + kStages - 1 < total_tiles) {
+      load_kv(load_head, load_tile, (index + kStages - 1) % kStages);
+      if (++load_tile == num_tiles) {
+        load_tile = 0;
+        ++load_head;
       }
     }
-    const float own =
-        state.l[half] > 0.0f ? flash::Exp2((state.m[half] - m_max) * params.scale_log2) : 0.0f;
-    factor[half] = total > 0.0f ? own / total : 0.0f;
-    row_lse[half] = total > 0.0f ? m_max * params.scale + logf(total) : -INFINITY;
-  }
-#pragma unroll
-  for (int n = 0; n < kHeadDim / 8; ++n) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float2* dst = reinterpret_cast<float2*>(
-          merge_out + (warp * 16 + g + 8 * half) * kMergeStride + n * 8 + 2 * t);
-      *dst = make_float2(state.acc[n][2 * half] * factor[half],
-                         state.acc[n][2 * half + 1] * factor[half]);
+    flash::CpAsyncCommit();
+
+    const int slice_first = begin + (index - head_first) * kTile + warp * 16;  // 16 entries
+    const int stage = index % kStages;
+    if (slice_first < end) {
+      const uint32_t k_tile = smem_k + stage * kKvBytes;
+      const uint32_t v_tile = smem_v + stage * kKvBytes;
+      const int limit[2] = {end - 1 - slice_first, end - 1 - slice_first};
+      if (slice_first + 16 > end) {
+        state.template AttendTile<16, true>(k_tile, v_tile, warp * 16, params.scale_log2, limit);
+      } else {
+        state.template AttendTile<16, false>(k_tile, v_tile, warp * 16, params.scale_log2, limit);
+      }
     }
-  }
-  __syncthreads();
-  for (int index = tid; index < num_rows * (kHeadDim / 4); index += kThreads) {
-    const int row = index / (kHeadDim / 4);
-    const int column = (index % (kHeadDim / 4)) * 4;
-    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (index + 1 < head_first + num_tiles) continue;
+
+    // The KV head's last tile is attended: merge the warps' states, out = sum_w acc_w * 2^((m_w -
+    // m) c) / sum_w l_w 2^((m_w - m) c), and write the head's output. After the last tile no copy
+    // is in flight and the merge buffers take the K/V stages; between two heads of a folded CTA
+    // the next head's first tiles are, and each warp's rows go to the stage just attended (even
+    // warps in its K half, odd ones in its V half; at most kDecodeMaxFoldedGroup rows).
+    const bool last = !kFolded || index + 1 == total_tiles;
+    if (last) flash::CpAsyncWait<0>();
+    __syncthreads();  // every warp is done with the stage (the stages) and with the Q tile
+    if (last) {
+      TraceLoopCycles(params, true);
+      TraceStamp(params, kTraceLoopEnd);
+    }
+    // The next head's raw q rows, asked for now so that they arrive during the merge.
+    constexpr int kQPairs = (kDecodeMaxFoldedGroup * kHalfChunks + kThreads - 1) / kThreads;
+    uint4 next_q[kQPairs][2];
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float4 part =
-          *reinterpret_cast<const float4*>(merge_out + (w * 16 + row) * kMergeStride + column);
-      sum.x += part.x;
-      sum.y += part.y;
-      sum.z += part.z;
-      sum.w += part.w;
+    for (int pair = 0; pair < kQPairs; ++pair) {
+      const int piece_index = tid + pair * kThreads;
+      next_q[pair][0] = next_q[pair][1] = make_uint4(0, 0, 0, 0);
+      if (!last && piece_index < num_rows * kHalfChunks) {
+        const bf16* src =
+            q_row +
+            static_cast<int64_t>(head0 + params.group + piece_index / kHalfChunks) * kHeadDim +
+            (piece_index % kHalfChunks) * 8;
+        next_q[pair][0] = *reinterpret_cast<const uint4*>(src);
+        next_q[pair][1] = *reinterpret_cast<const uint4*>(src + kHeadDim / 2);
+      }
     }
-    if (used_splits == 1) {
-      const uint2 packed = make_uint2(flash::PackBf16(sum.x, sum.y), flash::PackBf16(sum.z, sum.w));
-      *reinterpret_cast<uint2*>(params.out + static_cast<int64_t>(token) * params.out_stride +
-                                static_cast<int64_t>(head0 + row) * kHeadDim + column) = packed;
-    } else {
-      *reinterpret_cast<float4*>(params.partial_out + (part_row + row) * kHeadDim + column) = sum;
+    state.FinishSums();
+    float* merge_ml = reinterpret_cast<float*>(smem);  // [kWarps][16][2] (m, l); q is in registers
+    const auto warp_rows = [&](int w) {                // warp w's rescaled rows [.][kMergeStride]
+      uint8_t* base = last ? smem + kQBytes + w * 16 * kMergeStride * 4
+                           : smem + kQBytes + (w % 2) * kStages * kKvBytes + stage * kKvBytes +
+                                 (w / 2) * kDecodeMaxFoldedGroup * kMergeStride * 4;
+      return reinterpret_cast<float*>(base);
+    };
+    if (t == 0) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        merge_ml[(warp * 16 + g + 8 * half) * 2] = state.m[half];
+        merge_ml[(warp * 16 + g + 8 * half) * 2 + 1] = state.l[half];
+      }
     }
-  }
-  if (warp == 0 && t == 0) {
+    __syncthreads();
+    float factor[2];
+    float row_lse[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = g + 8 * half;
-      if (row >= num_rows) continue;
-      if (used_splits > 1) {
-        params.partial_lse[part_row + row] = row_lse[half];
-      } else if (params.lse != nullptr) {
-        params.lse[static_cast<int64_t>(decode_index) * params.num_heads + head0 + row] =
-            row_lse[half];
+      float m_max = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, merge_ml[(w * 16 + row) * 2]);
+      float total = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float l_w = merge_ml[(w * 16 + row) * 2 + 1];
+        // l_w == 0 exactly when the warp saw no entry (m_w = -inf): skipping avoids -inf - -inf.
+        if (l_w > 0.0f) {
+          total += l_w * flash::Exp2((merge_ml[(w * 16 + row) * 2] - m_max) * params.scale_log2);
+        }
+      }
+      const float own =
+          state.l[half] > 0.0f ? flash::Exp2((state.m[half] - m_max) * params.scale_log2) : 0.0f;
+      factor[half] = total > 0.0f ? own / total : 0.0f;
+      row_lse[half] = total > 0.0f ? m_max * params.scale + logf(total) : -INFINITY;
+    }
+    float* own_rows = warp_rows(warp);
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = g + 8 * half;
+        if (row >= num_rows) continue;
+        *reinterpret_cast<float2*>(own_rows + row * kMergeStride + n * 8 + 2 * t) = make_float2(
+            state.acc[n][2 * half] * factor[half], state.acc[n][2 * half + 1] * factor[half]);
       }
     }
+    __syncthreads();
+    for (int out_index = tid; out_index < num_rows * (kHeadDim / 4); out_index += kThreads) {
+      const int row = out_index / (kHeadDim / 4);
+      const int column = (out_index % (kHeadDim / 4)) * 4;
+      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float4 part =
+            *reinterpret_cast<const float4*>(warp_rows(w) + row * kMergeStride + column);
+        sum.x += part.x;
+        sum.y += part.y;
+        sum.z += part.z;
+        sum.w += part.w;
+      }
+      if (used_splits == 1) {
+        const uint2 packed =
+            make_uint2(flash::PackBf16(sum.x, sum.y), flash::PackBf16(sum.z, sum.w));
+        *reinterpret_cast<uint2*>(params.out + static_cast<int64_t>(token) * params.out_stride +
+                                  static_cast<int64_t>(head0 + row) * kHeadDim + column) = packed;
+      } else {
+        *reinterpret_cast<float4*>(params.partial_out + (part_row + row) * kHeadDim + column) = sum;
+      }
+    }
+    if (warp == 0 && t == 0) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = g + 8 * half;
+        if (row >= num_rows) continue;
+        if (used_splits > 1) {
+          params.partial_lse[part_row + row] = row_lse[half];
+        } else if (params.lse != nullptr) {
+          params.lse[static_cast<int64_t>(decode_index) * params.num_heads + head0 + row] =
+              row_lse[half];
+        }
+      }
+    }
+    if (last) break;
+
+    // The next KV head: its q rows (rotated with the same angles and scale) into the Q tile once
+    // the merge has read it, a fresh softmax state, and on with its tiles, whose first are in
+    // flight.
+    __syncthreads();
+#pragma unroll
+    for (int pair = 0; pair < kQPairs; ++pair) {
+      const int piece_index = tid + pair * kThreads;
+      if (piece_index >= num_rows * kHalfChunks) continue;
+      const int row = piece_index / kHalfChunks;
+      const int piece = piece_index % kHalfChunks;
+      if (fused) rope::RotateChunks(next_q[pair][0], next_q[pair][1], cos_sin, row_scale);
+      *reinterpret_cast<uint4*>(smem + flash::TileOffset<kHeadDim>(row, piece)) = next_q[pair][0];
+      *reinterpret_cast<uint4*>(smem + flash::TileOffset<kHeadDim>(row, piece + kHalfChunks)) =
+          next_q[pair][1];
+    }
+    __syncthreads();
+    state.Reset();
+    state.LoadQ(smem_q, 0);
+    head_first += num_tiles;
+    head0 += params.group;
+    part_row += params.group;
   }
   TraceStamp(params, kTraceExit);
 }
@@ -800,10 +917,10 @@ WorkspaceLayout Layout(int num_decode_seqs, int num_heads, int head_dim, int64_t
   return layout;
 }
 
-template <int kHeadDim, int kStages, int kWarps>
+template <int kHeadDim, int kStages, int kWarps, bool kFolded>
 void LaunchDecodeMain(const DecodeParams& params, int device, cudaStream_t stream) {
   constexpr int kSmem = SmemBytes<kHeadDim, kStages, kWarps>();
-  const auto kernel = DecodeAttentionKernel<kHeadDim, kStages, kWarps>;
+  const auto kernel = DecodeAttentionKernel<kHeadDim, kStages, kWarps, kFolded>;
   // Above 48 KiB of dynamic shared memory needs an opt-in, once per device. The carveout asks for
   // all of the SM's shared memory (the copies bypass L1): 4 narrow CTAs need 217 KiB of it.
   static std::atomic<uint64_t> configured_devices{0};
@@ -813,35 +930,43 @@ void LaunchDecodeMain(const DecodeParams& params, int device, cudaStream_t strea
     SIEVE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                           cudaSharedmemCarveoutMaxShared));
   });
-  const dim3 grid(params.num_decode * params.num_kv_heads * params.head_chunks, params.num_splits);
+  const dim3 grid(params.num_decode * params.kv_head_groups * params.head_chunks,
+                  params.num_splits);
   LaunchWithPdl(kernel, grid, CtaShape<kWarps>::kThreads, kSmem, stream, params);
 }
 
 // The main kernel with the deepest pipeline the device's shared memory allows.
-template <int kHeadDim, int kWarps>
+template <int kHeadDim, int kWarps, bool kFolded>
 void LaunchDecodeMainKernel(const DecodeParams& params, cudaStream_t stream) {
   int device = 0;
   SIEVE_CUDA_CHECK(cudaGetDevice(&device));
   if constexpr (SmemBytes<kHeadDim, kMaxStages, kWarps>() <= kSmemEveryDevice) {
-    LaunchDecodeMain<kHeadDim, kMaxStages, kWarps>(params, device, stream);
+    LaunchDecodeMain<kHeadDim, kMaxStages, kWarps, kFolded>(params, device, stream);
   } else {
     int smem_optin = 0;
     SIEVE_CUDA_CHECK(
         cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     if (smem_optin >= SmemBytes<kHeadDim, kMaxStages, kWarps>()) {
-      LaunchDecodeMain<kHeadDim, kMaxStages, kWarps>(params, device, stream);
+      LaunchDecodeMain<kHeadDim, kMaxStages, kWarps, kFolded>(params, device, stream);
     } else {
-      LaunchDecodeMain<kHeadDim, 2, kWarps>(params, device, stream);
+      LaunchDecodeMain<kHeadDim, 2, kWarps, kFolded>(params, device, stream);
     }
   }
 }
 
 template <int kHeadDim>
 void LaunchDecode(const DecodeParams& params, DecodeCta cta, cudaStream_t stream) {
+  const bool folded = params.kv_heads_per_cta > 1;
   if (cta == DecodeCta::kNarrow) {
-    LaunchDecodeMainKernel<kHeadDim, kNarrowWarps>(params, stream);
+    if (folded) {
+      LaunchDecodeMainKernel<kHeadDim, kNarrowWarps, true>(params, stream);
+    } else {
+      LaunchDecodeMainKernel<kHeadDim, kNarrowWarps, false>(params, stream);
+    }
+  } else if (folded) {
+    LaunchDecodeMainKernel<kHeadDim, kWideWarps, true>(params, stream);
   } else {
-    LaunchDecodeMainKernel<kHeadDim, kWideWarps>(params, stream);
+    LaunchDecodeMainKernel<kHeadDim, kWideWarps, false>(params, stream);
   }
   if (params.num_splits > 1) {
     LaunchWithPdl(DecodeCombineKernel<kHeadDim>, dim3(params.num_decode, params.num_heads),
@@ -968,11 +1093,38 @@ DecodeCta ChooseDecodeCta(int num_decode_seqs, int num_heads, int num_kv_heads) 
                                                                                : DecodeCta::kWide;
 }
 
-void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int64_t q_stride,
-                               const float* rope_table, int num_heads, const StepView& step,
-                               int layer, const PoolView& pool, bf16* out, int64_t out_stride,
-                               void* workspace, size_t workspace_bytes, const RowRmsView& norm,
-                               cudaStream_t stream) {
+namespace {
+std::atomic<bool>& KvHeadFolding() {
+  static std::atomic<bool> enabled{false};
+  return enabled;
+}
+}  // namespace
+
+void SetDecodeKvHeadFolding(bool enabled) { KvHeadFolding().store(enabled); }
+bool DecodeKvHeadFolding() { return KvHeadFolding().load(); }
+
+int ChooseDecodeKvHeadsPerCta(int num_decode_seqs, int num_heads, int num_kv_heads, DecodeCta cta) {
+  if (!DecodeKvHeadFolding() || num_kv_heads <= 0 ||
+      num_heads / num_kv_heads > kDecodeMaxFoldedGroup) {
+    return 1;
+  }
+  const int64_t wave =
+      static_cast<int64_t>(cta == DecodeCta::kNarrow ? CtaShape<kNarrowWarps>::kMinCtasPerSm
+                                                     : CtaShape<kWideWarps>::kMinCtasPerSm) *
+      SmCount();
+  int fold = 1;
+  while (fold<num_kv_heads&& static_cast<int64_t>(num_decode_seqs) * (num_kv_heads / fold)> wave) {
+    ++fold;
+    while (num_kv_heads % fold != 0) ++fold;
+  }
+  return fold;
+}
+
+void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, int kv_heads_per_cta, const bf16* q,
+                               int64_t q_stride, const float* rope_table, int num_heads,
+                               const StepView& step, int layer, const PoolView& pool, bf16* out,
+                               int64_t out_stride, void* workspace, size_t workspace_bytes,
+                               const RowRmsView& norm, cudaStream_t stream) {
   const int num_decode = step.num_seqs - step.num_prefill_seqs;
   if (num_decode <= 0) return;
   const int head_dim = pool.head_dim;
@@ -996,6 +1148,13 @@ void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int
   if (cta == DecodeCta::kAuto) {
     cta = ChooseDecodeCta(num_decode, num_heads, pool.num_kv_heads);
   }
+  if (kv_heads_per_cta == 0) {
+    kv_heads_per_cta = ChooseDecodeKvHeadsPerCta(num_decode, num_heads, pool.num_kv_heads, cta);
+  }
+  SIEVE_CHECK(kv_heads_per_cta >= 1 && pool.num_kv_heads % kv_heads_per_cta == 0 &&
+              (kv_heads_per_cta == 1 || num_heads / pool.num_kv_heads <= kDecodeMaxFoldedGroup))
+      << kv_heads_per_cta << " KV heads a CTA of " << pool.num_kv_heads << ", group "
+      << num_heads / pool.num_kv_heads;
 
   DecodeParams params;
   params.q = q;
@@ -1023,6 +1182,8 @@ void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int
   params.num_kv_heads = pool.num_kv_heads;
   params.group = num_heads / pool.num_kv_heads;
   params.head_chunks = static_cast<int>(CeilDiv(params.group, kHeadsPerCta));
+  params.kv_heads_per_cta = kv_heads_per_cta;
+  params.kv_head_groups = pool.num_kv_heads / kv_heads_per_cta;
   params.page_size = pool.page_size;
   params.page_shift = -1;
   if ((pool.page_size & (pool.page_size - 1)) == 0) {
@@ -1067,8 +1228,8 @@ void DecodeAttention(const bf16* q, int64_t q_stride, int num_heads, const StepV
   if (num_decode <= 0) return;
   const int splits = DecodeAttentionSplits(num_decode, num_heads, pool.num_kv_heads, pool.head_dim,
                                            step.max_kv_len, workspace_bytes);
-  DecodeAttentionWithSplits(splits, DecodeCta::kAuto, q, q_stride, nullptr, num_heads, step, layer,
-                            pool, out, out_stride, workspace, workspace_bytes, RowRmsView{},
+  DecodeAttentionWithSplits(splits, DecodeCta::kAuto, 0, q, q_stride, nullptr, num_heads, step,
+                            layer, pool, out, out_stride, workspace, workspace_bytes, RowRmsView{},
                             stream);
 }
 
@@ -1081,8 +1242,9 @@ void RopeDecodeAttention(const bf16* qkv, int64_t qkv_stride, const float* rope_
   SIEVE_CHECK(rope_table != nullptr);
   const int splits = DecodeAttentionSplits(num_decode, num_heads, pool.num_kv_heads, pool.head_dim,
                                            step.max_kv_len, workspace_bytes);
-  DecodeAttentionWithSplits(splits, DecodeCta::kAuto, qkv, qkv_stride, rope_table, num_heads, step,
-                            layer, pool, out, out_stride, workspace, workspace_bytes, norm, stream);
+  DecodeAttentionWithSplits(splits, DecodeCta::kAuto, 0, qkv, qkv_stride, rope_table, num_heads,
+                            step, layer, pool, out, out_stride, workspace, workspace_bytes, norm,
+                            stream);
 }
 
 }  // namespace sieve::cuda

@@ -1,6 +1,6 @@
 // The split-K plan and CTA configuration of the paged decode attention (decode_attention.cu),
 // exposed so that the tests and the benchmark can run each path on purpose. DecodeAttention
-// (kernels.h) is DecodeAttentionWithSplits(DecodeAttentionSplits(...), DecodeCta::kAuto, q, ...,
+// (kernels.h) is DecodeAttentionWithSplits(DecodeAttentionSplits(...), DecodeCta::kAuto, 0, q, ...,
 // nullptr, ...); RopeDecodeAttention the same with the RoPE table.
 #pragma once
 
@@ -37,15 +37,34 @@ enum class DecodeCta { kAuto, kWide, kNarrow };
 // count). Never returns kAuto.
 DecodeCta ChooseDecodeCta(int num_decode_seqs, int num_heads, int num_kv_heads);
 
-// DecodeAttention with a forced split count (>= 1) and CTA configuration (kAuto:
-// ChooseDecodeCta); the workspace must hold DecodeAttentionWorkspaceBytesForSplits(...,
-// num_splits) bytes. With `rope_table` set this is RopeDecodeAttention (kernels.h): q points at
-// qkv rows [T][(H + 2G) d] with q and k not rotated, and `norm` may carry a folded RMSNorm.
-void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, const bf16* q, int64_t q_stride,
-                               const float* rope_table, int num_heads, const StepView& step,
-                               int layer, const PoolView& pool, bf16* out, int64_t out_stride,
-                               void* workspace, size_t workspace_bytes, const RowRmsView& norm,
-                               cudaStream_t stream);
+// Folded CTAs: a CTA may attend several KV heads of its sequence one after another, so that
+// the per-CTA work before the key loop (the step metadata and page ids, the wait for the kernels
+// before, the folded norm's scale, the new entries) is done once for all of them and the K/V
+// pipeline runs on from one head into the next. For groups of at most this many query heads.
+constexpr int kDecodeMaxFoldedGroup = 8;
+
+// What DecodeAttention folds: the fewest KV heads a CTA (a divisor of num_kv_heads) that bring the
+// CTAs of one split within one wave of `cta` (4 narrow or 2 wide CTAs an SM); 1 when they fit
+// unfolded, the group is above kDecodeMaxFoldedGroup, or folding is off. `cta` is not kAuto.
+int ChooseDecodeKvHeadsPerCta(int num_decode_seqs, int num_heads, int num_kv_heads, DecodeCta cta);
+
+// Whether DecodeAttention folds (process-wide). Off until a GPU run has timed it: `sieve bench
+// kernels` runs the decode step with it on as the variant row ", folded decode CTAs" beside the
+// defaults. A forced count (DecodeAttentionWithSplits) runs whatever this says.
+void SetDecodeKvHeadFolding(bool enabled);
+bool DecodeKvHeadFolding();
+
+// DecodeAttention with a forced split count (>= 1), CTA configuration (kAuto: ChooseDecodeCta)
+// and KV heads a CTA (0: ChooseDecodeKvHeadsPerCta; else a divisor of num_kv_heads, and 1 for
+// groups above kDecodeMaxFoldedGroup); the workspace must hold
+// DecodeAttentionWorkspaceBytesForSplits(..., num_splits) bytes. With `rope_table` set this is
+// RopeDecodeAttention (kernels.h): q points at qkv rows [T][(H + 2G) d] with q and k not rotated,
+// and `norm` may carry a folded RMSNorm.
+void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, int kv_heads_per_cta, const bf16* q,
+                               int64_t q_stride, const float* rope_table, int num_heads,
+                               const StepView& step, int layer, const PoolView& pool, bf16* out,
+                               int64_t out_stride, void* workspace, size_t workspace_bytes,
+                               const RowRmsView& norm, cudaStream_t stream);
 
 // ---- Where one launch's time goes (a diagnostic; off by default) ----
 // With a trace buffer set, thread 0 of every CTA of the main kernel writes the %globaltimer (ns)
