@@ -29,14 +29,48 @@ namespace {
 constexpr float kNearTie = 0.15f;
 constexpr float kNearTieSparse = 0.4f;
 
-struct Run {
+struct Continuations {
   std::vector<std::vector<int32_t>> tokens;
-  std::vector<std::vector<float>> gaps;  // CPU only: top-1 minus top-2 logprob per step
+  std::vector<std::vector<float>> gaps;      // top-1 minus top-2 logprob per step
+  std::vector<std::vector<float>> logprobs;  // the chosen token's per step
 };
 
-Run Generate(Backend& backend, const std::string& model_dir, const ModelConfig* random_config,
-             const std::string& policy, const std::vector<std::vector<int32_t>>& prompts,
-             int max_tokens) {
+// Greedy continuations of `prompts` (max_tokens each, EOS ignored) to the end, in prompt order.
+Continuations Greedy(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                     int max_tokens) {
+  std::vector<RequestId> ids;
+  for (const auto& prompt : prompts) {
+    SamplingParams params;
+    params.temperature = 0;
+    params.max_tokens = max_tokens;
+    params.ignore_eos = true;
+    params.logprobs = 2;
+    ids.push_back(*engine.Add({prompt, params, ""}));
+  }
+  std::map<RequestId, std::vector<int32_t>> tokens;
+  std::map<RequestId, std::vector<float>> gaps, logprobs;
+  while (engine.HasWork()) {
+    for (const RequestOutput& output : engine.Step()) {
+      for (size_t i = 0; i < output.new_tokens.size(); ++i) {
+        tokens[output.id].push_back(output.new_tokens[i]);
+        const auto& top = output.new_logprobs[i].top_logprobs;
+        gaps[output.id].push_back(top.size() >= 2 ? top[0].logprob - top[1].logprob : 1e9f);
+        logprobs[output.id].push_back(output.new_logprobs[i].logprob);
+      }
+    }
+  }
+  Continuations run;
+  for (const RequestId id : ids) {
+    run.tokens.push_back(tokens[id]);
+    run.gaps.push_back(gaps[id]);
+    run.logprobs.push_back(logprobs[id]);
+  }
+  return run;
+}
+
+Continuations Generate(Backend& backend, const std::string& model_dir,
+                       const ModelConfig* random_config, const std::string& policy,
+                       const std::vector<std::vector<int32_t>>& prompts, int max_tokens) {
   std::unique_ptr<LlamaModel> model;
   std::vector<int32_t> eos;
   if (random_config) {
@@ -60,40 +94,16 @@ Run Generate(Backend& backend, const std::string& model_dir, const ModelConfig* 
   options.max_num_batched_tokens = 512;
   auto engine = Engine::Create(std::move(model), nullptr, eos, options);
   SIEVE_CHECK(engine.ok()) << engine.status().ToString();
-  std::vector<RequestId> ids;
-  for (const auto& prompt : prompts) {
-    SamplingParams params;
-    params.temperature = 0;
-    params.max_tokens = max_tokens;
-    params.ignore_eos = true;
-    params.logprobs = 2;
-    ids.push_back(*(*engine)->Add({prompt, params, ""}));
-  }
-  std::map<RequestId, std::vector<int32_t>> tokens;
-  std::map<RequestId, std::vector<float>> gaps;
-  while ((*engine)->HasWork()) {
-    for (const RequestOutput& output : (*engine)->Step()) {
-      for (size_t i = 0; i < output.new_tokens.size(); ++i) {
-        tokens[output.id].push_back(output.new_tokens[i]);
-        const auto& top = output.new_logprobs[i].top_logprobs;
-        gaps[output.id].push_back(top.size() >= 2 ? top[0].logprob - top[1].logprob : 1e9f);
-      }
-    }
-  }
-  Run run;
-  for (const RequestId id : ids) {
-    run.tokens.push_back(tokens[id]);
-    run.gaps.push_back(gaps[id]);
-  }
-  return run;
+  return Greedy(**engine, prompts, max_tokens);
 }
 
 // Compares greedy continuations token by token up to each sequence's first difference, which
 // must fall on a near-tie of the CPU (top-2 logprob gap below `near_tie`). Returns how many
 // sequences broke that ("wide" flips, each printed); unless `count_wide` (sparse policies: the
 // caller bounds the total, see kNearTieSparse) there must be none.
-int ExpectSameUpToNearTies(const Run& cpu, const Run& gpu, const std::string& what,
-                           float near_tie = kNearTie, bool count_wide = false) {
+int ExpectSameUpToNearTies(const Continuations& cpu, const Continuations& gpu,
+                           const std::string& what, float near_tie = kNearTie,
+                           bool count_wide = false) {
   int compared = 0, flips = 0, wide = 0;
   for (size_t seq = 0; seq < cpu.tokens.size(); ++seq) {
     for (size_t step = 0; step < cpu.tokens[seq].size(); ++step) {
@@ -351,14 +361,9 @@ TEST_F(GpuEngineTest, OneRankThroughNcclEqualsThePlainPath) {
 // tokens' log-probabilities, within kTensorParallelLogprob. Skips with fewer than 2 GPUs.
 constexpr float kTensorParallelLogprob = 0.2f;
 
-struct RankedRun {
-  Run run;
-  std::vector<std::vector<float>> logprobs;  // the chosen token's, per step
-};
-
-RankedRun GenerateOnRanks(Backend& one_gpu, int ranks, const LoadModelOptions& load,
-                          const std::string& policy,
-                          const std::vector<std::vector<int32_t>>& prompts, int max_tokens) {
+Continuations GenerateOnRanks(Backend& one_gpu, int ranks, const LoadModelOptions& load,
+                              const std::string& policy,
+                              const std::vector<std::vector<int32_t>>& prompts, int max_tokens) {
   EngineOptions options = ComparedEngineOptions(policy);
   options.kv_memory_bytes = int64_t{2} << 30;  // per rank
   CudaRanks cuda_ranks;                        // outlives the engine
@@ -381,39 +386,7 @@ RankedRun GenerateOnRanks(Backend& one_gpu, int ranks, const LoadModelOptions& l
     SIEVE_CHECK(created.ok()) << created.status().ToString();
     engine = std::move(created).value();
   }
-  std::vector<RequestId> ids;
-  for (const auto& prompt : prompts) {
-    SamplingParams params;
-    params.temperature = 0;
-    params.max_tokens = max_tokens;
-    params.ignore_eos = true;
-    params.logprobs = 2;
-    ids.push_back(*engine->Add({prompt, params, ""}));
-  }
-  std::map<RequestId, RankedRun> by_id;
-  while (engine->HasWork()) {
-    for (const RequestOutput& output : engine->Step()) {
-      RankedRun& out = by_id[output.id];
-      out.run.tokens.resize(1);
-      out.run.gaps.resize(1);
-      out.logprobs.resize(1);
-      for (size_t i = 0; i < output.new_tokens.size(); ++i) {
-        out.run.tokens[0].push_back(output.new_tokens[i]);
-        const auto& top = output.new_logprobs[i].top_logprobs;
-        out.run.gaps[0].push_back(top.size() >= 2 ? top[0].logprob - top[1].logprob : 1e9f);
-        out.logprobs[0].push_back(output.new_logprobs[i].logprob);
-      }
-    }
-  }
-  RankedRun result;
-  for (const RequestId id : ids) {
-    RankedRun& one = by_id[id];
-    result.run.tokens.push_back(one.run.tokens.empty() ? std::vector<int32_t>{}
-                                                       : one.run.tokens[0]);
-    result.run.gaps.push_back(one.run.gaps.empty() ? std::vector<float>{} : one.run.gaps[0]);
-    result.logprobs.push_back(one.logprobs.empty() ? std::vector<float>{} : one.logprobs[0]);
-  }
-  return result;
+  return Greedy(*engine, prompts, max_tokens);
 }
 
 TEST_F(GpuEngineTest, TensorParallelGreedyTokensEqualOneGpu) {
@@ -449,21 +422,20 @@ TEST_F(GpuEngineTest, TensorParallelGreedyTokensEqualOneGpu) {
     int wide = 0;  // sparse sequences that flipped where the one-GPU gap was wide
     for (const std::string& policy : model_case.policies) {
       const bool dense = policy == "full";
-      const RankedRun one = GenerateOnRanks(*gpu_, 1, model_case.load, policy, prompts, 24);
+      const Continuations one = GenerateOnRanks(*gpu_, 1, model_case.load, policy, prompts, 24);
       for (const int ranks : {2, 4, 8}) {
         if (ranks > devices || config->num_heads % ranks != 0) continue;
         const std::string what =
             model_case.name + " " + policy + ", " + std::to_string(ranks) + " GPUs against one";
         std::printf("%s\n", what.c_str());
         std::fflush(stdout);  // a crash must still say which run
-        const RankedRun split = GenerateOnRanks(*gpu_, ranks, model_case.load, policy, prompts, 24);
-        wide += ExpectSameUpToNearTies(one.run, split.run, what, dense ? kNearTie : kNearTieSparse,
-                                       !dense);
+        const Continuations split =
+            GenerateOnRanks(*gpu_, ranks, model_case.load, policy, prompts, 24);
+        wide += ExpectSameUpToNearTies(one, split, what, dense ? kNearTie : kNearTieSparse, !dense);
         float worst = 0.0f;
         for (size_t seq = 0; seq < prompts.size(); ++seq) {
-          for (size_t step = 0;
-               step < one.run.tokens[seq].size() && step < split.run.tokens[seq].size() &&
-               one.run.tokens[seq][step] == split.run.tokens[seq][step];
+          for (size_t step = 0; step < one.tokens[seq].size() && step < split.tokens[seq].size() &&
+                                one.tokens[seq][step] == split.tokens[seq][step];
                ++step) {
             worst = std::max(worst, std::abs(one.logprobs[seq][step] - split.logprobs[seq][step]));
           }

@@ -283,30 +283,15 @@ TEST(TensorParallelEngineTest, MhaAndGqaOnEightRanksEqualOneRank) {
   CheckGreedyTokens(gqa, RandomFactory(gqa, testing::MakeRng()()), {8}, "GQA 16/4");
 }
 
-// Sieve's trained default model (models/sieve-tiny-10m: 4 query heads on 2 KV heads, bf16), each
-// rank loading only its slices, on 2 and 4 ranks.
-TEST(TensorParallelEngineTest, TrainedModelOnTwoAndFourRanksEqualsOneRank) {
-  const std::string dir = ProjectSourceDir() + "/models/sieve-tiny-10m";
-  auto config = LoadModelConfig(dir);
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
-  auto checkpoint = SafetensorsCheckpoint::Open(dir);
-  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
-  const SafetensorsCheckpoint& weights = **checkpoint;
-  const ModelConfig model_config = *config;
-  const ModelFactory factory = [&weights, model_config](Backend& backend,
-                                                        const TensorParallelShard& shard,
-                                                        Communicator* communicator) {
-    return LlamaModel::Load(model_config, weights, backend, 256, shard, communicator);
-  };
-  CheckGreedyTokens(model_config, factory, {2, 4}, "sieve-tiny-10m");
-}
-
-// The fixture checkpoints, each rank loading only its slices: GQA with 2 KV heads (bf16) and
-// one KV head (tied embeddings), on 2 and 4 ranks.
+// Checkpoints, each rank loading only its slices, on 2 and 4 ranks: the fixtures, GQA with 2 KV
+// heads (bf16) and one KV head (tied embeddings), and Sieve's trained default model
+// (models/sieve-tiny-10m: 4 query heads on 2 KV heads, bf16).
 class TensorParallelFixtureEngineTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TensorParallelFixtureEngineTest, GreedyTokensEqualOneRank) {
-  const std::string dir = TestDataDir() + "/models/" + GetParam();
+  const std::string dir = GetParam() == kDefaultModelName
+                              ? ProjectSourceDir() + "/models/" + GetParam()
+                              : TestDataDir() + "/models/" + GetParam();
   ASSERT_TRUE(std::filesystem::exists(dir)) << dir;
   auto config = LoadModelConfig(dir);
   ASSERT_TRUE(config.ok()) << config.status().ToString();
@@ -323,7 +308,12 @@ TEST_P(TensorParallelFixtureEngineTest, GreedyTokensEqualOneRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(FixtureModels, TensorParallelFixtureEngineTest,
-                         ::testing::Values("llama_gqa_bf16", "llama_tied"));
+                         ::testing::Values("llama_gqa_bf16", "llama_tied", kDefaultModelName),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 // LoadModelShards: every rank's shard from one call, and the splits a model does not allow
 // refused before any weight is read.
