@@ -1112,8 +1112,12 @@ int ChooseDecodeKvHeadsPerCta(int num_decode_seqs, int num_heads, int num_kv_hea
       static_cast<int64_t>(cta == DecodeCta::kNarrow ? CtaShape<kNarrowWarps>::kMinCtasPerSm
                                                      : CtaShape<kWideWarps>::kMinCtasPerSm) *
       SmCount();
+  // The fewest KV heads a CTA (a divisor of G) that bring the CTAs within one wave.
+  const auto ctas = [&](int fold) {
+    return static_cast<int64_t>(num_decode_seqs) * (num_kv_heads / fold);
+  };
   int fold = 1;
-  while (fold<num_kv_heads&& static_cast<int64_t>(num_decode_seqs) * (num_kv_heads / fold)> wave) {
+  while (fold < num_kv_heads && ctas(fold) > wave) {
     ++fold;
     while (num_kv_heads % fold != 0) ++fold;
   }
