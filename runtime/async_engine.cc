@@ -13,7 +13,11 @@ AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, AsyncEngineOptions opti
       tokenizer_(engine_->tokenizer()),
       max_model_len_(engine_->max_model_len()),
       vocab_size_(engine_->model().config().vocab_size),
-      engine_options_(engine_->options()) {
+      engine_options_(engine_->options()),
+      kv_policy_(engine_->default_policy().ToString()),
+      num_kv_pages_(engine_->Stats().num_pages),
+      kv_pool_bytes_(engine_->kv_pool_bytes()),
+      tensor_parallel_size_(engine_->tensor_parallel_size()) {
   stats_ = engine_->Stats();
   ready_.store(!options_.warm_up);
   thread_ = std::thread([this] { Loop(); });

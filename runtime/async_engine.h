@@ -98,6 +98,13 @@ class AsyncEngine {
   int max_model_len() const { return max_model_len_; }
   int vocab_size() const { return vocab_size_; }
   const EngineOptions& engine_options() const { return engine_options_; }
+  // The engine's KV policy as KvPolicy::ToString writes it (layers, budget, window, ...).
+  const std::string& kv_policy() const { return kv_policy_; }
+  // The KV pool: pages of engine_options().page_size entries of one layer (each rank's pool
+  // holds its own KV heads of every page), and one rank's bytes of them.
+  int num_kv_pages() const { return num_kv_pages_; }
+  int64_t kv_pool_bytes() const { return kv_pool_bytes_; }
+  int tensor_parallel_size() const { return tensor_parallel_size_; }
 
  private:
   struct Pending {
@@ -131,6 +138,10 @@ class AsyncEngine {
   const int max_model_len_;
   const int vocab_size_;
   const EngineOptions engine_options_;
+  const std::string kv_policy_;
+  const int num_kv_pages_;
+  const int64_t kv_pool_bytes_;
+  const int tensor_parallel_size_;
 
   // Engine-thread state.
   std::map<RequestId, Active> active_;

@@ -172,6 +172,7 @@ class Engine {
   const KvPolicy& default_policy() const { return *default_policy_; }
   int max_model_len() const { return options_.max_model_len; }
   int64_t kv_pool_bytes() const { return runner_->pool_bytes(); }
+  int tensor_parallel_size() const { return 1 + static_cast<int>(other_ranks_.size()); }
   std::string Describe() const;  // a multi-line summary for start-up logs
 
  private:

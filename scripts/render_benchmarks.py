@@ -72,6 +72,11 @@ def headline_section(record, charts):
            "ceilings measured in the same run (the prefill GEMMs' cuBLASLt rate, causal attention "
            "at cuDNN SDPA's) plus every decode step's weights and KV at the copy rate "
            "(tools/bench/serving_bound.h).", ""]
+    bounds = [level.get("bound") or {} for sweep in sweeps.values() for level in sweep["levels"]]
+    if any(bound.get("kv_pool_pages", 0) > 0 for bound in bounds):
+        out[-2] += (" Decode takes at least as many steps as the server's KV pool (its "
+                    "`GET /server_info`) allows: where the pool cannot hold a level's sequences "
+                    "at once (marked †), the bound adds the steps that costs.")
     targets = []
     for name, input_len, budget in HEADLINE_WORKLOADS:
         dense, sparse = sweeps.get(f"{name}_dense"), sweeps.get(f"{name}_sparse")
@@ -90,9 +95,14 @@ def headline_section(record, charts):
             d, p = dense_levels[concurrency], sparse_levels[concurrency]
             dm, pm = d["metrics"], p["metrics"]
             ratio = pm["output_throughput"] / dm["output_throughput"]
+
+            def of_bound(level):
+                mark = "†" if level["bound"].get("pool_limited_steps", 0) > 0 else ""
+                return f"{level['bound']['fraction']:.0%}{mark}"
+
             out.append(f"| {concurrency} | {fmt(dm['output_throughput'])} | "
-                       f"{d['bound']['fraction']:.0%} | {fmt(pm['output_throughput'])} | "
-                       f"{p['bound']['fraction']:.0%} | {fmt(p['bound']['output_throughput'])} | "
+                       f"{of_bound(d)} | {fmt(pm['output_throughput'])} | "
+                       f"{of_bound(p)} | {fmt(p['bound']['output_throughput'])} | "
                        f"{ratio:.2f}x | {fmt(dm['median_ttft_ms'])} / "
                        f"{fmt(pm['median_ttft_ms'])} ms | {dm['median_tpot_ms']:.1f} / "
                        f"{pm['median_tpot_ms']:.1f} ms |")

@@ -269,9 +269,13 @@ void HttpSession::Route(const Request& request) {
     http::verb method;
   };
   static constexpr RouteEntry kRoutes[] = {
-      {"/health", http::verb::get},          {"/metrics", http::verb::get},
-      {"/version", http::verb::get},         {"/v1/models", http::verb::get},
-      {"/v1/completions", http::verb::post}, {"/v1/chat/completions", http::verb::post},
+      {"/health", http::verb::get},
+      {"/metrics", http::verb::get},
+      {"/version", http::verb::get},
+      {"/v1/models", http::verb::get},
+      {"/server_info", http::verb::get},
+      {"/v1/completions", http::verb::post},
+      {"/v1/chat/completions", http::verb::post},
   };
   const RouteEntry* route = nullptr;
   for (const RouteEntry& candidate : kRoutes) {
@@ -325,6 +329,25 @@ void HttpSession::Route(const Request& request) {
     }
     return SendResponse(200, "application/json",
                         DumpJson({{"object", "list"}, {"data", std::move(data)}}));
+  }
+  if (path == "/server_info") {
+    // The engine's configuration, as vLLM's /server_info gives its own: benchmarks store it
+    // beside their numbers, and `sieve bench` takes the KV pool's size for its bound from it.
+    const AsyncEngine& engine = context_.engine;
+    const EngineOptions& options = engine.engine_options();
+    return SendResponse(200, "application/json",
+                        DumpJson({{"model", context_.model_name()},
+                                  {"max_model_len", engine.max_model_len()},
+                                  {"max_num_seqs", options.max_num_seqs},
+                                  {"max_num_batched_tokens", options.max_num_batched_tokens},
+                                  {"enable_chunked_prefill", options.enable_chunked_prefill},
+                                  {"kv_policy", engine.kv_policy()},
+                                  {"page_size", options.page_size},
+                                  {"kv_cache_pages", engine.num_kv_pages()},
+                                  {"kv_cache_bytes", engine.kv_pool_bytes()},
+                                  {"tensor_parallel_size", engine.tensor_parallel_size()},
+                                  {"cuda_graphs", options.cuda_graphs},
+                                  {"overlap_steps", options.overlap_steps}}));
   }
   HandleCompletion(request, path == "/v1/completions" ? ApiKind::kCompletion : ApiKind::kChat);
 }

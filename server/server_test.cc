@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "core/testing.h"
 #include "runtime/async_engine.h"
 #include "runtime/model_loader.h"
 #include "server/http_server.h"
@@ -790,6 +791,8 @@ TEST(ServerTest, ApiKeyIsRequiredOnV1) {
       Post(port, "/v1/completions", Completion("Hi", 2), {{"Authorization", "Bearer nope"}});
   ExpectError(wrong, 401, "API key");
   ExpectError(Get(port, "/v1/models", {{"Authorization", "s3cret"}}), 401, "API key");
+  ExpectError(Get(port, "/server_info"), 401, "API key");
+  EXPECT_EQ(Get(port, "/server_info", {{"Authorization", "Bearer s3cret"}}).status, 200);
   EXPECT_EQ(Post(port, "/v1/completions", Completion("Hi", 2), {{"Authorization", "Bearer s3cret"}})
                 .status,
             200);
@@ -915,6 +918,35 @@ TEST(ServerTest, MetricsModelsAndHealth) {
   EXPECT_EQ(models.Json()["data"][0]["id"], kModel);
   EXPECT_EQ(models.Json()["data"][0]["max_model_len"], 512);
   EXPECT_EQ(Get(port, "/health").status, 200);
+}
+
+// GET /server_info: the engine's configuration as it runs (what `sieve bench` records and takes
+// its bound's KV pool from), agreeing with the flags it was given and with /metrics.
+TEST(ServerTest, ServerInfoDescribesTheEngine) {
+  auto rng = ::sieve::testing::MakeRng();
+  ServerConfig config;
+  config.max_num_seqs = 1 + static_cast<int>(rng() % 64);
+  TestServer server(config);
+  const int port = server.port();
+  const Response info = Get(port, "/server_info");
+  ASSERT_EQ(info.status, 200) << info.body;
+  EXPECT_EQ(info.content_type, "application/json");
+  const nlohmann::json json = info.Json();
+  EXPECT_EQ(json["model"], kModel);
+  EXPECT_EQ(json["max_num_seqs"], config.max_num_seqs);
+  EXPECT_EQ(json["max_model_len"], config.max_model_len);
+  EXPECT_EQ(json["page_size"], EngineOptions{}.page_size);
+  EXPECT_EQ(json["tensor_parallel_size"], 1);
+  EXPECT_EQ(json["kv_policy"].get<std::string>().rfind("full", 0), 0u) << json.dump();
+  const Response metrics = Get(port, "/metrics");
+  ASSERT_EQ(metrics.status, 200);
+  EXPECT_EQ(json["kv_cache_pages"].get<double>(),
+            Metric(metrics.body, "sieve:kv_cache_pages_total"));
+  EXPECT_GT(json["kv_cache_pages"].get<int>(), 0);
+  // The pool is what the server was given (TestServer: 32 MiB), or a little less.
+  EXPECT_GT(json["kv_cache_bytes"].get<int64_t>(), 0);
+  EXPECT_LE(json["kv_cache_bytes"].get<int64_t>(), int64_t{32} << 20);
+  ExpectError(Send(port, http::verb::post, "/server_info", "{}"), 405, "GET");
 }
 
 // Warm start: the server listens while the engine warms up; /health answers 503 until the warm-up

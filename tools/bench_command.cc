@@ -1,7 +1,9 @@
 // sieve bench: benchmarks. Each subcommand is one row of kBenchSubcommands: a name, a line of help
 // and the function that registers its flags and returns its runner. Adding one is a row here and
 // its Add function.
+#include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -117,6 +119,16 @@ void AddBoundFlags(CLI::App& app, bench::BoundConfig& bound) {
   app.add_option("--bound-allreduce-latency-us", bound.allreduce_latency_us,
                  "Bound: fixed time of one all-reduce, us")
       ->capture_default_str();
+  app.add_option("--bound-kv-pool-pages", bound.kv_pool_pages,
+                 "Bound: the server's KV pool in pages; past the concurrency whose sequences it "
+                 "holds, fewer decode at once (-1: the server's, from its GET /server_info; 0: "
+                 "not limited)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{-1}, std::numeric_limits<int64_t>::max()).description(">= -1"));
+  app.add_option("--bound-page-size", bound.page_size,
+                 "Bound: KV entries a page, with --bound-kv-pool-pages (the server's with -1)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
 }
 
 // Runs `run` and turns its Status into the process exit code.

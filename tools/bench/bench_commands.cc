@@ -286,6 +286,10 @@ Result<RunBound> BoundOfRun(const BoundConfig& config, const std::vector<BenchPr
               {"tensor_parallel_size", config.tensor_parallel_size},
               {"allreduce_bus_gbs", config.allreduce_bus_gbs},
               {"allreduce_latency_us", config.allreduce_latency_us},
+              {"kv_pool_pages", config.kv_pool_pages},
+              {"page_size", config.page_size},
+              {"decode_steps", bound.decode_steps},
+              {"pool_limited_steps", bound.pool_limited_steps},
               {"all_reduce_s", bound.all_reduce_s},
               {"prefill_s", bound.prefill_s},
               {"decode_s", bound.decode_s},
@@ -299,7 +303,7 @@ Result<RunBound> BoundOfRun(const BoundConfig& config, const std::vector<BenchPr
 std::string BoundLine(const BoundConfig& config, const ServingBound& bound, double measured) {
   return fmt::format(
       "Bound: {:.1f} output tok/s (prefill {:.1f} s at {:.4g} TFLOP/s GEMM{}, decode {:.1f} s at "
-      "{:.4g} GB/s{}; {} on {}): measured {:.0f}% of it\n",
+      "{:.4g} GB/s{}{}; {} on {}): measured {:.0f}% of it\n",
       bound.output_tokens_per_s, bound.prefill_s, config.gemm_tflops,
       config.attention_tflops > 0
           ? fmt::format(" + {:.4g} TFLOP/s attention", config.attention_tflops)
@@ -308,6 +312,11 @@ std::string BoundLine(const BoundConfig& config, const ServingBound& bound, doub
       config.tensor_parallel_size > 1 ? fmt::format("; {} ranks, {:.2f} s of all-reduces",
                                                     config.tensor_parallel_size, bound.all_reduce_s)
                                       : std::string(),
+      bound.pool_limited_steps > 0
+          ? fmt::format("; {} of its {} steps because the KV pool ({} pages) holds fewer "
+                        "sequences",
+                        bound.pool_limited_steps, bound.decode_steps, config.kv_pool_pages)
+          : std::string(),
       config.kv_policy, config.model_config,
       bound.output_tokens_per_s > 0 ? 100 * measured / bound.output_tokens_per_s : 0.0);
 }
@@ -325,6 +334,10 @@ Status RunBenchServe(const ServeConfig& config) {
   if (!(config.burstiness > 0)) return InvalidArgumentError("--burstiness must be positive");
   SIEVE_RETURN_IF_ERROR(ValidateBoundConfig(config.bound));
   SIEVE_ASSIGN_OR_RETURN(BenchSetup setup, Prepare(config.client, config.dataset));
+  BoundConfig bound_config = config.bound;
+  if (!bound_config.model_config.empty()) {
+    std::fprintf(stderr, "%s", ResolveKvPool(setup.server_info, bound_config).c_str());
+  }
   setup.load.max_concurrency = config.max_concurrency;
   setup.load.request_rate = request_rate;
   setup.load.burstiness = config.burstiness;
@@ -342,10 +355,10 @@ Status RunBenchServe(const ServeConfig& config) {
   const BenchMetrics metrics = ComputeMetrics(result.records, result.duration_s);
   std::printf("%s", FormatServingTable(metrics, config.max_concurrency, request_rate).c_str());
   std::optional<RunBound> bound;
-  if (!config.bound.model_config.empty()) {
-    SIEVE_ASSIGN_OR_RETURN(bound, BoundOfRun(config.bound, prompts, config.max_concurrency,
+  if (!bound_config.model_config.empty()) {
+    SIEVE_ASSIGN_OR_RETURN(bound, BoundOfRun(bound_config, prompts, config.max_concurrency,
                                              metrics.output_throughput));
-    std::printf("%s", BoundLine(config.bound, bound->bound, metrics.output_throughput).c_str());
+    std::printf("%s", BoundLine(bound_config, bound->bound, metrics.output_throughput).c_str());
   }
   const nlohmann::json errors = SummarizeErrors(result.records, kErrorsKept);
   PrintErrors(errors, metrics.failed);
@@ -388,6 +401,10 @@ Status RunBenchSweep(const SweepConfig& config) {
   SIEVE_RETURN_IF_ERROR(CheckPlotPath(config.plot));
   SIEVE_RETURN_IF_ERROR(ValidateBoundConfig(config.bound));
   SIEVE_ASSIGN_OR_RETURN(BenchSetup setup, Prepare(config.client, config.dataset));
+  BoundConfig bound_config = config.bound;
+  if (!bound_config.model_config.empty()) {
+    std::fprintf(stderr, "%s", ResolveKvPool(setup.server_info, bound_config).c_str());
+  }
   std::vector<SweepLevel> levels;
   nlohmann::json json = ResultHeader("sieve_bench_sweep", config.client, setup);
   json["config"] = {{"dataset", DatasetJson(config.dataset, 0)},
@@ -426,13 +443,13 @@ Status RunBenchSweep(const SweepConfig& config) {
         {"metrics", MetricsToJson(level.metrics)},
         {"errors", errors},
         {"requests", RecordsJson(result.records, config.client.save_texts)}};
-    if (!config.bound.model_config.empty()) {
-      SIEVE_ASSIGN_OR_RETURN(RunBound bound, BoundOfRun(config.bound, prompts, concurrency,
+    if (!bound_config.model_config.empty()) {
+      SIEVE_ASSIGN_OR_RETURN(RunBound bound, BoundOfRun(bound_config, prompts, concurrency,
                                                         level.metrics.output_throughput));
       level.bound_output_throughput = bound.bound.output_tokens_per_s;
       level_json["bound"] = bound.json;
       std::fprintf(stderr, "concurrency %d: %s", concurrency,
-                   BoundLine(config.bound, bound.bound, level.metrics.output_throughput).c_str());
+                   BoundLine(bound_config, bound.bound, level.metrics.output_throughput).c_str());
     }
     json["levels"].push_back(std::move(level_json));
     levels.push_back(level);

@@ -1,6 +1,6 @@
 // End to end through the real binaries: `sieve serve` (embedded model, CPU, small KV cache, a
-// free port) and `sieve bench serve` against it, checking the table and the result JSON. Skips
-// itself while `sieve serve` is still the placeholder that says "not built yet".
+// free port) and `sieve bench serve` against it, checking the table, the result JSON and the
+// bound, whose KV pool comes from the server's GET /server_info.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/fixtures.h"
 #include "tools/bench/http_client.h"
 #include "tools/bench/report.h"
 
@@ -140,9 +141,7 @@ TEST(BenchCliTest, UnreachableServerExitsNonZeroWithAMessage) {
 
 TEST(RealServerTest, BenchServeAgainstSieveServe) {
   const CommandResult help = RunCommand("serve --help");
-  if (help.output.find("--port") == std::string::npos) {
-    GTEST_SKIP() << "sieve serve is not built yet (its --help has no --port)";
-  }
+  ASSERT_NE(help.output.find("--port"), std::string::npos) << help.output;
   const int port = FreePort();
   std::vector<std::string> arguments = {"serve",  "--device",          "cpu", "--kv-memory", "64M",
                                         "--port", std::to_string(port)};
@@ -155,13 +154,7 @@ TEST(RealServerTest, BenchServeAgainstSieveServe) {
   const auto deadline = std::chrono::steady_clock::now() + kServerStartTimeout;
   bool ready = false;
   while (!ready && std::chrono::steady_clock::now() < deadline) {
-    if (server.Exited()) {
-      const std::string log = server.Log();
-      if (log.find("not built yet") != std::string::npos) {
-        GTEST_SKIP() << "sieve serve is not built yet: " << log;
-      }
-      FAIL() << "sieve serve exited before serving:\n" << log;
-    }
+    if (server.Exited()) FAIL() << "sieve serve exited before serving:\n" << server.Log();
     HttpRequestSpec spec;
     spec.target = "/v1/models";
     spec.timeout = std::chrono::milliseconds(2000);
@@ -178,6 +171,9 @@ TEST(RealServerTest, BenchServeAgainstSieveServe) {
       RunCommand("bench serve --no-progress --base-url " + url.ToString() +
                  " --num-prompts 8 --input-len 32 --output-len 16 --max-concurrency 4 --ignore-eos "
                  "--warmup 1 --label ci --metadata device=cpu --request-timeout 60 "
+                 "--bound-model-config " +
+                 ProjectSourceDir() +
+                 "/models/sieve-tiny-10m --bound-gemm-tflops 1 --bound-copy-gbs 10 "
                  "--result-json " +
                  json_path);
   // A request the server never answers fails after --request-timeout instead of hanging CI.
@@ -199,6 +195,14 @@ TEST(RealServerTest, BenchServeAgainstSieveServe) {
   EXPECT_GT(metrics["output_throughput"].get<double>(), 0);
   EXPECT_LE(metrics["max_concurrent_requests"].get<int>(), 4);
   EXPECT_TRUE((*json)["server"].contains("models"));
+  // The server describes its engine, and the bound decodes within the pool it reports.
+  const nlohmann::json& info = (*json)["server"]["server_info"];
+  ASSERT_TRUE(info.is_object()) << (*json)["server"].dump();
+  EXPECT_GT(info["kv_cache_pages"].get<int64_t>(), 0);
+  EXPECT_EQ((*json)["bound"]["kv_pool_pages"], info["kv_cache_pages"]);
+  EXPECT_EQ((*json)["bound"]["page_size"], info["page_size"]);
+  EXPECT_GE((*json)["bound"]["decode_steps"].get<int64_t>(), 16);
+  EXPECT_NE(bench.output.find("Bound:"), std::string::npos) << bench.output;
   EXPECT_EQ((*json)["label"], "ci");
   EXPECT_EQ((*json)["metadata"]["device"], "cpu");
   ASSERT_EQ((*json)["requests"].size(), 8u);

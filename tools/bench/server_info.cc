@@ -71,4 +71,20 @@ Result<std::string> FirstModelId(const nlohmann::json& server_info) {
   return NotFoundError("the server lists no model at GET /v1/models: pass --model");
 }
 
+std::optional<ServerKvPool> KvPoolOf(const nlohmann::json& server_info) {
+  const auto info = server_info.find("server_info");
+  if (info == server_info.end() || !info->is_object()) return std::nullopt;
+  const auto pages = info->find("kv_cache_pages");
+  const auto page_size = info->find("page_size");
+  if (pages == info->end() || page_size == info->end() || !pages->is_number_integer() ||
+      !page_size->is_number_integer()) {
+    return std::nullopt;
+  }
+  ServerKvPool pool{pages->get<int64_t>(), 0};
+  const int64_t size = page_size->get<int64_t>();
+  if (pool.pages <= 0 || size <= 0 || size > (int64_t{1} << 20)) return std::nullopt;
+  pool.page_size = static_cast<int>(size);
+  return pool;
+}
+
 }  // namespace sieve::bench

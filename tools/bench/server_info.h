@@ -4,6 +4,8 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -16,10 +18,11 @@ namespace sieve::bench {
 // Probes, under base_url's path:
 //   GET /v1/models    -> "models"  (every OpenAI-compatible server)
 //   GET /version      -> "version" (vLLM, Sieve)
-//   GET /server_info  -> "server_info" (vLLM's engine config in dev mode; Sieve's flags)
+//   GET /server_info  -> "server_info" (vLLM's engine config in dev mode; Sieve's engine
+//                        configuration: KV policy, pool, batch limits)
 //   GET /props        -> "props" (llama-server's settings)
 //   GET /metrics      -> "metrics_info": the Prometheus *_info series, whose labels carry
-//                        configuration (vLLM's cache_config_info, Sieve's build/engine info)
+//                        configuration (vLLM's cache_config_info)
 // Unavailable when the server cannot be reached at all (the first probe cannot connect), so that
 // a wrong --base-url fails fast with a clear message.
 Result<nlohmann::json> FetchServerInfo(const HttpUrl& base_url, const std::string& api_key,
@@ -27,5 +30,13 @@ Result<nlohmann::json> FetchServerInfo(const HttpUrl& base_url, const std::strin
 
 // The first model id of a /v1/models answer ({"data": [{"id": ...}]}), or NotFound.
 Result<std::string> FirstModelId(const nlohmann::json& server_info);
+
+// The server's KV pool as its GET /server_info gives it (Sieve: "kv_cache_pages" pages of
+// "page_size" entries of one layer), or nothing when it does not say.
+struct ServerKvPool {
+  int64_t pages = 0;
+  int page_size = 0;
+};
+std::optional<ServerKvPool> KvPoolOf(const nlohmann::json& server_info);
 
 }  // namespace sieve::bench

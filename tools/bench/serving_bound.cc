@@ -2,9 +2,12 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "model/model_config.h"
 #include "model/tensor_parallel.h"
 #include "sparsity/kv_policy.h"
+#include "tools/bench/server_info.h"
 
 namespace sieve::bench {
 
@@ -33,6 +36,11 @@ Status ValidateBoundConfig(const BoundConfig& config) {
     return InvalidArgumentError(
         "the bound needs --bound-allreduce-bus-gbs > 0 and --bound-allreduce-latency-us >= 0");
   }
+  if (config.kv_pool_pages < BoundConfig::kPoolFromServer || config.page_size <= 0) {
+    return InvalidArgumentError(
+        "the bound needs --bound-kv-pool-pages >= 0 (or -1: the server's) and --bound-page-size "
+        "> 0");
+  }
   if (!(config.gemm_tflops > 0) || !(config.copy_gbs > 0) || config.attention_tflops < 0) {
     return InvalidArgumentError(
         "the bound needs --bound-gemm-tflops and --bound-copy-gbs (positive) and "
@@ -40,6 +48,25 @@ Status ValidateBoundConfig(const BoundConfig& config) {
         "scripts/sdpa_bench.py)");
   }
   return Status::Ok();
+}
+
+std::string ResolveKvPool(const nlohmann::json& server_info, BoundConfig& config) {
+  if (config.kv_pool_pages != BoundConfig::kPoolFromServer) {
+    return config.kv_pool_pages > 0
+               ? fmt::format("bound: KV pool of {} pages of {} entries (--bound-kv-pool-pages)\n",
+                             config.kv_pool_pages, config.page_size)
+               : "bound: KV pool not limited (--bound-kv-pool-pages 0)\n";
+  }
+  const std::optional<ServerKvPool> pool = KvPoolOf(server_info);
+  if (!pool) {
+    config.kv_pool_pages = 0;
+    return "bound: the server does not give its KV pool (GET /server_info): decode is not "
+           "limited by it (--bound-kv-pool-pages sets one)\n";
+  }
+  config.kv_pool_pages = pool->pages;
+  config.page_size = pool->page_size;
+  return fmt::format("bound: KV pool of {} pages of {} entries (the server's GET /server_info)\n",
+                     pool->pages, pool->page_size);
 }
 
 Result<ServingBound> ComputeServingBound(const BoundConfig& config,
@@ -90,30 +117,50 @@ Result<ServingBound> ComputeServingBound(const BoundConfig& config,
   }
 
   // Decode in waves of `concurrency` requests, in order: a wave runs as many steps as its longest
-  // output, each reading the weights once and every running sequence's entries.
+  // output, each reading the weights once and every running sequence's entries. A step's running
+  // sequences hold their pages at once, so the wave's page-steps (each sequence's pages summed
+  // over its decode steps) over the pool's pages also bound its steps from below.
   const size_t wave = concurrency > 0 ? static_cast<size_t>(concurrency) : requests.size();
   double decode_bytes = 0;
   double decode_all_reduce_s = 0;
   int64_t output_tokens = 0;
   for (size_t first = 0; first < requests.size(); first += wave) {
     const size_t last = std::min(requests.size(), first + wave);
-    int steps = 0;
+    int64_t steps = 0;
+    int64_t page_steps = 0;
+    int64_t wave_tokens = 0;
     for (size_t i = first; i < last; ++i) {
       const BoundRequest& request = requests[i];
-      steps = std::max(steps, request.output_len);
-      output_tokens += request.output_len;
+      steps = std::max<int64_t>(steps, request.output_len);
+      wave_tokens += request.output_len;
       // Entries of each layer at decode step t: what the prompt left plus t, up to a decode cap.
       const std::vector<int> kept = policy.EntriesAfterPrompt(request.prompt_len);
       for (int layer = 0; layer < layers; ++layer) {
         const int cap = policy.DecodeLimitFor(layer).max_entries;
         for (int t = 0; t < request.output_len; ++t) {
-          const int entries = kept[layer] + t + 1;  // the step's own token too
-          bound.kv_bytes_read += (cap > 0 ? std::min(entries, cap) : entries) * entry_bytes;
+          int entries = kept[layer] + t + 1;  // the step's own token too
+          if (cap > 0) entries = std::min(entries, cap);
+          bound.kv_bytes_read += entries * entry_bytes;
+          page_steps += (entries + config.page_size - 1) / config.page_size;
         }
       }
     }
-    decode_bytes += steps * bound.weight_bytes;
-    decode_all_reduce_s += steps * 2 * layers * all_reduce_s(static_cast<double>(last - first));
+    if (config.kv_pool_pages > 0) {  // kPoolFromServer unresolved: not limited
+      const int64_t by_pool = (page_steps + config.kv_pool_pages - 1) / config.kv_pool_pages;
+      if (by_pool > steps) {
+        bound.pool_limited_steps += by_pool - steps;
+        steps = by_pool;
+      }
+    }
+    bound.decode_steps += steps;
+    output_tokens += wave_tokens;
+    decode_bytes += static_cast<double>(steps) * bound.weight_bytes;
+    // Each step all-reduces its running rows: a fixed cost a step, and the wave's rows in all
+    // (all_reduce_s is affine in the rows, so the mean row count a step gives the sum).
+    if (steps > 0) {
+      decode_all_reduce_s += static_cast<double>(steps) * 2 * layers *
+                             all_reduce_s(static_cast<double>(wave_tokens) / steps);
+    }
   }
   decode_bytes += bound.kv_bytes_read;
   bound.decode_s = decode_bytes / (config.copy_gbs * 1e9) + decode_all_reduce_s;

@@ -4,11 +4,16 @@
 // step, and each running sequence's KV entries, as the server's KV policy keeps them); with tensor
 // parallelism, one rank's share of both plus the all-reduces between them. Prefill and
 // decode are added, not overlapped, and decode batches are full waves of the concurrency: the
-// time no engine can beat on this GPU short of overlapping the two.
+// time no engine can beat on this GPU short of overlapping the two. With the server's KV pool
+// given, a wave also runs at least as many steps as its sequences' pages over the decode (each
+// step's running sequences share the pool) take in pool-fulls: past the concurrency at which the
+// pool holds every sequence (dense KV of long prompts), fewer decode together.
 #pragma once
 
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "core/status.h"
 
@@ -32,6 +37,12 @@ struct BoundConfig {
   int tensor_parallel_size = 1;
   double allreduce_bus_gbs = 370;
   double allreduce_latency_us = 8;
+  // The server's KV pool: pages of page_size entries of one layer (one rank's share of the KV
+  // heads). 0: not limited; kPoolFromServer: what the server's GET /server_info says (sieve
+  // bench resolves it, with ResolveKvPool, before computing).
+  static constexpr int64_t kPoolFromServer = -1;
+  int64_t kv_pool_pages = kPoolFromServer;
+  int page_size = 16;
 };
 
 // One request of the workload.
@@ -49,10 +60,16 @@ struct ServingBound {
   double prefill_attention_flops = 0;  // over every prompt (one rank's)
   double kv_bytes_read = 0;            // over every decode step, one rank's
   double all_reduce_s = 0;             // in prefill_s and decode_s: the ranks' all-reduces
+  int64_t decode_steps = 0;            // in every wave
+  int64_t pool_limited_steps = 0;      // of them, those the KV pool adds (0: it holds every wave)
 };
 
 // Checks the config (the model directory parses, the policy parses for it, rates positive).
 Status ValidateBoundConfig(const BoundConfig& config);
+
+// Sets a kPoolFromServer pool to the server's (`server_info` as FetchServerInfo gives it), or to
+// not limited when the server does not say; says which in a line for the log.
+std::string ResolveKvPool(const nlohmann::json& server_info, BoundConfig& config);
 
 // The bound of sending `requests` with at most `concurrency` in flight (0: all at once), decoded
 // in waves of `concurrency` in request order.

@@ -1,5 +1,6 @@
 // The serving bound against PERF.md's hand-computed numbers for the headline workload, and the
-// directions it must move in (sparser KV, attention counted, more concurrency), and its errors.
+// directions it must move in (sparser KV, attention counted, more concurrency), the KV pool's
+// limit, and its errors.
 #include "tools/bench/serving_bound.h"
 
 #include <gtest/gtest.h>
@@ -119,6 +120,94 @@ TEST(ServingBoundTest, TensorParallelRanksShareTheWorkAndAddAllReduces) {
   const Status bad = ValidateBoundConfig(three);
   EXPECT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("--bound-tensor-parallel-size"), std::string::npos) << bad.message();
+}
+
+// A pool that holds fewer sequences than the concurrency: the wave's steps are at least its
+// page-steps (each sequence's pages of every layer, summed over its decode steps) over the pool's
+// pages, and each added step reads the weights once more. Dense KV of long prompts hits it at
+// high concurrency (PERF.md: past C ~ 200 on an H200), sparse KV of the same prompts does not.
+TEST(ServingBoundTest, KvPoolLimitsHowManyDecodeAtOnce) {
+  auto rng = ::sieve::testing::MakeRng();
+  const int prompt = 2000 + static_cast<int>(rng() % 3000);
+  const int output = 100 + static_cast<int>(rng() % 400);
+  const int page_size = 16 << (rng() % 2);
+  const int count = 64;
+  const auto requests = Requests(count, prompt, output);
+  BoundConfig dense = Llama3Bound("full");
+  dense.page_size = page_size;
+  // A sequence's pages at decode step t: 32 layers of prompt + t + 1 entries.
+  int64_t page_steps = 0;
+  for (int t = 0; t < output; ++t)
+    page_steps += 32 * ((prompt + t + 1 + page_size - 1) / page_size);
+  page_steps *= count;
+  const int64_t last_pages = 32 * ((prompt + output + page_size - 1) / page_size);
+  // Room for half the sequences at their longest (the sparse layout's take under 45% as many
+  // pages).
+  dense.kv_pool_pages = last_pages * count / 2;
+  const auto unlimited_config = [&] {
+    BoundConfig config = dense;
+    config.kv_pool_pages = 0;
+    return config;
+  }();
+  const auto limited = ComputeServingBound(dense, requests, count);
+  const auto unlimited = ComputeServingBound(unlimited_config, requests, count);
+  ASSERT_TRUE(limited.ok() && unlimited.ok()) << limited.status().ToString();
+  const int64_t steps = (page_steps + dense.kv_pool_pages - 1) / dense.kv_pool_pages;
+  ASSERT_GT(steps, output);
+  EXPECT_EQ(limited->decode_steps, steps);
+  EXPECT_EQ(limited->pool_limited_steps, steps - output);
+  EXPECT_EQ(unlimited->decode_steps, output);
+  EXPECT_EQ(unlimited->pool_limited_steps, 0);
+  EXPECT_DOUBLE_EQ(limited->kv_bytes_read, unlimited->kv_bytes_read);  // the same entries read
+  EXPECT_NEAR(limited->decode_s - unlimited->decode_s,
+              (steps - output) * unlimited->weight_bytes / (dense.copy_gbs * 1e9), 1e-9);
+  EXPECT_LT(limited->output_tokens_per_s, unlimited->output_tokens_per_s);
+  // A pool that holds every sequence at its longest changes nothing.
+  BoundConfig roomy = dense;
+  roomy.kv_pool_pages = last_pages * count;
+  const auto roomy_bound = ComputeServingBound(roomy, requests, count);
+  ASSERT_TRUE(roomy_bound.ok());
+  EXPECT_EQ(roomy_bound->decode_steps, output);
+  EXPECT_DOUBLE_EQ(roomy_bound->decode_s, unlimited->decode_s);
+  // The same pool holds the sparse layout's sequences (3 dense layers, 29 of about 400 entries).
+  BoundConfig sparse = dense;
+  sparse.kv_policy = "full:0-2,pyramidkv:3-31";
+  const auto sparse_bound = ComputeServingBound(sparse, requests, count);
+  ASSERT_TRUE(sparse_bound.ok());
+  EXPECT_EQ(sparse_bound->pool_limited_steps, 0);
+  EXPECT_EQ(sparse_bound->decode_steps, output);
+}
+
+// sieve bench takes the pool from the server's GET /server_info unless a flag gave one.
+TEST(ServingBoundTest, KvPoolComesFromTheServerUnlessGiven) {
+  auto rng = ::sieve::testing::MakeRng();
+  const int64_t pages = 1 + static_cast<int64_t>(rng() % 1000000);
+  const nlohmann::json info = {{"server_info", {{"kv_cache_pages", pages}, {"page_size", 32}}}};
+  BoundConfig from_server = Llama3Bound("full");
+  EXPECT_EQ(from_server.kv_pool_pages, BoundConfig::kPoolFromServer);
+  EXPECT_NE(ResolveKvPool(info, from_server).find("GET /server_info"), std::string::npos);
+  EXPECT_EQ(from_server.kv_pool_pages, pages);
+  EXPECT_EQ(from_server.page_size, 32);
+  BoundConfig given = Llama3Bound("full");
+  given.kv_pool_pages = pages + 1;
+  ResolveKvPool(info, given);
+  EXPECT_EQ(given.kv_pool_pages, pages + 1);
+  EXPECT_EQ(given.page_size, 16);
+  // A server that does not say (another engine), or says nonsense: not limited, and the log says.
+  for (const nlohmann::json& silent :
+       {nlohmann::json::object(), nlohmann::json{{"server_info", "not json"}},
+        nlohmann::json{{"server_info", {{"kv_cache_pages", -5}, {"page_size", 16}}}},
+        nlohmann::json{{"server_info", {{"kv_cache_pages", "many"}, {"page_size", 16}}}},
+        nlohmann::json{{"server_info", {{"kv_cache_pages", pages}}}}}) {
+    BoundConfig config = Llama3Bound("full");
+    EXPECT_NE(ResolveKvPool(silent, config).find("does not give"), std::string::npos)
+        << silent.dump();
+    EXPECT_EQ(config.kv_pool_pages, 0) << silent.dump();
+    EXPECT_TRUE(ComputeServingBound(config, Requests(4, 100, 10), 4).ok());
+  }
+  BoundConfig negative = Llama3Bound("full");
+  negative.kv_pool_pages = -2;
+  EXPECT_FALSE(ValidateBoundConfig(negative).ok());
 }
 
 TEST(ServingBoundTest, BadConfigsAreClearErrors) {
