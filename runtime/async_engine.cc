@@ -14,6 +14,8 @@ AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, AsyncEngineOptions opti
       max_model_len_(engine_->max_model_len()),
       vocab_size_(engine_->model().config().vocab_size),
       engine_options_(engine_->options()),
+      kv_policy_spec_(engine_->default_policy().Spec()),
+      kv_policy_options_(engine_->default_policy().options()),
       kv_policy_(engine_->default_policy().ToString()),
       num_kv_pages_(engine_->Stats().num_pages),
       kv_pool_bytes_(engine_->kv_pool_bytes()),

@@ -98,7 +98,10 @@ class AsyncEngine {
   int max_model_len() const { return max_model_len_; }
   int vocab_size() const { return vocab_size_; }
   const EngineOptions& engine_options() const { return engine_options_; }
-  // The engine's KV policy as KvPolicy::ToString writes it (layers, budget, window, ...).
+  // The engine's KV policy: its spec ("full:0-2,pyramidkv:3-31"), its knobs, and both in words
+  // (KvPolicy::ToString).
+  const std::string& kv_policy_spec() const { return kv_policy_spec_; }
+  const KvPolicyOptions& kv_policy_options() const { return kv_policy_options_; }
   const std::string& kv_policy() const { return kv_policy_; }
   // The KV pool: pages of engine_options().page_size entries of one layer (each rank's pool
   // holds its own KV heads of every page), and one rank's bytes of them.
@@ -138,6 +141,8 @@ class AsyncEngine {
   const int max_model_len_;
   const int vocab_size_;
   const EngineOptions engine_options_;
+  const std::string kv_policy_spec_;
+  const KvPolicyOptions kv_policy_options_;
   const std::string kv_policy_;
   const int num_kv_pages_;
   const int64_t kv_pool_bytes_;

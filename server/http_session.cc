@@ -15,6 +15,7 @@
 #include "core/logging.h"
 #include "server/json_util.h"
 #include "server/response_builder.h"
+#include "sparsity/kv_policy_json.h"
 
 namespace sieve {
 
@@ -335,19 +336,22 @@ void HttpSession::Route(const Request& request) {
     // beside their numbers, and `sieve bench` takes the KV pool's size for its bound from it.
     const AsyncEngine& engine = context_.engine;
     const EngineOptions& options = engine.engine_options();
-    return SendResponse(200, "application/json",
-                        DumpJson({{"model", context_.model_name()},
-                                  {"max_model_len", engine.max_model_len()},
-                                  {"max_num_seqs", options.max_num_seqs},
-                                  {"max_num_batched_tokens", options.max_num_batched_tokens},
-                                  {"enable_chunked_prefill", options.enable_chunked_prefill},
-                                  {"kv_policy", engine.kv_policy()},
-                                  {"page_size", options.page_size},
-                                  {"kv_cache_pages", engine.num_kv_pages()},
-                                  {"kv_cache_bytes", engine.kv_pool_bytes()},
-                                  {"tensor_parallel_size", engine.tensor_parallel_size()},
-                                  {"cuda_graphs", options.cuda_graphs},
-                                  {"overlap_steps", options.overlap_steps}}));
+    return SendResponse(
+        200, "application/json",
+        DumpJson({{"model", context_.model_name()},
+                  {"max_model_len", engine.max_model_len()},
+                  {"max_num_seqs", options.max_num_seqs},
+                  {"max_num_batched_tokens", options.max_num_batched_tokens},
+                  {"enable_chunked_prefill", options.enable_chunked_prefill},
+                  {"kv_policy", engine.kv_policy_spec()},
+                  {"kv_policy_options", KvPolicyOptionsToJson(engine.kv_policy_options())},
+                  {"kv_policy_description", engine.kv_policy()},
+                  {"page_size", options.page_size},
+                  {"kv_cache_pages", engine.num_kv_pages()},
+                  {"kv_cache_bytes", engine.kv_pool_bytes()},
+                  {"tensor_parallel_size", engine.tensor_parallel_size()},
+                  {"cuda_graphs", options.cuda_graphs},
+                  {"overlap_steps", options.overlap_steps}}));
   }
   HandleCompletion(request, path == "/v1/completions" ? ApiKind::kCompletion : ApiKind::kChat);
 }

@@ -53,6 +53,8 @@ struct ServerConfig {
   int max_model_len = 512;
   int max_num_seqs = 64;
   int max_queue = 0;
+  std::string kv_policy = "full";  // the engine's --kv-policy and knobs
+  KvPolicyOptions kv_policy_options;
   // An engine-thread warm-up before serving (CPU: its prefill steps), reporting to this.
   std::function<void(int done, int total)> warm_up_progress;
 };
@@ -72,6 +74,8 @@ class TestServer {
     options.max_model_len = config.max_model_len;
     options.max_num_seqs = config.max_num_seqs;
     options.kv_memory_bytes = int64_t{32} << 20;
+    options.kv_policy = config.kv_policy;
+    options.kv_policy_options = config.kv_policy_options;
     auto engine =
         Engine::Create(std::move(loaded_.model), loaded_.tokenizer.get(), loaded_.eos_ids, options);
     SIEVE_CHECK(engine.ok()) << engine.status().ToString();
@@ -926,6 +930,9 @@ TEST(ServerTest, ServerInfoDescribesTheEngine) {
   auto rng = ::sieve::testing::MakeRng();
   ServerConfig config;
   config.max_num_seqs = 1 + static_cast<int>(rng() % 64);
+  config.kv_policy = "snapkv:1-3,full:0";
+  config.kv_policy_options.budget = 64 + static_cast<int>(rng() % 256);
+  config.kv_policy_options.window = 1 + static_cast<int>(rng() % 32);
   TestServer server(config);
   const int port = server.port();
   const Response info = Get(port, "/server_info");
@@ -937,7 +944,14 @@ TEST(ServerTest, ServerInfoDescribesTheEngine) {
   EXPECT_EQ(json["max_model_len"], config.max_model_len);
   EXPECT_EQ(json["page_size"], EngineOptions{}.page_size);
   EXPECT_EQ(json["tensor_parallel_size"], 1);
-  EXPECT_EQ(json["kv_policy"].get<std::string>().rfind("full", 0), 0u) << json.dump();
+  // The policy as its canonical spec (what --kv-policy reads), its knobs and in words.
+  EXPECT_EQ(json["kv_policy"], "full:0,snapkv:1-3") << json.dump();
+  EXPECT_EQ(json["kv_policy_options"]["budget"], config.kv_policy_options.budget);
+  EXPECT_EQ(json["kv_policy_options"]["window"], config.kv_policy_options.window);
+  EXPECT_EQ(json["kv_policy_description"].get<std::string>().rfind(
+                "full:0,snapkv:1-3 (budget " + std::to_string(config.kv_policy_options.budget), 0),
+            0u)
+      << json.dump();
   const Response metrics = Get(port, "/metrics");
   ASSERT_EQ(metrics.status, 200);
   EXPECT_EQ(json["kv_cache_pages"].get<double>(),

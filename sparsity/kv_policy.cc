@@ -424,15 +424,22 @@ bool KvPolicy::NeedsPositionPool() const {
   return false;
 }
 
+std::string KvPolicy::Spec() const {
+  std::string spec;
+  for (const Range& range : ranges_) {
+    if (!spec.empty()) spec += ',';
+    spec += PolicyKindName(range.kind);
+    spec += ':';
+    spec += RangeText(range.first, range.last);
+  }
+  return spec;
+}
+
 std::string KvPolicy::ToString() const {
   std::ostringstream out;
   std::vector<bool> present(std::size(kAllKinds), false);
-  for (size_t index = 0; index < ranges_.size(); ++index) {
-    const Range& range = ranges_[index];
-    present[static_cast<int>(range.kind)] = true;
-    out << (index > 0 ? "," : "") << PolicyKindName(range.kind) << ":"
-        << RangeText(range.first, range.last);
-  }
+  for (const Range& range : ranges_) present[static_cast<int>(range.kind)] = true;
+  out << Spec();
   const auto has = [&](PolicyKind kind) { return present[static_cast<int>(kind)]; };
   std::vector<std::string> knobs;
   if (has(PolicyKind::kSnapKv) || has(PolicyKind::kPyramidKv)) {

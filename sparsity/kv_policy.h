@@ -82,6 +82,7 @@ class KvPolicy {
   bool NeedsScorePool() const;     // H2O or a score-based decode cap
   bool NeedsPositionPool() const;  // any decode-time eviction
   std::string ToString() const;    // "full:0-2,pyramidkv:3-31 (budget 1024, window 32, ...)"
+  std::string Spec() const;        // "full:0-2,pyramidkv:3-31": what Parse reads back
 
  private:
   struct Range {

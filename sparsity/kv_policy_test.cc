@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/testing.h"
+#include "sparsity/kv_policy_json.h"
 
 namespace sieve {
 namespace {
@@ -52,9 +53,11 @@ KvPolicy ParseOrDie(std::string_view spec, int num_layers, const KvPolicyOptions
 }
 
 // The part of ToString() before the knobs, which is itself a spec.
+// Spec() is ToString() up to its knobs.
 std::string SpecPart(const KvPolicy& policy) {
   const std::string text = policy.ToString();
-  return text.substr(0, text.find(' '));
+  EXPECT_EQ(policy.Spec(), text.substr(0, text.find(' ')));
+  return policy.Spec();
 }
 
 TEST(KvPolicyTest, BareKindCoversEveryLayer) {
@@ -489,6 +492,58 @@ TEST(KvPolicyTest, ToStringNamesTheKnobsInUse) {
   EXPECT_EQ(ParseOrDie("streamingllm:0,h2o:1", 2, options).ToString(),
             "streamingllm:0,h2o:1 (gqa mean, sinks 4, heavy 1024, recent 1020, decode cap "
             "1048576 by age)");
+}
+
+// GET /server_info carries the engine's options as JSON and sieve bench reads them back.
+TEST(KvPolicyTest, OptionsRoundTripThroughJson) {
+  auto rng = testing::MakeRng();
+  for (int trial = 0; trial < 100; ++trial) {
+    KvPolicyOptions options = RandomOptions(rng);
+    options.decode_cap =
+        Uniform(rng, 0, 1) != 0 ? Uniform(rng, 1 << 16, 1 << 20) : 0;  // above any budget
+    options.decode_cap_by_score = Uniform(rng, 0, 1) != 0;
+    const nlohmann::json json = KvPolicyOptionsToJson(options);
+    const Result<KvPolicyOptions> back = KvPolicyOptionsFromJson(json);
+    ASSERT_TRUE(back.ok()) << back.status().ToString() << " " << json.dump();
+    EXPECT_EQ(back->budget, options.budget);
+    EXPECT_EQ(back->window, options.window);
+    EXPECT_EQ(back->pool, options.pool);
+    EXPECT_EQ(back->kernel, options.kernel);
+    EXPECT_EQ(back->reduce, options.reduce);
+    EXPECT_EQ(back->beta, options.beta);
+    EXPECT_EQ(back->sinks, options.sinks);
+    EXPECT_EQ(back->recent, options.recent);
+    EXPECT_EQ(back->heavy, options.heavy);
+    EXPECT_EQ(back->decode_cap, options.decode_cap);
+    EXPECT_EQ(back->decode_cap_by_score, options.decode_cap_by_score);
+    // A policy of every kind reads the same either way.
+    const std::string spec = "full:0,snapkv:1,pyramidkv:2-3,streamingllm:4,h2o:5";
+    EXPECT_EQ(ParseOrDie(spec, 6, *back).ToString(), ParseOrDie(spec, 6, options).ToString());
+  }
+  const Result<KvPolicyOptions> empty = KvPolicyOptionsFromJson(nlohmann::json::object());
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(KvPolicyOptionsToJson(*empty), KvPolicyOptionsToJson(KvPolicyOptions()));
+}
+
+TEST(KvPolicyTest, OptionsJsonErrorsNameTheKey) {
+  const std::pair<nlohmann::json, std::string> bad[] = {
+      {nlohmann::json::array(), "JSON object"},
+      {{{"budget", "400"}}, "'budget'"},
+      {{{"window", -1}}, "'window'"},
+      {{{"decode_cap", 1.5}}, "'decode_cap'"},
+      {{{"heavy", int64_t{1} << 40}}, "'heavy'"},
+      {{{"pool", "median"}}, "'pool' must be one of max, avg, none"},
+      {{{"group_reduce", 1}}, "'group_reduce'"},
+      {{{"decode_cap_by", "age"}}, "'decode_cap_by'"},
+      {{{"budgets", 400}}, "unknown KV policy option 'budgets'"},
+  };
+  for (const auto& [json, needle] : bad) {
+    const Result<KvPolicyOptions> options = KvPolicyOptionsFromJson(json);
+    ASSERT_FALSE(options.ok()) << json.dump();
+    EXPECT_EQ(options.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(options.status().message().find(needle), std::string::npos)
+        << options.status().message() << " lacks " << needle;
+  }
 }
 
 }  // namespace

@@ -91,13 +91,14 @@ void AddBoundFlags(CLI::App& app, bench::BoundConfig& bound) {
                  "attention rates + every decode step's weights and KV at the copy rate): the "
                  "served model's config directory, e.g. configs/llama-3-8b");
   app.add_option("--bound-kv-policy", bound.kv_policy,
-                 "Bound: the server's --kv-policy (how many KV entries decode steps read)")
-      ->capture_default_str();
+                 "Bound: the server's --kv-policy (how many KV entries decode steps read; "
+                 "default: the server's own, with its knobs, from its GET /server_info, else full; "
+                 "a warning when the two differ)");
   app.add_option("--bound-kv-budget", bound.kv_budget,
-                 "Bound: the server's --kv-budget (0: default)")
+                 "Bound: the server's --kv-budget (0: the server's, or the default)")
       ->capture_default_str();
   app.add_option("--bound-kv-window", bound.kv_window,
-                 "Bound: the server's --kv-window (0: default)")
+                 "Bound: the server's --kv-window (0: the server's, or the default)")
       ->capture_default_str();
   app.add_option("--bound-gemm-tflops", bound.gemm_tflops,
                  "Bound: bf16 GEMM rate at prefill sizes (sieve bench kernels --prefill-step)");

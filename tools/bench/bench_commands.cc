@@ -278,6 +278,7 @@ Result<RunBound> BoundOfRun(const BoundConfig& config, const std::vector<BenchPr
   RunBound run{bound, {}};
   run.json = {{"model_config", config.model_config},
               {"kv_policy", config.kv_policy},
+              {"kv_policy_description", bound.kv_policy},
               {"kv_budget", config.kv_budget},
               {"kv_window", config.kv_window},
               {"gemm_tflops", config.gemm_tflops},
@@ -336,7 +337,7 @@ Status RunBenchServe(const ServeConfig& config) {
   SIEVE_ASSIGN_OR_RETURN(BenchSetup setup, Prepare(config.client, config.dataset));
   BoundConfig bound_config = config.bound;
   if (!bound_config.model_config.empty()) {
-    std::fprintf(stderr, "%s", ResolveKvPool(setup.server_info, bound_config).c_str());
+    std::fprintf(stderr, "%s", ResolveFromServer(setup.server_info, bound_config).c_str());
   }
   setup.load.max_concurrency = config.max_concurrency;
   setup.load.request_rate = request_rate;
@@ -403,7 +404,7 @@ Status RunBenchSweep(const SweepConfig& config) {
   SIEVE_ASSIGN_OR_RETURN(BenchSetup setup, Prepare(config.client, config.dataset));
   BoundConfig bound_config = config.bound;
   if (!bound_config.model_config.empty()) {
-    std::fprintf(stderr, "%s", ResolveKvPool(setup.server_info, bound_config).c_str());
+    std::fprintf(stderr, "%s", ResolveFromServer(setup.server_info, bound_config).c_str());
   }
   std::vector<SweepLevel> levels;
   nlohmann::json json = ResultHeader("sieve_bench_sweep", config.client, setup);

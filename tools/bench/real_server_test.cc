@@ -201,6 +201,8 @@ TEST(RealServerTest, BenchServeAgainstSieveServe) {
   EXPECT_GT(info["kv_cache_pages"].get<int64_t>(), 0);
   EXPECT_EQ((*json)["bound"]["kv_pool_pages"], info["kv_cache_pages"]);
   EXPECT_EQ((*json)["bound"]["page_size"], info["page_size"]);
+  EXPECT_EQ((*json)["bound"]["kv_policy"], info["kv_policy"]);  // no --bound-kv-policy: its own
+  EXPECT_EQ(bench.output.find("warning"), std::string::npos) << bench.output;
   EXPECT_GE((*json)["bound"]["decode_steps"].get<int64_t>(), 16);
   EXPECT_NE(bench.output.find("Bound:"), std::string::npos) << bench.output;
   EXPECT_EQ((*json)["label"], "ci");

@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "sparsity/kv_policy_json.h"
+
 namespace sieve::bench {
 
 namespace {
@@ -69,6 +71,17 @@ Result<std::string> FirstModelId(const nlohmann::json& server_info) {
     }
   }
   return NotFoundError("the server lists no model at GET /v1/models: pass --model");
+}
+
+std::optional<ServerKvPolicy> KvPolicyOf(const nlohmann::json& server_info) {
+  const auto info = server_info.find("server_info");
+  if (info == server_info.end() || !info->is_object()) return std::nullopt;
+  const auto spec = info->find("kv_policy");
+  const auto options = info->find("kv_policy_options");
+  if (spec == info->end() || options == info->end() || !spec->is_string()) return std::nullopt;
+  Result<KvPolicyOptions> parsed = KvPolicyOptionsFromJson(*options);
+  if (!parsed.ok()) return std::nullopt;
+  return ServerKvPolicy{spec->get<std::string>(), *parsed};
 }
 
 std::optional<ServerKvPool> KvPoolOf(const nlohmann::json& server_info) {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
+#include "sparsity/kv_policy.h"
 #include "tools/bench/http_client.h"
 
 namespace sieve::bench {
@@ -38,5 +39,13 @@ struct ServerKvPool {
   int page_size = 0;
 };
 std::optional<ServerKvPool> KvPoolOf(const nlohmann::json& server_info);
+
+// The server's KV policy as its GET /server_info gives it (Sieve: "kv_policy", the spec, and
+// "kv_policy_options"), or nothing when it does not say (or says something unreadable).
+struct ServerKvPolicy {
+  std::string spec;
+  KvPolicyOptions options;
+};
+std::optional<ServerKvPolicy> KvPolicyOf(const nlohmann::json& server_info);
 
 }  // namespace sieve::bench

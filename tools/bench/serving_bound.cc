@@ -14,10 +14,11 @@ namespace sieve::bench {
 namespace {
 
 Result<KvPolicy> PolicyFor(const BoundConfig& config, int num_layers) {
-  KvPolicyOptions options;
+  KvPolicyOptions options = config.kv_policy_options;
   if (config.kv_budget > 0) options.budget = config.kv_budget;
   if (config.kv_window > 0) options.window = config.kv_window;
-  auto policy = KvPolicy::Parse(config.kv_policy, num_layers, options);
+  auto policy =
+      KvPolicy::Parse(config.kv_policy.empty() ? "full" : config.kv_policy, num_layers, options);
   if (!policy.ok()) return policy.status().WithContext("--bound-kv-policy");
   return policy;
 }
@@ -50,7 +51,9 @@ Status ValidateBoundConfig(const BoundConfig& config) {
   return Status::Ok();
 }
 
-std::string ResolveKvPool(const nlohmann::json& server_info, BoundConfig& config) {
+namespace {
+
+std::string ResolvePool(const nlohmann::json& server_info, BoundConfig& config) {
   if (config.kv_pool_pages != BoundConfig::kPoolFromServer) {
     return config.kv_pool_pages > 0
                ? fmt::format("bound: KV pool of {} pages of {} entries (--bound-kv-pool-pages)\n",
@@ -67,6 +70,43 @@ std::string ResolveKvPool(const nlohmann::json& server_info, BoundConfig& config
   config.page_size = pool->page_size;
   return fmt::format("bound: KV pool of {} pages of {} entries (the server's GET /server_info)\n",
                      pool->pages, pool->page_size);
+}
+
+}  // namespace
+
+std::string ResolveFromServer(const nlohmann::json& server_info, BoundConfig& config) {
+  std::string log = ResolvePool(server_info, config);
+  const std::optional<ServerKvPolicy> server = KvPolicyOf(server_info);
+  const bool given = !config.kv_policy.empty();
+  if (!given) {
+    if (server) {
+      config.kv_policy = server->spec;
+      config.kv_policy_options = server->options;
+    } else {
+      config.kv_policy = "full";
+      log +=
+          "bound: the server does not give its KV policy (GET /server_info): the bound takes "
+          "full (--bound-kv-policy sets one)\n";
+    }
+  }
+  auto model = LoadModelConfig(config.model_config);
+  if (!model.ok()) return log;  // ValidateBoundConfig says so
+  auto bounded = PolicyFor(config, model->num_layers);
+  if (!bounded.ok()) return log;
+  if (!given && server) {
+    log += "bound: KV policy " + bounded->ToString() + " (the server's GET /server_info)\n";
+  }
+  if (server) {
+    auto served = KvPolicy::Parse(server->spec, model->num_layers, server->options);
+    if (!served.ok()) {
+      log += "warning: the server's KV policy '" + server->spec + "' does not fit " +
+             config.model_config + ": " + served.status().message() + "\n";
+    } else if (served->ToString() != bounded->ToString()) {
+      log += "warning: the bound's KV policy (" + bounded->ToString() + ") is not the server's (" +
+             served->ToString() + ")\n";
+    }
+  }
+  return log;
 }
 
 Result<ServingBound> ComputeServingBound(const BoundConfig& config,
@@ -91,6 +131,7 @@ Result<ServingBound> ComputeServingBound(const BoundConfig& config,
   const double bytes_per_weight = 2;  // bf16
   const double lm_head = v * d;
   ServingBound bound;
+  bound.kv_policy = policy.ToString();
   // A decode step reads every layer's weights and the lm_head (the embedding only its rows).
   bound.weight_bytes = bytes_per_weight * (layers * layer_weights + lm_head);
   // K and V of one entry in one layer on one rank, bf16.

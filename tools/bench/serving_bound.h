@@ -16,19 +16,22 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
+#include "sparsity/kv_policy.h"
 
 namespace sieve::bench {
 
 // What the bound needs beyond the workload: the model's shape, the server's KV policy and the
 // GPU's measured ceilings. An empty model_config means no bound.
 struct BoundConfig {
-  std::string model_config;        // a directory with config.json (or params.json)
-  std::string kv_policy = "full";  // the server's --kv-policy
-  int kv_budget = 0;               // its --kv-budget (0: the policy's default)
-  int kv_window = 0;               // its --kv-window (0: the policy's default)
-  double gemm_tflops = 0;          // bf16 GEMM rate at prefill sizes (bench kernels)
-  double attention_tflops = 0;     // causal prefill attention rate (cuDNN SDPA); 0: not counted
-  double copy_gbs = 0;             // device copy rate, read + write (bench kernels)
+  std::string model_config;  // a directory with config.json (or params.json)
+  // The server's --kv-policy; empty: the server's own (ResolveFromServer), else full.
+  std::string kv_policy;
+  KvPolicyOptions kv_policy_options;  // its other knobs (the server's when its policy is taken)
+  int kv_budget = 0;                  // its --kv-budget (0: kv_policy_options')
+  int kv_window = 0;                  // its --kv-window (0: kv_policy_options')
+  double gemm_tflops = 0;             // bf16 GEMM rate at prefill sizes (bench kernels)
+  double attention_tflops = 0;        // causal prefill attention rate (cuDNN SDPA); 0: not counted
+  double copy_gbs = 0;                // device copy rate, read + write (bench kernels)
   // Tensor parallelism: the server's --tensor-parallel-size. Each rank computes 1/N of every
   // prefill's FLOPs and reads its share of the weights and KV in every decode step
   // (model/tensor_parallel.h), and all its ranks all-reduce 2 times a layer: a step's rows at
@@ -39,7 +42,7 @@ struct BoundConfig {
   double allreduce_latency_us = 8;
   // The server's KV pool: pages of page_size entries of one layer (one rank's share of the KV
   // heads). 0: not limited; kPoolFromServer: what the server's GET /server_info says (sieve
-  // bench resolves it, with ResolveKvPool, before computing).
+  // bench resolves it, with ResolveFromServer, before computing).
   static constexpr int64_t kPoolFromServer = -1;
   int64_t kv_pool_pages = kPoolFromServer;
   int page_size = 16;
@@ -60,6 +63,7 @@ struct ServingBound {
   double prefill_attention_flops = 0;  // over every prompt (one rank's)
   double kv_bytes_read = 0;            // over every decode step, one rank's
   double all_reduce_s = 0;             // in prefill_s and decode_s: the ranks' all-reduces
+  std::string kv_policy;               // KvPolicy::ToString of the policy bounded
   int64_t decode_steps = 0;            // in every wave
   int64_t pool_limited_steps = 0;      // of them, those the KV pool adds (0: it holds every wave)
 };
@@ -67,9 +71,12 @@ struct ServingBound {
 // Checks the config (the model directory parses, the policy parses for it, rates positive).
 Status ValidateBoundConfig(const BoundConfig& config);
 
-// Sets a kPoolFromServer pool to the server's (`server_info` as FetchServerInfo gives it), or to
-// not limited when the server does not say; says which in a line for the log.
-std::string ResolveKvPool(const nlohmann::json& server_info, BoundConfig& config);
+// What the server's GET /server_info (`server_info` as FetchServerInfo gives it) settles: an
+// empty kv_policy becomes the server's policy and knobs (full when it does not say), a
+// kPoolFromServer pool the server's pool (not limited when it does not say). Returns lines for
+// the log saying which, and a warning when the policy bounded is not the one the server runs.
+// Needs a valid config with a model.
+std::string ResolveFromServer(const nlohmann::json& server_info, BoundConfig& config);
 
 // The bound of sending `requests` with at most `concurrency` in flight (0: all at once), decoded
 // in waves of `concurrency` in request order.

@@ -9,6 +9,7 @@
 
 #include "core/fixtures.h"
 #include "core/testing.h"
+#include "sparsity/kv_policy_json.h"
 
 namespace sieve::bench {
 namespace {
@@ -185,12 +186,13 @@ TEST(ServingBoundTest, KvPoolComesFromTheServerUnlessGiven) {
   const nlohmann::json info = {{"server_info", {{"kv_cache_pages", pages}, {"page_size", 32}}}};
   BoundConfig from_server = Llama3Bound("full");
   EXPECT_EQ(from_server.kv_pool_pages, BoundConfig::kPoolFromServer);
-  EXPECT_NE(ResolveKvPool(info, from_server).find("GET /server_info"), std::string::npos);
+  EXPECT_NE(ResolveFromServer(info, from_server).find("pages of 32 entries (the server's"),
+            std::string::npos);
   EXPECT_EQ(from_server.kv_pool_pages, pages);
   EXPECT_EQ(from_server.page_size, 32);
   BoundConfig given = Llama3Bound("full");
   given.kv_pool_pages = pages + 1;
-  ResolveKvPool(info, given);
+  ResolveFromServer(info, given);
   EXPECT_EQ(given.kv_pool_pages, pages + 1);
   EXPECT_EQ(given.page_size, 16);
   // A server that does not say (another engine), or says nonsense: not limited, and the log says.
@@ -200,7 +202,8 @@ TEST(ServingBoundTest, KvPoolComesFromTheServerUnlessGiven) {
         nlohmann::json{{"server_info", {{"kv_cache_pages", "many"}, {"page_size", 16}}}},
         nlohmann::json{{"server_info", {{"kv_cache_pages", pages}}}}}) {
     BoundConfig config = Llama3Bound("full");
-    EXPECT_NE(ResolveKvPool(silent, config).find("does not give"), std::string::npos)
+    EXPECT_NE(ResolveFromServer(silent, config).find("does not give its KV pool"),
+              std::string::npos)
         << silent.dump();
     EXPECT_EQ(config.kv_pool_pages, 0) << silent.dump();
     EXPECT_TRUE(ComputeServingBound(config, Requests(4, 100, 10), 4).ok());
@@ -208,6 +211,64 @@ TEST(ServingBoundTest, KvPoolComesFromTheServerUnlessGiven) {
   BoundConfig negative = Llama3Bound("full");
   negative.kv_pool_pages = -2;
   EXPECT_FALSE(ValidateBoundConfig(negative).ok());
+}
+
+// With no --bound-kv-policy the bound takes the server's policy and knobs; with one that is not
+// the server's, the log warns.
+TEST(ServingBoundTest, KvPolicyComesFromTheServerUnlessGiven) {
+  auto rng = ::sieve::testing::MakeRng();
+  KvPolicyOptions served;
+  served.budget = 200 + static_cast<int>(rng() % 1000);
+  served.window = 8 + static_cast<int>(rng() % 56);
+  served.beta = 2 + static_cast<int>(rng() % 30);
+  const std::string spec = "full:0-2,pyramidkv:3-31";
+  const nlohmann::json info = {
+      {"server_info", {{"kv_policy", spec}, {"kv_policy_options", KvPolicyOptionsToJson(served)}}}};
+  BoundConfig taken = Llama3Bound("");
+  taken.kv_budget = 0;
+  taken.kv_window = 0;
+  const std::string log = ResolveFromServer(info, taken);
+  EXPECT_NE(log.find("(the server's GET /server_info)"), std::string::npos) << log;
+  EXPECT_EQ(log.find("warning"), std::string::npos) << log;
+  EXPECT_EQ(taken.kv_policy, spec);
+  const auto bound = ComputeServingBound(taken, Requests(8, 4000, 50), 8);
+  ASSERT_TRUE(bound.ok()) << bound.status().ToString();
+  const auto expected = KvPolicy::Parse(spec, 32, served);
+  ASSERT_TRUE(expected.ok());
+  EXPECT_EQ(bound->kv_policy, expected->ToString());
+  // The same as giving the server's policy by hand.
+  BoundConfig by_hand = Llama3Bound(spec);
+  by_hand.kv_policy_options = served;
+  by_hand.kv_budget = served.budget;
+  by_hand.kv_window = served.window;
+  const auto by_hand_bound = ComputeServingBound(by_hand, Requests(8, 4000, 50), 8);
+  ASSERT_TRUE(by_hand_bound.ok());
+  EXPECT_DOUBLE_EQ(by_hand_bound->kv_bytes_read, bound->kv_bytes_read);
+  EXPECT_EQ(ResolveFromServer(info, by_hand).find("warning"), std::string::npos);
+  // A bound of another policy, or of the server's with another budget, says so.
+  BoundConfig dense = Llama3Bound("full");
+  EXPECT_NE(ResolveFromServer(info, dense).find("warning: the bound's KV policy (full:0-31)"),
+            std::string::npos);
+  BoundConfig other_budget = by_hand;
+  other_budget.kv_budget = served.budget + 1;
+  EXPECT_NE(ResolveFromServer(info, other_budget).find("is not the server's"), std::string::npos);
+  // A server policy that does not fit the bound's model (another model served).
+  const nlohmann::json small = {
+      {"server_info",
+       {{"kv_policy", "full:0-3"}, {"kv_policy_options", KvPolicyOptionsToJson(served)}}}};
+  BoundConfig mismatch = Llama3Bound("full");
+  EXPECT_NE(ResolveFromServer(small, mismatch).find("does not fit"), std::string::npos);
+  // No policy from the server (another engine, or unreadable knobs): full, and the log says.
+  for (const nlohmann::json& silent :
+       {nlohmann::json::object(), nlohmann::json{{"server_info", {{"kv_policy", spec}}}},
+        nlohmann::json{
+            {"server_info", {{"kv_policy", spec}, {"kv_policy_options", {{"budget", "big"}}}}}}}) {
+    BoundConfig config = Llama3Bound("");
+    EXPECT_NE(ResolveFromServer(silent, config).find("does not give its KV policy"),
+              std::string::npos)
+        << silent.dump();
+    EXPECT_EQ(config.kv_policy, "full");
+  }
 }
 
 TEST(ServingBoundTest, BadConfigsAreClearErrors) {
