@@ -102,7 +102,7 @@ class AsyncEngine {
   // (KvPolicy::ToString).
   const std::string& kv_policy_spec() const { return kv_policy_spec_; }
   const KvPolicyOptions& kv_policy_options() const { return kv_policy_options_; }
-  const std::string& kv_policy() const { return kv_policy_; }
+  const std::string& kv_policy_description() const { return kv_policy_description_; }
   // The KV pool: pages of engine_options().page_size entries of one layer (each rank's pool
   // holds its own KV heads of every page), and one rank's bytes of them.
   int num_kv_pages() const { return num_kv_pages_; }
@@ -143,7 +143,7 @@ class AsyncEngine {
   const EngineOptions engine_options_;
   const std::string kv_policy_spec_;
   const KvPolicyOptions kv_policy_options_;
-  const std::string kv_policy_;
+  const std::string kv_policy_description_;
   const int num_kv_pages_;
   const int64_t kv_pool_bytes_;
   const int tensor_parallel_size_;

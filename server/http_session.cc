@@ -333,7 +333,7 @@ void HttpSession::Route(const Request& request) {
   }
   if (path == "/server_info") {
     // The engine's configuration, as vLLM's /server_info gives its own: benchmarks store it
-    // beside their numbers, and `sieve bench` takes the KV pool's size for its bound from it.
+    // beside their numbers, and `sieve bench` takes its bound's KV policy and pool from it.
     const AsyncEngine& engine = context_.engine;
     const EngineOptions& options = engine.engine_options();
     return SendResponse(
@@ -345,7 +345,7 @@ void HttpSession::Route(const Request& request) {
                   {"enable_chunked_prefill", options.enable_chunked_prefill},
                   {"kv_policy", engine.kv_policy_spec()},
                   {"kv_policy_options", KvPolicyOptionsToJson(engine.kv_policy_options())},
-                  {"kv_policy_description", engine.kv_policy()},
+                  {"kv_policy_description", engine.kv_policy_description()},
                   {"page_size", options.page_size},
                   {"kv_cache_pages", engine.num_kv_pages()},
                   {"kv_cache_bytes", engine.kv_pool_bytes()},

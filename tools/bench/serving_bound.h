@@ -74,7 +74,8 @@ Status ValidateBoundConfig(const BoundConfig& config);
 // What the server's GET /server_info (`server_info` as FetchServerInfo gives it) settles: an
 // empty kv_policy becomes the server's policy and knobs (full when it does not say), a
 // kPoolFromServer pool the server's pool (not limited when it does not say). Returns lines for
-// the log saying which, and a warning when the policy bounded is not the one the server runs.
+// the log saying which, and a warning when the policy bounded is not the one the server runs or
+// the tensor-parallel size not the server's.
 // Needs a valid config with a model.
 std::string ResolveFromServer(const nlohmann::json& server_info, BoundConfig& config);
 

@@ -252,6 +252,16 @@ TEST(ServingBoundTest, KvPolicyComesFromTheServerUnlessGiven) {
   BoundConfig other_budget = by_hand;
   other_budget.kv_budget = served.budget + 1;
   EXPECT_NE(ResolveFromServer(info, other_budget).find("is not the server's"), std::string::npos);
+  // Another tensor-parallel size than the server's.
+  nlohmann::json two_ranks = info;
+  two_ranks["server_info"]["tensor_parallel_size"] = 2;
+  BoundConfig one_rank = by_hand;
+  EXPECT_NE(ResolveFromServer(two_ranks, one_rank)
+                .find("tensor-parallel size (1) is not the "
+                      "server's (2)"),
+            std::string::npos);
+  one_rank.tensor_parallel_size = 2;
+  EXPECT_EQ(ResolveFromServer(two_ranks, one_rank).find("warning"), std::string::npos);
   // A server policy that does not fit the bound's model (another model served).
   const nlohmann::json small = {
       {"server_info",
