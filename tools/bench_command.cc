@@ -88,8 +88,9 @@ void AddClientFlags(CLI::App& app, ClientConfig& client) {
 void AddBoundFlags(CLI::App& app, bench::BoundConfig& bound) {
   app.add_option("--bound-model-config", bound.model_config,
                  "Print each run beside its bound (PERF.md's model: every prefill at the GEMM and "
-                 "attention rates + every decode step's weights and KV at the copy rate): the "
-                 "served model's config directory, e.g. configs/llama-3-8b");
+                 "attention rates + every decode step's weights and KV at the copy rate, with no "
+                 "more sequences decoding at once than the server's KV pool holds): the served "
+                 "model's config directory, e.g. configs/llama-3-8b");
   app.add_option("--bound-kv-policy", bound.kv_policy,
                  "Bound: the server's --kv-policy (how many KV entries decode steps read; "
                  "default: the server's own, with its knobs, from its GET /server_info, else full; "
