@@ -532,7 +532,7 @@ TEST(KvPolicyTest, OptionsJsonErrorsNameTheKey) {
       {{{"window", -1}}, "'window'"},
       {{{"decode_cap", 1.5}}, "'decode_cap'"},
       {{{"heavy", int64_t{1} << 40}}, "'heavy'"},
-      {{{"pool", "median"}}, "'pool' must be one of max, avg, none"},
+      {{{"pool", "median"}}, "'pool' must be one of none, max, avg"},
       {{{"group_reduce", 1}}, "'group_reduce'"},
       {{{"decode_cap_by", "age"}}, "'decode_cap_by'"},
       {{{"budgets", 400}}, "unknown KV policy option 'budgets'"},
