@@ -350,7 +350,7 @@ void HttpSession::Route(const Request& request) {
                   {"kv_cache_pages", engine.num_kv_pages()},
                   {"kv_cache_bytes", engine.kv_pool_bytes()},
                   {"tensor_parallel_size", engine.tensor_parallel_size()},
-                  {"cuda_graphs", options.cuda_graphs},
+                  {"enforce_eager", !options.cuda_graphs},
                   {"overlap_steps", options.overlap_steps}}));
   }
   HandleCompletion(request, path == "/v1/completions" ? ApiKind::kCompletion : ApiKind::kChat);

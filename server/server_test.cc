@@ -944,6 +944,9 @@ TEST(ServerTest, ServerInfoDescribesTheEngine) {
   EXPECT_EQ(json["max_model_len"], config.max_model_len);
   EXPECT_EQ(json["page_size"], EngineOptions{}.page_size);
   EXPECT_EQ(json["tensor_parallel_size"], 1);
+  EXPECT_EQ(json["enforce_eager"],
+            false);  // the engine's default: graphs where the backend has them
+  EXPECT_EQ(json["overlap_steps"], true);
   // The policy as its canonical spec (what --kv-policy reads), its knobs and in words.
   EXPECT_EQ(json["kv_policy"], "full:0,snapkv:1-3") << json.dump();
   EXPECT_EQ(json["kv_policy_options"]["budget"], config.kv_policy_options.budget);
