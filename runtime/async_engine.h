@@ -98,10 +98,9 @@ class AsyncEngine {
   int max_model_len() const { return max_model_len_; }
   int vocab_size() const { return vocab_size_; }
   const EngineOptions& engine_options() const { return engine_options_; }
-  // The engine's KV policy: its spec ("full:0-2,pyramidkv:3-31"), its knobs, and both in words
-  // (KvPolicy::ToString).
+  // The engine's KV policy: its spec ("full:0-2,pyramidkv:3-31"; its knobs are
+  // engine_options().kv_policy_options), and both in words (KvPolicy::ToString).
   const std::string& kv_policy_spec() const { return kv_policy_spec_; }
-  const KvPolicyOptions& kv_policy_options() const { return kv_policy_options_; }
   const std::string& kv_policy_description() const { return kv_policy_description_; }
   // The KV pool: pages of engine_options().page_size entries of one layer (each rank's pool
   // holds its own KV heads of every page), and one rank's bytes of them.
@@ -142,7 +141,6 @@ class AsyncEngine {
   const int vocab_size_;
   const EngineOptions engine_options_;
   const std::string kv_policy_spec_;
-  const KvPolicyOptions kv_policy_options_;
   const std::string kv_policy_description_;
   const int num_kv_pages_;
   const int64_t kv_pool_bytes_;

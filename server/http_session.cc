@@ -344,7 +344,7 @@ void HttpSession::Route(const Request& request) {
                   {"max_num_batched_tokens", options.max_num_batched_tokens},
                   {"enable_chunked_prefill", options.enable_chunked_prefill},
                   {"kv_policy", engine.kv_policy_spec()},
-                  {"kv_policy_options", KvPolicyOptionsToJson(engine.kv_policy_options())},
+                  {"kv_policy_options", KvPolicyOptionsToJson(options.kv_policy_options)},
                   {"kv_policy_description", engine.kv_policy_description()},
                   {"page_size", options.page_size},
                   {"kv_cache_pages", engine.num_kv_pages()},

@@ -73,23 +73,26 @@ Result<std::string> FirstModelId(const nlohmann::json& server_info) {
   return NotFoundError("the server lists no model at GET /v1/models: pass --model");
 }
 
-std::optional<ServerKvPolicy> KvPolicyOf(const nlohmann::json& server_info) {
+const nlohmann::json* ServerInfoField(const nlohmann::json& server_info, const std::string& key) {
   const auto info = server_info.find("server_info");
-  if (info == server_info.end() || !info->is_object()) return std::nullopt;
-  const auto spec = info->find("kv_policy");
-  const auto options = info->find("kv_policy_options");
-  if (spec == info->end() || options == info->end() || !spec->is_string()) return std::nullopt;
+  if (info == server_info.end() || !info->is_object()) return nullptr;
+  const auto field = info->find(key);
+  return field == info->end() ? nullptr : &*field;
+}
+
+std::optional<ServerKvPolicy> KvPolicyOf(const nlohmann::json& server_info) {
+  const nlohmann::json* spec = ServerInfoField(server_info, "kv_policy");
+  const nlohmann::json* options = ServerInfoField(server_info, "kv_policy_options");
+  if (spec == nullptr || options == nullptr || !spec->is_string()) return std::nullopt;
   Result<KvPolicyOptions> parsed = KvPolicyOptionsFromJson(*options);
   if (!parsed.ok()) return std::nullopt;
   return ServerKvPolicy{spec->get<std::string>(), *parsed};
 }
 
 std::optional<ServerKvPool> KvPoolOf(const nlohmann::json& server_info) {
-  const auto info = server_info.find("server_info");
-  if (info == server_info.end() || !info->is_object()) return std::nullopt;
-  const auto pages = info->find("kv_cache_pages");
-  const auto page_size = info->find("page_size");
-  if (pages == info->end() || page_size == info->end() || !pages->is_number_integer() ||
+  const nlohmann::json* pages = ServerInfoField(server_info, "kv_cache_pages");
+  const nlohmann::json* page_size = ServerInfoField(server_info, "page_size");
+  if (pages == nullptr || page_size == nullptr || !pages->is_number_integer() ||
       !page_size->is_number_integer()) {
     return std::nullopt;
   }

@@ -32,6 +32,9 @@ Result<nlohmann::json> FetchServerInfo(const HttpUrl& base_url, const std::strin
 // The first model id of a /v1/models answer ({"data": [{"id": ...}]}), or NotFound.
 Result<std::string> FirstModelId(const nlohmann::json& server_info);
 
+// Field `key` of the server's GET /server_info answer when that is a JSON object, else null.
+const nlohmann::json* ServerInfoField(const nlohmann::json& server_info, const std::string& key);
+
 // The server's KV pool as its GET /server_info gives it (Sieve: "kv_cache_pages" pages of
 // "page_size" entries of one layer), or nothing when it does not say.
 struct ServerKvPool {

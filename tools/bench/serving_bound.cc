@@ -96,14 +96,13 @@ std::string ResolveFromServer(const nlohmann::json& server_info, BoundConfig& co
   if (!given && server) {
     log += "bound: KV policy " + bounded->ToString() + " (the server's GET /server_info)\n";
   }
-  const auto info = server_info.find("server_info");
-  if (info != server_info.end() && info->is_object() && info->contains("tensor_parallel_size") &&
-      (*info)["tensor_parallel_size"].is_number_integer() &&
-      (*info)["tensor_parallel_size"].get<int64_t>() != config.tensor_parallel_size) {
+  const nlohmann::json* ranks = ServerInfoField(server_info, "tensor_parallel_size");
+  if (ranks != nullptr && ranks->is_number_integer() &&
+      ranks->get<int64_t>() != config.tensor_parallel_size) {
     log += fmt::format(
         "warning: the bound's tensor-parallel size ({}) is not the server's ({}): "
         "--bound-tensor-parallel-size\n",
-        config.tensor_parallel_size, (*info)["tensor_parallel_size"].get<int64_t>());
+        config.tensor_parallel_size, ranks->get<int64_t>());
   }
   if (server) {
     auto served = KvPolicy::Parse(server->spec, model->num_layers, server->options);
