@@ -67,6 +67,8 @@ struct KernelsFlags {
   bool no_graph = false;
   bool profile_step = false;
   bool no_step_variants = false;
+  // The variants to time beside the defaults, by the key their JSON rows end in (empty: all).
+  std::vector<std::string> step_variants;
   bool pages_in_order = false;
   bool prefill_step = false;
   int prefill_seqs = 2;
@@ -354,7 +356,16 @@ int Run(const KernelsFlags& flags) {
                   given_text.c_str());
     }
     for (const Variant& variant : variants) {
-      if (flags.no_step_variants && variant.label[0] != '\0') continue;
+      if (variant.label[0] != '\0') {
+        if (flags.no_step_variants) continue;
+        // The key without its leading underscore, as --step-variant names it.
+        const std::string name = std::string(variant.key).substr(1);
+        if (!flags.step_variants.empty() &&
+            std::find(flags.step_variants.begin(), flags.step_variants.end(), name) ==
+                flags.step_variants.end()) {
+          continue;
+        }
+      }
       cuda::SetPdlEnabled(variant.pdl && given_pdl);
       cuda::SetDecodeKvHeadFolding(variant.fold);
       const bool headline = variant.label[0] == '\0';
@@ -498,8 +509,16 @@ CommandRunner AddBenchKernelsCommand(CLI::App& app) {
   app.add_flag("--profile-step", flags->profile_step,
                "Bracket 3 sparse decode steps (back to back) with cudaProfilerStart/Stop, for "
                "`ncu --profile-from-start off` or tools/kernel_timeline");
-  app.add_flag("--no-step-variants", flags->no_step_variants,
-               "Time the decode step's defaults only, not its variants for comparison");
+  CLI::Option* no_step_variants =
+      app.add_flag("--no-step-variants", flags->no_step_variants,
+                   "Time the decode step's defaults only, not its variants for comparison");
+  app.add_option("--step-variant", flags->step_variants,
+                 "Time only these variants beside the decode step's defaults (repeat or separate "
+                 "by commas; default: all of them)")
+      // The keys of the variants table in Run.
+      ->check(CLI::IsMember({"no_pdl", "engine_bounds", "folded"}))
+      ->delimiter(',')
+      ->excludes(no_step_variants);
   app.add_flag("--pages-in-order", flags->pages_in_order,
                "Decode step: every row with the KV pages in order, each sequence's adjacent (as "
                "a fresh server hands them out; default: shuffled over the whole pool)");
