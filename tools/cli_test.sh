@@ -74,6 +74,11 @@ expect_fail "prompt longer than the context" "longer than the context|context ho
 expect_fail "bad flag value" "kv-pool|max, avg or none" gen --prompt hi --kv-pool median
 expect_fail "bad kv policy" "unknown policy|policy" gen --prompt hi --kv-policy "magic:0-3"
 
+expect_fail "bench kernels unknown step variant" "step-variant: bogus not in" \
+  "$sieve" bench kernels --step-variant folded,bogus
+expect_fail "bench kernels step variants with none" "no-step-variants excludes --step-variant" \
+  "$sieve" bench kernels --no-step-variants --step-variant folded
+
 evl() { "$sieve" eval --device cpu --kv-memory 64M --log-level warn --no-progress "$@"; }
 expect_fail "eval unknown task" "unknown task 'needle'" evl --task needle
 expect_fail "eval depth outside [0, 1]" "depths must be in \[0, 1\]" evl --depths 0,2
