@@ -67,7 +67,7 @@ struct KernelsFlags {
   bool no_graph = false;
   bool profile_step = false;
   bool no_step_variants = false;
-  // The variants to time beside the defaults, by the key their JSON rows end in (empty: all).
+  // The names of the kStepVariants to time beside the defaults (empty: all).
   std::vector<std::string> step_variants;
   bool pages_in_order = false;
   bool prefill_step = false;
@@ -81,6 +81,29 @@ struct KernelsFlags {
   double allreduce_bus_gbs = 370;
   double allreduce_latency_us = 8;
 };
+
+// The decode step's variants, timed beside its defaults for comparison. The JSON keys of a
+// variant's rows end in "_" + name.
+struct StepVariant {
+  const char* name = "";   // what --step-variant takes
+  const char* label = "";  // appended to the printed row's label
+  bool pdl = true;         // SetPdlEnabled (false: off; true: as the environment)
+  StepLengthBounds length_bounds = StepLengthBounds::kTrue;
+  bool fold = false;  // SetDecodeKvHeadFolding (decode_attention.h)
+};
+const StepVariant kStepVariants[] = {
+    {"no_pdl", ", no PDL", false},
+    {"engine_bounds", ", engine's layer bounds", true, StepLengthBounds::kEngineLayerBounds},
+    // Off by default until timed: this row is its A/B (it folds only past one wave of CTAs, so
+    // at small batches it runs the defaults again).
+    {"folded", ", folded decode CTAs", true, StepLengthBounds::kTrue, true},
+};
+
+std::vector<std::string> StepVariantNames() {
+  std::vector<std::string> names;
+  for (const StepVariant& variant : kStepVariants) names.emplace_back(variant.name);
+  return names;
+}
 
 #ifdef SIEVE_HAVE_CUDA
 // A config.json directory as given, or relative to the source tree.
@@ -331,41 +354,23 @@ int Run(const KernelsFlags& flags) {
     if (flags.pages_in_order) {
       std::printf("pages: in order, each sequence's adjacent (--pages-in-order)\n");
     }
-    // The defaults first, then variants for comparison, each on a backend of its own. SIEVE_PDL=0
-    // when the command starts holds for every row (the first row is then not the defaults, and
-    // says so).
-    struct Variant {
-      const char* label;
-      const char* key;
-      bool pdl;  // SetPdlEnabled (false: off; true: as the environment)
-      StepLengthBounds length_bounds = StepLengthBounds::kTrue;
-      bool fold = false;  // SetDecodeKvHeadFolding (decode_attention.h)
-    };
-    const Variant variants[] = {
-        {"", "", true},
-        {", no PDL", "_no_pdl", false},
-        {", engine's layer bounds", "_engine_bounds", true, StepLengthBounds::kEngineLayerBounds},
-        // Off by default until timed: this row is its A/B (it folds only past one wave of CTAs,
-        // so at small batches it runs the defaults again).
-        {", folded decode CTAs", "_folded", true, StepLengthBounds::kTrue, true},
-    };
+    // The defaults first, then the variants (kStepVariants), each on a backend of its own.
+    // SIEVE_PDL=0 when the command starts holds for every row (the first row is then not the
+    // defaults, and says so).
+    std::vector<StepVariant> variants = {StepVariant{}};
+    for (const StepVariant& variant : kStepVariants) {
+      const bool named = flags.step_variants.empty() ||
+                         std::find(flags.step_variants.begin(), flags.step_variants.end(),
+                                   variant.name) != flags.step_variants.end();
+      if (!flags.no_step_variants && named) variants.push_back(variant);
+    }
     const bool given_pdl = cuda::PdlSetting().load() != 0;
     const std::string given_text = given_pdl ? "" : " SIEVE_PDL=0";
     if (!given_text.empty()) {
       std::printf("environment (every row, variants change only their own):%s\n",
                   given_text.c_str());
     }
-    for (const Variant& variant : variants) {
-      if (variant.label[0] != '\0') {
-        if (flags.no_step_variants) continue;
-        // The key without its leading underscore, as --step-variant names it.
-        const std::string name = std::string(variant.key).substr(1);
-        if (!flags.step_variants.empty() &&
-            std::find(flags.step_variants.begin(), flags.step_variants.end(), name) ==
-                flags.step_variants.end()) {
-          continue;
-        }
-      }
+    for (const StepVariant& variant : variants) {
       cuda::SetPdlEnabled(variant.pdl && given_pdl);
       cuda::SetDecodeKvHeadFolding(variant.fold);
       const bool headline = variant.label[0] == '\0';
@@ -417,7 +422,7 @@ int Run(const KernelsFlags& flags) {
                       bound_ms > 0 ? part.ms / bound_ms : 0.0);
         }
         std::string key = kept == 1.0 ? "decode_step_dense" : "decode_step_sparse";
-        key += variant.key;
+        if (!headline) key += std::string("_") + variant.name;
         json[key] = {{"step_ms", r.step_ms},
                      {"step_wall_ms", r.step_wall_ms},
                      {"bound_ms", r.bound_ms},
@@ -515,8 +520,7 @@ CommandRunner AddBenchKernelsCommand(CLI::App& app) {
   app.add_option("--step-variant", flags->step_variants,
                  "Time only these variants beside the decode step's defaults (repeat or separate "
                  "by commas; default: all of them)")
-      // The keys of the variants table in Run.
-      ->check(CLI::IsMember({"no_pdl", "engine_bounds", "folded"}))
+      ->check(CLI::IsMember(StepVariantNames()))
       ->delimiter(',')
       ->excludes(no_step_variants);
   app.add_flag("--pages-in-order", flags->pages_in_order,
