@@ -89,14 +89,10 @@ struct StepVariant {
   const char* label = "";  // appended to the printed row's label
   bool pdl = true;         // SetPdlEnabled (false: off; true: as the environment)
   StepLengthBounds length_bounds = StepLengthBounds::kTrue;
-  bool fold = false;  // SetDecodeKvHeadFolding (decode_attention.h)
 };
 const StepVariant kStepVariants[] = {
     {"no_pdl", ", no PDL", false},
     {"engine_bounds", ", engine's layer bounds", true, StepLengthBounds::kEngineLayerBounds},
-    // Off by default until timed: this row is its A/B (it folds only past one wave of CTAs, so
-    // at small batches it runs the defaults again).
-    {"folded", ", folded decode CTAs", true, StepLengthBounds::kTrue, true},
 };
 
 std::vector<std::string> StepVariantNames() {
@@ -372,7 +368,6 @@ int Run(const KernelsFlags& flags) {
     }
     for (const StepVariant& variant : variants) {
       cuda::SetPdlEnabled(variant.pdl && given_pdl);
-      cuda::SetDecodeKvHeadFolding(variant.fold);
       const bool headline = variant.label[0] == '\0';
       for (const double kept : {1.0, 0.1}) {
         // A fresh backend for each step, as an engine serving it would have: its GEMM choices
@@ -440,7 +435,6 @@ int Run(const KernelsFlags& flags) {
       }
     }
     cuda::SetPdlEnabled(given_pdl);
-    cuda::SetDecodeKvHeadFolding(false);
   }
   if (ranks) {
     std::printf(

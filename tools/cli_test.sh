@@ -75,9 +75,9 @@ expect_fail "bad flag value" "kv-pool|max, avg or none" gen --prompt hi --kv-poo
 expect_fail "bad kv policy" "unknown policy|policy" gen --prompt hi --kv-policy "magic:0-3"
 
 expect_fail "bench kernels unknown step variant" "step-variant: bogus not in" \
-  "$sieve" bench kernels --step-variant folded,bogus
+  "$sieve" bench kernels --step-variant no_pdl,bogus
 expect_fail "bench kernels step variants with none" "no-step-variants excludes --step-variant" \
-  "$sieve" bench kernels --no-step-variants --step-variant folded
+  "$sieve" bench kernels --no-step-variants --step-variant no_pdl
 
 evl() { "$sieve" eval --device cpu --kv-memory 64M --log-level warn --no-progress "$@"; }
 expect_fail "eval unknown task" "unknown task 'needle'" evl --task needle

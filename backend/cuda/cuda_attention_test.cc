@@ -345,32 +345,17 @@ std::vector<int> FoldsToRun(int num_heads, int num_kv_heads) {
   return folds;
 }
 
-// A decode attention configuration a test runs: kAuto (DecodeAttention's own choice, with
-// folding off as by default, or on where it folds at this batch), or a forced shape with a forced
-// number of KV heads a CTA.
+// A decode attention configuration a test runs: kAuto (DecodeAttention's own choice of split
+// count, shape and KV heads a CTA), or a forced shape with a forced number of KV heads a CTA.
 struct DecodeShape {
   DecodeCta cta;
-  int fold;      // KV heads a CTA; 0 with kAuto
-  bool folding;  // SetDecodeKvHeadFolding, for kAuto
+  int fold;  // KV heads a CTA; 0 with kAuto
 };
 
-// Sets the process-wide folding for one run, and always leaves it off.
-struct ScopedFolding {
-  explicit ScopedFolding(bool enabled) { SetDecodeKvHeadFolding(enabled); }
-  ~ScopedFolding() { SetDecodeKvHeadFolding(false); }
-};
-
-std::vector<DecodeShape> ShapesToRun(int batch, int num_heads, int num_kv_heads) {
-  std::vector<DecodeShape> shapes = {{DecodeCta::kAuto, 0, false}};
-  {
-    const ScopedFolding on(true);
-    const DecodeCta chosen = ChooseDecodeCta(batch, num_heads, num_kv_heads);
-    if (ChooseDecodeKvHeadsPerCta(batch, num_heads, num_kv_heads, chosen) > 1) {
-      shapes.push_back({DecodeCta::kAuto, 0, true});
-    }
-  }
+std::vector<DecodeShape> ShapesToRun(int num_heads, int num_kv_heads) {
+  std::vector<DecodeShape> shapes = {{DecodeCta::kAuto, 0}};
   for (const DecodeCta cta : {DecodeCta::kWide, DecodeCta::kNarrow}) {
-    for (const int fold : FoldsToRun(num_heads, num_kv_heads)) shapes.push_back({cta, fold, false});
+    for (const int fold : FoldsToRun(num_heads, num_kv_heads)) shapes.push_back({cta, fold});
   }
   return shapes;
 }
@@ -603,9 +588,8 @@ TEST_P(DecodeAttentionTest, MatchesCpu) {
     DeviceBuffer<uint8_t> workspace(workspace_bytes);
     // Each split count in both CTA shapes, unfolded and folded; with the chosen count also
     // DecodeAttention itself (kAuto: its own split count, shape and folding).
-    for (const auto& [cta, fold, folding] : ShapesToRun(batch, num_heads, kv_heads)) {
+    for (const auto& [cta, fold] : ShapesToRun(num_heads, kv_heads)) {
       if (cta == DecodeCta::kAuto && forced_splits > 0) continue;
-      const ScopedFolding folding_for_auto(folding);
       const std::string what = test_case.name + (forced_splits > 0 ? " forced" : " chosen") +
                                " splits=" + std::to_string(splits) + " " +
                                CtaName(cta, fold, batch, num_heads, kv_heads);
@@ -681,7 +665,7 @@ INSTANTIATE_TEST_SUITE_P(
         // (on a GPU of fewer than 256 SMs).
         DecodeCase{"b64_gqa32x8_d128_short", 32, 8, 128, 64, 500, {}, false, {0, 1, 3}},
         // Batch 160: 1,280 (sequence, KV head) CTAs, several narrow waves on a GPU of up to 320
-        // SMs, so auto with folding on folds KV heads into CTAs.
+        // SMs, so auto folds KV heads into CTAs.
         DecodeCase{"b160_gqa32x8_d128_short", 32, 8, 128, 160, 300, {}, false, {0, 1, 2}}),
     [](const ::testing::TestParamInfo<DecodeCase>& info) { return info.param.name; });
 
@@ -868,9 +852,8 @@ TEST_P(RopeDecodeAttentionTest, MatchesCpuAndTwoKernelPath) {
                            ? forced_splits
                            : DecodeAttentionSplits(batch, num_heads, kv_heads, head_dim, max_kv_len,
                                                    workspace_bytes);
-    for (const auto& [cta, fold, folding] : ShapesToRun(batch, num_heads, kv_heads)) {
+    for (const auto& [cta, fold] : ShapesToRun(num_heads, kv_heads)) {
       if (cta == DecodeCta::kAuto && forced_splits > 0) continue;
-      const ScopedFolding folding_for_auto(folding);
       const std::string what = test_case.name + (forced_splits > 0 ? " forced" : " chosen") +
                                " splits=" + std::to_string(splits) + " " +
                                CtaName(cta, fold, batch, num_heads, kv_heads);
@@ -934,7 +917,7 @@ INSTANTIATE_TEST_SUITE_P(
         RopeDecodeCase{"folded_mixed_b5_gqa8x2_d64", 8, 2, 64, 5, 700, {4}, {0, 3}, 16, true},
         RopeDecodeCase{"folded_b5_gqa48x2_d128", 48, 2, 128, 5, 1000, {}, {0, 1, 2}, 16, true},
         RopeDecodeCase{"folded_b64_gqa32x8_d128_short", 32, 8, 128, 64, 500, {}, {0, 3}, 16, true},
-        // Auto with folding on folds KV heads into CTAs (as DecodeAttentionTest's b160).
+        // Auto folds KV heads into CTAs (as DecodeAttentionTest's b160).
         RopeDecodeCase{
             "folded_b160_gqa32x8_d128_short", 32, 8, 128, 160, 300, {}, {0, 2}, 16, true},
         RopeDecodeCase{"mixed_b300_gqa8x2_d64", 8, 2, 64, 300, 300, {3}, {0, 1}}),

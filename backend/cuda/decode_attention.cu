@@ -1093,19 +1093,8 @@ DecodeCta ChooseDecodeCta(int num_decode_seqs, int num_heads, int num_kv_heads) 
                                                                                : DecodeCta::kWide;
 }
 
-namespace {
-std::atomic<bool>& KvHeadFolding() {
-  static std::atomic<bool> enabled{false};
-  return enabled;
-}
-}  // namespace
-
-void SetDecodeKvHeadFolding(bool enabled) { KvHeadFolding().store(enabled); }
-bool DecodeKvHeadFolding() { return KvHeadFolding().load(); }
-
 int ChooseDecodeKvHeadsPerCta(int num_decode_seqs, int num_heads, int num_kv_heads, DecodeCta cta) {
-  if (!DecodeKvHeadFolding() || num_kv_heads <= 0 ||
-      num_heads / num_kv_heads > kDecodeMaxFoldedGroup) {
+  if (num_kv_heads <= 0 || num_heads / num_kv_heads > kDecodeMaxFoldedGroup) {
     return 1;
   }
   const int64_t wave =

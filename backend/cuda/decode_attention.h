@@ -45,14 +45,9 @@ constexpr int kDecodeMaxFoldedGroup = 8;
 
 // What DecodeAttention folds: the fewest KV heads a CTA (a divisor of num_kv_heads) that bring the
 // CTAs of one split within one wave of `cta` (4 narrow or 2 wide CTAs an SM); 1 when they fit
-// unfolded, the group is above kDecodeMaxFoldedGroup, or folding is off. `cta` is not kAuto.
+// unfolded or the group is above kDecodeMaxFoldedGroup. `cta` is not kAuto. Measured against
+// unfolded CTAs in README_attention.md ("Folded CTAs").
 int ChooseDecodeKvHeadsPerCta(int num_decode_seqs, int num_heads, int num_kv_heads, DecodeCta cta);
-
-// Whether DecodeAttention folds (process-wide). Off until a GPU run has timed it: `sieve bench
-// kernels` runs the decode step with it on as the variant row ", folded decode CTAs" beside the
-// defaults. A forced count (DecodeAttentionWithSplits) runs whatever this says.
-void SetDecodeKvHeadFolding(bool enabled);
-bool DecodeKvHeadFolding();
 
 // DecodeAttention with a forced split count (>= 1), CTA configuration (kAuto: ChooseDecodeCta)
 // and KV heads a CTA (0: ChooseDecodeKvHeadsPerCta; else a divisor of num_kv_heads, and 1 for
