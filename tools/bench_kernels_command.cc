@@ -173,20 +173,17 @@ int Run(const KernelsFlags& flags) {
   // the GPU cannot hold is a clear error here, not an abort in cudaMalloc (Llama-3-8B at batch
   // 256 x 2048 needs 68.7 GB of KV).
   if (!flags.skip_decode_step && flags.tensor_parallel_size == 0) {
-    const int64_t pool_tokens =
-        static_cast<int64_t>(flags.batch) * ((flags.context + 16) / 16 * 16);
-    const double weight_bytes = static_cast<double>(config->NumParameters()) * 2;
-    const double kv_bytes =
-        static_cast<double>(pool_tokens) * config->KvBytesPerToken(DType::kBF16);
-    size_t free_bytes = 0, total_bytes = 0;
-    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess &&
-        weight_bytes + kv_bytes > static_cast<double>(free_bytes)) {
+    DecodeStepBenchOptions dense;
+    dense.batch = flags.batch;
+    dense.context = flags.context;
+    const double needed = DecodeStepBenchBytes(*config, dense, backend.activation_dtype());
+    const double free_bytes = static_cast<double>(backend.FreeMemoryBytes());
+    if (needed > free_bytes) {
       std::fprintf(stderr,
                    "error: the decode step at batch %d x %d context needs about %.1f GB (weights "
-                   "%.1f + dense KV %.1f) and the GPU has %.1f GB free: lower --batch or "
-                   "--context, or pass --skip-decode-step\n",
-                   flags.batch, flags.context, (weight_bytes + kv_bytes) / 1e9, weight_bytes / 1e9,
-                   kv_bytes / 1e9, static_cast<double>(free_bytes) / 1e9);
+                   "and dense KV) and the GPU has %.1f GB free: lower --batch or --context, or "
+                   "pass --skip-decode-step\n",
+                   flags.batch, flags.context, needed / 1e9, free_bytes / 1e9);
       return 1;
     }
   }

@@ -134,6 +134,14 @@ std::vector<DecodeStepPart> TimeParts(Backend& backend, const LlamaModel& model,
 
 namespace {
 
+constexpr int kPageSize = 16;  // the step's KV pool pages
+
+// Pages of each (layer, sequence): a kept_fraction of the context plus this step's entry.
+int PagesPerSequence(const DecodeStepBenchOptions& options) {
+  const int entries = std::max(1, static_cast<int>(options.context * options.kept_fraction));
+  return (entries + 1 + kPageSize - 1) / kPageSize;
+}
+
 // One rank's decode step, set up: its model (whole, or its shard), the step's metadata, its KV pool
 // (its KV heads; the same pages on every rank), workspace and logits.
 struct RankStep {
@@ -152,10 +160,9 @@ RankStep MakeRankStep(Backend& backend, const ModelConfig& config,
                       Communicator* communicator) {
   const int batch = options.batch;
   const int layers = config.num_layers;
-  const int page_size = 16;
   const int entries = std::max(1, static_cast<int>(options.context * options.kept_fraction));
   const int length = entries + 1;  // this step's token is appended
-  const int pages_per_seq = (length + page_size - 1) / page_size;
+  const int pages_per_seq = PagesPerSequence(options);
   const int num_pages = pages_per_seq * batch * layers;
   auto model_or =
       LlamaModel::RandomShard(config, backend, 1, options.context + 2, shard, communicator);
@@ -202,13 +209,13 @@ RankStep MakeRankStep(Backend& backend, const ModelConfig& config,
   step.job_begin.assign(layers + 1, 0);
   step.eviction_begin.assign(layers + 1, 0);
 
-  pool.page_size = page_size;
+  pool.page_size = kPageSize;
   pool.num_pages = num_pages;
   pool.max_seqs = batch;
   pool.max_pages_per_seq = pages_per_seq;
   pool.num_kv_heads = kv_heads;
   pool.head_dim = config.head_dim;
-  pool.k = backend.Allocate({num_pages, page_size, kv_heads, config.head_dim},
+  pool.k = backend.Allocate({num_pages, kPageSize, kv_heads, config.head_dim},
                             backend.activation_dtype());
   pool.v = backend.Allocate(pool.k.shape(), backend.activation_dtype());
   backend.FillRandom(pool.k, 3 + 2 * static_cast<uint64_t>(shard.rank), 1.0f);
@@ -229,6 +236,14 @@ RankStep MakeRankStep(Backend& backend, const ModelConfig& config,
 }
 
 }  // namespace
+
+double DecodeStepBenchBytes(const ModelConfig& config, const DecodeStepBenchOptions& options,
+                            DType dtype) {
+  const double weights = static_cast<double>(config.NumParameters()) * DTypeSize(dtype);
+  const double pool_tokens =
+      static_cast<double>(options.batch) * PagesPerSequence(options) * kPageSize;
+  return weights + pool_tokens * static_cast<double>(config.KvBytesPerToken(dtype));
+}
 
 DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& config,
                                          const DecodeStepBenchOptions& options) {

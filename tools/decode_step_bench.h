@@ -69,6 +69,12 @@ struct DecodeStepBenchResult {
 DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& config,
                                          const DecodeStepBenchOptions& options);
 
+// The bytes RunDecodeStepBench holds on the device for its weights and KV pool, in `dtype` (the
+// backend's activation dtype; its workspace and logits are not counted): what a caller checks
+// against the free memory before asking for a shape.
+double DecodeStepBenchBytes(const ModelConfig& config, const DecodeStepBenchOptions& options,
+                            DType dtype);
+
 // The same step with the model split over the ranks of `backends` (rank r: backends[r], its
 // shard, its KV heads' pool, communicators[r] for its all-reduces), one thread a rank, captured in
 // a graph on each (step-tuned with one rank only) and replayed on all at once: the slowest rank's
