@@ -58,6 +58,14 @@ struct EvictionJob {
 static_assert(sizeof(EvictionJob) == 7 * sizeof(int32_t));
 inline constexpr int kEvictionJobInts = 7;
 
+// One prefill sequence's chunk as the host planned it, the host's copy of what query_start and
+// context_lens hold on the device: launches that order their work on the host read it (the CUDA
+// prefill attention hands out its longest items first).
+struct PrefillChunk {
+  int32_t query_len = 0;    // rows of this step's chunk
+  int32_t context_len = 0;  // keys cached before it
+};
+
 struct StepMeta {
   // ---- host-side sizes ----
   int num_tokens = 0;          // T
@@ -75,7 +83,8 @@ struct StepMeta {
     return layer < static_cast<int>(layer_max_kv_len.size()) ? layer_max_kv_len[layer] : max_kv_len;
   }
   int64_t num_prefill_keys = 0;  // rows of the prefill K/V scratch (sum of prefill kv lengths)
-  int num_sample_rows = 0;       // R
+  std::vector<PrefillChunk> prefill_chunks;  // [S_p]
+  int num_sample_rows = 0;                   // R
 
   // ---- device arrays (int32) ----
   Tensor token_ids;     // [T]

@@ -38,6 +38,7 @@ inline PrefillFixture MakeFullPrefill(Backend& backend, const ModelConfig& confi
   step.num_layers = layers;
   step.max_query_len = step.max_kv_len = n;
   step.num_prefill_keys = n;
+  step.prefill_chunks = {{n, 0}};
   step.num_sample_rows = n;
   step.token_ids = i32(ids);
   step.positions = i32(rows);

@@ -271,6 +271,10 @@ StepMeta MakeStep(Backend& backend, const HostStep& host, int layers) {
   step.max_query_len = host.max_query_len;
   step.max_kv_len = host.max_kv_len;
   step.num_prefill_keys = host.num_prefill_keys;
+  for (int seq = 0; seq < host.num_prefill_seqs; ++seq) {
+    step.prefill_chunks.push_back(
+        {host.query_start[seq + 1] - host.query_start[seq], host.context_lens[seq]});
+  }
   step.num_sample_rows = host.num_tokens;  // every row's logits
   const auto size = [](const auto& v) { return static_cast<int64_t>(v.size()); };
   step.token_ids = I32(backend, host.token_ids, {size(host.token_ids)});

@@ -208,6 +208,7 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
   step.max_kv_len = 0;
   step.layer_max_kv_len.assign(layers, 0);
   step.num_prefill_keys = 0;
+  step.prefill_chunks.clear();
   step.job_begin.assign(layers + 1, 0);
   step.jobs_host.clear();
   step.eviction_begin.assign(layers + 1, 0);
@@ -278,6 +279,7 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
       step.max_query_len = std::max(step.max_query_len, scheduled.num_tokens);
       const int keys = scheduled.context_len + scheduled.num_tokens;
       step.num_prefill_keys += keys;
+      step.prefill_chunks.push_back({scheduled.num_tokens, scheduled.context_len});
       key_start.push_back(static_cast<int32_t>(step.num_prefill_keys));
       for (int layer = 0; layer < layers; ++layer) {
         const bool compress = scheduled.final_chunk && scheduled.compress[layer].compress;
@@ -568,6 +570,7 @@ void ModelRunner::WarmUpPrefill(int tokens) {
     step.num_tokens += length;
     step.num_prefill_tokens += length;
     step.num_prefill_keys += length;
+    step.prefill_chunks.push_back({length, 0});
     step.max_query_len = std::max(step.max_query_len, length);
     step.max_kv_len = std::max(step.max_kv_len, length);
     s.query_start.push_back(step.num_tokens);

@@ -151,47 +151,63 @@ void Report(const AttentionBenchOptions& options, AttentionBenchResult result) {
 
 // `kernel` kAuto is what the engine runs; on Hopper the sm_80 kernel is timed beside it.
 // head_dim 128 (Llama-3-8B) or 64 (32 / 8 heads of 64, as Llama-3.2-1B); floor and stretch 0: no
-// bar in PERF.md.
-void BenchPrefill(const AttentionBenchOptions& options, int seq_len, int batch, int head_dim,
-                  double floor_tflops, double stretch_tflops, PrefillKernel kernel,
-                  cudaStream_t stream) {
-  const int tokens = seq_len * batch;
+// bar in PERF.md. `chunks`: the step's prefill sequences (rows after cached keys).
+void BenchPrefill(const AttentionBenchOptions& options, const std::string& shape,
+                  const std::vector<PrefillChunk>& chunks, int head_dim, double floor_tflops,
+                  double stretch_tflops, PrefillKernel kernel, cudaStream_t stream) {
+  const int batch = static_cast<int>(chunks.size());
+  std::vector<int32_t> query_start(batch + 1, 0);
+  std::vector<int32_t> key_start(batch + 1, 0);
+  std::vector<int32_t> context_lens(batch);
+  int max_query_len = 0;
+  int max_kv_len = 0;
+  double flops = 0.0;  // 4 d H per (row, key) pair a row sees: its context and the rows up to it
+  for (int seq = 0; seq < batch; ++seq) {
+    const PrefillChunk& chunk = chunks[seq];
+    query_start[seq + 1] = query_start[seq] + chunk.query_len;
+    key_start[seq + 1] = key_start[seq] + chunk.context_len + chunk.query_len;
+    context_lens[seq] = chunk.context_len;
+    max_query_len = std::max(max_query_len, chunk.query_len);
+    max_kv_len = std::max(max_kv_len, chunk.context_len + chunk.query_len);
+    const double rows = chunk.query_len;
+    flops += 4.0 * head_dim * kNumHeads * (rows * chunk.context_len + rows * rows / 2.0);
+  }
+  const int tokens = query_start[batch];
+  const int keys = key_start[batch];
   const int64_t qkv_width = static_cast<int64_t>(kNumHeads + 2 * kNumKvHeads) * head_dim;
   const int64_t q_width = static_cast<int64_t>(kNumHeads) * head_dim;
   const int64_t kv_width = static_cast<int64_t>(kNumKvHeads) * head_dim;
   Buffer<bf16> qkv(static_cast<size_t>(tokens) * qkv_width);
-  Buffer<bf16> k(static_cast<size_t>(tokens) * kv_width);
-  Buffer<bf16> v(static_cast<size_t>(tokens) * kv_width);
+  Buffer<bf16> k(static_cast<size_t>(keys) * kv_width);
+  Buffer<bf16> v(static_cast<size_t>(keys) * kv_width);
   Buffer<bf16> out(static_cast<size_t>(tokens) * q_width);
   Buffer<float> lse(static_cast<size_t>(tokens) * kNumHeads);
   FillRandom(qkv.get(), static_cast<int64_t>(tokens) * qkv_width, 1, stream);
-  FillRandom(k.get(), static_cast<int64_t>(tokens) * kv_width, 2, stream);
-  FillRandom(v.get(), static_cast<int64_t>(tokens) * kv_width, 3, stream);
-  std::vector<int32_t> starts(batch + 1);
-  for (int seq = 0; seq <= batch; ++seq) starts[seq] = seq * seq_len;
-  Buffer<int32_t> query_start(batch + 1);
-  query_start.Upload(starts);
-  Buffer<int32_t> context(batch);
-  SIEVE_CUDA_CHECK(cudaMemsetAsync(context.get(), 0, batch * sizeof(int32_t), stream));
+  FillRandom(k.get(), static_cast<int64_t>(keys) * kv_width, 2, stream);
+  FillRandom(v.get(), static_cast<int64_t>(keys) * kv_width, 3, stream);
+  Buffer<int32_t> query_start_dev(batch + 1);
+  query_start_dev.Upload(query_start);
+  Buffer<int32_t> key_start_dev(batch + 1);
+  key_start_dev.Upload(key_start);
+  Buffer<int32_t> context_dev(batch);
+  context_dev.Upload(context_lens);
   StepView step{};
-  step.query_start = query_start.get();
-  step.key_start = query_start.get();  // no cached context: keys and queries share the offsets
-  step.context_lens = context.get();
+  step.query_start = query_start_dev.get();
+  step.key_start = key_start_dev.get();
+  step.context_lens = context_dev.get();
   step.num_tokens = step.num_prefill_tokens = tokens;
   step.num_seqs = step.num_prefill_seqs = batch;
-  step.max_query_len = step.max_kv_len = seq_len;
-  step.num_prefill_keys = tokens;
+  step.max_query_len = max_query_len;
+  step.max_kv_len = max_kv_len;
+  step.num_prefill_keys = keys;
 
   const double ms = BackToBackMs(options, stream, [&] {
     PrefillAttentionWithKernel(kernel, qkv.get(), qkv_width, k.get(), v.get(), kNumHeads,
-                               kNumKvHeads, head_dim, step, out.get(), q_width, lse.get(),
+                               kNumKvHeads, head_dim, step, chunks, out.get(), q_width, lse.get(),
                                kNumHeads, stream);
   });
-  const double flops =
-      4.0 * seq_len * static_cast<double>(seq_len) * head_dim * kNumHeads * batch / 2.0;
   AttentionBenchResult result;
-  result.name = "prefill causal n=" + std::to_string(seq_len) + " x" + std::to_string(batch) +
-                " H32/G8 d" + std::to_string(head_dim);
+  result.name = "prefill causal " + shape + " H32/G8 d" + std::to_string(head_dim);
   if (kernel == PrefillKernel::kSm80) result.name += " (sm_80 kernel)";
   result.unit = "TFLOP/s";
   result.median_ms = ms;
@@ -320,11 +336,22 @@ int RunAttentionBenchmarks(const AttentionBenchOptions& options) {
   // On Hopper the engine runs the sm_90a kernel; the sm_80 one (A100, RTX 4090) is timed too.
   std::vector<PrefillKernel> kernels = {PrefillKernel::kAuto};
   if (PrefillAttentionSm90Supported()) kernels.push_back(PrefillKernel::kSm80);
+  // n rows from position 0, `batch` times.
+  const auto uniform = [](int n, int batch) {
+    return std::vector<PrefillChunk>(batch, PrefillChunk{n, 0});
+  };
+  // A step of `sieve serve` at 4000-token prompts and an 8192-token budget: the rest of a prompt
+  // begun in the step before, a whole one, and the start of the next.
+  const std::vector<PrefillChunk> serving = {{3936, 64}, {4000, 0}, {128, 0}};
   for (const PrefillKernel kernel : kernels) {
-    BenchPrefill(options, 4096, 4, kHeadDim, kFa2Tflops4k, kCudnnTflops4k, kernel, stream);
+    BenchPrefill(options, "n=4096 x4", uniform(4096, 4), kHeadDim, kFa2Tflops4k, kCudnnTflops4k,
+                 kernel, stream);
     if (!options.quick) {
-      BenchPrefill(options, 16384, 1, kHeadDim, kFa2Tflops16k, kCudnnTflops16k, kernel, stream);
-      BenchPrefill(options, 4096, 4, 64, 0.0, 0.0, kernel, stream);
+      BenchPrefill(options, "n=16384 x1", uniform(16384, 1), kHeadDim, kFa2Tflops16k,
+                   kCudnnTflops16k, kernel, stream);
+      BenchPrefill(options, "n=4096 x4", uniform(4096, 4), 64, 0.0, 0.0, kernel, stream);
+      BenchPrefill(options, "chunks 64+3936, 4000, 128", serving, kHeadDim, 0.0, 0.0, kernel,
+                   stream);
     }
   }
   const int kept = 4096 / 10;

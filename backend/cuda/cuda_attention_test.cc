@@ -145,6 +145,17 @@ struct PrefillCase {
 
 void PrintTo(const PrefillCase& test_case, std::ostream* os) { *os << test_case.name; }
 
+// More query tiles than one launch of the sm_90a kernel orders (768): 700 sequences of 1-250 rows
+// after 0-300 cached keys, so the launch is split and the sorted order mixes many chunks.
+PrefillCase ManyChunksCase() {
+  PrefillCase test_case{"many_chunks_d128", 8, 2, 128, {}, {}};
+  for (int seq = 0; seq < 700; ++seq) {
+    test_case.chunk_lens.push_back(1 + (seq * 37) % 250);
+    test_case.context_lens.push_back((seq * 53) % 301);
+  }
+  return test_case;
+}
+
 // Each case runs both kernels: the sm_80 one everywhere, the sm_90a (wgmma) one where the device
 // and the build have it (PrefillAttention's choice there).
 class PrefillAttentionTest
@@ -226,6 +237,8 @@ TEST_P(PrefillAttentionTest, MatchesCpu) {
   view.max_query_len = max_query_len;
   view.max_kv_len = max_kv_len;
   view.num_prefill_keys = keys;
+  std::vector<PrefillChunk> chunks(num_seqs);
+  for (int seq = 0; seq < num_seqs; ++seq) chunks[seq] = {test_case.chunk_lens[seq], context[seq]};
   const int64_t out_stride = q_width + 16;  // the 16 padding columns must stay NaN
   const int64_t lse_stride = num_heads + 3;
   std::vector<bf16> first_run;
@@ -233,8 +246,8 @@ TEST_P(PrefillAttentionTest, MatchesCpu) {
     DeviceBuffer<bf16> out_dev(NanBf16(static_cast<size_t>(tokens) * out_stride));
     DeviceBuffer<float> lse_dev(std::vector<float>(static_cast<size_t>(tokens) * lse_stride, NAN));
     PrefillAttentionWithKernel(kernel, qkv_dev.get(), qkv_width, k_dev.get(), v_dev.get(),
-                               num_heads, kv_heads, head_dim, view, out_dev.get(), out_stride,
-                               lse_dev.get(), lse_stride, nullptr);
+                               num_heads, kv_heads, head_dim, view, chunks, out_dev.get(),
+                               out_stride, lse_dev.get(), lse_stride, nullptr);
     SIEVE_CUDA_CHECK(cudaGetLastError());
     SIEVE_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<bf16> out_bits = out_dev.ToHost();
@@ -290,7 +303,7 @@ INSTANTIATE_TEST_SUITE_P(
             // Peaky softmax (score std 4): the running max moves a lot between tiles.
             PrefillCase{"peaky_d128", 8, 2, 128, {300}, {200}, 4.0f},
             // A group size that is not a power of two.
-            PrefillCase{"group3_d64", 12, 4, 64, {70}, {10}}),
+            PrefillCase{"group3_d64", 12, 4, 64, {70}, {10}}, ManyChunksCase()),
         ::testing::Values(PrefillKernel::kSm80, PrefillKernel::kSm90)),
     [](const ::testing::TestParamInfo<std::tuple<PrefillCase, PrefillKernel>>& info) {
       return std::get<0>(info.param).name +

@@ -217,7 +217,8 @@ class CudaBackend final : public Backend {
                         const StepMeta& step, Tensor& out, Tensor& lse) override {
     cuda::PrefillAttention(Bf16(q), q.stride(0), Bf16(k), Bf16(v), num_heads,
                            static_cast<int>(k.dim(1)), static_cast<int>(k.dim(2)), View(step),
-                           Bf16(out), out.stride(0), lse.data_as<float>(), lse.stride(0), stream_);
+                           step.prefill_chunks, Bf16(out), out.stride(0), lse.data_as<float>(),
+                           lse.stride(0), stream_);
   }
   void DecodeAttention(const Tensor& q, int num_heads, const StepMeta& step, int layer,
                        KvPool& pool, Tensor& out) override {

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/cuda/row_rms.cuh"
 #include "backend/step_meta.h"
@@ -101,16 +102,21 @@ void GatherPrefillKv(const bf16* qkv, int64_t qkv_stride, int num_heads, const S
 // aligned: row i of sequence s sees keys j <= context_lens[s] + i). GQA: query head h uses KV head
 // h / (H / G). q [T_p][H d] (row stride q_stride), k/v [keys][G][d] contiguous, out [T_p][H d]
 // (row stride out_stride), lse [T_p][H] f32 (natural log of sum exp(scale * q.k)).
-// head_dim 64 or 128. Runs the sm_90a wgmma kernel on an H100/H200 built for it, else the sm_80
-// one (PrefillAttentionWithKernel picks either, for the tests and the benchmark).
+// head_dim 64 or 128. `chunks` is the host's copy of the step's prefill chunks
+// (StepMeta::prefill_chunks), from which the sm_90a kernel orders its work. Runs the sm_90a wgmma
+// kernel on an H100/H200 built for it, else the sm_80 one (PrefillAttentionWithKernel picks
+// either, for the tests and the benchmark).
 void PrefillAttention(const bf16* q, int64_t q_stride, const bf16* k, const bf16* v, int num_heads,
-                      int num_kv_heads, int head_dim, const StepView& step, bf16* out,
-                      int64_t out_stride, float* lse, int64_t lse_stride, cudaStream_t stream);
+                      int num_kv_heads, int head_dim, const StepView& step,
+                      const std::vector<PrefillChunk>& chunks, bf16* out, int64_t out_stride,
+                      float* lse, int64_t lse_stride, cudaStream_t stream);
 enum class PrefillKernel { kAuto, kSm80, kSm90 };
 void PrefillAttentionWithKernel(PrefillKernel kernel, const bf16* q, int64_t q_stride,
                                 const bf16* k, const bf16* v, int num_heads, int num_kv_heads,
-                                int head_dim, const StepView& step, bf16* out, int64_t out_stride,
-                                float* lse, int64_t lse_stride, cudaStream_t stream);
+                                int head_dim, const StepView& step,
+                                const std::vector<PrefillChunk>& chunks, bf16* out,
+                                int64_t out_stride, float* lse, int64_t lse_stride,
+                                cudaStream_t stream);
 // Whether this device runs the sm_90a prefill kernel (an sm_90 GPU, and a build for sm_90a).
 bool PrefillAttentionSm90Supported();
 // Scratch bytes DecodeAttention needs for its split-K partial results at these sizes.

@@ -217,9 +217,23 @@ void LaunchPrefill(const PrefillParams& params, int num_heads, const StepView& s
 
 void PrefillAttentionWithKernel(PrefillKernel kernel, const bf16* q, int64_t q_stride,
                                 const bf16* k, const bf16* v, int num_heads, int num_kv_heads,
-                                int head_dim, const StepView& step, bf16* out, int64_t out_stride,
-                                float* lse, int64_t lse_stride, cudaStream_t stream) {
+                                int head_dim, const StepView& step,
+                                const std::vector<PrefillChunk>& chunks, bf16* out,
+                                int64_t out_stride, float* lse, int64_t lse_stride,
+                                cudaStream_t stream) {
   if (step.num_prefill_seqs <= 0 || step.max_query_len <= 0) return;
+  // The host's chunks must be the device arrays' (the sm_90a kernel's work is planned from them).
+  int64_t chunk_rows = 0;
+  int64_t chunk_keys = 0;
+  for (const PrefillChunk& chunk : chunks) {
+    chunk_rows += chunk.query_len;
+    chunk_keys += static_cast<int64_t>(chunk.context_len) + chunk.query_len;
+  }
+  SIEVE_CHECK(static_cast<int>(chunks.size()) == step.num_prefill_seqs &&
+              chunk_rows == step.num_prefill_tokens && chunk_keys == step.num_prefill_keys)
+      << "prefill chunks (" << chunks.size() << " sequences, " << chunk_rows << " rows, "
+      << chunk_keys << " keys) are not the step's (" << step.num_prefill_seqs << ", "
+      << step.num_prefill_tokens << ", " << step.num_prefill_keys << ")";
   SIEVE_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0)
       << num_heads << " query heads, " << num_kv_heads << " KV heads";
   SIEVE_CHECK(head_dim == 64 || head_dim == 128) << "head_dim " << head_dim;
@@ -250,7 +264,7 @@ void PrefillAttentionWithKernel(PrefillKernel kernel, const bf16* q, int64_t q_s
     kernel = PrefillAttentionSm90Supported() ? PrefillKernel::kSm90 : PrefillKernel::kSm80;
   }
   if (kernel == PrefillKernel::kSm90) {
-    LaunchPrefillAttentionSm90(params, head_dim, num_heads, step, stream);
+    LaunchPrefillAttentionSm90(params, head_dim, num_heads, step, chunks, stream);
   } else if (head_dim == 64) {
     LaunchPrefill<64>(params, num_heads, step, stream);
   } else {
@@ -259,10 +273,11 @@ void PrefillAttentionWithKernel(PrefillKernel kernel, const bf16* q, int64_t q_s
 }
 
 void PrefillAttention(const bf16* q, int64_t q_stride, const bf16* k, const bf16* v, int num_heads,
-                      int num_kv_heads, int head_dim, const StepView& step, bf16* out,
-                      int64_t out_stride, float* lse, int64_t lse_stride, cudaStream_t stream) {
+                      int num_kv_heads, int head_dim, const StepView& step,
+                      const std::vector<PrefillChunk>& chunks, bf16* out, int64_t out_stride,
+                      float* lse, int64_t lse_stride, cudaStream_t stream) {
   PrefillAttentionWithKernel(PrefillKernel::kAuto, q, q_stride, k, v, num_heads, num_kv_heads,
-                             head_dim, step, out, out_stride, lse, lse_stride, stream);
+                             head_dim, step, chunks, out, out_stride, lse, lse_stride, stream);
 }
 
 }  // namespace sieve::cuda

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/cuda/kernels.h"
 
@@ -28,9 +29,12 @@ struct PrefillParams {
   float scale_log2;
 };
 
-// The wgmma kernel: 128 query rows of one (sequence, head) per CTA, two warpgroups of 64 rows,
-// K/V tiles of 128 keys. head_dim 64 or 128; only where PrefillAttentionSm90Supported().
+// The wgmma kernel: a persistent grid over work items of 128 query rows (d = 64: 192) of one
+// (sequence, head), their tiles sorted on the host from `chunks` (the step's prefill chunks, as
+// StepMeta::prefill_chunks), K/V tiles of 128 keys. head_dim 64 or 128; only where
+// PrefillAttentionSm90Supported().
 void LaunchPrefillAttentionSm90(const PrefillParams& params, int head_dim, int num_heads,
-                                const StepView& step, cudaStream_t stream);
+                                const StepView& step, const std::vector<PrefillChunk>& chunks,
+                                cudaStream_t stream);
 
 }  // namespace sieve::cuda
