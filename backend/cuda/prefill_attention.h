@@ -33,6 +33,12 @@ struct PrefillParams {
 // (sequence, head), their tiles sorted on the host from `chunks` (the step's prefill chunks, as
 // StepMeta::prefill_chunks), K/V tiles of 128 keys. head_dim 64 or 128; only where
 // PrefillAttentionSm90Supported().
+// The query tiles of the chunks, each entry (sequence << 16) | tile of rows_per_tile rows, most key
+// tiles (of keys_per_tile keys, those the tile's last row sees) first, ties in chunk order: the
+// list the sm_90a kernel's persistent grid deals out, G items a round, back and forth.
+std::vector<uint32_t> SortedPrefillTiles(const std::vector<PrefillChunk>& chunks, int rows_per_tile,
+                                         int keys_per_tile);
+
 void LaunchPrefillAttentionSm90(const PrefillParams& params, int head_dim, int num_heads,
                                 const StepView& step, const std::vector<PrefillChunk>& chunks,
                                 cudaStream_t stream);

@@ -75,14 +75,15 @@ struct TensorMaps {
 };
 
 // The query tiles of a launch, most key tiles first: entry i is (prefill sequence << 16) |
-// query tile. The host sorts them (SortedTiles) from the chunks it planned, and they travel in the
-// kernel's parameters (constant memory, where every thread of a CTA reads the same entry); a
+// query tile. The host sorts them (SortedPrefillTiles) from the chunks it planned, and they travel
+// in the kernel's parameters (constant memory, where every thread of a CTA reads the same entry); a
 // step of more tiles than one order holds is several launches. Counting the tiles from the end
 // of the step's longest chunk instead, heads fastest, lined up the long tiles of every sequence
 // only while the chunks were of one length: serving's steps (two 4000-token prompts and a short
-// piece of a third) left the busiest CTA 16-18% past the mean, against 0.5% sorted (a simulation
-// of the rounds below over the items' key tiles), and that step's attention took 0.54 ms against
-// 0.46 sorted on an H100 (bench/results/2026-12-05-h100-prefill-sorted-tiles-ab.json).
+// piece of a third) left the busiest CTA 16-18% past the mean, against 0.5% sorted (the rounds
+// below dealt out on the host; PrefillWorkOrderTest checks the sorted side), and that step's
+// attention took 0.54 ms against 0.46 sorted on an H100
+// (bench/results/2026-12-05-h100-prefill-sorted-tiles-ab.json).
 constexpr int kMaxOrderTiles = 768;  // 3 KiB: with the maps and params, within 4 KiB of parameters
 struct WorkOrder {
   int num_tiles;
@@ -430,34 +431,6 @@ CUtensorMap PanelTensorMap(const bf16* base, int64_t width, int64_t rows, int64_
   return map;
 }
 
-// Every query tile of the chunks, most key tiles first (ties in chunk order): the longest-first
-// list the persistent grid's rounds deal out (WorkOfRound).
-std::vector<uint32_t> SortedTiles(const std::vector<PrefillChunk>& chunks, int block_m) {
-  struct Tile {
-    int key_tiles;
-    uint32_t entry;
-  };
-  std::vector<Tile> tiles;
-  for (size_t seq = 0; seq < chunks.size(); ++seq) {
-    const PrefillChunk& chunk = chunks[seq];
-    const int count = (chunk.query_len + block_m - 1) / block_m;
-    SIEVE_CHECK(seq <= 0xffff && count <= 0x10000)
-        << "prefill attention: " << chunks.size() << " sequences, " << count << " query tiles";
-    for (int tile = 0; tile < count; ++tile) {
-      // The tile's last row sees keys [0, context + that row]: DecodeWorkItem's count.
-      const int keys = chunk.context_len + std::min(chunk.query_len, (tile + 1) * block_m);
-      tiles.push_back({(keys + kBlockN - 1) / kBlockN,
-                       static_cast<uint32_t>(seq) << 16 | static_cast<uint32_t>(tile)});
-    }
-  }
-  std::stable_sort(tiles.begin(), tiles.end(),
-                   [](const Tile& a, const Tile& b) { return a.key_tiles > b.key_tiles; });
-  std::vector<uint32_t> entries(tiles.size());
-  std::transform(tiles.begin(), tiles.end(), entries.begin(),
-                 [](const Tile& tile) { return tile.entry; });
-  return entries;
-}
-
 template <int kHeadDim>
 void Launch(const PrefillParams& params, int num_heads, const StepView& step,
             const std::vector<PrefillChunk>& chunks, cudaStream_t stream) {
@@ -478,7 +451,7 @@ void Launch(const PrefillParams& params, int num_heads, const StepView& step,
                           step.num_prefill_tokens, params.q_stride, S::kBlockM);
   maps.k = PanelTensorMap(params.k, kv_width, step.num_prefill_keys, kv_width, kTileRows);
   maps.v = PanelTensorMap(params.v, kv_width, step.num_prefill_keys, kv_width, kTileRows);
-  const std::vector<uint32_t> tiles = SortedTiles(chunks, S::kBlockM);
+  const std::vector<uint32_t> tiles = SortedPrefillTiles(chunks, S::kBlockM, kBlockN);
   const int sms = CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>();
   WorkOrder order;
   for (size_t first = 0; first < tiles.size(); first += kMaxOrderTiles) {
@@ -493,6 +466,33 @@ void Launch(const PrefillParams& params, int num_heads, const StepView& step,
 }
 
 }  // namespace
+
+std::vector<uint32_t> SortedPrefillTiles(const std::vector<PrefillChunk>& chunks, int rows_per_tile,
+                                         int keys_per_tile) {
+  struct Tile {
+    int key_tiles;
+    uint32_t entry;
+  };
+  std::vector<Tile> tiles;
+  for (size_t seq = 0; seq < chunks.size(); ++seq) {
+    const PrefillChunk& chunk = chunks[seq];
+    const int count = (chunk.query_len + rows_per_tile - 1) / rows_per_tile;
+    SIEVE_CHECK(seq <= 0xffff && count <= 0x10000)
+        << "prefill attention: " << chunks.size() << " sequences, " << count << " query tiles";
+    for (int tile = 0; tile < count; ++tile) {
+      // The tile's last row sees keys [0, context + that row]: DecodeWorkItem's count.
+      const int keys = chunk.context_len + std::min(chunk.query_len, (tile + 1) * rows_per_tile);
+      tiles.push_back({(keys + keys_per_tile - 1) / keys_per_tile,
+                       static_cast<uint32_t>(seq) << 16 | static_cast<uint32_t>(tile)});
+    }
+  }
+  std::stable_sort(tiles.begin(), tiles.end(),
+                   [](const Tile& a, const Tile& b) { return a.key_tiles > b.key_tiles; });
+  std::vector<uint32_t> entries(tiles.size());
+  std::transform(tiles.begin(), tiles.end(), entries.begin(),
+                 [](const Tile& tile) { return tile.entry; });
+  return entries;
+}
 
 bool PrefillAttentionSm90Supported() {
   // Per device: an sm_90 part, and a binary whose kernel was compiled for sm_90a (a build for
