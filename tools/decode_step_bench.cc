@@ -136,10 +136,14 @@ namespace {
 
 constexpr int kPageSize = 16;  // the step's KV pool pages
 
-// Pages of each (layer, sequence): a kept_fraction of the context plus this step's entry.
+// Entries of each (layer, sequence) in the step: a kept_fraction of the context plus this step's.
+int StepLength(const DecodeStepBenchOptions& options) {
+  return std::max(1, static_cast<int>(options.context * options.kept_fraction)) + 1;
+}
+
+// Pages that hold them.
 int PagesPerSequence(const DecodeStepBenchOptions& options) {
-  const int entries = std::max(1, static_cast<int>(options.context * options.kept_fraction));
-  return (entries + 1 + kPageSize - 1) / kPageSize;
+  return (StepLength(options) + kPageSize - 1) / kPageSize;
 }
 
 // One rank's decode step, set up: its model (whole, or its shard), the step's metadata, its KV pool
@@ -160,8 +164,7 @@ RankStep MakeRankStep(Backend& backend, const ModelConfig& config,
                       Communicator* communicator) {
   const int batch = options.batch;
   const int layers = config.num_layers;
-  const int entries = std::max(1, static_cast<int>(options.context * options.kept_fraction));
-  const int length = entries + 1;  // this step's token is appended
+  const int length = StepLength(options);  // this step's token is appended
   const int pages_per_seq = PagesPerSequence(options);
   const int num_pages = pages_per_seq * batch * layers;
   auto model_or =
@@ -202,7 +205,7 @@ RankStep MakeRankStep(Backend& backend, const ModelConfig& config,
   step.context_lens = ints(std::vector<int32_t>(batch, options.context), {batch});
   step.seq_slots = ints(slots, {batch});
   step.write_start =
-      ints(std::vector<int32_t>(static_cast<size_t>(layers) * batch, entries), {layers, batch});
+      ints(std::vector<int32_t>(static_cast<size_t>(layers) * batch, length - 1), {layers, batch});
   step.sample_rows = ints(rows, {batch});
   step.compression_jobs = ints({0}, {1});
   step.eviction_jobs = ints({0}, {1});
@@ -249,8 +252,7 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
                                          const DecodeStepBenchOptions& options) {
   const int batch = options.batch;
   const int layers = config.num_layers;
-  const int entries = std::max(1, static_cast<int>(options.context * options.kept_fraction));
-  const int length = entries + 1;
+  const int length = StepLength(options);
   RankStep rank = MakeRankStep(backend, config, options, {}, nullptr);
   const std::unique_ptr<LlamaModel>& model = rank.model;
   const StepMeta& step = rank.step;
@@ -337,7 +339,7 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
   result.step_ms = device_ms.empty() ? result.step_wall_ms : Median(std::move(device_ms));
   const double elem = static_cast<double>(DTypeSize(backend.activation_dtype()));
   if (options.breakdown && backend.SupportsGraphs()) {
-    result.parts = TimeParts(backend, *model, step, pool, workspace, logits, options, entries + 1);
+    result.parts = TimeParts(backend, *model, step, pool, workspace, logits, options, length);
   }
   // Bytes a step must move: every weight except the embedding table once (B embedding rows),
   // every held K/V entry once.
@@ -401,8 +403,7 @@ DecodeStepBenchResult RunShardedDecodeStepBench(const std::vector<Backend*>& bac
     result.step_ms =
         std::max(result.step_ms, device_ms[r].empty() ? Median(wall_ms[r]) : Median(device_ms[r]));
   }
-  const int64_t entries = std::max(1, static_cast<int>(options.context * options.kept_fraction));
-  auto traffic = ComputeDecodeStepTraffic(config, size, options.batch, entries + 1,
+  auto traffic = ComputeDecodeStepTraffic(config, size, options.batch, StepLength(options),
                                           backends[0]->activation_dtype());
   SIEVE_CHECK(traffic.ok()) << traffic.status().ToString();
   result.bytes = traffic->weight_bytes + traffic->kv_bytes;

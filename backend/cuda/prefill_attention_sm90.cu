@@ -99,7 +99,7 @@ struct WorkItem {
   int key_begin;
   int kv_len;
   int context;
-  int num_tiles;  // 0: nothing to do (past the chunk)
+  int num_tiles;  // K/V tiles of 128 keys
 };
 
 template <int kBlockM>
@@ -119,13 +119,11 @@ __device__ __forceinline__ WorkItem DecodeWorkItem(const PrefillParams& params,
   item.key_begin = params.key_start[seq];
   item.kv_len = params.key_start[seq + 1] - item.key_begin;
   item.context = params.context_lens[seq];
-  item.num_tiles = 0;
-  if (item.row0 < item.query_len) {
-    // Row i sees keys j <= context + i: the item's last row bounds the keys any row needs.
-    const int rows = min(kBlockM, item.query_len - item.row0);
-    const int num_keys = min(item.kv_len, item.context + item.row0 + rows);
-    item.num_tiles = (num_keys + kBlockN - 1) / kBlockN;
-  }
+  // The order lists only tiles inside their chunk (row0 < query_len). Row i sees keys
+  // j <= context + i: the item's last row bounds the keys any row needs.
+  const int rows = min(kBlockM, item.query_len - item.row0);
+  const int num_keys = min(item.kv_len, item.context + item.row0 + rows);
+  item.num_tiles = (num_keys + kBlockN - 1) / kBlockN;
   return item;
 }
 
@@ -197,7 +195,6 @@ __global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, 1)
     int tiles = 0;  // K/V tiles loaded so far: the stage and its phase
     for (int round = 0, work; (work = WorkOfRound(round)) < num_work; ++round) {
       const WorkItem item = DecodeWorkItem<S::kBlockM>(params, order, work, num_heads);
-      if (item.num_tiles == 0) continue;
       if (items > 0) wgmma::BarrierWait(bar_q_empty, (items - 1) & 1);
       wgmma::BarrierArriveExpectBytes(bar_q_full, S::kQTileBytes);
       for (int panel = 0; panel < kPanels; ++panel) {
@@ -310,7 +307,6 @@ __global__ void __launch_bounds__(Shape<kHeadDim>::kThreads, 1)
   int tiles = 0;
   for (int round = 0, work; (work = WorkOfRound(round)) < num_work; ++round) {
     const WorkItem item = DecodeWorkItem<S::kBlockM>(params, order, work, num_heads);
-    if (item.num_tiles == 0) continue;
     const int group_row0 = item.row0 + consumer * kConsumerRows;  // in the chunk
     const int row_g = group_row0 + warp * 16 + g;
     // Rows past the chunk are clamped to existing keys.
