@@ -783,6 +783,39 @@ TEST(BenchServeTest, WritesTheResultJson) {
   std::filesystem::remove(config.client.result_json);
 }
 
+// The sweep table's bound columns: the fraction of the bound on every level with one, and a
+// column of the fraction of the roofline only when some level's roofline is below its bound.
+TEST(BenchSweepTest, TableShowsTheRooflineWhereItIsBelowTheBound) {
+  auto rng = ::sieve::testing::MakeRng();
+  std::vector<SweepLevel> levels(2);
+  levels[0].concurrency = 64;
+  levels[1].concurrency = 256;
+  for (SweepLevel& level : levels) {
+    level.metrics.output_throughput = 1000 + static_cast<double>(rng() % 1000);
+    level.bound_output_throughput = 2.5 * level.metrics.output_throughput;
+    level.roofline_output_throughput = level.bound_output_throughput;
+  }
+  const auto rows = [](const std::string& table) {
+    std::vector<std::string> lines;
+    for (size_t at = 0, end; (end = table.find('\n', at)) != std::string::npos; at = end + 1)
+      lines.push_back(table.substr(at, end - at));
+    return lines;
+  };
+  std::string table = FormatSweepTable(levels);
+  EXPECT_EQ(table.find("of roofline"), std::string::npos) << table;
+  EXPECT_NE(table.find("| 40% |"), std::string::npos) << table;
+  // Past the ridge the roofline is lower: its level shows the fraction of it, the other a blank.
+  levels[1].roofline_output_throughput = 0.5 * levels[1].bound_output_throughput;
+  table = FormatSweepTable(levels);
+  const std::vector<std::string> lines = rows(table);
+  ASSERT_EQ(lines.size(), 4u) << table;
+  EXPECT_NE(lines[0].find("| of bound | of roofline |"), std::string::npos) << table;
+  EXPECT_EQ(CountOf(lines[1], "|"), CountOf(lines[0], "|")) << table;
+  EXPECT_EQ(CountOf(lines[2], "|"), CountOf(lines[0], "|")) << table;
+  EXPECT_TRUE(lines[2].ends_with("| 40% | |")) << table;
+  EXPECT_TRUE(lines[3].ends_with("| 40% | 80% |")) << table;
+}
+
 TEST(BenchSweepTest, TableJsonAndPlot) {
   FakeServerOptions server_options;
   server_options.max_tokens_cap = 3;

@@ -297,12 +297,20 @@ Result<RunBound> BoundOfRun(const BoundConfig& config, const std::vector<BenchPr
               {"output_throughput", bound.output_tokens_per_s},
               {"fraction", bound.output_tokens_per_s > 0
                                ? measured_output_throughput / bound.output_tokens_per_s
-                               : 0.0}};
+                               : 0.0},
+              {"decode_gemm_flops", bound.decode_gemm_flops},
+              {"decode_roofline_s", bound.decode_roofline_s},
+              {"compute_bound_steps", bound.compute_bound_steps},
+              {"roofline_output_throughput", bound.roofline_output_tokens_per_s},
+              {"roofline_fraction", 0.0}};
+  if (bound.roofline_output_tokens_per_s > 0) {
+    run.json["roofline_fraction"] = measured_output_throughput / bound.roofline_output_tokens_per_s;
+  }
   return run;
 }
 
 std::string BoundLine(const BoundConfig& config, const ServingBound& bound, double measured) {
-  return fmt::format(
+  std::string line = fmt::format(
       "Bound: {:.1f} output tok/s (prefill {:.1f} s at {:.4g} TFLOP/s GEMM{}, decode {:.1f} s at "
       "{:.4g} GB/s{}{}; {} on {}): measured {:.0f}% of it\n",
       bound.output_tokens_per_s, bound.prefill_s, config.gemm_tflops,
@@ -320,6 +328,15 @@ std::string BoundLine(const BoundConfig& config, const ServingBound& bound, doub
           : std::string(),
       config.kv_policy, config.model_config,
       bound.output_tokens_per_s > 0 ? 100 * measured / bound.output_tokens_per_s : 0.0);
+  if (bound.compute_bound_steps > 0) {
+    line += fmt::format(
+        "Roofline: {:.1f} output tok/s (decode {:.1f} s: in {} of its {} steps the GEMMs' FLOPs "
+        "at {:.4g} TFLOP/s outlast their weights at the copy rate): measured {:.0f}% of it\n",
+        bound.roofline_output_tokens_per_s, bound.decode_roofline_s, bound.compute_bound_steps,
+        bound.decode_steps, config.gemm_tflops,
+        100 * measured / bound.roofline_output_tokens_per_s);
+  }
+  return line;
 }
 
 int PromptsForLevel(const SweepConfig& config, size_t level) {
@@ -448,6 +465,7 @@ Status RunBenchSweep(const SweepConfig& config) {
       SIEVE_ASSIGN_OR_RETURN(RunBound bound, BoundOfRun(bound_config, prompts, concurrency,
                                                         level.metrics.output_throughput));
       level.bound_output_throughput = bound.bound.output_tokens_per_s;
+      level.roofline_output_throughput = bound.bound.roofline_output_tokens_per_s;
       level_json["bound"] = bound.json;
       std::fprintf(stderr, "concurrency %d: %s", concurrency,
                    BoundLine(bound_config, bound.bound, level.metrics.output_throughput).c_str());

@@ -173,7 +173,7 @@ TEST(RealServerTest, BenchServeAgainstSieveServe) {
                  "--warmup 1 --label ci --metadata device=cpu --request-timeout 60 "
                  "--bound-model-config " +
                  ProjectSourceDir() +
-                 "/models/sieve-tiny-10m --bound-gemm-tflops 1 --bound-copy-gbs 10 "
+                 "/models/sieve-tiny-10m --bound-gemm-tflops 0.01 --bound-copy-gbs 10 "
                  "--result-json " +
                  json_path);
   // A request the server never answers fails after --request-timeout instead of hanging CI.
@@ -205,6 +205,14 @@ TEST(RealServerTest, BenchServeAgainstSieveServe) {
   EXPECT_EQ(bench.output.find("warning"), std::string::npos) << bench.output;
   EXPECT_GE((*json)["bound"]["decode_steps"].get<int64_t>(), 16);
   EXPECT_NE(bench.output.find("Bound:"), std::string::npos) << bench.output;
+  // A GEMM rate of 10 GFLOP/s against a copy rate of 10 GB/s puts the ridge at one row a step
+  // (2 FLOPs a bf16 weight of 2 bytes): at 4 in flight the GEMMs' FLOPs outlast their bytes.
+  EXPECT_NE(bench.output.find("Roofline:"), std::string::npos) << bench.output;
+  EXPECT_GT((*json)["bound"]["compute_bound_steps"].get<int64_t>(), 0);
+  EXPECT_GT((*json)["bound"]["decode_roofline_s"].get<double>(),
+            (*json)["bound"]["decode_s"].get<double>());
+  EXPECT_GT((*json)["bound"]["roofline_fraction"].get<double>(),
+            (*json)["bound"]["fraction"].get<double>());
   EXPECT_EQ((*json)["label"], "ci");
   EXPECT_EQ((*json)["metadata"]["device"], "cpu");
   ASSERT_EQ((*json)["requests"].size(), 8u);

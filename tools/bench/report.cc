@@ -74,12 +74,19 @@ std::string FormatSweepTable(const std::vector<SweepLevel>& levels) {
   const bool bounds = std::any_of(levels.begin(), levels.end(), [](const SweepLevel& level) {
     return level.bound_output_throughput > 0;
   });
+  const auto below_bound = [](const SweepLevel& level) {
+    return level.roofline_output_throughput > 0 &&
+           level.roofline_output_throughput < level.bound_output_throughput;
+  };
+  const bool rooflines = bounds && std::any_of(levels.begin(), levels.end(), below_bound);
   std::string text =
       "| concurrency | requests | failed | req/s | output tok/s | TTFT P50 (ms) | TTFT P99 (ms) "
       "| TPOT P50 (ms) | TPOT P99 (ms) | ITL P99 (ms) |";
-  text += bounds ? " bound tok/s | of bound |\n" : "\n";
+  text += bounds ? " bound tok/s | of bound |" : "";
+  text += rooflines ? " of roofline |\n" : "\n";
   text += "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
-  text += bounds ? " ---: | ---: |\n" : "\n";
+  text += bounds ? " ---: | ---: |" : "";
+  text += rooflines ? " ---: |\n" : "\n";
   for (const SweepLevel& level : levels) {
     const BenchMetrics& m = level.metrics;
     text += fmt::format(
@@ -91,6 +98,12 @@ std::string FormatSweepTable(const std::vector<SweepLevel>& levels) {
       text += bound > 0
                   ? fmt::format(" {:.1f} | {:.0f}% |", bound, 100 * m.output_throughput / bound)
                   : std::string(" | |");
+    }
+    if (rooflines) {
+      // Blank where the roofline is the bound: only the levels it changes show it.
+      text += below_bound(level) ? fmt::format(" {:.0f}% |", 100 * m.output_throughput /
+                                                                 level.roofline_output_throughput)
+                                 : std::string(" |");
     }
     text += "\n";
   }

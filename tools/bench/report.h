@@ -22,12 +22,14 @@ struct SweepLevel {
   int concurrency = 0;
   int num_prompts = 0;
   BenchMetrics metrics;
-  double bound_output_throughput = 0;  // tok/s (serving_bound.h); 0: none
+  double bound_output_throughput = 0;     // tok/s (serving_bound.h); 0: none
+  double roofline_output_throughput = 0;  // tok/s, the bound's roofline (serving_bound.h)
 };
 
 // One row per level: concurrency, requests, failures, req/s, output tok/s, TTFT P50/P99,
 // TPOT P50/P99, ITL P99, as a Markdown table; with bounds, also the bound's output tok/s and the
-// measured fraction of it.
+// measured fraction of it, and where a level's roofline is below its bound (decode GEMMs past
+// the ridge), the measured fraction of the roofline too.
 std::string FormatSweepTable(const std::vector<SweepLevel>& levels);
 
 // The distinct error messages of the failed requests, most frequent first, at most `limit`:

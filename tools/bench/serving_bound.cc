@@ -170,7 +170,17 @@ Result<ServingBound> ComputeServingBound(const BoundConfig& config,
   // sequences hold their pages at once, so the wave's page-steps (each sequence's pages summed
   // over its decode steps) over the pool's pages also bound its steps from below.
   const size_t wave = concurrency > 0 ? static_cast<size_t>(concurrency) : requests.size();
+  const double copy_bytes_per_s = config.copy_gbs * 1e9;
+  const double gemm_flops_per_s = config.gemm_tflops * 1e12;
+  const double weights = bound.weight_bytes / bytes_per_weight;
+  const double weights_s = bound.weight_bytes / copy_bytes_per_s;  // a step's weights read
+  // A step of `rows` rows: its GEMMs at the longer of their bytes and their FLOPs.
+  const auto roofline_gemm_s = [&](double rows) {
+    const double flops_s = 2 * rows * weights / gemm_flops_per_s;
+    return std::max(weights_s, flops_s);
+  };
   double decode_bytes = 0;
+  double roofline_gemm_total_s = 0;
   double decode_all_reduce_s = 0;
   int64_t output_tokens = 0;
   for (size_t first = 0; first < requests.size(); first += wave) {
@@ -194,16 +204,37 @@ Result<ServingBound> ComputeServingBound(const BoundConfig& config,
         }
       }
     }
+    bool pool_limited = false;
     if (config.kv_pool_pages > 0) {  // kPoolFromServer unresolved: not limited
       const int64_t by_pool = (page_steps + config.kv_pool_pages - 1) / config.kv_pool_pages;
       if (by_pool > steps) {
         bound.pool_limited_steps += by_pool - steps;
         steps = by_pool;
+        pool_limited = true;
       }
     }
     bound.decode_steps += steps;
     output_tokens += wave_tokens;
     decode_bytes += static_cast<double>(steps) * bound.weight_bytes;
+    bound.decode_gemm_flops += 2 * static_cast<double>(wave_tokens) * weights;
+    if (steps > 0 && !pool_limited) {
+      // Step t runs the wave's requests with more than t tokens still to come.
+      std::vector<int64_t> ending(static_cast<size_t>(steps) + 1, 0);
+      for (size_t i = first; i < last; ++i) ++ending[static_cast<size_t>(requests[i].output_len)];
+      int64_t rows = static_cast<int64_t>(last - first);
+      for (int64_t t = 0; t < steps; ++t) {
+        rows -= ending[static_cast<size_t>(t)];
+        const double step_s = roofline_gemm_s(static_cast<double>(rows));
+        if (step_s > weights_s) ++bound.compute_bound_steps;
+        roofline_gemm_total_s += step_s;
+      }
+    } else if (steps > 0) {
+      // Which rows run in which of the pool's steps is not modelled: the mean rows a step
+      // (roofline_gemm_s is convex in the rows, so this stays a lower bound).
+      const double step_s = roofline_gemm_s(static_cast<double>(wave_tokens) / steps);
+      if (step_s > weights_s) bound.compute_bound_steps += steps;
+      roofline_gemm_total_s += static_cast<double>(steps) * step_s;
+    }
     // Each step all-reduces its running rows: a fixed cost a step, and the wave's rows in all
     // (all_reduce_s is affine in the rows, so the mean row count a step gives the sum).
     if (steps > 0) {
@@ -212,10 +243,14 @@ Result<ServingBound> ComputeServingBound(const BoundConfig& config,
     }
   }
   decode_bytes += bound.kv_bytes_read;
-  bound.decode_s = decode_bytes / (config.copy_gbs * 1e9) + decode_all_reduce_s;
+  bound.decode_s = decode_bytes / copy_bytes_per_s + decode_all_reduce_s;
+  bound.decode_roofline_s =
+      bound.decode_s - static_cast<double>(bound.decode_steps) * weights_s + roofline_gemm_total_s;
   bound.all_reduce_s += decode_all_reduce_s;
   const double total = bound.prefill_s + bound.decode_s;
   bound.output_tokens_per_s = total > 0 ? output_tokens / total : 0;
+  const double roofline_total = bound.prefill_s + bound.decode_roofline_s;
+  bound.roofline_output_tokens_per_s = roofline_total > 0 ? output_tokens / roofline_total : 0;
   return bound;
 }
 

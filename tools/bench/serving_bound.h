@@ -62,10 +62,19 @@ struct ServingBound {
   double prefill_gemm_flops = 0;       // over every prompt (one rank's)
   double prefill_attention_flops = 0;  // over every prompt (one rank's)
   double kv_bytes_read = 0;            // over every decode step, one rank's
-  double all_reduce_s = 0;             // in prefill_s and decode_s: the ranks' all-reduces
-  std::string kv_policy;               // KvPolicy::ToString of the policy bounded
-  int64_t decode_steps = 0;            // in every wave
-  int64_t pool_limited_steps = 0;      // of them, those the KV pool adds (0: it holds every wave)
+  // The roofline of decode: decode_s counts a step's weights at the copy rate whatever its rows,
+  // but its GEMMs also do 2 FLOPs a weight a row, which outlast the weight bytes past about
+  // GEMM rate / copy rate rows (~170 on an H200). decode_roofline_s is decode_s with each step's
+  // GEMMs at the longer of the two; the bound's time with it is still one no engine can beat,
+  // only closer to what one can reach at large batches.
+  double decode_gemm_flops = 0;             // over every decode step, one rank's
+  double decode_roofline_s = 0;             // >= decode_s
+  int64_t compute_bound_steps = 0;          // decode steps whose GEMM FLOPs outlast their bytes
+  double roofline_output_tokens_per_s = 0;  // prefill_s + decode_roofline_s
+  double all_reduce_s = 0;                  // in prefill_s and decode_s: the ranks' all-reduces
+  std::string kv_policy;                    // KvPolicy::ToString of the policy bounded
+  int64_t decode_steps = 0;                 // in every wave
+  int64_t pool_limited_steps = 0;  // of them, those the KV pool adds (0: it holds every wave)
 };
 
 // Checks the config (the model directory parses, the policy parses for it, rates positive).

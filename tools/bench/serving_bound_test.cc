@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "core/fixtures.h"
@@ -177,6 +178,61 @@ TEST(ServingBoundTest, KvPoolLimitsHowManyDecodeAtOnce) {
   ASSERT_TRUE(sparse_bound.ok());
   EXPECT_EQ(sparse_bound->pool_limited_steps, 0);
   EXPECT_EQ(sparse_bound->decode_steps, output);
+}
+
+// The roofline of decode: a step's GEMMs do 2 FLOPs a weight a row, so past GEMM rate / copy rate
+// rows (790e12 / 4194e9 = 188 here) their FLOPs outlast their weight bytes. Below it the roofline
+// is the bound; above it each step adds the difference; as requests finish, fewer rows remain.
+TEST(ServingBoundTest, RooflineCountsDecodeGemmFlopsPastTheRidge) {
+  auto rng = ::sieve::testing::MakeRng();
+  const int prompt = 1000 + static_cast<int>(rng() % 3000);
+  const BoundConfig config = Llama3Bound("full:0-2,pyramidkv:3-31");
+  const double ridge_rows = config.gemm_tflops * 1e12 / (config.copy_gbs * 1e9);
+  // Every request of a wave decoding every step, below and above the ridge.
+  for (const int rows : {128, 256}) {
+    const int output = 50 + static_cast<int>(rng() % 450);
+    const auto bound = ComputeServingBound(config, Requests(rows, prompt, output), rows);
+    ASSERT_TRUE(bound.ok()) << bound.status().ToString();
+    const double weights = bound->weight_bytes / 2;  // bf16
+    EXPECT_NEAR(bound->decode_gemm_flops, 2.0 * rows * output * weights,
+                1e-12 * bound->decode_gemm_flops);
+    const double bytes_s = bound->weight_bytes / (config.copy_gbs * 1e9);
+    const double flops_s = 2.0 * rows * weights / (config.gemm_tflops * 1e12);
+    if (rows < ridge_rows) {
+      EXPECT_LT(flops_s, bytes_s);
+      EXPECT_EQ(bound->compute_bound_steps, 0);
+      EXPECT_DOUBLE_EQ(bound->decode_roofline_s, bound->decode_s);
+      EXPECT_DOUBLE_EQ(bound->roofline_output_tokens_per_s, bound->output_tokens_per_s);
+    } else {
+      EXPECT_GT(flops_s, bytes_s);
+      EXPECT_EQ(bound->compute_bound_steps, output);
+      EXPECT_NEAR(bound->decode_roofline_s - bound->decode_s, output * (flops_s - bytes_s), 1e-9);
+      EXPECT_LT(bound->roofline_output_tokens_per_s, bound->output_tokens_per_s);
+    }
+  }
+  // Output lengths drawn apart: step t runs the requests with more than t tokens to come, and
+  // only the steps with more rows than the ridge add time.
+  std::vector<BoundRequest> requests;
+  for (int i = 0; i < 256; ++i) requests.push_back({prompt, 1 + static_cast<int>(rng() % 400)});
+  const auto mixed = ComputeServingBound(config, requests, 256);
+  ASSERT_TRUE(mixed.ok());
+  const double weights = mixed->weight_bytes / 2;
+  const double bytes_s = mixed->weight_bytes / (config.copy_gbs * 1e9);
+  double added_s = 0;
+  int64_t compute_bound = 0;
+  for (int t = 0; t < 400; ++t) {
+    const auto rows = std::count_if(requests.begin(), requests.end(),
+                                    [&](const BoundRequest& r) { return r.output_len > t; });
+    const double flops_s = 2.0 * static_cast<double>(rows) * weights / (config.gemm_tflops * 1e12);
+    if (flops_s > bytes_s) {
+      added_s += flops_s - bytes_s;
+      ++compute_bound;
+    }
+  }
+  ASSERT_GT(compute_bound, 0);
+  EXPECT_LT(compute_bound, mixed->decode_steps);
+  EXPECT_EQ(mixed->compute_bound_steps, compute_bound);
+  EXPECT_NEAR(mixed->decode_roofline_s - mixed->decode_s, added_s, 1e-9);
 }
 
 // sieve bench takes the pool from the server's GET /server_info unless a flag gave one.
