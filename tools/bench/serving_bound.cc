@@ -154,6 +154,12 @@ Result<ServingBound> ComputeServingBound(const BoundConfig& config,
   };
 
   for (const BoundRequest& request : requests) {
+    if (request.prompt_len < 0 || request.output_len < 0) {
+      return InvalidArgumentError(fmt::format("the bound's request of {} + {} tokens is negative",
+                                              request.prompt_len, request.output_len));
+    }
+  }
+  for (const BoundRequest& request : requests) {
     const double n = request.prompt_len;
     bound.prefill_gemm_flops += 2 * n * layers * layer_weights + 2 * lm_head;
     // Causal: query i sees i + 1 keys; QK^T and PV, 2 FLOPs a multiply-add, the rank's heads.

@@ -350,6 +350,10 @@ TEST(ServingBoundTest, BadConfigsAreClearErrors) {
   rates.copy_gbs = 0;
   EXPECT_FALSE(ValidateBoundConfig(rates).ok());
   EXPECT_TRUE(ValidateBoundConfig(BoundConfig{}).ok());  // no bound asked for
+  const auto negative =
+      ComputeServingBound(Llama3Bound("full"), {{4000, 500}, {4000, -1}}, /*concurrency=*/2);
+  ASSERT_FALSE(negative.ok());
+  EXPECT_NE(negative.status().message().find("negative"), std::string::npos);
 }
 
 }  // namespace
