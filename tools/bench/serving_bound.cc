@@ -250,8 +250,12 @@ Result<ServingBound> ComputeServingBound(const BoundConfig& config,
   }
   decode_bytes += bound.kv_bytes_read;
   bound.decode_s = decode_bytes / copy_bytes_per_s + decode_all_reduce_s;
-  bound.decode_roofline_s =
-      bound.decode_s - static_cast<double>(bound.decode_steps) * weights_s + roofline_gemm_total_s;
+  // Exactly decode_s where no step is past the ridge (no rounding of the sum and difference).
+  bound.decode_roofline_s = bound.compute_bound_steps == 0
+                                ? bound.decode_s
+                                : bound.decode_s -
+                                      static_cast<double>(bound.decode_steps) * weights_s +
+                                      roofline_gemm_total_s;
   bound.all_reduce_s += decode_all_reduce_s;
   const double total = bound.prefill_s + bound.decode_s;
   bound.output_tokens_per_s = total > 0 ? output_tokens / total : 0;
