@@ -158,7 +158,7 @@ def headline_section(record, charts):
             lowest = min(sparse_levels[c]["bound"].get("roofline_fraction",
                                                        sparse_levels[c]["bound"]["fraction"])
                          for c in levels)
-            worst_roofline = f"; of its roofline, lowest {lowest:.0%}"
+            worst_roofline = f"; against the rooflines, lowest {lowest:.0%}"
         targets.append(f"every sparse row of {input_len}/500 at 85% of its bound or better: "
                        f"lowest {worst:.0%} ({'met' if worst >= 0.85 else 'missed'}"
                        f"{worst_roofline})")
