@@ -63,12 +63,9 @@ HEADLINE_WORKLOADS = (("4k", 4000, 400), ("16k", 16000, 1024))
 
 def below_roofline(bound):
     """Whether a level's roofline (serving_bound.h: decode GEMMs' FLOPs at the GEMM rate where
-    they outlast their bytes) is below its bound; records before it was computed have none."""
+    they outlast their bytes) is below its bound. Records from before the roofline have none of
+    its fields; records after it have them on every level."""
     return bound.get("compute_bound_steps", 0) > 0
-
-
-def roofline_throughput(bound):
-    return bound.get("roofline_output_throughput") or bound["output_throughput"]
 
 
 def headline_section(record, charts):
@@ -141,8 +138,8 @@ def headline_section(record, charts):
                 bounds_ratio = p["bound"]["output_throughput"] / d["bound"]["output_throughput"]
                 rooflines = ""
                 if below_roofline(p["bound"]) or below_roofline(d["bound"]):
-                    rooflines_ratio = (roofline_throughput(p["bound"])
-                                       / roofline_throughput(d["bound"]))
+                    rooflines_ratio = (p["bound"]["roofline_output_throughput"]
+                                       / d["bound"]["roofline_output_throughput"])
                     rooflines = f", the two rooflines' {rooflines_ratio:.2f}x"
                 targets.append(f"sparse / dense at C=256: {ratio:.2f}x (target >= 1.6x: "
                                f"{'met' if ratio >= 1.6 else 'missed'}; the two bounds' ratio is "
@@ -155,9 +152,7 @@ def headline_section(record, charts):
         worst = min(sparse_levels[c]["bound"]["fraction"] for c in levels)
         worst_roofline = ""
         if any(below_roofline(sparse_levels[c]["bound"]) for c in levels):
-            lowest = min(sparse_levels[c]["bound"].get("roofline_fraction",
-                                                       sparse_levels[c]["bound"]["fraction"])
-                         for c in levels)
+            lowest = min(sparse_levels[c]["bound"]["roofline_fraction"] for c in levels)
             worst_roofline = f"; against the rooflines, lowest {lowest:.0%}"
         targets.append(f"every sparse row of {input_len}/500 at 85% of its bound or better: "
                        f"lowest {worst:.0%} ({'met' if worst >= 0.85 else 'missed'}"

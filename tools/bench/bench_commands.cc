@@ -298,7 +298,6 @@ Result<RunBound> BoundOfRun(const BoundConfig& config, const std::vector<BenchPr
               {"fraction", bound.output_tokens_per_s > 0
                                ? measured_output_throughput / bound.output_tokens_per_s
                                : 0.0},
-              {"decode_gemm_flops", bound.decode_gemm_flops},
               {"decode_roofline_s", bound.decode_roofline_s},
               {"compute_bound_steps", bound.compute_bound_steps},
               {"roofline_output_throughput", bound.roofline_output_tokens_per_s},

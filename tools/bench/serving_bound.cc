@@ -222,7 +222,6 @@ Result<ServingBound> ComputeServingBound(const BoundConfig& config,
     bound.decode_steps += steps;
     output_tokens += wave_tokens;
     decode_bytes += static_cast<double>(steps) * bound.weight_bytes;
-    bound.decode_gemm_flops += 2 * static_cast<double>(wave_tokens) * weights;
     if (steps > 0 && !pool_limited) {
       // Step t runs the wave's requests with more than t tokens still to come.
       std::vector<int64_t> ending(static_cast<size_t>(steps) + 1, 0);

@@ -67,7 +67,6 @@ struct ServingBound {
   // GEMM rate / copy rate rows (~170 on an H200). decode_roofline_s is decode_s with each step's
   // GEMMs at the longer of the two; the bound's time with it is still one no engine can beat,
   // only closer to what one can reach at large batches.
-  double decode_gemm_flops = 0;             // over every decode step, one rank's
   double decode_roofline_s = 0;             // >= decode_s
   int64_t compute_bound_steps = 0;          // decode steps whose GEMM FLOPs outlast their bytes
   double roofline_output_tokens_per_s = 0;  // prefill_s + decode_roofline_s
