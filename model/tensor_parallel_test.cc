@@ -31,6 +31,7 @@
 #include "model/llama_model.h"
 #include "model/safetensors.h"
 #include "model/tensor_parallel.h"
+#include "model/tensor_parallel_testing.h"
 #include "sparsity/kv_policy.h"
 
 #ifdef SIEVE_HAVE_CUDA
@@ -310,8 +311,7 @@ StepMeta MakeStep(Backend& backend, const HostStep& host, int layers) {
 
 // ---- running a scenario on N ranks ----
 
-using ModelFactory = std::function<Result<std::unique_ptr<LlamaModel>>(
-    Backend&, const TensorParallelShard&, Communicator*)>;
+using testing::ModelFactory;
 
 // What one rank saw at the end of each step.
 struct StepRecord {
@@ -576,30 +576,25 @@ void CheckEveryPolicy(const ModelConfig& config, const ModelFactory& factory,
               name.c_str(), worst.logits, worst.kv, worst.scores);
 }
 
-ModelFactory RandomFactory(const ModelConfig& config, uint64_t seed) {
-  return [config, seed](Backend& backend, const TensorParallelShard& shard,
-                        Communicator* communicator) {
-    return LlamaModel::RandomShard(config, backend, seed, config.max_position_embeddings, shard,
-                                   communicator, 0.08f);
-  };
-}
-
 TEST(TensorParallelTest, MhaOnTwoAndFourRanksMatchesOneRank) {
   const ModelConfig config = TinyConfig(4, 4);
-  CheckEveryPolicy(config, RandomFactory(config, testing::MakeRng()()), {2, 4}, "MHA 4/4");
+  CheckEveryPolicy(config, testing::RandomShardFactory(config, testing::MakeRng()()), {2, 4},
+                   "MHA 4/4");
 }
 
 // G = 2 KV heads: split on 2 ranks; on 4 ranks each KV head is replicated on 2 ranks and its
 // group (4 query heads) spans them.
 TEST(TensorParallelTest, GqaWithTwoKvHeadsOnTwoAndFourRanksMatchesOneRank) {
   const ModelConfig config = TinyConfig(8, 2);
-  CheckEveryPolicy(config, RandomFactory(config, testing::MakeRng()()), {2, 4}, "GQA 8/2");
+  CheckEveryPolicy(config, testing::RandomShardFactory(config, testing::MakeRng()()), {2, 4},
+                   "GQA 8/2");
 }
 
 // One query head per rank (each KV head replicated on 2 ranks), and tied embeddings.
 TEST(TensorParallelTest, OneQueryHeadPerRankAndTiedEmbeddingsOnFourRanks) {
   const ModelConfig config = TinyConfig(4, 2, /*tied=*/true);
-  CheckEveryPolicy(config, RandomFactory(config, testing::MakeRng()()), {4}, "GQA 4/2 tied");
+  CheckEveryPolicy(config, testing::RandomShardFactory(config, testing::MakeRng()()), {4},
+                   "GQA 4/2 tied");
 }
 
 // The fixture checkpoints loaded sharded (rows of q/k/v/gate/up and columns of o/down read from
@@ -786,7 +781,7 @@ TEST(GpuTensorParallelTest, TwoGpusMatchOne) {
   config.intermediate_size = 512;
   ASSERT_TRUE(config.Validate().ok());
   std::mt19937_64 rng = testing::MakeRng();
-  const ModelFactory factory = RandomFactory(config, rng());
+  const ModelFactory factory = testing::RandomShardFactory(config, rng());
   const bool two = devices >= 2 && NcclAvailable();
   for (const char* spec : {"full", "snapkv", "streamingllm", "h2o"}) {
     auto policy = KvPolicy::Parse(spec, config.num_layers, SmallBudgets());

@@ -23,6 +23,7 @@
 #include "core/testing.h"
 #include "core/thread_pool.h"
 #include "model/safetensors.h"
+#include "model/tensor_parallel_testing.h"
 #include "runtime/engine.h"
 #include "runtime/model_loader.h"
 #include "sparsity/kv_policy.h"
@@ -46,8 +47,7 @@ struct Ranks {
   std::unique_ptr<Engine> engine;  // last: destroyed first
 };
 
-using ModelFactory = std::function<Result<std::unique_ptr<LlamaModel>>(
-    Backend&, const TensorParallelShard&, Communicator*)>;
+using testing::ModelFactory;
 
 // An engine over `size` CPU ranks of one thread each.
 Ranks MakeEngine(int size, const ModelFactory& factory, const EngineOptions& options) {
@@ -255,32 +255,26 @@ ModelConfig RandomConfig(int heads, int kv_heads) {
   return config;
 }
 
-ModelFactory RandomFactory(const ModelConfig& config, uint64_t seed) {
-  return [config, seed](Backend& backend, const TensorParallelShard& shard,
-                        Communicator* communicator) {
-    return LlamaModel::RandomShard(config, backend, seed, config.max_position_embeddings, shard,
-                                   communicator, 0.08f);
-  };
-}
-
 TEST(TensorParallelEngineTest, MhaGreedyTokensOnTwoAndFourRanksEqualOneRank) {
   const ModelConfig config = RandomConfig(4, 4);
-  CheckGreedyTokens(config, RandomFactory(config, testing::MakeRng()()), {2, 4}, "MHA 4/4");
+  CheckGreedyTokens(config, testing::RandomShardFactory(config, testing::MakeRng()()), {2, 4},
+                    "MHA 4/4");
 }
 
 // 2 KV heads: one per rank on 2 ranks, each replicated on 2 ranks of 4.
 TEST(TensorParallelEngineTest, GqaWithTwoKvHeadsOnTwoAndFourRanksEqualsOneRank) {
   const ModelConfig config = RandomConfig(8, 2);
-  CheckGreedyTokens(config, RandomFactory(config, testing::MakeRng()()), {2, 4}, "GQA 8/2");
+  CheckGreedyTokens(config, testing::RandomShardFactory(config, testing::MakeRng()()), {2, 4},
+                    "GQA 8/2");
 }
 
 // Eight ranks, as a TP = 8 server of an 8-KV-head model runs: one KV head per rank (MHA 8/8),
 // and 4 KV heads each replicated on 2 ranks with 2 query heads a rank (GQA 16/4).
 TEST(TensorParallelEngineTest, MhaAndGqaOnEightRanksEqualOneRank) {
   const ModelConfig mha = RandomConfig(8, 8);
-  CheckGreedyTokens(mha, RandomFactory(mha, testing::MakeRng()()), {8}, "MHA 8/8");
+  CheckGreedyTokens(mha, testing::RandomShardFactory(mha, testing::MakeRng()()), {8}, "MHA 8/8");
   const ModelConfig gqa = RandomConfig(16, 4);
-  CheckGreedyTokens(gqa, RandomFactory(gqa, testing::MakeRng()()), {8}, "GQA 16/4");
+  CheckGreedyTokens(gqa, testing::RandomShardFactory(gqa, testing::MakeRng()()), {8}, "GQA 16/4");
 }
 
 // Checkpoints, each rank loading only its slices, on 2 and 4 ranks: the fixtures, GQA with 2 KV
