@@ -179,19 +179,7 @@ Scenario PlanScenario(const ModelConfig& config, const KvPolicy& policy,
           held = end;
           continue;
         }
-        CompressionJob job{};
-        job.layer = layer;
-        job.prefill_seq = index;
-        job.num_keys = end;
-        job.window = plan.window;
-        job.score_rows = plan.score_rows;
-        job.budget = plan.budget;
-        job.pool = plan.pool;
-        job.pool_kernel = plan.kernel;
-        job.reduce = plan.reduce;
-        job.mode = plan.mode;
-        job.seq_slot = seq;
-        jobs[layer].push_back(job);
+        jobs[layer].push_back(plan.Job(layer, index, end, seq));
         held = plan.budget;
       }
       ++chunks_done[seq];

@@ -286,20 +286,7 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
         write_start[static_cast<size_t>(layer) * num_seqs + index] =
             compress ? -1 : scheduled.context_len;
         if (!compress) continue;
-        const LayerPlan& lp = scheduled.compress[layer];
-        CompressionJob job{};
-        job.layer = layer;
-        job.prefill_seq = index;
-        job.num_keys = keys;
-        job.window = lp.window;
-        job.score_rows = lp.score_rows;
-        job.budget = lp.budget;
-        job.pool = lp.pool;
-        job.pool_kernel = lp.kernel;
-        job.reduce = lp.reduce;
-        job.mode = lp.mode;
-        job.seq_slot = slot;
-        jobs_by_layer[layer].push_back(job);
+        jobs_by_layer[layer].push_back(scheduled.compress[layer].Job(layer, index, keys, slot));
       }
     } else {
       for (int layer = 0; layer < layers; ++layer) {

@@ -45,6 +45,24 @@ struct LayerPlan {
   int kernel = 1;
   GroupReduce reduce = GroupReduce::kMean;
   SelectMode mode = SelectMode::kTopScores;
+
+  // The selection job of this plan for one (prefill sequence, layer) of a step; the scores' and
+  // kept indices' offsets are left 0 for whoever lays out the step's buffers.
+  CompressionJob Job(int layer, int prefill_seq, int num_keys, int seq_slot) const {
+    CompressionJob job{};
+    job.layer = layer;
+    job.prefill_seq = prefill_seq;
+    job.num_keys = num_keys;
+    job.window = window;
+    job.score_rows = score_rows;
+    job.budget = budget;
+    job.pool = pool;
+    job.pool_kernel = kernel;
+    job.reduce = reduce;
+    job.mode = mode;
+    job.seq_slot = seq_slot;
+    return job;
+  }
 };
 
 // What one layer does as decode grows it.
