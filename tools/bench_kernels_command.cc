@@ -204,10 +204,10 @@ int Run(const KernelsFlags& flags) {
     cuda::SparsityBenchOptions options;
     cuda::RunSparsityBenchmarks(options);
   }
-  // The ceilings run after the attention and sparsity rows: measured first, they held the 4k
-  // prefill attention row right after them to 510-522 TFLOP/s against 558-583 measured first
-  // (16k and d = 64 unchanged; cuDNN, timed in a process of its own, 586), for a cause not
-  // found (bench/results/2026-12-06-h100-ceilings-after-attention-ab.json).
+  // The ceilings run after the attention and sparsity rows. Run before them, they held the 4k
+  // prefill attention row right after them to 510-522 TFLOP/s, against 558-583 with the
+  // attention rows first (16k and d = 64 unchanged; cuDNN, timed in a process of its own, 586),
+  // for a cause not found (bench/results/2026-12-06-h100-ceilings-after-attention-ab.json).
   const double copy = MeasureCopyBandwidth();
   const double gemm = MeasureGemm(backend, 8192);
   std::printf("== ceilings on %s\n", backend.name().c_str());
