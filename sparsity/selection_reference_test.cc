@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/step_meta_testing.h"
 #include "core/testing.h"
 #include "sparsity/kv_policy.h"
 
@@ -33,59 +34,11 @@ namespace {
 constexpr double kScoreTolerance = 2e-5;
 constexpr double kSelectionTolerance = 1e-5;
 
+using testing::MakePrefillStepMeta;
+using testing::SeqChunk;
+
 int Uniform(std::mt19937_64& rng, int low, int high) {
   return std::uniform_int_distribution<int>(low, high)(rng);
-}
-
-Tensor I32Tensor(const std::vector<int32_t>& values) {
-  Tensor tensor = Tensor::Empty({static_cast<int64_t>(values.size())}, DType::kI32);
-  std::copy(values.begin(), values.end(), tensor.data_as<int32_t>());
-  return tensor;
-}
-
-// One prefill sequence of a step: keys [0, num_keys), of which this step's chunk holds the
-// query rows [context, num_keys).
-struct SeqChunk {
-  int num_keys;
-  int context;
-};
-
-// The StepMeta fields the sparsity ops read, for `seqs` prefilled in one step.
-StepMeta MakeStep(const std::vector<SeqChunk>& seqs, int num_layers,
-                  std::vector<CompressionJob> jobs) {
-  StepMeta step;
-  std::vector<int32_t> query_start = {0}, key_start = {0}, context, slots;
-  for (const SeqChunk& seq : seqs) {
-    query_start.push_back(query_start.back() + seq.num_keys - seq.context);
-    key_start.push_back(key_start.back() + seq.num_keys);
-    context.push_back(seq.context);
-    slots.push_back(static_cast<int32_t>(slots.size()));
-  }
-  step.num_seqs = step.num_prefill_seqs = static_cast<int>(seqs.size());
-  step.num_tokens = step.num_prefill_tokens = query_start.back();
-  step.num_prefill_keys = key_start.back();
-  step.num_layers = num_layers;
-  step.query_start = I32Tensor(query_start);
-  step.key_start = I32Tensor(key_start);
-  step.context_lens = I32Tensor(context);
-  step.seq_slots = I32Tensor(slots);
-  std::stable_sort(jobs.begin(), jobs.end(), [](const CompressionJob& a, const CompressionJob& b) {
-    return a.layer < b.layer;
-  });
-  step.job_begin.assign(num_layers + 1, 0);
-  for (const CompressionJob& job : jobs) ++step.job_begin[job.layer + 1];
-  std::partial_sum(step.job_begin.begin(), step.job_begin.end(), step.job_begin.begin());
-  for (const CompressionJob& job : jobs) {
-    step.max_scores_per_layer += int64_t{16} * job.num_keys;  // generous: [G][n] per job
-    step.max_indices_per_layer += int64_t{16} * job.budget;
-  }
-  step.compression_jobs =
-      Tensor::Empty({static_cast<int64_t>(jobs.size()), kCompressionJobInts}, DType::kI32);
-  if (!jobs.empty()) {
-    std::memcpy(step.compression_jobs.data(), jobs.data(), jobs.size() * sizeof(CompressionJob));
-  }
-  step.jobs_host = std::move(jobs);
-  return step;
 }
 
 // One compression problem: a prompt of n keys, scored and selected with these knobs.
@@ -348,7 +301,7 @@ void RunSingle(CpuBackend& backend, const Problem& problem, std::mt19937_64& rng
   const int score_offset = Uniform(rng, 0, 9);
   const int index_offset = Uniform(rng, 0, 9);
   const CompressionJob job = MakeJob(problem, layer, 0, score_offset, index_offset);
-  const StepMeta step = MakeStep({{problem.n, 0}}, 3, {job});
+  const StepMeta step = MakePrefillStepMeta({{problem.n, 0}}, 3, {job});
   Tensor scores =
       Tensor::Empty({score_offset + int64_t{problem.kv_heads} * problem.n}, DType::kF32);
   Tensor kept = Tensor::Empty(
@@ -503,7 +456,7 @@ TEST(SelectionReferenceTest, BatchedJobsWithEarlierChunks) {
     score_offset[layer] += problem.kv_heads * problem.n;
     index_offset[layer] += problem.kv_heads * (problem.budget - problem.window);
   }
-  const StepMeta step = MakeStep(seqs, 2, jobs);
+  const StepMeta step = MakePrefillStepMeta(seqs, 2, jobs);
   const Tensor q = qkv.Columns(0, num_heads * head_dim);
   for (int layer = 0; layer < 2; ++layer) {
     Tensor scores = Tensor::Empty({std::max(score_offset[layer], 1)}, DType::kF32);
@@ -540,7 +493,7 @@ TEST(SelectionReferenceTest, FirstPositionsKeepTheSinks) {
                   plan.budget, plan.score_rows, plan.pool, plan.kernel, plan.reduce};
   const SeqInputs inputs = MakeInputs(problem, 0, rng);
   const CompressionJob job = MakeJob(problem, 0, 0, 0, 0, plan.mode);
-  const StepMeta step = MakeStep({{n, 0}}, 1, {job});
+  const StepMeta step = MakePrefillStepMeta({{n, 0}}, 1, {job});
   Tensor scores = Tensor::Empty({int64_t{kv_heads} * n}, DType::kF32);
   std::fill(scores.data_as<float>(), scores.data_as<float>() + scores.numel(), -7.0f);
   Tensor kept = Tensor::Empty({int64_t{kv_heads} * options.sinks + 1}, DType::kI32);
@@ -638,7 +591,7 @@ TEST(SelectionReferenceTest, WriteKeptKvWritesTheSelectedRows) {
 
     CompressionJob job = MakeJob(problem, layer, 1, 0, 0, mode);
     job.seq_slot = slot;
-    const StepMeta step = MakeStep(seqs, num_layers, {job});
+    const StepMeta step = MakePrefillStepMeta(seqs, num_layers, {job});
     backend.WriteKeptKv(k, v, scores, kept, step, layer, pool);
 
     std::vector<bool> written(pool_entries, false);

@@ -41,6 +41,7 @@
 #include "backend/cuda/cuda_test_util.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sampling_kernels.h"
+#include "backend/step_meta_testing.h"
 #include "core/testing.h"
 
 namespace sieve::cuda {
@@ -49,6 +50,8 @@ namespace {
 using ::sieve::cuda::testing::DeviceBuffer;
 using ::sieve::cuda::testing::ToBf16;
 using ::sieve::cuda::testing::ToFloat;
+using ::sieve::testing::MakePrefillStepMeta;
+using ::sieve::testing::SeqChunk;
 
 constexpr double kScoreTolerance = 5e-5;
 constexpr double kNearTie = 1e-4;
@@ -92,13 +95,6 @@ std::vector<int32_t> ToVectorI32(const Tensor& tensor) {
 // One step's metadata, built once and handed to both backends: the CPU's StepMeta (host tensors)
 // and the device arrays behind a StepView.
 
-// One prefill sequence of the step: keys [0, num_keys), of which the step's chunk holds the query
-// rows [context, num_keys).
-struct SeqChunk {
-  int num_keys;
-  int context;
-};
-
 struct Step {
   StepMeta meta;  // for the CPU backend
   std::unique_ptr<DeviceBuffer<int32_t>> query_start, key_start, context_lens, seq_slots,
@@ -120,60 +116,20 @@ std::unique_ptr<DeviceBuffer<int32_t>> Upload(std::vector<int32_t> values) {
   return std::make_unique<DeviceBuffer<int32_t>>(values);
 }
 
+// The host StepMeta as selection_reference_test.cc builds it (step_meta_testing.h), and the same
+// arrays uploaded for the kernels' StepView.
 std::unique_ptr<Step> MakeStep(const std::vector<SeqChunk>& seqs, int num_layers,
                                std::vector<CompressionJob> jobs,
                                std::vector<EvictionJob> evictions = {}) {
   auto step = std::make_unique<Step>();
-  StepMeta& meta = step->meta;
-  std::vector<int32_t> query_start = {0}, key_start = {0}, context, slots;
-  for (const SeqChunk& seq : seqs) {
-    query_start.push_back(query_start.back() + seq.num_keys - seq.context);
-    key_start.push_back(key_start.back() + seq.num_keys);
-    context.push_back(seq.context);
-    slots.push_back(static_cast<int32_t>(slots.size()));
-  }
-  meta.num_seqs = meta.num_prefill_seqs = static_cast<int>(seqs.size());
-  meta.num_tokens = meta.num_prefill_tokens = query_start.back();
-  meta.num_prefill_keys = key_start.back();
-  meta.num_layers = num_layers;
-  meta.query_start = HostI32(query_start, {static_cast<int64_t>(query_start.size())});
-  meta.key_start = HostI32(key_start, {static_cast<int64_t>(key_start.size())});
-  meta.context_lens = HostI32(context, {static_cast<int64_t>(context.size())});
-  meta.seq_slots = HostI32(slots, {static_cast<int64_t>(slots.size())});
-
-  std::stable_sort(jobs.begin(), jobs.end(), [](const CompressionJob& a, const CompressionJob& b) {
-    return a.layer < b.layer;
-  });
-  meta.job_begin.assign(num_layers + 1, 0);
-  for (const CompressionJob& job : jobs) ++meta.job_begin[job.layer + 1];
-  std::partial_sum(meta.job_begin.begin(), meta.job_begin.end(), meta.job_begin.begin());
-  std::vector<int32_t> job_rows(jobs.size() * kCompressionJobInts);
-  if (!jobs.empty())
-    std::memcpy(job_rows.data(), jobs.data(), jobs.size() * sizeof(CompressionJob));
-  meta.compression_jobs =
-      HostI32(job_rows, {static_cast<int64_t>(jobs.size()), kCompressionJobInts});
-  meta.jobs_host = std::move(jobs);
-
-  std::stable_sort(evictions.begin(), evictions.end(),
-                   [](const EvictionJob& a, const EvictionJob& b) { return a.layer < b.layer; });
-  meta.eviction_begin.assign(num_layers + 1, 0);
-  for (const EvictionJob& job : evictions) ++meta.eviction_begin[job.layer + 1];
-  std::partial_sum(meta.eviction_begin.begin(), meta.eviction_begin.end(),
-                   meta.eviction_begin.begin());
-  std::vector<int32_t> eviction_rows(evictions.size() * kEvictionJobInts);
-  if (!evictions.empty()) {
-    std::memcpy(eviction_rows.data(), evictions.data(), evictions.size() * sizeof(EvictionJob));
-  }
-  meta.eviction_jobs =
-      HostI32(eviction_rows, {static_cast<int64_t>(evictions.size()), kEvictionJobInts});
-  meta.evictions_host = std::move(evictions);
-
-  step->query_start = Upload(query_start);
-  step->key_start = Upload(key_start);
-  step->context_lens = Upload(context);
-  step->seq_slots = Upload(slots);
-  step->compression_jobs = Upload(job_rows);
-  step->eviction_jobs = Upload(eviction_rows);
+  step->meta = MakePrefillStepMeta(seqs, num_layers, std::move(jobs), std::move(evictions));
+  const StepMeta& meta = step->meta;
+  step->query_start = Upload(ToVectorI32(meta.query_start));
+  step->key_start = Upload(ToVectorI32(meta.key_start));
+  step->context_lens = Upload(ToVectorI32(meta.context_lens));
+  step->seq_slots = Upload(ToVectorI32(meta.seq_slots));
+  step->compression_jobs = Upload(ToVectorI32(meta.compression_jobs));
+  step->eviction_jobs = Upload(ToVectorI32(meta.eviction_jobs));
   StepView& view = step->view;
   view.query_start = step->query_start->get();
   view.key_start = step->key_start->get();
