@@ -21,7 +21,9 @@
 # serving (sieve serve + sieve bench serve at SERVE_AB_LEVELS, default 1 and
 # 32, sparse 4000-token prompts).
 # `build` also builds .ab/'s `sieve` when it exists.
-# Needs the carried .deb/ (PCRE2 headers, absent on the GPU machine). `serve` and `warm` use the
+# Needs the carried .deb/ (PCRE2 headers, absent on the GPU machine; make it here with
+# `mkdir -p .deb && (cd .deb && apt-get download libpcre2-dev libpcre2-8-0 libpcre2-16-0
+# libpcre2-32-0 libpcre2-posix3)`). `serve` and `warm` use the
 # committed Llama 3 tokenizer (testdata/tokenizers/llama3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -52,6 +54,8 @@ if [ ! -f /usr/include/pcre2.h ] && [ -d .deb ]; then
   for f in .deb/*.deb; do dpkg -x "$f" /tmp/pcre2; done
   export PKG_CONFIG_SYSROOT_DIR=/tmp/pcre2
   export PKG_CONFIG_PATH=/tmp/pcre2/usr/lib/x86_64-linux-gnu/pkgconfig
+elif [ ! -f /usr/include/pcre2.h ]; then
+  note "no PCRE2 headers here and no .deb/ carried: configure will fail (the header says how to make .deb/)"
 fi
 export SIEVE_FIXTURES="${SIEVE_FIXTURES:-$PWD/.fixtures}"
 
