@@ -12,9 +12,26 @@
 #include <vector>
 
 #include "backend/step_meta.h"
+#include "core/check.h"
 #include "core/tensor.h"
 
 namespace sieve::testing {
+
+// Host int32 tensors of `shape`: from raw memory (the job arrays, whose structs are plain int32
+// fields; the shape's element count is read), or from a vector of exactly that many values.
+inline Tensor HostI32(const void* values, std::vector<int64_t> shape) {
+  Tensor tensor = Tensor::Empty(std::move(shape), DType::kI32);
+  // An empty vector's data() may be null, which memcpy must not be given even for 0 bytes.
+  if (tensor.numel() > 0) std::memcpy(tensor.data(), values, tensor.numel() * sizeof(int32_t));
+  return tensor;
+}
+
+inline Tensor HostI32(const std::vector<int32_t>& values, std::vector<int64_t> shape) {
+  Tensor tensor = Tensor::Empty(std::move(shape), DType::kI32);
+  SIEVE_CHECK(static_cast<size_t>(tensor.numel()) == values.size());
+  std::copy(values.begin(), values.end(), tensor.data_as<int32_t>());
+  return tensor;
+}
 
 // One prefill sequence of a step: keys [0, num_keys), of which this step's chunk holds the query
 // rows [context, num_keys).
@@ -30,12 +47,6 @@ struct SeqChunk {
 inline StepMeta MakePrefillStepMeta(const std::vector<SeqChunk>& seqs, int num_layers,
                                     std::vector<CompressionJob> jobs,
                                     std::vector<EvictionJob> evictions = {}) {
-  const auto ints = [](const void* values, std::vector<int64_t> shape) {
-    Tensor tensor = Tensor::Empty(std::move(shape), DType::kI32);
-    // An empty vector's data() may be null, which memcpy must not be given even for 0 bytes.
-    if (tensor.numel() > 0) std::memcpy(tensor.data(), values, tensor.numel() * sizeof(int32_t));
-    return tensor;
-  };
   StepMeta step;
   std::vector<int32_t> query_start = {0}, key_start = {0}, context, slots;
   for (const SeqChunk& seq : seqs) {
@@ -48,10 +59,10 @@ inline StepMeta MakePrefillStepMeta(const std::vector<SeqChunk>& seqs, int num_l
   step.num_tokens = step.num_prefill_tokens = query_start.back();
   step.num_prefill_keys = key_start.back();
   step.num_layers = num_layers;
-  step.query_start = ints(query_start.data(), {static_cast<int64_t>(query_start.size())});
-  step.key_start = ints(key_start.data(), {static_cast<int64_t>(key_start.size())});
-  step.context_lens = ints(context.data(), {static_cast<int64_t>(context.size())});
-  step.seq_slots = ints(slots.data(), {static_cast<int64_t>(slots.size())});
+  step.query_start = HostI32(query_start, {static_cast<int64_t>(query_start.size())});
+  step.key_start = HostI32(key_start, {static_cast<int64_t>(key_start.size())});
+  step.context_lens = HostI32(context, {static_cast<int64_t>(context.size())});
+  step.seq_slots = HostI32(slots, {static_cast<int64_t>(slots.size())});
 
   std::stable_sort(jobs.begin(), jobs.end(), [](const CompressionJob& a, const CompressionJob& b) {
     return a.layer < b.layer;
@@ -60,7 +71,7 @@ inline StepMeta MakePrefillStepMeta(const std::vector<SeqChunk>& seqs, int num_l
   for (const CompressionJob& job : jobs) ++step.job_begin[job.layer + 1];
   std::partial_sum(step.job_begin.begin(), step.job_begin.end(), step.job_begin.begin());
   step.compression_jobs =
-      ints(jobs.data(), {static_cast<int64_t>(jobs.size()), kCompressionJobInts});
+      HostI32(jobs.data(), {static_cast<int64_t>(jobs.size()), kCompressionJobInts});
   step.jobs_host = std::move(jobs);
 
   std::stable_sort(evictions.begin(), evictions.end(),
@@ -70,7 +81,7 @@ inline StepMeta MakePrefillStepMeta(const std::vector<SeqChunk>& seqs, int num_l
   std::partial_sum(step.eviction_begin.begin(), step.eviction_begin.end(),
                    step.eviction_begin.begin());
   step.eviction_jobs =
-      ints(evictions.data(), {static_cast<int64_t>(evictions.size()), kEvictionJobInts});
+      HostI32(evictions.data(), {static_cast<int64_t>(evictions.size()), kEvictionJobInts});
   step.evictions_host = std::move(evictions);
   return step;
 }

@@ -50,6 +50,7 @@ namespace {
 using ::sieve::cuda::testing::DeviceBuffer;
 using ::sieve::cuda::testing::ToBf16;
 using ::sieve::cuda::testing::ToFloat;
+using ::sieve::testing::HostI32;
 using ::sieve::testing::MakePrefillStepMeta;
 using ::sieve::testing::SeqChunk;
 
@@ -72,13 +73,6 @@ Tensor HostF32(const std::vector<float>& values, std::vector<int64_t> shape) {
   Tensor tensor = Tensor::Empty(std::move(shape), DType::kF32);
   SIEVE_CHECK(static_cast<size_t>(tensor.numel()) == values.size());
   std::copy(values.begin(), values.end(), tensor.data_as<float>());
-  return tensor;
-}
-
-Tensor HostI32(const std::vector<int32_t>& values, std::vector<int64_t> shape) {
-  Tensor tensor = Tensor::Empty(std::move(shape), DType::kI32);
-  SIEVE_CHECK(static_cast<size_t>(tensor.numel()) == values.size());
-  std::copy(values.begin(), values.end(), tensor.data_as<int32_t>());
   return tensor;
 }
 
