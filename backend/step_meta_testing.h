@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <utility>
 #include <vector>
@@ -27,10 +28,9 @@ inline Tensor HostI32(const void* values, std::vector<int64_t> shape) {
 }
 
 inline Tensor HostI32(const std::vector<int32_t>& values, std::vector<int64_t> shape) {
-  Tensor tensor = Tensor::Empty(std::move(shape), DType::kI32);
-  SIEVE_CHECK(static_cast<size_t>(tensor.numel()) == values.size());
-  std::copy(values.begin(), values.end(), tensor.data_as<int32_t>());
-  return tensor;
+  SIEVE_CHECK(std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>()) ==
+              static_cast<int64_t>(values.size()));
+  return HostI32(static_cast<const void*>(values.data()), std::move(shape));
 }
 
 // One prefill sequence of a step: keys [0, num_keys), of which this step's chunk holds the query

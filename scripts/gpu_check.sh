@@ -575,8 +575,8 @@ fi
 # ceilings are measured first: the copy rate, the prefill GEMMs' rate (bench kernels
 # --prefill-step) and cuDNN SDPA's. `prefill headline` takes them from the prefill stage, so that
 # one call records the prefill step (with its timeline) and the headline over the same ceilings.
-# HEADLINE_KV="sparse" (or "dense") runs one side only, where both would not fit one call (a
-# slower GPU); the default runs both.
+# HEADLINE_KV="sparse" (or "dense") runs one side only, at half the device time (e.g. the sparse
+# side on an H100, whose memory cannot hold the dense side's KV at C = 128); the default runs both.
 if has headline; then
   ensure_sieve
   tok=testdata/tokenizers/llama3/tokenizer.model
