@@ -2,6 +2,7 @@
 // (no engine, no scheduler), the reference the forward-pass and teacher-forcing tests compare with.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -69,19 +70,45 @@ inline PrefillFixture MakeFullPrefill(Backend& backend, const ModelConfig& confi
   return f;
 }
 
-// Logits [n][V] of every position of `ids` from one dense prefill of the whole sequence.
-inline std::vector<float> FullPrefillLogits(LlamaModel& model, const std::vector<int32_t>& ids) {
+// One dense prefill of the whole of `ids` in one step that samples `rows` only (any order; none:
+// no logits at all): their logits [rows][V], and the bytes of the pool's K and V after the step.
+struct PrefillSample {
+  std::vector<float> logits;
+  std::vector<uint8_t> k, v;
+};
+
+inline PrefillSample PrefillSamplingRows(LlamaModel& model, const std::vector<int32_t>& ids,
+                                         const std::vector<int32_t>& rows) {
   Backend& backend = model.backend();
   const ModelConfig& config = model.config();
   const int n = static_cast<int>(ids.size());
+  const int sampled = static_cast<int>(rows.size());
   PrefillFixture fixture = MakeFullPrefill(backend, config, ids);
+  fixture.step.num_sample_rows = sampled;
+  if (sampled > 0) {
+    fixture.step.sample_rows = backend.Allocate({sampled}, DType::kI32);
+    backend.CopyFromHost(rows.data(), rows.size() * sizeof(int32_t), fixture.step.sample_rows);
+  }
   ForwardWorkspace workspace;
-  model.EnsureWorkspace(workspace, n, n, n, 1, 1);
-  Tensor logits = backend.Allocate({n, config.vocab_size}, DType::kF32);
+  model.EnsureWorkspace(workspace, n, n, std::max(1, sampled), 1, 1);
+  Tensor logits;
+  if (sampled > 0) logits = backend.Allocate({sampled, config.vocab_size}, DType::kF32);
   model.Forward(fixture.step, fixture.pool, workspace, logits);
-  std::vector<float> host(static_cast<size_t>(n) * config.vocab_size);
-  backend.CopyToHost(logits, host.data());
-  return host;
+  PrefillSample out;
+  out.logits.resize(static_cast<size_t>(sampled) * config.vocab_size);
+  if (sampled > 0) backend.CopyToHost(logits, out.logits.data());
+  out.k.resize(fixture.pool.k.nbytes());
+  out.v.resize(fixture.pool.v.nbytes());
+  backend.CopyToHost(fixture.pool.k, out.k.data());
+  backend.CopyToHost(fixture.pool.v, out.v.data());
+  return out;
+}
+
+// Logits [n][V] of every position of `ids` from one dense prefill of the whole sequence.
+inline std::vector<float> FullPrefillLogits(LlamaModel& model, const std::vector<int32_t>& ids) {
+  std::vector<int32_t> rows(ids.size());
+  std::iota(rows.begin(), rows.end(), 0);
+  return PrefillSamplingRows(model, ids, rows).logits;
 }
 
 }  // namespace sieve::testing

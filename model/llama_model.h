@@ -72,7 +72,8 @@ struct ForwardWorkspace {
   Tensor v_scratch;  // [max_prefill_keys][G_r][hd]
   Tensor scores;     // [max_scores] f32
   Tensor kept;       // [max_kept] i32
-  Tensor last;       // [max_sample_rows][D]
+  Tensor last;  // [max_sample_rows][D]: the sampled rows (normed, or the last layer's residual)
+  Tensor last_attn;  // [max_sample_rows][H_q hd]: their attention output in the last layer
 };
 
 class LlamaModel {
@@ -115,8 +116,11 @@ class LlamaModel {
 
   // Runs one step. `logits` [R][V] f32 receives the logits of step.sample_rows; an undefined
   // `logits` skips the final norm and the LM head (tensor-parallel ranks whose logits nobody
-  // samples). `pool` holds this rank's KV heads (pool.num_kv_heads == layout().num_kv_heads).
-  // Every rank of a sharded model runs Forward on the same step at the same time.
+  // samples). Where R is less than the step's tokens, the last layer's output projection and
+  // MLP run on the sampled rows alone (workspace.hidden then holds the last layer's input for
+  // every row, not its output). `pool` holds this rank's KV heads (pool.num_kv_heads ==
+  // layout().num_kv_heads). Every rank of a sharded model runs Forward on the same step at the same
+  // time.
   void Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& workspace,
                Tensor& logits) const;
 
@@ -131,6 +135,10 @@ class LlamaModel {
   // The row-parallel projections: residual += x w^T summed over ranks (see the top of this
   // file); unsharded, exactly LinearAdd.
   void RowParallelAdd(const Tensor& x, const Tensor& w, Tensor& residual) const;
+  // A layer past its attention: residual += o(attn), then residual += down(silu(gate) * up) of
+  // its folded post-attention norm, on residual's rows (attn has as many).
+  void OutputAndMlp(const LlamaLayerWeights& w, const Tensor& attn, Tensor& residual,
+                    ForwardWorkspace& ws) const;
   void UploadRopeTable();
   // qkv *= diag(attn_norm), gate_up *= diag(mlp_norm) for every layer (see the top of this file).
   void FoldNorms();

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <numeric>
+#include <random>
 #include <string>
 
 #include "core/testing.h"
@@ -101,7 +103,70 @@ TEST(DefaultModelTest, LogitsMatchTheTrainingModel) {
             std::max_element(golden_last, golden.logits.end()) - golden_last);
 }
 
+// A step that samples fewer rows than it computes runs the last layer's output projection and MLP
+// on the sampled rows alone (LlamaModel::Forward). Their logits must be those of the same step
+// sampling every row (within `tolerance` relative L2 per row; 0: bitwise), and the K/V the step
+// leaves in the pool the same bytes, whether it samples some rows or none. `n` random tokens,
+// three random rows (the last among them) in random order.
+void ExpectSampledRowsAsEveryRow(Backend& backend, const std::string& dir, int n,
+                                 double tolerance) {
+  SCOPED_TRACE(dir);
+  auto config = LoadModelConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  auto checkpoint = SafetensorsCheckpoint::Open(dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
+  auto model = LlamaModel::Load(*config, **checkpoint, backend, n);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  std::mt19937_64 rng = testing::MakeRng();
+  std::vector<int32_t> ids(n);
+  for (int32_t& id : ids) id = static_cast<int32_t>(rng() % config->vocab_size);
+  std::vector<int32_t> every(n);
+  std::iota(every.begin(), every.end(), 0);
+  std::shuffle(every.begin(), every.end() - 1, rng);
+  const std::vector<int32_t> rows = {every[0], n - 1, every[1]};
+
+  // The first step plans the GEMM shapes (their planning calls may round differently); the
+  // comparisons start after it.
+  testing::PrefillSamplingRows(**model, ids, {n - 1});
+  std::iota(every.begin(), every.end(), 0);
+  const testing::PrefillSample all = testing::PrefillSamplingRows(**model, ids, every);
+  const testing::PrefillSample some = testing::PrefillSamplingRows(**model, ids, rows);
+  const testing::PrefillSample none = testing::PrefillSamplingRows(**model, ids, {});
+  const size_t vocab = config->vocab_size;
+  ASSERT_EQ(some.logits.size(), rows.size() * vocab);
+  EXPECT_TRUE(none.logits.empty());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const float* got = some.logits.data() + i * vocab;
+    const float* want = all.logits.data() + static_cast<size_t>(rows[i]) * vocab;
+    if (tolerance == 0) {
+      EXPECT_TRUE(std::equal(got, got + vocab, want)) << "row " << rows[i];
+    } else {
+      EXPECT_LE(testing::RelativeL2Error(got, want, vocab), tolerance) << "row " << rows[i];
+    }
+  }
+  EXPECT_TRUE(some.k == all.k && some.v == all.v) << "the K/V of a step sampling some rows";
+  EXPECT_TRUE(none.k == all.k && none.v == all.v) << "the K/V of a step sampling none";
+}
+
+// On the CPU a GEMM's rows do not depend on how many there are, so the logits are bitwise equal;
+// mistral_gqa's attention width (heads x head_dim) is not its hidden size.
+TEST(SampledRowsTest, LastLayerOnSampledRowsEqualsEveryRow) {
+  auto backend = MakeCpuBackend();
+  ExpectSampledRowsAsEveryRow(*backend, ProjectSourceDir() + "/models/sieve-tiny-10m", 61, 0);
+  ExpectSampledRowsAsEveryRow(*backend, TestDataDir() + "/models/mistral_gqa", 29, 0);
+}
+
 #ifdef SIEVE_HAVE_CUDA
+// The same on the GPU over several query tiles: the sampled rows' last-layer GEMMs run at other
+// row counts than the full step's (other kernels, other rounding), so each row's logits are held
+// to bf16's relative L2 of 1e-2; the K/V, written before the last layer's output projection,
+// stay bitwise.
+TEST(GpuSampledRowsTest, LastLayerOnSampledRowsEqualsEveryRow) {
+  auto gpu = MakeCudaBackend(0);
+  if (!gpu.ok()) GTEST_SKIP() << "no CUDA device: " << gpu.status().message();
+  ExpectSampledRowsAsEveryRow(**gpu, ProjectSourceDir() + "/models/sieve-tiny-10m", 300, 1e-2);
+}
+
 // The same on the GPU, for models with the head dims the CUDA kernels support (generated on the
 // GPU machine by scripts/gpu_check.sh into testdata/models_gpu). bf16 weights and activations, so
 // the bound is bf16's: relative L2 of the logits within 3e-2.

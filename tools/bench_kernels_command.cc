@@ -333,7 +333,7 @@ int Run(const KernelsFlags& flags) {
           : fraction >= 0.85                  ? "target >= 85%: MET"
                                               : "target >= 85%: MISSED");
       for (const PrefillGemm& gemm : r.gemms) {
-        std::printf("    %-8s %6lld x %6lld x %6lld  %7.3f ms alone  %5.0f TFLOP/s  x %d a step\n",
+        std::printf("    %-19s %6lld x %6lld x %6lld  %7.3f ms alone  %5.0f TFLOP/s  x %d a step\n",
                     gemm.name.c_str(), static_cast<long long>(gemm.m),
                     static_cast<long long>(gemm.n), static_cast<long long>(gemm.k), gemm.ms_alone,
                     gemm.flops_rate / 1e12, gemm.calls);
@@ -360,7 +360,8 @@ int Run(const KernelsFlags& flags) {
                                 {"n", gemm.n},
                                 {"k", gemm.k},
                                 {"ms_alone", gemm.ms_alone},
-                                {"tflops", gemm.flops_rate / 1e12}});
+                                {"tflops", gemm.flops_rate / 1e12},
+                                {"calls", gemm.calls}});
       }
     }
   }

@@ -102,10 +102,13 @@ PrefillStepBenchResult RunPrefillStepBench(Backend& backend, const ModelConfig& 
   const int64_t d = config.hidden_size, hd = config.head_dim, h = config.num_heads,
                 g = config.num_kv_heads, f = config.intermediate_size;
   const int layers = config.num_layers;
-  result.gemms = {{"qkv", tokens, (h + 2 * g) * hd, d, layers},
-                  {"o", tokens, d, h * hd, layers},
-                  {"gate_up", tokens, 2 * f, d, layers},
-                  {"down", tokens, d, f, layers}};
+  // The last layer's output projection and MLP run on the sampled rows only, one a prompt
+  // (LlamaModel::Forward).
+  result.gemms = {
+      {"qkv", tokens, (h + 2 * g) * hd, d, layers}, {"o", tokens, d, h * hd, layers - 1},
+      {"gate_up", tokens, 2 * f, d, layers - 1},    {"down", tokens, d, f, layers - 1},
+      {"o, last layer", seqs, d, h * hd, 1},        {"gate_up, last layer", seqs, 2 * f, d, 1},
+      {"down, last layer", seqs, d, f, 1}};
   for (PrefillGemm& gemm : result.gemms) {
     gemm.ms_alone = TimeGemmMs(backend, gemm.m, gemm.n, gemm.k);
     const double flops = 2.0 * gemm.m * gemm.n * gemm.k;

@@ -28,7 +28,7 @@ struct PrefillStepBenchOptions {
 struct PrefillGemm {
   std::string name;
   int64_t m = 0, n = 0, k = 0;
-  int calls = 0;          // per step (layers)
+  int calls = 0;          // per step (the layers that run it)
   double ms_alone = 0;    // one call, median
   double flops_rate = 0;  // FLOP/s alone
 };
@@ -36,7 +36,7 @@ struct PrefillGemm {
 struct PrefillStepBenchResult {
   double step_ms = 0;  // host time of Engine::Step (launch, run, sample, synchronise), median
   double tokens_per_second = 0;
-  double gemm_flops = 0;       // per step, every layer (the lm_head's few rows left out)
+  double gemm_flops = 0;       // per step, every layer's GEMMs (the lm_head's few rows left out)
   double attention_flops = 0;  // causal QK^T and PV, every layer
   std::vector<PrefillGemm> gemms;
   double gemm_bound_ms = 0;       // each GEMM at its alone rate

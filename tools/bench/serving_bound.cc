@@ -134,8 +134,8 @@ Result<ServingBound> ComputeServingBound(const BoundConfig& config,
                out_heads = shard.num_out_heads, units = static_cast<double>(shard.ffn_size);
   // The GEMMs of one layer (q, k, v, o, gate, up, down) on one rank, in weights = FLOPs / 2 per
   // token; the LM head is replicated.
-  const double layer_weights =
-      d * (q_heads + 2 * kv_heads) * hd + out_heads * hd * d + 3 * units * d;
+  const double past_attention_weights = out_heads * hd * d + 3 * units * d;  // o and the MLP
+  const double layer_weights = d * (q_heads + 2 * kv_heads) * hd + past_attention_weights;
   const double bytes_per_weight = 2;  // bf16
   const double lm_head = v * d;
   ServingBound bound;
@@ -161,7 +161,12 @@ Result<ServingBound> ComputeServingBound(const BoundConfig& config,
   }
   for (const BoundRequest& request : requests) {
     const double n = request.prompt_len;
-    bound.prefill_gemm_flops += 2 * n * layers * layer_weights + 2 * lm_head;
+    // Past its attention the last layer computes only the sampled row, as does the LM head: no
+    // other row's output is read (LlamaModel::Forward runs them so).
+    if (n > 0) {
+      bound.prefill_gemm_flops +=
+          2 * (n * layers * layer_weights - (n - 1) * past_attention_weights + lm_head);
+    }
     // Causal: query i sees i + 1 keys; QK^T and PV, 2 FLOPs a multiply-add, the rank's heads.
     bound.prefill_attention_flops += 4 * q_heads * hd * (n * (n + 1) / 2) * layers;
     bound.all_reduce_s += 2 * layers * all_reduce_s(n);

@@ -2,12 +2,15 @@
 // every prompt's prefill at the compute ceilings (its GEMM FLOPs at a GEMM rate, its causal
 // attention FLOPs at an attention rate) plus every decode step at the copy rate (the weights once a
 // step, and each running sequence's KV entries, as the server's KV policy keeps them); with tensor
-// parallelism, one rank's share of both plus the all-reduces between them. Prefill and
-// decode are added, not overlapped, and decode batches are full waves of the concurrency: the
-// time no engine can beat on this GPU short of overlapping the two. With the server's KV pool
-// given, a wave also runs at least as many steps as its sequences' pages over the decode (each
-// step's running sequences share the pool) take in pool-fulls: past the concurrency at which the
-// pool holds every sequence (dense KV of long prompts), fewer decode together.
+// parallelism, one rank's share of both plus the all-reduces between them. Prefill and decode are
+// added, not overlapped, and decode batches are full waves of the concurrency: the time no engine
+// can beat on this GPU short of overlapping the two. Past the last layer's attention a prefill
+// counts its sampled row only, as the engine computes it; that attention counts every row, which
+// the engine computes too, though only the rows the last layer's policy scores and the sampled
+// one are read (at most 1/L of the attention FLOPs). With the server's KV pool given, a wave also
+// runs at least as many steps as its sequences' pages over the decode (each step's running
+// sequences share the pool) take in pool-fulls: past the concurrency at which the pool holds every
+// sequence (dense KV of long prompts), fewer decode together.
 #pragma once
 
 #include <string>

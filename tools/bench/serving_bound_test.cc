@@ -46,6 +46,21 @@ TEST(ServingBoundTest, MatchesPerfMdHeadline) {
   EXPECT_LT(sparse->kv_bytes_read, 0.2 * dense->kv_bytes_read);
 }
 
+// A prompt's GEMMs: every layer's q, k, v for each of its n rows, the output projection and MLP
+// for n rows in every layer but the last, which computes them for the sampled row only, as the
+// LM head does (Llama-3-8B: d 4096, 32 heads and 8 KV heads of 128, MLP 14336, vocab 128256).
+TEST(ServingBoundTest, PrefillCountsTheLastLayerPastAttentionForTheSampledRowOnly) {
+  auto rng = ::sieve::testing::MakeRng();
+  const int prompt = 1 + static_cast<int>(rng() % 8000);
+  const auto bound = ComputeServingBound(Llama3Bound("full"), Requests(3, prompt, 10), 3);
+  ASSERT_TRUE(bound.ok()) << bound.status().ToString();
+  const double qkv = 4096.0 * (32 + 2 * 8) * 128, o = 4096.0 * 4096, mlp = 3 * 4096.0 * 14336,
+               lm_head = 128256.0 * 4096;
+  const double n = prompt;
+  const double per_prompt = 2 * (n * 32 * qkv + (n * 31 + 1) * (o + mlp) + lm_head);
+  EXPECT_NEAR(bound->prefill_gemm_flops, 3 * per_prompt, 1e-12 * per_prompt) << "n = " << prompt;
+}
+
 TEST(ServingBoundTest, MovesTheRightWay) {
   auto rng = ::sieve::testing::MakeRng();
   const int prompt = 1000 + static_cast<int>(rng() % 3000);
