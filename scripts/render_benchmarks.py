@@ -289,7 +289,8 @@ def prefill_step_section(record, charts):
                    f"{row['bound_ms']:.1f} ms ({row['gemm_bound_ms']:.1f} + "
                    f"{row['attention_bound_ms']:.1f}) | {row['fraction_of_bound']:.0%} | "
                    f">= 85%: {met} |")
-    out += ["", "| GEMM | m x n x k | alone | TFLOP/s | calls a step |", "| --- | --- | --- | --- | --- |"]
+    out += ["", "| GEMM | m x n x k | alone | TFLOP/s | calls a step |",
+            "| --- | --- | --- | --- | --- |"]
     for gemm in dense["gemms"]:
         # Records before the calls field ran every GEMM once a layer.
         calls = gemm.get("calls", "one a layer")
