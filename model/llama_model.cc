@@ -444,25 +444,25 @@ void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& w
     if (layer == last_layer && sampled_rows_only) break;
     OutputAndMlp(w, attn, hidden, ws);
   }
+  // The rows whose final state was computed: every row, or the sampled ones gathered.
+  Tensor residual = hidden;
   if (sampled_rows_only) {
     if (sampled == 0) return;  // no row's logits: the last layer ends at its attention
     Tensor attn_rows = ws.last_attn.Rows(0, sampled);
-    Tensor residual = ws.last.Rows(0, sampled);
+    residual = ws.last.Rows(0, sampled);
     backend_.GatherRows(attn, step.sample_rows, attn_rows);
     backend_.GatherRows(hidden, step.sample_rows, residual);
     OutputAndMlp(weights_.layers[last_layer], attn_rows, residual, ws);
-    if (!logits.defined()) return;
-    Tensor normed = ws.normed.Rows(0, sampled);
-    backend_.RmsNorm(residual, weights_.final_norm, eps, normed);
-    backend_.Linear(normed, weights_.lm_head, logits);
-    return;
   }
   if (!logits.defined()) return;
-  Tensor normed = ws.normed.Rows(0, tokens);
-  backend_.RmsNorm(hidden, weights_.final_norm, eps, normed);
-  Tensor last = ws.last.Rows(0, sampled);
-  backend_.GatherRows(normed, step.sample_rows, last);
-  backend_.Linear(last, weights_.lm_head, logits);
+  Tensor normed = ws.normed.Rows(0, residual.dim(0));
+  backend_.RmsNorm(residual, weights_.final_norm, eps, normed);
+  if (!sampled_rows_only) {
+    Tensor last = ws.last.Rows(0, sampled);
+    backend_.GatherRows(normed, step.sample_rows, last);
+    normed = last;
+  }
+  backend_.Linear(normed, weights_.lm_head, logits);
 }
 
 }  // namespace sieve
