@@ -4,11 +4,11 @@
 Every number on the page comes from a record (bench/results/NAME.json, written by
 scripts/record_gpu_results.py or scripts/bench_cpu.sh); nothing is typed by hand. headline.txt
 names one record per benchmark kind (headline, serve, warm-start, prefill-step, decode-step,
-tensor-parallel, sampling, kernels, cpu; the headline may take one record per workload, rendered
-as one section) and the command that reproduces it; bench/results/headline_methods.md,
-hand-written, follows the tables verbatim. The charts are SVG files in docs/benchmarks/
-(scripts/svg_bars.py). Every other record in bench/results/ is the history of experiments: kept
-there, not rendered.
+tensor-parallel, sampling, kernels, cpu; the headline may take one record per workload and
+GPU, each GPU's rendered as one section) and the command that reproduces it;
+bench/results/headline_methods.md, hand-written, follows the tables verbatim. The charts are SVG
+files in docs/benchmarks/ (scripts/svg_bars.py). Every other record in bench/results/ is the
+history of experiments: kept there, not rendered.
 
   python3 scripts/render_benchmarks.py            # write docs/benchmarks.md and its charts
   python3 scripts/render_benchmarks.py --check    # CI: exit 1 when the page or a chart is stale
@@ -68,17 +68,35 @@ def below_roofline(bound):
     return bound.get("compute_bound_steps", 0) > 0
 
 
-def headline_section(record, charts):
+def gpu_model(record):
+    """The GPU's model as its record names it ("NVIDIA H200"), without driver and clocks."""
+    return (record.get("gpu") or "not recorded").split(",")[0].strip()
+
+
+def gpu_tag(model):
+    """A short name for file names: "h200" for "NVIDIA H200", "h100" for "NVIDIA H100 80GB HBM3"."""
+    found = re.search(r"[A-Z]\d+", model)
+    return found.group(0).lower() if found else re.sub(r"[^a-z0-9]+", "-", model.lower())
+
+
+def headline_section(record, charts, model="NVIDIA H200", first=True):
+    """One GPU's headline: `record` holds the sweeps of its records (4000/500, 16000/500). The
+    first section describes the benchmark; the others refer to it."""
     sweeps = record.get("sweeps") or {}
-    out = ["## The headline: serving throughput, warm, beside its bound", "",
-           "`sieve bench sweep` against `sieve serve` (Llama-3-8B shape, dummy weights, warmed up "
-           "at start, `--max-num-batched-tokens 8192`: sched/README.md has what the step's token "
-           "budget trades; 500 output tokens per request, `--ignore-eos`, two warm-up requests per "
-           "level), dense (`--kv-policy full`) against sparse (`full:0-2,pyramidkv:3-31`, window "
-           "32). Each level's bound is computed by the benchmark: every prompt's prefill at the "
-           "ceilings measured in the same run (the prefill GEMMs' cuBLASLt rate, causal attention "
-           "at cuDNN SDPA's) plus every decode step's weights and KV at the copy rate "
-           "(tools/bench/serving_bound.h).", ""]
+    tag = gpu_tag(model)
+    method = ("`sieve bench sweep` against `sieve serve` (Llama-3-8B shape, dummy weights, "
+              "warmed up at start, `--max-num-batched-tokens 8192`: sched/README.md has what the "
+              "step's token budget trades; 500 output tokens per request, `--ignore-eos`, two "
+              "warm-up requests per level), dense (`--kv-policy full`) against sparse "
+              "(`full:0-2,pyramidkv:3-31`, window 32). Each level's bound is computed by the "
+              "benchmark: every prompt's prefill at the ceilings measured in the same run (the "
+              "prefill GEMMs' cuBLASLt rate, causal attention at cuDNN SDPA's) plus every decode "
+              "step's weights and KV at the copy rate (tools/bench/serving_bound.h).")
+    if not first:
+        method = ("The same benchmark as in the section above, its ceilings and bounds measured in "
+                  "this GPU's runs.")
+    out = [f"## The headline on {model}: serving throughput, warm, beside its bound", "",
+           method, ""]
     bounds = [level.get("bound") or {} for sweep in sweeps.values() for level in sweep["levels"]]
     if any(bound.get("kv_pool_pages", 0) > 0 for bound in bounds):
         out[-2] += (" Decode takes at least as many steps as the server's KV pool (its "
@@ -131,7 +149,9 @@ def headline_section(record, charts):
             # computed: the share of its bound, and the ratio the two bounds allow.
             if name == "4k" and concurrency == 128:
                 tok, bound = pm["output_throughput"], p["bound"]["output_throughput"]
-                targets.append(f"sparse at C=128: {fmt(tok)} output tok/s (target >= 4,000: "
+                # The figure beside it (TensorRT-LLM's FP8 engine, 5000/500) is an H200's.
+                where = "" if tag == "h200" else ", a target set for an H200"
+                targets.append(f"sparse at C=128: {fmt(tok)} output tok/s (target >= 4,000{where}: "
                                f"{'met' if tok >= 4000 else 'missed'}; {4000 / bound:.0%} of "
                                f"this row's bound, {fmt(bound)})")
             if name == "4k" and concurrency == 256:
@@ -157,11 +177,12 @@ def headline_section(record, charts):
         targets.append(f"every sparse row of {input_len}/500 at 85% of its bound or better: "
                        f"lowest {worst:.0%} ({'met' if worst >= 0.85 else 'missed'}"
                        f"{worst_roofline})")
-        charts[f"headline_{name}.svg"] = svg_bars.bar_chart(
-            f"{input_len} in / 500 out: output tokens/s by concurrency", "output tokens/s",
-            [f"C={c}" for c in levels], ["dense", "sparse", "sparse bound"], values)
-        out += ["", f"![output tokens/s by concurrency, {input_len}/500](benchmarks/"
-                f"headline_{name}.svg)", ""]
+        charts[f"headline_{tag}_{name}.svg"] = svg_bars.bar_chart(
+            f"{input_len} in / 500 out on {model}: output tokens/s by concurrency",
+            "output tokens/s", [f"C={c}" for c in levels], ["dense", "sparse", "sparse bound"],
+            values)
+        out += ["", f"![output tokens/s by concurrency, {input_len}/500, {model}](benchmarks/"
+                f"headline_{tag}_{name}.svg)", ""]
     if targets:
         out += ["Targets:", ""] + [f"- {target}" for target in targets] + [""]
     return out
@@ -458,21 +479,25 @@ def render():
     headline_done = False
     for kind, name, command in entries:
         if kind == "headline":
-            # Several headline records (one run for 4000/500, another for 16000/500) make one
-            # section: their sweeps together, each record's provenance.
+            # The headline records of one GPU (one run for 4000/500, another for 16000/500) make
+            # one section: their sweeps together, each record's provenance; a section per GPU, in
+            # the order of their first records.
             if headline_done:
                 continue
             headline_done = True
             sources = [(json.load(open(os.path.join(RESULTS, n + ".json"))), n, c)
                        for k, n, c in entries if k == "headline"]
-            merged = {"sweeps": {}}
-            for record, _, _ in sources:
-                merged["sweeps"].update(record.get("sweeps") or {})
-            section = SECTIONS[kind](merged, charts)
-            lines += section[:2]
-            for record, n, c in sources:
-                lines += provenance(record, n, c)
-            lines += section[2:]
+            models = list(dict.fromkeys(gpu_model(record) for record, _, _ in sources))
+            for index, model in enumerate(models):
+                merged = {"sweeps": {}}
+                of_model = [source for source in sources if gpu_model(source[0]) == model]
+                for record, _, _ in of_model:
+                    merged["sweeps"].update(record.get("sweeps") or {})
+                section = SECTIONS[kind](merged, charts, model, first=index == 0)
+                lines += section[:2]
+                for record, n, c in of_model:
+                    lines += provenance(record, n, c)
+                lines += section[2:]
             continue
         record = json.load(open(os.path.join(RESULTS, name + ".json")))
         section = SECTIONS[kind](record, charts)
