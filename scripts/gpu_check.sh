@@ -575,8 +575,9 @@ fi
 # ceilings are measured first: the copy rate, the prefill GEMMs' rate (bench kernels
 # --prefill-step) and cuDNN SDPA's. `prefill headline` takes them from the prefill stage, so that
 # one call records the prefill step (with its timeline) and the headline over the same ceilings.
-# HEADLINE_KV="sparse" (or "dense") runs one side only, at half the device time (e.g. the sparse
-# side on an H100, whose memory cannot hold the dense side's KV at C = 128); the default runs both.
+# HEADLINE_KV="sparse" (or "dense") runs one side only, at half the device time; the default runs
+# both. On an H100 both run at 4k in about 460 s, the dense side pool-limited from C = 128 (its KV
+# pool holds about 104 dense sequences of 4,500 entries; record 2026-12-06-h100-headline-4k).
 if has headline; then
   ensure_sieve
   tok=testdata/tokenizers/llama3/tokenizer.model
