@@ -79,7 +79,7 @@ def gpu_tag(model):
     return found.group(0).lower() if found else re.sub(r"[^a-z0-9]+", "-", model.lower())
 
 
-def headline_section(record, charts, model="NVIDIA H200", first=True):
+def headline_section(record, charts, model, first):
     """One GPU's headline: `record` holds the sweeps of its records (4000/500, 16000/500). The
     first section describes the benchmark; the others refer to it."""
     sweeps = record.get("sweeps") or {}
@@ -458,7 +458,8 @@ def cpu_section(record, charts):
             "```", record["cpu"].strip(), "```", ""]
 
 
-SECTIONS = {"headline": headline_section, "serve": serve_section,
+# Every kind but the headline, which render() takes a GPU at a time.
+SECTIONS = {"serve": serve_section,
             "warm-start": warm_start_section, "prefill-step": prefill_step_section,
             "decode-step": decode_step_section, "tensor-parallel": tensor_parallel_section,
             "sampling": sampling_section,
@@ -493,7 +494,7 @@ def render():
                 of_model = [source for source in sources if gpu_model(source[0]) == model]
                 for record, _, _ in of_model:
                     merged["sweeps"].update(record.get("sweeps") or {})
-                section = SECTIONS[kind](merged, charts, model, first=index == 0)
+                section = headline_section(merged, charts, model, first=index == 0)
                 lines += section[:2]
                 for record, n, c in of_model:
                     lines += provenance(record, n, c)
