@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "core/testing.h"
 #include "model/generation_config.h"
@@ -389,6 +391,37 @@ TEST(ModelConfigTest, SizesBeyond64BitCountsAreRefused) {
     ASSERT_FALSE(meta.ok()) << multiplier;
     EXPECT_NE(meta.status().message().find("ffn_dim_multiplier"), std::string::npos)
         << meta.status().message();
+  }
+}
+
+// configs/ holds the shapes benchmarks load with --load-format dummy: each Llama 3.1 one is its
+// Llama 3 twin with the 3.1 context (RoPE scaled by llama3 x8 to 131072 positions, 3 EOS ids), so
+// a 16000-token benchmark runs the same weights' shape as a 4000-token one.
+TEST(ModelConfigTest, ShippedLlama31ShapesAreTheirLlama3TwinsWithLongContext) {
+  for (const auto& [base, long_context, parameters] :
+       {std::tuple{"llama-3-8b", "llama-3.1-8b", int64_t{8'030'261'248}},
+        std::tuple{"llama-3-70b", "llama-3.1-70b", int64_t{70'553'706'496}}}) {
+    SCOPED_TRACE(long_context);
+    const auto llama3 = LoadModelConfig(ProjectSourceDir() + "/configs/" + base);
+    const auto llama31 = LoadModelConfig(ProjectSourceDir() + "/configs/" + long_context);
+    ASSERT_TRUE(llama3.ok()) << llama3.status().ToString();
+    ASSERT_TRUE(llama31.ok()) << llama31.status().ToString();
+    EXPECT_EQ(llama31->NumParameters(), parameters);
+    EXPECT_EQ(llama3->NumParameters(), parameters);
+    EXPECT_EQ(llama31->KvBytesPerToken(DType::kBF16), llama3->KvBytesPerToken(DType::kBF16));
+    EXPECT_EQ(std::tie(llama31->hidden_size, llama31->intermediate_size, llama31->num_layers,
+                       llama31->num_heads, llama31->num_kv_heads, llama31->head_dim,
+                       llama31->vocab_size, llama31->rope_theta),
+              std::tie(llama3->hidden_size, llama3->intermediate_size, llama3->num_layers,
+                       llama3->num_heads, llama3->num_kv_heads, llama3->head_dim,
+                       llama3->vocab_size, llama3->rope_theta));
+    EXPECT_EQ(llama3->max_position_embeddings, 8192);
+    EXPECT_EQ(llama3->rope_scaling.type, RopeScaling::Type::kNone);
+    EXPECT_EQ(llama31->max_position_embeddings, 131072);
+    EXPECT_EQ(llama31->rope_scaling.type, RopeScaling::Type::kLlama3);
+    EXPECT_EQ(llama31->rope_scaling.factor, 8.0f);
+    EXPECT_EQ(llama31->rope_scaling.original_max_position_embeddings, 8192);
+    EXPECT_EQ(llama31->eos_token_ids, (std::vector<int32_t>{128001, 128008, 128009}));
   }
 }
 
