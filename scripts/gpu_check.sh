@@ -570,8 +570,11 @@ fi
 # The headline, dense against the sparse setting, each level beside its bound (`sieve bench sweep
 # --bound-*`), on warmed-up servers. HEADLINE=4k (4000/500 at C = 1, 20, 64, 128, 256;
 # full:0-2,pyramidkv:3-31, budget 400) or 16k (16000/500 at C = 16, 48; budget 1024) or all
-# (default; more than one device call's 10 minutes), or 70b (the Llama-3-70B shape split over
-# TP_SIZE GPUs, default all: 4000/500 at C = 1, 20, 64, 128, bounds for that many ranks). The
+# (default; more than one device call's 10 minutes), or 70b / 70b-16k (the Llama-3-70B shape split
+# over TP_SIZE GPUs, default all: 4000/500 at C = 1, 20, 64, 128, or 16000/500 at C = 16, 48, with
+# full:0-2,pyramidkv:3-79 and bounds for that many ranks; at TP_SIZE = 2 the 4000/500 prefills
+# alone come to about 180 s a side at 687 TFLOP/s, the H100's rate in record
+# 2026-12-06-h100-headline-4k (computed), so run each side in its own call with HEADLINE_KV). The
 # ceilings are measured first: the copy rate, the prefill GEMMs' rate (bench kernels
 # --prefill-step) and cuDNN SDPA's. `prefill headline` takes them from the prefill stage, so that
 # one call records the prefill step (with its timeline) and the headline over the same ceilings.
@@ -602,15 +605,18 @@ PY
   workloads=()
   # name, model shape, input tokens, --max-model-len, --kv-budget, attention rate, levels, prompts
   # per level, tensor parallel size. 16k prompts need Llama 3.1's context (Llama 3's is 8192).
-  # HEADLINE=70b: the Llama-3-70B shape over TP_SIZE GPUs (default: all of them), the
-  # multi-GPU runs' headline.
+  # HEADLINE=70b and 70b-16k: the Llama-3-70B shape over TP_SIZE GPUs (default: all of them),
+  # the multi-GPU runs' headline; the sweeps' names (70b-4k-tp4) say shape, length and ranks, as
+  # scripts/render_benchmarks.py reads them.
   [ "$part" = 4k ] || [ "$part" = all ] && \
     workloads+=("4k configs/llama-3-8b 4000 4600 400 $att4k 1,20,64,128,256 4,40,128,256,256 1")
   [ "$part" = 16k ] || [ "$part" = all ] && \
     workloads+=("16k configs/llama-3.1-8b 16000 16600 1024 $att16k 16,48 32,96 1")
   tp_size="${TP_SIZE:-$(nvidia-smi -L | wc -l)}"
-  [ "$part" = 70b ] && workloads+=("70b-tp$tp_size configs/llama-3-70b 4000 4600 400 $att4k \
+  [ "$part" = 70b ] && workloads+=("70b-4k-tp$tp_size configs/llama-3-70b 4000 4600 400 $att4k \
     1,20,64,128 4,40,128,256 $tp_size")
+  [ "$part" = 70b-16k ] && workloads+=("70b-16k-tp$tp_size configs/llama-3.1-70b 16000 16600 1024 \
+    $att16k 16,48 32,96 $tp_size")
   for workload in "${workloads[@]}"; do
     read -r name model input max_len budget att levels prompts tp <<< "$workload"
     layers=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_hidden_layers'])" \

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Bundles what one scripts/gpu_check.sh run brought back into bench/results/NAME.json.
 
-    scripts/record_gpu_results.py FILES_DIR NAME --commit SHA --command "..."
+    scripts/record_gpu_results.py FILES_DIR NAME --commit SHA --command "..." [--results-dir DIR]
 
 FILES_DIR holds the run's kernels.json, kernels_tpN.json, sdpa.json, summary.txt, serve_*.json, prefill_*.json and
 sweep_*.json (any may be missing). docs/benchmarks.md is rendered from these files by scripts/render_benchmarks.py; numbers
@@ -20,6 +20,9 @@ def main():
     parser.add_argument("name")
     parser.add_argument("--commit", required=True)
     parser.add_argument("--command", required=True)
+    parser.add_argument("--results-dir",
+                        default=os.path.join(os.path.dirname(__file__), "..", "bench", "results"),
+                        help="where NAME.json goes (default: bench/results)")
     args = parser.parse_args()
     record = {"name": args.name, "commit": args.commit, "command": args.command,
               "recorded": datetime.date.today().isoformat()}
@@ -52,10 +55,11 @@ def main():
             prefill_runs[match.group(1)] = load(file)
     if prefill_runs:
         record["prefill_runs"] = prefill_runs
-    # scripts/gpu_check.sh headline: sweep_{4k,16k}_{dense,sparse}.json.
+    # scripts/gpu_check.sh headline: sweep_WORKLOAD_{dense,sparse}.json, WORKLOAD 4k, 16k or, over
+    # several GPUs, e.g. 70b-4k-tp4.
     sweeps = {}
     for file in sorted(os.listdir(args.files_dir)):
-        match = re.match(r"sweep_(\w+)\.json$", file)
+        match = re.match(r"sweep_([\w-]+)\.json$", file)
         if match:
             result = load(file)
             for level in (result or {}).get("levels", []):
@@ -75,7 +79,7 @@ def main():
         gpu = re.search(r"^gpu: (.*)$", summary, re.M)
         if gpu:
             record["gpu"] = gpu.group(1)
-    out = os.path.join(os.path.dirname(__file__), "..", "bench", "results", args.name + ".json")
+    out = os.path.join(args.results_dir, args.name + ".json")
     with open(out, "w") as f:
         json.dump(record, f, indent=1)
     print("wrote", os.path.normpath(out))

@@ -5,13 +5,15 @@ Every number on the page comes from a record (bench/results/NAME.json, written b
 scripts/record_gpu_results.py or scripts/bench_cpu.sh); nothing is typed by hand. headline.txt
 names one record per benchmark kind (headline, serve, warm-start, prefill-step, decode-step,
 tensor-parallel, sampling, kernels, cpu; the headline may take one record per workload and
-GPU, each GPU's rendered as one section) and the command that reproduces it;
+GPU, the sweeps of one GPU, model shape and tensor-parallel size rendered as one section) and the
+command that reproduces it;
 bench/results/headline_methods.md, hand-written, follows the tables verbatim. The charts are SVG
 files in docs/benchmarks/ (scripts/svg_bars.py). Every other record in bench/results/ is the
 history of experiments: kept there, not rendered.
 
   python3 scripts/render_benchmarks.py            # write docs/benchmarks.md and its charts
   python3 scripts/render_benchmarks.py --check    # CI: exit 1 when the page or a chart is stale
+  python3 scripts/render_benchmarks_test.py       # its tests (CTest: render_benchmarks_test)
 """
 import argparse
 import difflib
@@ -50,6 +52,11 @@ def read_headline():
     return entries
 
 
+def load_record(name):
+    with open(os.path.join(RESULTS, name + ".json")) as f:
+        return json.load(f)
+
+
 def provenance(record, name, command):
     gpu = record.get("gpu") or "not recorded"
     return [f"Record `bench/results/{name}.json`: commit `{record['commit']}`, recorded "
@@ -57,8 +64,27 @@ def provenance(record, name, command):
 
 
 # The headline workloads (scripts/gpu_check.sh headline): input/output lengths and what each
-# sparse setting keeps; the targets apply to the 4000/500 workload but TTFT and of-bound.
+# sparse setting keeps; the targets apply to the Llama-3-8B shape's 4000/500 workload but TTFT and
+# of-bound.
 HEADLINE_WORKLOADS = (("4k", 4000, 400), ("16k", 16000, 1024))
+# The model shapes the headline runs (configs/): "8b" on one GPU, "70b" over several.
+SHAPES = {"8b": "Llama-3-8B", "70b": "Llama-3-70B"}
+
+
+def parse_workload(name):
+    """(shape, length, tensor-parallel size) of a headline sweep's workload name, as
+    scripts/gpu_check.sh headline writes them (sweep_<workload>_<dense|sparse>.json): "4k" and
+    "16k" are the Llama-3-8B shape on one GPU, "70b-4k-tp4" the Llama-3-70B shape over 4. None for
+    any other name."""
+    found = re.fullmatch(r"(?:(?P<shape>\d+b)-)?(?P<length>\d+k)(?:-tp(?P<tp>\d+))?", name)
+    if not found:
+        return None
+    return found["shape"] or "8b", found["length"], int(found["tp"] or 1)
+
+
+def workload_name(shape, length, tp):
+    """parse_workload's inverse."""
+    return length if (shape, tp) == ("8b", 1) else f"{shape}-{length}-tp{tp}"
 
 
 def below_roofline(bound):
@@ -79,11 +105,12 @@ def gpu_tag(model):
     return found.group(0).lower() if found else re.sub(r"[^a-z0-9]+", "-", model.lower())
 
 
-def headline_section(record, charts, model, first):
-    """One GPU's headline: `record` holds the sweeps of its records (4000/500, 16000/500). The
-    first section describes the benchmark; the others refer to it."""
+def headline_section(record, charts, model, first, shape="8b", tp=1):
+    """One GPU's headline of one model shape and tensor-parallel size: `record` holds the sweeps of
+    its records (4000/500, 16000/500). The first section describes the benchmark; the others refer
+    to it. The issue's targets apply to the Llama-3-8B shape on one GPU."""
     sweeps = record.get("sweeps") or {}
-    tag = gpu_tag(model)
+    tag = gpu_tag(model) if (shape, tp) == ("8b", 1) else f"{gpu_tag(model)}_{shape}-tp{tp}"
     method = ("`sieve bench sweep` against `sieve serve` (Llama-3-8B shape, dummy weights, "
               "warmed up at start, `--max-num-batched-tokens 8192`: sched/README.md has what the "
               "step's token budget trades; 500 output tokens per request, `--ignore-eos`, two "
@@ -92,11 +119,25 @@ def headline_section(record, charts, model, first):
               "benchmark: every prompt's prefill at the ceilings measured in the same run (the "
               "prefill GEMMs' cuBLASLt rate, causal attention at cuDNN SDPA's) plus every decode "
               "step's weights and KV at the copy rate (tools/bench/serving_bound.h).")
+    title = f"## The headline on {model}: serving throughput, warm, beside its bound"
     if not first:
         method = ("The same benchmark as in the section above, its ceilings and bounds measured in "
                   "this GPU's runs.")
-    out = [f"## The headline on {model}: serving throughput, warm, beside its bound", "",
-           method, ""]
+    if tp > 1:
+        title = (f"## The headline of the {SHAPES.get(shape, shape)} shape over {tp} x {model}: "
+                 "serving throughput, warm, beside its bound")
+        some_bound = next((level["bound"] for sweep in sweeps.values()
+                           for level in sweep["levels"] if level.get("bound")), {})
+        method = (f"The benchmark of the first section on the {SHAPES.get(shape, shape)} shape "
+                  f"(dummy weights) split over {tp} GPUs (`--tensor-parallel-size {tp}`), its "
+                  "ceilings measured on one of them. Each bound counts one rank's share of every "
+                  "prefill's FLOPs and of every decode step's weights and KV, plus the ranks' "
+                  "all-reduces (2 a layer, each the step's rows at "
+                  f"{fmt(some_bound.get('allreduce_bus_gbs', 0))} GB/s bus bandwidth plus "
+                  f"{fmt(some_bound.get('allreduce_latency_us', 0))} us, the rates the bound "
+                  "assumes; `sieve bench kernels --tensor-parallel-size N` times them); the last "
+                  "column is the all-reduces' share of each bound.")
+    out = [title, "", method, ""]
     bounds = [level.get("bound") or {} for sweep in sweeps.values() for level in sweep["levels"]]
     if any(bound.get("kv_pool_pages", 0) > 0 for bound in bounds):
         out[-2] += (" Decode takes at least as many steps as the server's KV pool (its "
@@ -112,7 +153,9 @@ def headline_section(record, charts, model, first):
                     "fraction of the roofline, which counts them at the GEMM rate, follows in "
                     "brackets.")
     targets = []
-    for name, input_len, budget in HEADLINE_WORKLOADS:
+    targets_apply = (shape, tp) == ("8b", 1)
+    for length, input_len, budget in HEADLINE_WORKLOADS:
+        name = workload_name(shape, length, tp)
         dense, sparse = sweeps.get(f"{name}_dense"), sweeps.get(f"{name}_sparse")
         if not dense or not sparse:
             out += [f"{input_len}/500: not in this record.", ""]
@@ -122,8 +165,10 @@ def headline_section(record, charts, model, first):
         levels = sorted(set(dense_levels) & set(sparse_levels))
         out += [f"### {input_len} in / 500 out (sparse budget {budget})", "",
                 "| concurrency | dense tok/s | of bound | sparse tok/s | of bound | sparse bound | "
-                "sparse / dense | TTFT P50 dense / sparse | TPOT P50 dense / sparse |",
-                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                "sparse / dense | TTFT P50 dense / sparse | TPOT P50 dense / sparse |"
+                + (" all-reduces in bound dense / sparse |" if tp > 1 else ""),
+                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+                + (" ---: |" if tp > 1 else "")]
         values = []
         for concurrency in levels:
             d, p = dense_levels[concurrency], sparse_levels[concurrency]
@@ -137,24 +182,30 @@ def headline_section(record, charts, model, first):
                             else "")
                 return f"{bound['fraction']:.0%}{mark}{roofline}"
 
+            def all_reduce_share(level):
+                bound = level["bound"]
+                return bound.get("all_reduce_s", 0) / (bound["prefill_s"] + bound["decode_s"])
+
             out.append(f"| {concurrency} | {fmt(dm['output_throughput'])} | "
                        f"{of_bound(d)} | {fmt(pm['output_throughput'])} | "
                        f"{of_bound(p)} | {fmt(p['bound']['output_throughput'])} | "
                        f"{ratio:.2f}x | {fmt(dm['median_ttft_ms'])} / "
                        f"{fmt(pm['median_ttft_ms'])} ms | {dm['median_tpot_ms']:.1f} / "
-                       f"{pm['median_tpot_ms']:.1f} ms |")
+                       f"{pm['median_tpot_ms']:.1f} ms |"
+                       + (f" {all_reduce_share(d):.0%} / {all_reduce_share(p):.0%} |" if tp > 1
+                          else ""))
             values.append([dm["output_throughput"], pm["output_throughput"],
                            p["bound"]["output_throughput"]])
             # What each throughput target asks of the run, against the bounds the same run
             # computed: the share of its bound, and the ratio the two bounds allow.
-            if name == "4k" and concurrency == 128:
+            if targets_apply and length == "4k" and concurrency == 128:
                 tok, bound = pm["output_throughput"], p["bound"]["output_throughput"]
                 # The figure beside it (TensorRT-LLM's FP8 engine, 5000/500) is an H200's.
                 where = "" if tag == "h200" else ", a target set for an H200"
                 targets.append(f"sparse at C=128: {fmt(tok)} output tok/s (target >= 4,000{where}: "
                                f"{'met' if tok >= 4000 else 'missed'}; 4,000 is {4000 / bound:.0%} "
                                f"of this row's bound, {fmt(bound)})")
-            if name == "4k" and concurrency == 256:
+            if targets_apply and length == "4k" and concurrency == 256:
                 bounds_ratio = p["bound"]["output_throughput"] / d["bound"]["output_throughput"]
                 rooflines = ""
                 if below_roofline(p["bound"]) or below_roofline(d["bound"]):
@@ -164,7 +215,7 @@ def headline_section(record, charts, model, first):
                 targets.append(f"sparse / dense at C=256: {ratio:.2f}x (target >= 1.6x: "
                                f"{'met' if ratio >= 1.6 else 'missed'}; the two bounds' ratio is "
                                f"{bounds_ratio:.2f}x{rooflines})")
-            if name == "4k" and concurrency == 20:
+            if targets_apply and length == "4k" and concurrency == 20:
                 ttft = pm["median_ttft_ms"]
                 targets.append(f"TTFT P50 at C=20: {fmt(ttft)} ms sparse, "
                                f"{fmt(dm['median_ttft_ms'])} ms dense (target < 1 s: "
@@ -174,15 +225,17 @@ def headline_section(record, charts, model, first):
         if any(below_roofline(sparse_levels[c]["bound"]) for c in levels):
             lowest = min(sparse_levels[c]["bound"]["roofline_fraction"] for c in levels)
             worst_roofline = f"; against the rooflines, lowest {lowest:.0%}"
-        targets.append(f"every sparse row of {input_len}/500 at 85% of its bound or better: "
-                       f"lowest {worst:.0%} ({'met' if worst >= 0.85 else 'missed'}"
-                       f"{worst_roofline})")
-        charts[f"headline_{tag}_{name}.svg"] = svg_bars.bar_chart(
-            f"{input_len} in / 500 out on {model}: output tokens/s by concurrency",
+        if targets_apply:
+            targets.append(f"every sparse row of {input_len}/500 at 85% of its bound or better: "
+                           f"lowest {worst:.0%} ({'met' if worst >= 0.85 else 'missed'}"
+                           f"{worst_roofline})")
+        on = model if tp == 1 else f"{tp} x {model}, {SHAPES.get(shape, shape)} shape"
+        charts[f"headline_{tag}_{length}.svg"] = svg_bars.bar_chart(
+            f"{input_len} in / 500 out on {on}: output tokens/s by concurrency",
             "output tokens/s", [f"C={c}" for c in levels], ["dense", "sparse", "sparse bound"],
             values)
-        out += ["", f"![output tokens/s by concurrency, {input_len}/500, {model}](benchmarks/"
-                f"headline_{tag}_{name}.svg)", ""]
+        out += ["", f"![output tokens/s by concurrency, {input_len}/500, {on}](benchmarks/"
+                f"headline_{tag}_{length}.svg)", ""]
     if targets:
         out += ["Targets:", ""] + [f"- {target}" for target in targets] + [""]
     return out
@@ -480,27 +533,37 @@ def render():
     headline_done = False
     for kind, name, command in entries:
         if kind == "headline":
-            # The headline records of one GPU (one run for 4000/500, another for 16000/500) make
-            # one section: their sweeps together, each record's provenance; a section per GPU, in
-            # the order of their first records.
+            # The headline records of one GPU, model shape and tensor-parallel size (one run for
+            # 4000/500, another for 16000/500) make one section: their sweeps together, each
+            # record's provenance; a section per such group, in the order of their first records.
             if headline_done:
                 continue
             headline_done = True
-            sources = [(json.load(open(os.path.join(RESULTS, n + ".json"))), n, c)
-                       for k, n, c in entries if k == "headline"]
-            models = list(dict.fromkeys(gpu_model(record) for record, _, _ in sources))
-            for index, model in enumerate(models):
-                merged = {"sweeps": {}}
-                of_model = [source for source in sources if gpu_model(source[0]) == model]
-                for record, _, _ in of_model:
-                    merged["sweeps"].update(record.get("sweeps") or {})
-                section = headline_section(merged, charts, model, first=index == 0)
+            groups = {}  # (GPU model, shape, tp) -> {"sweeps": {...}, "sources": [...]}
+            for k, n, c in entries:
+                if k != "headline":
+                    continue
+                record = load_record(n)
+                for sweep_name, sweep in (record.get("sweeps") or {}).items():
+                    workload = parse_workload(sweep_name.rpartition("_")[0])
+                    if workload is None:
+                        sys.exit(f"bench/results/{n}.json: sweep {sweep_name} is no headline "
+                                 "workload (4k, 16k, 70b-4k-tp4, ...: parse_workload)")
+                    shape, _, tp = workload
+                    group = groups.setdefault((gpu_model(record), shape, tp),
+                                              {"sweeps": {}, "sources": []})
+                    group["sweeps"][sweep_name] = sweep
+                    if n not in [source[1] for source in group["sources"]]:
+                        group["sources"].append((record, n, c))
+            for index, ((model, shape, tp), group) in enumerate(groups.items()):
+                section = headline_section(group, charts, model, first=index == 0, shape=shape,
+                                           tp=tp)
                 lines += section[:2]
-                for record, n, c in of_model:
+                for record, n, c in group["sources"]:
                     lines += provenance(record, n, c)
                 lines += section[2:]
             continue
-        record = json.load(open(os.path.join(RESULTS, name + ".json")))
+        record = load_record(name)
         section = SECTIONS[kind](record, charts)
         lines += section[:2] + provenance(record, name, command) + section[2:]
     with open(os.path.join(RESULTS, "headline_methods.md")) as f:
