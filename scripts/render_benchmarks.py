@@ -123,13 +123,14 @@ def headline_section(record, charts, model, first, shape="8b", tp=1):
     if not first:
         method = ("The same benchmark as in the section above, its ceilings and bounds measured in "
                   "this GPU's runs.")
-    if tp > 1:
+    if (shape, tp) != ("8b", 1):
         title = (f"## The headline of the {SHAPES.get(shape, shape)} shape over {tp} x {model}: "
                  "serving throughput, warm, beside its bound")
         some_bound = next((level["bound"] for sweep in sweeps.values()
                            for level in sweep["levels"] if level.get("bound")), {})
-        method = (f"The benchmark of the first section on the {SHAPES.get(shape, shape)} shape "
-                  f"(dummy weights) split over {tp} GPUs (`--tensor-parallel-size {tp}`), its "
+        method = (f"The Llama-3-8B headline's benchmark on the {SHAPES.get(shape, shape)} shape "
+                  f"(dummy weights) on {f'{tp} GPUs' if tp > 1 else 'one GPU'} "
+                  f"(`--tensor-parallel-size {tp}`), its "
                   "ceilings measured on one of them. Each bound counts one rank's share of every "
                   "prefill's FLOPs and of every decode step's weights and KV, plus the ranks' "
                   "all-reduces (2 a layer, each the step's rows at "
