@@ -110,20 +110,24 @@ def headline_section(record, charts, model, first, shape="8b", tp=1):
     its records (4000/500, 16000/500). The first section describes the benchmark; the others refer
     to it. The issue's targets apply to the Llama-3-8B shape on one GPU."""
     sweeps = record.get("sweeps") or {}
-    tag = gpu_tag(model) if (shape, tp) == ("8b", 1) else f"{gpu_tag(model)}_{shape}-tp{tp}"
-    method = ("`sieve bench sweep` against `sieve serve` (Llama-3-8B shape, dummy weights, "
-              "warmed up at start, `--max-num-batched-tokens 8192`: sched/README.md has what the "
-              "step's token budget trades; 500 output tokens per request, `--ignore-eos`, two "
-              "warm-up requests per level), dense (`--kv-policy full`) against sparse "
-              "(`full:0-2,pyramidkv:3-31`, window 32). Each level's bound is computed by the "
-              "benchmark: every prompt's prefill at the ceilings measured in the same run (the "
-              "prefill GEMMs' cuBLASLt rate, causal attention at cuDNN SDPA's) plus every decode "
-              "step's weights and KV at the copy rate (tools/bench/serving_bound.h).")
-    title = f"## The headline on {model}: serving throughput, warm, beside its bound"
-    if not first:
-        method = ("The same benchmark as in the section above, its ceilings and bounds measured in "
-                  "this GPU's runs.")
-    if (shape, tp) != ("8b", 1):
+    # The issue's headline: the Llama-3-8B shape on one GPU, with its targets and plain names.
+    issue_headline = (shape, tp) == ("8b", 1)
+    tag = gpu_tag(model) if issue_headline else f"{gpu_tag(model)}_{shape}-tp{tp}"
+    if issue_headline:
+        title = f"## The headline on {model}: serving throughput, warm, beside its bound"
+        method = ("The same benchmark as in the section above, its ceilings and bounds measured "
+                  "in this GPU's runs.")
+        if first:
+            method = (
+                "`sieve bench sweep` against `sieve serve` (Llama-3-8B shape, dummy weights, "
+                "warmed up at start, `--max-num-batched-tokens 8192`: sched/README.md has what "
+                "the step's token budget trades; 500 output tokens per request, `--ignore-eos`, "
+                "two warm-up requests per level), dense (`--kv-policy full`) against sparse "
+                "(`full:0-2,pyramidkv:3-31`, window 32). Each level's bound is computed by the "
+                "benchmark: every prompt's prefill at the ceilings measured in the same run (the "
+                "prefill GEMMs' cuBLASLt rate, causal attention at cuDNN SDPA's) plus every "
+                "decode step's weights and KV at the copy rate (tools/bench/serving_bound.h).")
+    else:
         title = (f"## The headline of the {SHAPES.get(shape, shape)} shape over {tp} x {model}: "
                  "serving throughput, warm, beside its bound")
         some_bound = next((level["bound"] for sweep in sweeps.values()
@@ -154,7 +158,6 @@ def headline_section(record, charts, model, first, shape="8b", tp=1):
                     "fraction of the roofline, which counts them at the GEMM rate, follows in "
                     "brackets.")
     targets = []
-    targets_apply = (shape, tp) == ("8b", 1)
     for length, input_len, budget in HEADLINE_WORKLOADS:
         name = workload_name(shape, length, tp)
         dense, sparse = sweeps.get(f"{name}_dense"), sweeps.get(f"{name}_sparse")
@@ -199,14 +202,14 @@ def headline_section(record, charts, model, first, shape="8b", tp=1):
                            p["bound"]["output_throughput"]])
             # What each throughput target asks of the run, against the bounds the same run
             # computed: the share of its bound, and the ratio the two bounds allow.
-            if targets_apply and length == "4k" and concurrency == 128:
+            if issue_headline and length == "4k" and concurrency == 128:
                 tok, bound = pm["output_throughput"], p["bound"]["output_throughput"]
                 # The figure beside it (TensorRT-LLM's FP8 engine, 5000/500) is an H200's.
                 where = "" if tag == "h200" else ", a target set for an H200"
                 targets.append(f"sparse at C=128: {fmt(tok)} output tok/s (target >= 4,000{where}: "
                                f"{'met' if tok >= 4000 else 'missed'}; 4,000 is {4000 / bound:.0%} "
                                f"of this row's bound, {fmt(bound)})")
-            if targets_apply and length == "4k" and concurrency == 256:
+            if issue_headline and length == "4k" and concurrency == 256:
                 bounds_ratio = p["bound"]["output_throughput"] / d["bound"]["output_throughput"]
                 rooflines = ""
                 if below_roofline(p["bound"]) or below_roofline(d["bound"]):
@@ -216,7 +219,7 @@ def headline_section(record, charts, model, first, shape="8b", tp=1):
                 targets.append(f"sparse / dense at C=256: {ratio:.2f}x (target >= 1.6x: "
                                f"{'met' if ratio >= 1.6 else 'missed'}; the two bounds' ratio is "
                                f"{bounds_ratio:.2f}x{rooflines})")
-            if targets_apply and length == "4k" and concurrency == 20:
+            if issue_headline and length == "4k" and concurrency == 20:
                 ttft = pm["median_ttft_ms"]
                 targets.append(f"TTFT P50 at C=20: {fmt(ttft)} ms sparse, "
                                f"{fmt(dm['median_ttft_ms'])} ms dense (target < 1 s: "
@@ -226,11 +229,11 @@ def headline_section(record, charts, model, first, shape="8b", tp=1):
         if any(below_roofline(sparse_levels[c]["bound"]) for c in levels):
             lowest = min(sparse_levels[c]["bound"]["roofline_fraction"] for c in levels)
             worst_roofline = f"; against the rooflines, lowest {lowest:.0%}"
-        if targets_apply:
+        if issue_headline:
             targets.append(f"every sparse row of {input_len}/500 at 85% of its bound or better: "
                            f"lowest {worst:.0%} ({'met' if worst >= 0.85 else 'missed'}"
                            f"{worst_roofline})")
-        on = model if tp == 1 else f"{tp} x {model}, {SHAPES.get(shape, shape)} shape"
+        on = model if issue_headline else f"{tp} x {model}, {SHAPES.get(shape, shape)} shape"
         charts[f"headline_{tag}_{length}.svg"] = svg_bars.bar_chart(
             f"{input_len} in / 500 out on {on}: output tokens/s by concurrency",
             "output tokens/s", [f"C={c}" for c in levels], ["dense", "sparse", "sparse bound"],
