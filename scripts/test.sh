@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds everything and runs every test. SIEVE_PRESET picks the CMake preset
-# (default: release; CI uses ci, which also compiles the CUDA backend and treats warnings as
-# errors). GPU tests skip themselves on machines without a GPU.
+# (default: release; CI uses ci, the release build with warnings as errors and the CUDA backend
+# required). GPU tests skip themselves on machines without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset="${SIEVE_PRESET:-release}"

@@ -7,7 +7,10 @@
 #include <mutex>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_image.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sampling_kernels.h"
@@ -33,6 +36,20 @@ class CudaBackend final : public Backend {
     SIEVE_CUDA_CHECK(cudaGetDeviceProperties(&props_, device));
     SIEVE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     gemm_ = std::make_unique<cuda::GemmRunner>(stream_);
+    // Launch paths ask which device code is loaded (device_image.h); asked here first, never
+    // while a graph is captured.
+    const int image_arch = cuda::LoadedImageArch();
+    if (props_.major == 9 && props_.minor == 0 && !cuda::LoadedImageIsSm90a()) {
+      spdlog::warn(
+          "cuda:{} ({}) runs device code built for sm_{}, not sm_90a: the Hopper prefill attention "
+          "kernel is off. Build with -DCMAKE_CUDA_ARCHITECTURES=90a (the release preset's list "
+          "has it; 'native' gives sm_90 without it)",
+          device, props_.name, image_arch / 10);
+    } else {
+      spdlog::debug("cuda:{} ({}, sm_{}{}) runs device code built for sm_{}{}", device, props_.name,
+                    props_.major, props_.minor, image_arch / 10,
+                    cuda::LoadedImageIsSm90a() ? "a" : "");
+    }
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);

@@ -14,6 +14,8 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_test_util.h"
+#include "backend/cuda/device_image.h"
+#include "backend/cuda/kernels.h"
 #include "backend/cuda/skinny_gemm.h"
 
 namespace sieve {
@@ -648,6 +650,32 @@ TEST_F(CudaDenseRopeTest, RopeDecodeAttentionMatchesCpu) {
         << what;
     ExpectPoolMatches(gpu_pool, cpu_pool, what, folded);
   }
+}
+
+
+// The device code the GPU loaded (device_image.h) is of its own family or older, and the
+// features the launch paths choose by agree with it: a build that runs sm_90a code on an sm_90
+// device takes the Hopper prefill kernel and k splits; older code takes neither.
+TEST(CudaDeviceImageTest, LoadedImageMatchesTheDeviceAndThePathsChosen) {
+  SIEVE_REQUIRE_GPU();
+  int device = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  cudaDeviceProp props{};
+  ASSERT_EQ(cudaGetDeviceProperties(&props, device), cudaSuccess);
+  const int arch = cuda::LoadedImageArch();
+  EXPECT_GE(arch, 800);
+  EXPECT_LE(arch, props.major * 100 + props.minor * 10);
+  EXPECT_EQ(arch % 10, 0);
+  if (cuda::LoadedImageIsSm90a()) {
+    EXPECT_EQ(arch, 900);
+  }
+  EXPECT_EQ(cuda::PrefillAttentionSm90Supported(),
+            props.major == 9 && props.minor == 0 && cuda::LoadedImageIsSm90a());
+  const std::vector<int> splits = cuda::SkinnyGemmSplits(4096);
+  EXPECT_EQ(splits.front(), 1);
+  EXPECT_EQ(splits.size() > 1, arch >= 900);
+  std::printf("device sm_%d%d runs code built for sm_%d%s\n", props.major, props.minor, arch / 10,
+              cuda::LoadedImageIsSm90a() ? "a" : "");
 }
 
 }  // namespace

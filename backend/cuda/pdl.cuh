@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_image.h"
 
 namespace sieve::cuda {
 
@@ -47,8 +48,11 @@ inline int DeviceComputeMajor() {
   return CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>();
 }
 
-// PDL is on and the current device is sm_90 or newer.
-inline bool PdlActive() { return PdlSetting().load() != 0 && DeviceComputeMajor() >= 9; }
+// PDL is on, and the current device and the device code loaded on it are sm_90 or newer (code
+// built for older targets has no griddepcontrol: device_image.h).
+inline bool PdlActive() {
+  return PdlSetting().load() != 0 && DeviceComputeMajor() >= 9 && LoadedImageArch() >= 900;
+}
 
 // A kernel that never triggers its dependents early (cuBLASLt's: README_gemm.md) lets nothing
 // overlap it, and the launch after it costs more with the programmatic attribute than without: in

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_image.h"
 #include "backend/cuda/flash_warp.cuh"
 #include "backend/cuda/prefill_attention.h"
 #include "backend/cuda/wgmma.cuh"
@@ -491,8 +492,8 @@ std::vector<uint32_t> SortedPrefillTiles(const std::vector<PrefillChunk>& chunks
 }
 
 bool PrefillAttentionSm90Supported() {
-  // Per device: an sm_90 part, and a binary whose kernel was compiled for sm_90a (a build for
-  // other architectures has the kernel without its body; its PTX would JIT to nothing useful).
+  // Per device: an sm_90 part, and a loaded image compiled for sm_90a (device_image.h: a build
+  // for other architectures, plain sm_90 too, has the kernel without its body).
   static std::atomic<uint64_t> checked{0};
   static std::atomic<uint64_t> supported{0};
   int device = 0;
@@ -507,7 +508,7 @@ bool PrefillAttentionSm90Supported() {
     if (major == 9 && minor == 0) {
       cudaFuncAttributes attributes{};
       ok = cudaFuncGetAttributes(&attributes, PrefillAttentionSm90Kernel<128>) == cudaSuccess &&
-           attributes.binaryVersion == 90 && attributes.ptxVersion == 90;
+           attributes.binaryVersion == 90 && LoadedImageIsSm90a();
       (void)cudaGetLastError();  // a kernel image that does not load is an answer, not an error
     }
     if (ok) supported.fetch_or(bit, std::memory_order_release);

@@ -68,6 +68,7 @@
 
 #include "backend/cuda/block_select.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_image.h"
 #include "backend/cuda/sampling_kernels.h"
 #include "core/check.h"
 
@@ -1197,7 +1198,7 @@ bool SampleTokensSupported() {
   SIEVE_CUDA_CHECK(cudaGetDevice(&device));
   int major = 0;
   SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major >= 9;
+  return major >= 9 && LoadedImageArch() >= 900;  // device_image.h
 }
 
 namespace {

@@ -67,6 +67,28 @@ __device__ __forceinline__ void MmaBlock(float (&acc)[4], const uint4& lo, const
   flash::Mma(acc, second, x.z, x.w);
 }
 
+// Thread-block clusters are sm_90's. Before it SkinnyGemmSplits offers no k split, so a kernel
+// built for an older target never reaches these with more than one CTA a cluster (and traps if
+// it did).
+__device__ __forceinline__ void ClusterSync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().sync();
+#else
+  __trap();
+#endif
+}
+
+// The value at `local`'s place in the shared memory of the cluster's CTA `rank`.
+__device__ __forceinline__ float ClusterPeerValue(float* local, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return *cooperative_groups::this_cluster().map_shared_rank(local, rank);
+#else
+  (void)local, (void)rank;
+  __trap();
+  return 0.0f;
+#endif
+}
+
 // CTAs an SM the kernel is compiled for: its registers (lo, hi and xs hold 2 + kXTiles 16-byte
 // values per block of the group) fit 80 a thread at 4 blocks, 128 at 8.
 template <int kGroup>
@@ -169,12 +191,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
     for (int from = 0; from < kWarps; ++from) sum += partial[from][row][index % kColumns];
     partial[0][row][index % kColumns] = sum;
   }
-  namespace cg = cooperative_groups;
   if (splits > 1) {
     // The first CTA of the cluster adds the others' sums; they wait until it has read them.
-    cg::this_cluster().sync();
+    ClusterSync();
     if (blockIdx.y != 0) {
-      cg::this_cluster().sync();
+      ClusterSync();
       return;
     }
   } else {
@@ -184,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
   const auto cluster_sum = [&](int row, int column) {
     float sum = partial[0][row][column];
     for (int rank = 1; rank < splits; ++rank) {
-      sum += *cg::this_cluster().map_shared_rank(&partial[0][row][column], rank);
+      sum += ClusterPeerValue(&partial[0][row][column], rank);
     }
     return sum;
   };
@@ -213,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
       *target = __float2bfloat16_rn(kAccumulate ? __bfloat162float(*target) + sum : sum);
     }
   }
-  if (splits > 1) cg::this_cluster().sync();
+  if (splits > 1) ClusterSync();
 }
 
 template <int kXTiles, int kGroup>
@@ -248,8 +269,13 @@ bool SkinnyGemmSupports(int64_t m, int64_t k, const bf16* w, int64_t ldw, const 
 std::vector<int> SkinnyGemmSplits(int64_t k) {
   std::vector<int> splits;
   const int64_t blocks = (k + kBlockK - 1) / kBlockK;
+  // A k split is a cluster of CTAs: device code for sm_90 and newer (device_image.h; an A100 or
+  // RTX 4090 runs one CTA a column block).
+  const bool clusters = LoadedImageArch() >= 900;
   for (const int count : {1, 2, 4}) {
-    if (count == 1 || blocks >= static_cast<int64_t>(count) * kWarps) splits.push_back(count);
+    if (count == 1 || (clusters && blocks >= static_cast<int64_t>(count) * kWarps)) {
+      splits.push_back(count);
+    }
   }
   return splits;
 }

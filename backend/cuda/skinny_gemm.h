@@ -23,7 +23,8 @@ inline constexpr int64_t kSkinnyGemmMaxRows = 32;
 bool SkinnyGemmSupports(int64_t m, int64_t k, const __nv_bfloat16* w, int64_t ldw,
                         const __nv_bfloat16* x, int64_t ldx);
 
-// The k splits SkinnyGemm takes for this k: 1, and 2 and 4 where every warp still gets k.
+// The k splits SkinnyGemm takes for this k on the current device: 1, and on sm_90 and newer
+// (clusters) 2 and 4 where every warp still gets k.
 std::vector<int> SkinnyGemmSplits(int64_t k);
 
 // out[m][n] = x . w^T, or out += x . w^T with `accumulate` (the residual stream). Row strides in
