@@ -92,6 +92,25 @@ class Backend {
   // out[r] = x[rows[r]]             x [T][D] act, rows [R] i32, out [R][D] act
   virtual void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;
 
+  // ---- FP8 weights (core/float8.h; model/README.md "FP8 weights") ----
+  // Quantizes a weight by output channel: row n of the result holds e4m3(w[n] * 448 / amax_n) and
+  // carries row_scales()[n] = amax_n / 448 (E4m3ScaleForAmax). Linear, LinearAdd and
+  // LinearSiluMul take such a weight as `w`: they quantize each row of x the same way (one scale a
+  // token, from the row as the op reads it: dynamic) and compute
+  // out[t][n] = sx[t] sw[n] sum_k e4m3(x)[t][k] e4m3(w)[n][k] with f32 accumulation.
+  // w [N][K] act, contiguous -> [N][K] f8_e4m3 with row scales [N] f32.
+  virtual Tensor QuantizeWeightE4m3(const Tensor& w) = 0;
+  // Whether this backend runs FP8 GEMMs over a [N][K] e4m3 weight: checked when a model is
+  // quantized, so that a device or shape the kernels cannot take is a clear error there. The CPU
+  // backend takes every shape.
+  virtual Status CheckE4m3Weight(int64_t rows, int64_t cols) const {
+    (void)rows, (void)cols;
+    return Status::Ok();
+  }
+  // Sizes the scratch in which FP8 GEMMs quantize their inputs for up to `rows` x `k`, once at
+  // start-up (LlamaModel::EnsureWorkspace), so that no captured step sees it grow.
+  virtual void ReserveQuantizedInputs(int64_t rows, int64_t k) { (void)rows, (void)k; }
+
   // ---- attention ----
   // Scales q, k and v of the `tokens` by their row's s (RowRms; in f32, before rotating), rotates
   // q and k (rope_table [max_pos][d/2][2] f32 holds cos, sin at each true position), writes the

@@ -18,6 +18,7 @@ size_t DTypeSize(DType dtype) {
     case DType::kI64:
       return 8;
     case DType::kU8:
+    case DType::kF8E4M3:
       return 1;
   }
   return 0;
@@ -37,6 +38,8 @@ std::string_view DTypeName(DType dtype) {
       return "i64";
     case DType::kU8:
       return "u8";
+    case DType::kF8E4M3:
+      return "f8_e4m3";
   }
   return "?";
 }

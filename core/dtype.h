@@ -10,7 +10,9 @@
 
 namespace sieve {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64, kU8 };
+// kF8E4M3: FP8 e4m3 (core/float8.h), the storage of FP8 weights; such a tensor carries its
+// per-row dequantization scales (Tensor::row_scales).
+enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64, kU8, kF8E4M3 };
 
 size_t DTypeSize(DType dtype);
 std::string_view DTypeName(DType dtype);  // "f32", "bf16", ...

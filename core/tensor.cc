@@ -94,12 +94,17 @@ Tensor Tensor::Rows(int64_t begin, int64_t end) const {
   Tensor view = *this;
   view.data_ = static_cast<char*>(data_) + begin * strides_[0] * element_size();
   view.shape_[0] = end - begin;
+  if (row_scales_ != nullptr) {
+    view.row_scales_ = std::make_shared<const Tensor>(row_scales_->Rows(begin, end));
+  }
   return view;
 }
 
 Tensor Tensor::Columns(int64_t begin, int64_t end) const {
   SIEVE_CHECK(rank() == 2 && begin >= 0 && begin <= end && end <= shape_[1] && strides_[1] == 1)
       << "Columns(" << begin << ", " << end << ") of " << ShapeString();
+  SIEVE_CHECK(row_scales_ == nullptr)
+      << "Columns() of a matrix quantized by rows " << ShapeString();
   Tensor view = *this;
   view.data_ = static_cast<char*>(data_) + begin * element_size();
   view.shape_[1] = end - begin;
@@ -108,12 +113,28 @@ Tensor Tensor::Columns(int64_t begin, int64_t end) const {
 
 Tensor Tensor::Reshape(std::vector<int64_t> shape) const {
   SIEVE_CHECK(is_contiguous()) << "Reshape of a strided view " << ShapeString();
+  SIEVE_CHECK(row_scales_ == nullptr) << "Reshape of a matrix quantized by rows " << ShapeString();
   int64_t count = 1;
   for (int64_t extent : shape) count *= extent;
   SIEVE_CHECK(count == numel()) << "Reshape to a different element count " << ShapeString();
   Tensor view = *this;
   view.strides_ = ContiguousStrides(shape);
   view.shape_ = std::move(shape);
+  return view;
+}
+
+const Tensor& Tensor::row_scales() const {
+  SIEVE_CHECK(row_scales_ != nullptr) << ShapeString() << " carries no row scales";
+  return *row_scales_;
+}
+
+Tensor Tensor::WithRowScales(Tensor scales) const {
+  SIEVE_CHECK(dtype_ == DType::kF8E4M3 && rank() >= 1 && scales.dtype() == DType::kF32 &&
+              scales.rank() == 1 && scales.dim(0) == shape_[0] && scales.device() == device_ &&
+              scales.is_contiguous())
+      << "row scales " << scales.ShapeString() << " for " << ShapeString();
+  Tensor view = *this;
+  view.row_scales_ = std::make_shared<const Tensor>(std::move(scales));
   return view;
 }
 

@@ -59,6 +59,15 @@ class Tensor {
 
   std::string ShapeString() const;  // "[4, 64] bf16 cpu"
 
+  // A quantized matrix's dequantization scales, one per row: element [r][c] stands for
+  // value(r, c) * row_scales()[r]. [dim(0)] f32 on the same device. Only kF8E4M3 tensors carry
+  // them (FP8 weights, per output channel); Rows() views take their rows' scales along, and
+  // Columns() and Reshape() of such a tensor are refused (a row's scale covers the whole row).
+  const Tensor& row_scales() const;
+  bool has_row_scales() const { return row_scales_ != nullptr; }
+  // This view with `scales` ([dim(0)] f32, same device) attached.
+  Tensor WithRowScales(Tensor scales) const;
+
  private:
   void* data_ = nullptr;
   std::vector<int64_t> shape_;
@@ -66,6 +75,7 @@ class Tensor {
   DType dtype_ = DType::kF32;
   Device device_ = Device::kCpu;
   std::shared_ptr<void> owner_;
+  std::shared_ptr<const Tensor> row_scales_;  // null unless quantized
 };
 
 }  // namespace sieve

@@ -1,5 +1,6 @@
 #include "model/llama_model.h"
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <utility>
@@ -304,6 +305,60 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::RandomShard(
   return model;
 }
 
+Result<WeightQuantization> ParseWeightQuantization(std::string_view name) {
+  if (name == "none") return WeightQuantization::kNone;
+  if (name == "fp8") return WeightQuantization::kFp8;
+  return InvalidArgumentError("unknown --quantization '" + std::string(name) +
+                              "' (expected none or fp8)");
+}
+
+std::string_view WeightQuantizationName(WeightQuantization quantization) {
+  switch (quantization) {
+    case WeightQuantization::kNone:
+      return "none";
+    case WeightQuantization::kFp8:
+      return "fp8";
+  }
+  return "?";
+}
+
+Status LlamaModel::QuantizeWeights(WeightQuantization quantization) {
+  if (quantization == WeightQuantization::kNone || quantization == quantization_) {
+    return Status::Ok();
+  }
+  SIEVE_CHECK(quantization_ == WeightQuantization::kNone)
+      << "weights already quantized as " << WeightQuantizationName(quantization_);
+  for (const LlamaLayerWeights& w : weights_.layers) {
+    for (const Tensor* matrix : {&w.qkv, &w.o, &w.gate_up, &w.down}) {
+      SIEVE_RETURN_IF_ERROR(backend_.CheckE4m3Weight(matrix->dim(0), matrix->dim(1))
+                                .WithContext("--quantization fp8"));
+    }
+  }
+  for (LlamaLayerWeights& w : weights_.layers) {
+    for (Tensor* matrix : {&w.qkv, &w.o, &w.gate_up, &w.down}) {
+      *matrix = backend_.QuantizeWeightE4m3(*matrix);
+    }
+  }
+  quantization_ = quantization;
+  return Status::Ok();
+}
+
+int64_t LlamaModel::WeightBytes() const {
+  const auto bytes = [](const Tensor& tensor) {
+    int64_t total = tensor.numel() * static_cast<int64_t>(tensor.element_size());
+    if (tensor.has_row_scales()) total += tensor.row_scales().numel() * 4;
+    return total;
+  };
+  int64_t total = bytes(weights_.embed) + bytes(weights_.final_norm);
+  if (weights_.lm_head.data() != weights_.embed.data()) total += bytes(weights_.lm_head);
+  for (const LlamaLayerWeights& w : weights_.layers) {
+    for (const Tensor* tensor : {&w.attn_norm, &w.qkv, &w.o, &w.mlp_norm, &w.gate_up, &w.down}) {
+      total += bytes(*tensor);
+    }
+  }
+  return total;
+}
+
 void LlamaModel::EnsureWorkspace(ForwardWorkspace& ws, int max_tokens, int64_t max_prefill_keys,
                                  int max_sample_rows, int64_t max_scores, int64_t max_kept) const {
   const DType act = backend_.activation_dtype();
@@ -311,6 +366,12 @@ void LlamaModel::EnsureWorkspace(ForwardWorkspace& ws, int max_tokens, int64_t m
   const int64_t hd = config_.head_dim;
   const int64_t heads = layout_.num_q_heads;
   const int64_t kv_heads = layout_.num_kv_heads;
+  if (quantization_ != WeightQuantization::kNone) {
+    // Every FP8 GEMM's input: the residual stream, the attention output or the MLP's activation.
+    backend_.ReserveQuantizedInputs(
+        std::max(max_tokens, max_sample_rows),
+        std::max({d, heads * hd, static_cast<int64_t>(layout_.ffn_size)}));
+  }
   if (max_tokens > ws.max_tokens) {
     ws.max_tokens = max_tokens;
     ws.hidden = backend_.Allocate({max_tokens, d}, act);

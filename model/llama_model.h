@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "backend/backend.h"
@@ -45,6 +46,18 @@ struct LlamaLayerWeights {
   Tensor gate_up;    // [2 F_r][D]: gate rows, then up rows; columns scaled by mlp_norm
   Tensor down;       // [D][F_r]
 };
+
+// How the layers' linear weights (q/k/v, o, gate/up, down) are held. Embeddings, norms and the LM
+// head stay in the activation dtype (as vLLM's --quantization fp8 keeps lm_head bf16).
+enum class WeightQuantization {
+  kNone,  // the activation dtype (bf16 on the GPU, f32 on the CPU)
+  // e4m3 with one f32 scale per output channel, inputs quantized per token as each GEMM runs
+  // (Backend::QuantizeWeightE4m3): vLLM's --quantization fp8 for a bf16 checkpoint.
+  kFp8,
+};
+// "none" | "fp8"; InvalidArgument naming the choices otherwise.
+Result<WeightQuantization> ParseWeightQuantization(std::string_view name);
+std::string_view WeightQuantizationName(WeightQuantization quantization);
 
 struct LlamaWeights {
   Tensor embed;       // [V][D]
@@ -99,6 +112,15 @@ class LlamaModel {
       const ModelConfig& config, Backend& backend, uint64_t seed, int max_positions,
       const TensorParallelShard& shard, Communicator* communicator, float init_std = 0.02f);
 
+  // Quantizes the layers' linear weights in place (after loading, folded norms included):
+  // kFp8 holds each as e4m3 with per-output-channel scales, which halves their bytes. kNone, or
+  // a model already so quantized: nothing to do.
+  // Errors (nothing changed) where the backend cannot run such weights.
+  Status QuantizeWeights(WeightQuantization quantization);
+  WeightQuantization quantization() const { return quantization_; }
+  // Bytes of the weights as held on the backend (quantized ones with their scales).
+  int64_t WeightBytes() const;
+
   const ModelConfig& config() const { return config_; }
   Backend& backend() const { return backend_; }
   int max_positions() const { return max_positions_; }
@@ -150,6 +172,7 @@ class LlamaModel {
   ShardLayout layout_;
   Communicator* communicator_;  // null when unsharded (one rank may have one: tests the path)
   LlamaWeights weights_;
+  WeightQuantization quantization_ = WeightQuantization::kNone;
   Tensor rope_table_;  // [max_positions][hd / 2][2] f32
 };
 

@@ -96,6 +96,8 @@ std::string_view SafetensorsDTypeName(DType dtype) {
       return "I64";
     case DType::kU8:
       return "U8";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }

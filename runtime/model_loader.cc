@@ -69,6 +69,10 @@ Result<std::string> FindDefaultModelDir() {
 
 namespace {
 
+constexpr char kFp8WeightsDescription[] =
+    ", FP8 weights (e4m3, per-channel scales, per-token activation scales; embeddings and LM head "
+    "in the activation dtype)";
+
 void AddUnique(std::vector<int32_t>& ids, int32_t id) {
   if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
 }
@@ -78,6 +82,9 @@ void AddUnique(std::vector<int32_t>& ids, int32_t id) {
 Result<LoadedModel> LoadModel(const LoadModelOptions& options, Backend& backend) {
   LoadedModel loaded;
   ModelConfig config;
+  // Checked before anything is read.
+  SIEVE_ASSIGN_OR_RETURN(const WeightQuantization quantization,
+                         ParseWeightQuantization(options.quantization));
   // Before any weight is read or memory allocated: a model the backend's kernels cannot run.
   const auto check_backend = [&backend](const ModelConfig& shape) {
     return backend.CheckHeadDim(shape.head_dim)
@@ -103,6 +110,7 @@ Result<LoadedModel> LoadModel(const LoadModelOptions& options, Backend& backend)
     loaded.description = std::string("Sieve's default model ") + kDefaultModelName + " (" + dir +
                          "): a 10M-parameter Llama trained on long-context retrieval tasks, not "
                          "a chat model; pass --model for another";
+    if (quantization != WeightQuantization::kNone) loaded.description += kFp8WeightsDescription;
     return loaded;
   } else {
     namespace fs = std::filesystem;
@@ -159,6 +167,10 @@ Result<LoadedModel> LoadModel(const LoadModelOptions& options, Backend& backend)
           "the tokenizer has " + std::to_string(loaded.tokenizer->vocab_size()) +
           " tokens but the model's vocabulary is " + std::to_string(config.vocab_size));
     }
+  }
+  if (quantization != WeightQuantization::kNone) {
+    SIEVE_RETURN_IF_ERROR(loaded.model->QuantizeWeights(quantization));
+    loaded.description += kFp8WeightsDescription;
   }
   return loaded;
 }

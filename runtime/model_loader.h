@@ -25,6 +25,8 @@ struct LoadModelOptions {
   std::string chat_template;         // "" : detect; else llama3 | llama2 | mistral
   int max_model_len = 0;             // positions to prepare RoPE for (0: engine default)
   uint64_t dummy_seed = 0;
+  // none | fp8: the layers' linear weights quantized at load (LlamaModel::QuantizeWeights).
+  std::string quantization = "none";
   // Tensor parallelism: the rank whose weights to load ({0, 1}: the whole model) and its
   // communicator. LoadModelShards sets them for each rank.
   TensorParallelShard shard;

@@ -8,7 +8,7 @@
 #                                        soak
 #                                        serve serve_ab warm prefill headline accuracy tp
 #                                        sampling attention large_batch profile_attention
-#                                        chunk_ab serve_timeline
+#                                        chunk_ab serve_timeline fp8 serve_fp8 arch_sm90
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
@@ -523,6 +523,60 @@ if has serve_timeline; then
     sed "s/^/C=$level: /" "$LOGS/serve_timeline_c$level.txt" | tee -a "$summary" | head -12
     rm -f /tmp/serve_timeline.csv
   done
+fi
+
+if has fp8; then
+  # FP8 weights against bf16 in one run (bench kernels twice, --quantization none then fp8): the
+  # decode step at batch 64 x 4096 (dense and 1/10 kept) beside its byte bound, the prefill step
+  # (2 x 4000, dense and sparse) beside its GEMMs' bound, and the layer's GEMMs bf16 against FP8
+  # at 1 to 8192 rows (the fp8 run's table).
+  ensure_sieve
+  for q in none fp8; do
+    timeout 400 ./build/gpu/sieve bench kernels --skip-attention --skip-sparsity --no-step-variants \
+      --prefill-step --quantization "$q" --result-json "$OUT/kernels_$q.json" \
+      > "$LOGS/fp8_bench_$q.log" 2>&1 || note "bench kernels --quantization $q FAILED (rc $?)"
+    grep -E "^(dense|sparse|1/10 kept)" "$LOGS/fp8_bench_$q.log" | sed "s/^/$q: /" | tee -a "$summary"
+  done
+  grep -E "^ +[0-9]+  (qkv|o|gate_up|down|the layer)" "$LOGS/fp8_bench_fp8.log" | tee -a "$summary"
+fi
+
+if has serve_fp8; then
+  # Serving with FP8 weights against bf16 (Llama-3-8B shape, dummy weights, 4000/500 prompts,
+  # SERVE_FP8_LEVELS, default "64"; 2C prompts a level), dense and sparse
+  # (full:0-2,pyramidkv:3-31, budget 400), each on a fresh warmed-up server.
+  ensure_sieve
+  tok=testdata/tokenizers/llama3/tokenizer.model
+  for kv in full "full:0-2,pyramidkv:3-31"; do
+    for q in none fp8; do
+      name="$q-$( [ "$kv" = full ] && echo dense || echo sparse )"
+      start_server ./build/gpu/sieve "$LOGS/serve_fp8_$name.log" --max-num-batched-tokens 8192 \
+        --kv-policy "$kv" --quantization "$q" || { note "serve_fp8 $name: server FAILED"; tail -5 "$LOGS/serve_fp8_$name.log"; continue; }
+      for level in ${SERVE_FP8_LEVELS:-64}; do
+        log="$LOGS/bench_serve_fp8_${name}_c$level.log"
+        ./build/gpu/sieve bench serve --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
+          --input-len 4000 --output-len 500 --num-prompts $(( 2 * level )) --max-concurrency "$level" \
+          --ignore-eos --warmup 1 --no-progress --result-json "$OUT/serve_fp8_${name}_c$level.json" \
+          > "$log" 2>&1 || note "serve_fp8 $name C=$level FAILED"
+        note "serve_fp8 $name C=$level: $(grep -E "Output token throughput|Median TTFT|Median TPOT" "$log" | tr -s ' ' | tr '\n' ';')"
+      done
+      kill -TERM $pid; wait $pid
+    done
+  done
+fi
+
+if has arch_sm90; then
+  # A build for plain sm_90 (what CMAKE_CUDA_ARCHITECTURES=native gives on an H100 or H200): the
+  # device code it loads has no sm_90a kernels, so the prefill attention falls back to the sm_80
+  # kernel (device_image.h); the dense, GEMM and attention tests must pass on it.
+  start=$(date +%s)
+  { cmake -S . -B build/sm90 -G Ninja -DCMAKE_BUILD_TYPE=Release -DSIEVE_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DSIEVE_BUILD_BENCHMARKS=OFF && \
+    cmake --build build/sm90 -j "$(nproc)" --target cuda_test; } > "$LOGS/build_sm90.log" 2>&1 \
+    || { note "sm_90 build FAILED"; tail -20 "$LOGS/build_sm90.log"; }
+  ./build/sm90/backend/cuda/cuda_test --gtest_filter='CudaDeviceImage*:CudaDenseTest.*:*Prefill*' \
+    > "$LOGS/sm90_tests.log" 2>&1
+  note "sm_90 build ($(( $(date +%s) - start )) s): cuda_test exit $? ($(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$LOGS/sm90_tests.log" | tr '\n' ' '))"
+  grep -E "runs code built for|FAILED  \]" "$LOGS/sm90_tests.log" | head -12 | tee -a "$summary"
 fi
 
 if has prefill; then

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/fixtures.h"
+#include "model/llama_model.h"
 #include "model/model_config.h"
 #include "model/tensor_parallel.h"
 #include "tools/commands.h"
@@ -27,6 +28,8 @@
 #include "backend/cuda/attention_bench.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/decode_attention.h"
+#include "backend/cuda/fp8_gemm.h"
+#include "backend/cuda/fp8_gemm_bench.h"
 #include "backend/cuda/gemm_bench.h"
 #include "backend/cuda/nccl_communicator.h"
 #include "backend/cuda/pdl.cuh"
@@ -71,6 +74,7 @@ struct KernelsFlags {
   std::vector<std::string> step_variants;
   bool pages_in_order = false;
   bool prefill_step = false;
+  std::string quantization = "none";
   int prefill_seqs = 2;
   int prefill_len = 4000;
   double prefill_attention_tflops = 0;
@@ -187,8 +191,15 @@ int Run(const KernelsFlags& flags) {
       return 1;
     }
   }
+  const WeightQuantization quantization = *ParseWeightQuantization(flags.quantization);
+  if (quantization == WeightQuantization::kFp8 && !cuda::Fp8GemmRunner::DeviceSupportsFp8()) {
+    std::fprintf(stderr, "error: --quantization fp8 needs an sm_89 or newer GPU; %s is not\n",
+                 backend.name().c_str());
+    return 1;
+  }
   nlohmann::json json;
   json["gpu"] = backend.name();
+  json["quantization"] = flags.quantization;
 
   if (!flags.skip_attention) {
     std::printf("== attention\n");
@@ -279,6 +290,23 @@ int Run(const KernelsFlags& flags) {
     std::vector<cuda::GemmBenchResult> results;
     options.results = &results;
     cuda::RunGemmBenchmarks(options);
+    if (quantization == WeightQuantization::kFp8) {
+      cuda::Fp8GemmBenchOptions fp8;
+      fp8.shapes.assign(options.shapes.begin(), options.shapes.end() - 1);  // lm_head stays bf16
+      fp8.copy_bandwidth = copy;
+      std::vector<cuda::Fp8GemmBenchResult> fp8_results;
+      fp8.results = &fp8_results;
+      cuda::RunFp8GemmBenchmarks(fp8);
+      for (const cuda::Fp8GemmBenchResult& r : fp8_results) {
+        json["fp8_gemm"].push_back({{"name", r.name},
+                                    {"m", r.m},
+                                    {"n", r.n},
+                                    {"k", r.k},
+                                    {"bf16_ms", r.bf16_ms},
+                                    {"fp8_ms", r.fp8_ms},
+                                    {"quantize_ms", r.quantize_ms}});
+      }
+    }
     for (const cuda::GemmBenchResult& r : results) {
       json["gemm"].push_back({{"name", r.name},
                               {"m", r.m},
@@ -321,6 +349,7 @@ int Run(const KernelsFlags& flags) {
       options.kv_policy_options.window = 32;
       options.attention_flops_rate = flags.prefill_attention_tflops * 1e12;
       options.profile = flags.profile_prefill && sparse;
+      options.quantization = quantization;
       const PrefillStepBenchResult r = RunPrefillStepBench(**step_backend, *config, options);
       const double fraction = r.bound_ms / r.step_ms;
       const std::string label = sparse ? "sparse (" + options.kv_policy + ")" : "dense";
@@ -406,6 +435,7 @@ int Run(const KernelsFlags& flags) {
         options.context = flags.context;
         options.kept_fraction = kept;
         options.copy_bandwidth = copy;
+        options.quantization = quantization;
         options.use_graph = !flags.no_graph;
         // The engine's default max_model_len: the model's, capped at 8192 (runtime/engine.h).
         options.length_bounds = variant.length_bounds;
@@ -544,6 +574,12 @@ CommandRunner AddBenchKernelsCommand(CLI::App& app) {
   app.add_flag("--pages-in-order", flags->pages_in_order,
                "Decode step: every row with the KV pages in order, each sequence's adjacent (as "
                "a fresh server hands them out; default: shuffled over the whole pool)");
+  app.add_option("--quantization", flags->quantization,
+                 "none | fp8: the decode and prefill steps' layer weights in FP8 (e4m3, per "
+                 "channel; inputs per token), and an FP8 against bf16 table of the layer's GEMMs "
+                 "at 1 to 8192 rows")
+      ->check(CLI::IsMember({"none", "fp8"}))
+      ->capture_default_str();
   app.add_flag("--prefill-step", flags->prefill_step,
                "Also time a prefill step of --prefill-seqs prompts of --prefill-len tokens, dense "
                "and sparse (full:0-2,pyramidkv:3-, budget 400, window 32), beside its compute "

@@ -77,7 +77,8 @@ std::vector<DecodeStepPart> TimeParts(Backend& backend, const LlamaModel& model,
   Tensor gate_up = workspace.gate_up.Rows(0, batch);
   Tensor act = workspace.act.Rows(0, batch);
   Tensor last = workspace.last.Rows(0, batch);
-  const auto bytes_of = [&](const Tensor& weight) {
+  const auto bytes_of = [&](const Tensor& weight) {  // as held: e4m3 with its scales, or act
+    if (weight.has_row_scales()) return static_cast<double>(weight.numel() + 4 * weight.dim(0));
     return static_cast<double>(weight.numel()) * elem;
   };
   const double kv_bytes =
@@ -172,6 +173,8 @@ RankStep MakeRankStep(Backend& backend, const ModelConfig& config,
   SIEVE_CHECK(model_or.ok()) << model_or.status().ToString();  // the caller checked the split
   RankStep rank;
   rank.model = std::move(model_or).value();
+  const Status quantized = rank.model->QuantizeWeights(options.quantization);
+  SIEVE_CHECK(quantized.ok()) << quantized.ToString();  // the command checked the device
   const int kv_heads = rank.model->layout().num_kv_heads;
   StepMeta& step = rank.step;
   KvPool& pool = rank.pool;
@@ -341,12 +344,11 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
   if (options.breakdown && backend.SupportsGraphs()) {
     result.parts = TimeParts(backend, *model, step, pool, workspace, logits, options, length);
   }
-  // Bytes a step must move: every weight except the embedding table once (B embedding rows),
-  // every held K/V entry once.
-  const double weights = (static_cast<double>(config.NumParameters()) -
-                          static_cast<double>(config.vocab_size) * config.hidden_size *
-                              (config.tie_word_embeddings ? 0 : 1)) *
-                         elem;
+  // Bytes a step must move: every weight except the embedding table once (B embedding rows), as
+  // the model holds it (FP8 layers with their scales), every held K/V entry once.
+  const double weights = static_cast<double>(model->WeightBytes()) -
+                         static_cast<double>(config.vocab_size) * config.hidden_size *
+                             (config.tie_word_embeddings ? 0 : 1) * elem;
   const double kv = static_cast<double>(batch) * layers * length * config.num_kv_heads *
                     config.head_dim * 2 * elem;
   result.bytes = weights + kv;

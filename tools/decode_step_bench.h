@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "backend/communicator.h"
+#include "model/llama_model.h"
 #include "model/model_config.h"
 
 namespace sieve {
@@ -43,6 +44,8 @@ struct DecodeStepBenchOptions {
   bool trace_attention = false;
   bool breakdown = false;     // also time each kind of op alone (graph backends only)
   double copy_bandwidth = 0;  // bytes/s, read + write (the measured ceiling)
+  // The layers' weights in this format (the bound counts the bytes they are held in).
+  WeightQuantization quantization = WeightQuantization::kNone;
 };
 
 // One kind of op of the step (e.g. every layer's o GEMM) captured alone in a graph: its time per

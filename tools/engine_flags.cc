@@ -28,6 +28,12 @@ void AddEngineFlags(CLI::App& app, EngineFlags& flags, bool policy_flags) {
       ->capture_default_str();
   app.add_option("--dummy-seed", flags.load.dummy_seed, "Seed of --load-format dummy weights")
       ->capture_default_str();
+  app.add_option("--quantization", flags.load.quantization,
+                 "none | fp8: fp8 quantizes the layers' linear weights at load to e4m3 with one "
+                 "scale per output channel, and each GEMM's input per token as it runs (vLLM's "
+                 "--quantization fp8; embeddings and the LM head stay bf16). GPU: sm_89 or newer")
+      ->check(CLI::IsMember({"none", "fp8"}))
+      ->capture_default_str();
   app.add_option("--chat-template", flags.load.chat_template,
                  "Override the chat format: llama3 | llama2 | mistral");
   app.add_option("--device", flags.device, "auto | cpu | cuda | cuda:N")->capture_default_str();

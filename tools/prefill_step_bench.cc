@@ -27,12 +27,14 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 
 // One call of out = x w^T at m x n x k, median of 5 samples of 4 calls each (after 2 warm-up
 // calls, which also plan the shape if the engine had not).
-double TimeGemmMs(Backend& backend, int64_t m, int64_t n, int64_t k) {
+double TimeGemmMs(Backend& backend, int64_t m, int64_t n, int64_t k,
+                  WeightQuantization quantization) {
   Tensor x = backend.Allocate({m, k}, DType::kBF16);
   Tensor w = backend.Allocate({n, k}, DType::kBF16);
   Tensor out = backend.Allocate({m, n}, DType::kBF16);
   backend.FillRandom(x, 3, 1.0f);
   backend.FillRandom(w, 4, 0.02f);
+  if (quantization == WeightQuantization::kFp8) w = backend.QuantizeWeightE4m3(w);
   for (int i = 0; i < 2; ++i) backend.Linear(x, w, out);
   backend.Synchronize();
   std::vector<double> samples;
@@ -59,8 +61,10 @@ PrefillStepBenchResult RunPrefillStepBench(Backend& backend, const ModelConfig& 
   engine_options.kv_policy = options.kv_policy;
   engine_options.kv_policy_options = options.kv_policy_options;
   engine_options.memory_fraction = 0.5;
-  auto engine =
-      Engine::Create(LlamaModel::Random(config, backend, 1, n + 8), nullptr, {}, engine_options);
+  std::unique_ptr<LlamaModel> model = LlamaModel::Random(config, backend, 1, n + 8);
+  const Status quantized = model->QuantizeWeights(options.quantization);
+  SIEVE_CHECK(quantized.ok()) << quantized.ToString();  // the command checked the device
+  auto engine = Engine::Create(std::move(model), nullptr, {}, engine_options);
   SIEVE_CHECK(engine.ok()) << engine.status().ToString();
   (*engine)->WarmUp();
 
@@ -110,7 +114,7 @@ PrefillStepBenchResult RunPrefillStepBench(Backend& backend, const ModelConfig& 
       {"o, last layer", seqs, d, h * hd, 1},        {"gate_up, last layer", seqs, 2 * f, d, 1},
       {"down, last layer", seqs, d, f, 1}};
   for (PrefillGemm& gemm : result.gemms) {
-    gemm.ms_alone = TimeGemmMs(backend, gemm.m, gemm.n, gemm.k);
+    gemm.ms_alone = TimeGemmMs(backend, gemm.m, gemm.n, gemm.k, options.quantization);
     const double flops = 2.0 * gemm.m * gemm.n * gemm.k;
     gemm.flops_rate = flops / (gemm.ms_alone * 1e-3);
     result.gemm_flops += flops * gemm.calls;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "model/llama_model.h"
 #include "model/model_config.h"
 #include "sparsity/kv_policy.h"
 
@@ -22,6 +23,8 @@ struct PrefillStepBenchOptions {
   int iterations = 5;               // steps timed; the median is reported
   double attention_flops_rate = 0;  // FLOP/s of the bound's attention; <= 0: not counted
   bool profile = false;             // one more step between cudaProfilerStart and Stop
+  // The layers' weights, and the GEMMs of the bound timed alone, in this format.
+  WeightQuantization quantization = WeightQuantization::kNone;
 };
 
 // One GEMM shape of the step timed alone (every layer's calls of it): rows x n x k.

@@ -33,6 +33,7 @@ class CpuBackend final : public Backend {
   void ScaleColumns(Tensor& w, const Tensor& scale) override;
   void SiluMul(const Tensor& gate_up, Tensor& out, RowRms norm) override;
   void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) override;
+  Tensor QuantizeWeightE4m3(const Tensor& w) override;
 
   void RopeAndCacheWrite(Tensor& qkv, const Tensor& rope_table, int num_heads, const StepMeta& step,
                          int layer, KvPool& pool, RopeTokens tokens, RowRms norm) override;
@@ -63,6 +64,8 @@ class CpuBackend final : public Backend {
  private:
   // out = x @ w^T, or out += x @ w^T with `accumulate` (f32 sum of out and the product).
   void Gemm(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate);
+  // The same with an e4m3 weight (QuantizeWeightE4m3): x's rows quantized per token first.
+  void GemmE4m3(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate);
 
   ThreadPool& pool_;
   struct Samples {

@@ -2,9 +2,11 @@
 // scaling, SiLU-and-multiply, row gather.
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_math.h"
+#include "core/float8.h"
 
 namespace sieve {
 
@@ -72,6 +74,10 @@ void CpuBackend::LinearAdd(const Tensor& x, const Tensor& w, Tensor& out) {
 }
 
 void CpuBackend::Gemm(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) {
+  if (w.dtype() == DType::kF8E4M3) {
+    GemmE4m3(x, w, out, accumulate);
+    return;
+  }
   CheckF32Rows(x, "linear input");
   CheckF32Rows(w, "linear weight");
   CheckF32Rows(out, "linear output");
@@ -98,6 +104,71 @@ void CpuBackend::Gemm(const Tensor& x, const Tensor& w, Tensor& out, bool accumu
         float* dst = out.data_as<float>() + row * out.stride(0);
         for (int64_t col = col_begin; col < col_end; ++col) {
           const float product = cpu::Dot(in, w.data_as<float>() + col * w.stride(0), inner);
+          dst[col] = accumulate ? dst[col] + product : product;
+        }
+      }
+    }
+  });
+}
+
+Tensor CpuBackend::QuantizeWeightE4m3(const Tensor& w) {
+  CheckF32Rows(w, "quantized weight");
+  const int64_t rows = w.dim(0);
+  const int64_t cols = w.dim(1);
+  Tensor codes = Tensor::Empty({rows, cols}, DType::kF8E4M3);
+  Tensor scales = Tensor::Empty({rows}, DType::kF32);
+  pool_.ParallelFor(rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      scales.data_as<float>()[row] = QuantizeRowE4m3(w.data_as<float>() + row * w.stride(0), cols,
+                                                     codes.data_as<uint8_t>() + row * cols);
+    }
+  });
+  return codes.WithRowScales(scales);
+}
+
+void CpuBackend::GemmE4m3(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) {
+  CheckF32Rows(x, "linear input");
+  CheckF32Rows(out, "linear output");
+  SIEVE_CHECK(w.device() == Device::kCpu && w.rank() == 2 && w.stride(1) == 1 && w.has_row_scales())
+      << "an e4m3 linear weight must be a 2-D host matrix with row scales, got " << w.ShapeString();
+  const int64_t rows = x.dim(0);
+  const int64_t inner = x.dim(1);
+  const int64_t cols = w.dim(0);
+  SIEVE_CHECK(w.dim(1) == inner && out.dim(0) == rows && out.dim(1) == cols)
+      << "linear shapes " << x.ShapeString() << " x " << w.ShapeString() << " -> "
+      << out.ShapeString();
+  // x's rows as their e4m3 values (unscaled) and each row's scale.
+  std::vector<float> x_values(static_cast<size_t>(rows * inner));
+  std::vector<float> x_scales(static_cast<size_t>(rows));
+  pool_.ParallelFor(rows, 4, [&](int64_t begin, int64_t end) {
+    std::vector<uint8_t> codes(static_cast<size_t>(inner));
+    for (int64_t row = begin; row < end; ++row) {
+      x_scales[row] = QuantizeRowE4m3(x.data_as<float>() + row * x.stride(0), inner, codes.data());
+      float* values = x_values.data() + row * inner;
+      for (int64_t index = 0; index < inner; ++index) values[index] = E4m3ToFloat(codes[index]);
+    }
+  });
+  const float* w_scales = w.row_scales().data_as<float>();
+  // As Gemm: each output element is one Dot over `inner`, whatever the batch. A block's weight
+  // rows are decoded once into floats (exact: every e4m3 value is a float).
+  constexpr int64_t kColBlock = 32;
+  const int64_t col_blocks = (cols + kColBlock - 1) / kColBlock;
+  pool_.ParallelFor(col_blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> w_values(static_cast<size_t>(kColBlock * inner));
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t col_begin = block * kColBlock;
+      const int64_t col_end = std::min(cols, col_begin + kColBlock);
+      for (int64_t col = col_begin; col < col_end; ++col) {
+        const uint8_t* codes = w.data_as<uint8_t>() + col * w.stride(0);
+        float* values = w_values.data() + (col - col_begin) * inner;
+        for (int64_t index = 0; index < inner; ++index) values[index] = E4m3ToFloat(codes[index]);
+      }
+      for (int64_t row = 0; row < rows; ++row) {
+        const float* in = x_values.data() + row * inner;
+        float* dst = out.data_as<float>() + row * out.stride(0);
+        for (int64_t col = col_begin; col < col_end; ++col) {
+          const float dot = cpu::Dot(in, w_values.data() + (col - col_begin) * inner, inner);
+          const float product = dot * x_scales[row] * w_scales[col];
           dst[col] = accumulate ? dst[col] + product : product;
         }
       }

@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_image.h"
+#include "backend/cuda/fp8_gemm.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sampling_kernels.h"
@@ -58,6 +59,8 @@ class CudaBackend final : public Backend {
       if (exec != nullptr) cudaGraphExecDestroy(exec);
     }
     gemm_.reset();
+    fp8_gemm_.reset();
+    cudaFree(quantized_inputs_);
     cudaFree(attention_workspace_);
     cudaFree(select_workspace_);
     cudaFree(sample_buffer_);
@@ -203,13 +206,43 @@ class CudaBackend final : public Backend {
     const int64_t k = x.dim(1);
     // At one row (where the runner's plan is the skinny kernel anyway) its gated form; from 8 rows
     // on cuBLASLt + SiluMul is faster (README_gemm.md, "The gated form").
-    if (rows == 1 && w.dim(0) == 2 * f && w.dim(1) == k && w.stride(0) == k &&
-        cuda::SkinnyGemmSupports(rows, k, Bf16(w), k, Bf16(x), x.stride(0))) {
+    if (rows == 1 && w.dtype() == DType::kBF16 && w.dim(0) == 2 * f && w.dim(1) == k &&
+        w.stride(0) == k && cuda::SkinnyGemmSupports(rows, k, Bf16(w), k, Bf16(x), x.stride(0))) {
       cuda::SkinnyGemmSwiGlu(rows, f, k, Bf16(w), Bf16(x), x.stride(0), View(norm), Bf16(out),
                              out.stride(0), stream_);
       return;
     }
     Backend::LinearSiluMul(x, w, gate_up, out, norm);
+  }
+  Tensor QuantizeWeightE4m3(const Tensor& w) override {
+    CheckDevice(w, "quantized weight");
+    SIEVE_CHECK(w.dtype() == DType::kBF16 && w.rank() == 2 && w.is_contiguous())
+        << "QuantizeWeightE4m3 takes a contiguous bf16 matrix, got " << w.ShapeString();
+    SIEVE_CHECK(cuda::Fp8GemmRunner::DeviceSupportsFp8())
+        << "FP8 weights need an sm_89 or newer GPU (" << props_.name << " is sm_" << props_.major
+        << props_.minor << ")";
+    Tensor codes = Allocate({w.dim(0), w.dim(1)}, DType::kF8E4M3);
+    Tensor scales = Allocate({w.dim(0)}, DType::kF32);
+    cuda::QuantizeRowsE4m3(Bf16(w), w.stride(0), w.dim(0), w.dim(1), codes.data_as<uint8_t>(),
+                           w.dim(1), scales.data_as<float>(), stream_);
+    return codes.WithRowScales(scales);
+  }
+  Status CheckE4m3Weight(int64_t rows, int64_t cols) const override {
+    if (!cuda::Fp8GemmRunner::DeviceSupportsFp8()) {
+      return UnimplementedError(std::string("FP8 weights need a GPU with FP8 tensor cores (sm_89 "
+                                            "or newer: RTX 4090, L40S, H100, H200); ") +
+                                props_.name + " is sm_" + std::to_string(props_.major) +
+                                std::to_string(props_.minor));
+    }
+    if (cols % 16 != 0 || rows < 1) {
+      return InvalidArgumentError("FP8 GEMMs need the input width to be a multiple of 16; a " +
+                                  std::to_string(rows) + " x " + std::to_string(cols) +
+                                  " weight is not");
+    }
+    return Status::Ok();
+  }
+  void ReserveQuantizedInputs(int64_t rows, int64_t k) override {
+    EnsureWorkspace(quantized_inputs_, quantized_inputs_bytes_, QuantizedInputBytes(rows, k));
   }
   void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) override {
     cuda::GatherRows(Bf16(x), x.stride(0), rows.data_as<int32_t>(), static_cast<int>(rows.numel()),
@@ -455,6 +488,12 @@ class CudaBackend final : public Backend {
  private:
   // Linear and LinearAdd: out (+)= x w^T through the GEMM runner.
   void RunLinear(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate);
+  // RunLinear with an e4m3 weight: x quantized by rows into quantized_inputs_, then cuBLASLt FP8.
+  void RunLinearE4m3(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate);
+  static int64_t QuantizedInputStride(int64_t k) { return (k + 15) / 16 * 16; }
+  static size_t QuantizedInputBytes(int64_t rows, int64_t k) {
+    return static_cast<size_t>(rows * QuantizedInputStride(k) + 16 + rows * 4);
+  }
   // Host-to-device copies of up to a quarter of the ring are staged in pinned memory: from
   // pageable memory the driver may wait for the stream's earlier work before it copies (CUDA's
   // "API synchronization behavior"), which would hold the engine's upload of a step until the
@@ -568,6 +607,10 @@ class CudaBackend final : public Backend {
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::GemmRunner> gemm_;
+  std::unique_ptr<cuda::Fp8GemmRunner> fp8_gemm_;  // made with the first FP8 weight
+  // FP8 GEMMs' quantized inputs: [rows][k rounded up to 16] e4m3, then [rows] f32 scales.
+  void* quantized_inputs_ = nullptr;
+  size_t quantized_inputs_bytes_ = 0;
   void* attention_workspace_ = nullptr;
   size_t attention_workspace_bytes_ = 0;
   void* select_workspace_ = nullptr;
@@ -614,11 +657,43 @@ void CudaBackend::RunLinear(const Tensor& x, const Tensor& w, Tensor& out, bool 
       << out.ShapeString();
   CheckDevice(x, "linear input");
   CheckDevice(w, "linear weight");
+  if (w.dtype() == DType::kF8E4M3) {
+    RunLinearE4m3(x, w, out, accumulate);
+    return;
+  }
   SIEVE_CHECK(x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16 && x.stride(1) == 1 &&
               w.stride(1) == 1 && out.stride(1) == 1)
       << "linear takes bf16 rows with unit column stride";
   gemm_->Run(rows, cols, inner, Bf16(w), w.stride(0), Bf16(x), x.stride(0), out.data(),
              out.stride(0), out.dtype() == DType::kF32, accumulate);
+}
+
+void CudaBackend::RunLinearE4m3(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) {
+  const int64_t rows = x.dim(0);
+  const int64_t inner = x.dim(1);
+  const int64_t cols = w.dim(0);
+  SIEVE_CHECK(x.dtype() == DType::kBF16 && x.stride(1) == 1 && w.stride(1) == 1 &&
+              out.stride(1) == 1 && w.has_row_scales())
+      << "an FP8 linear takes bf16 input rows and an e4m3 weight with row scales, got "
+      << x.ShapeString() << " x " << w.ShapeString();
+  if (rows == 0) return;
+  const int64_t stride = QuantizedInputStride(inner);
+  const size_t bytes = QuantizedInputBytes(rows, inner);
+  if (bytes > quantized_inputs_bytes_) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    SIEVE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+    SIEVE_CHECK(capture == cudaStreamCaptureStatusNone)
+        << "an FP8 GEMM of " << rows << " x " << inner
+        << " inputs in a captured step: ReserveQuantizedInputs was not called for it";
+    EnsureWorkspace(quantized_inputs_, quantized_inputs_bytes_, bytes);
+  }
+  auto* codes = static_cast<uint8_t*>(quantized_inputs_);
+  auto* scales = reinterpret_cast<float*>(codes + (rows * stride + 15) / 16 * 16);
+  cuda::QuantizeRowsE4m3(Bf16(x), x.stride(0), rows, inner, codes, stride, scales, stream_);
+  if (fp8_gemm_ == nullptr) fp8_gemm_ = std::make_unique<cuda::Fp8GemmRunner>(stream_);
+  fp8_gemm_->Run(rows, cols, inner, w.data_as<uint8_t>(), w.stride(0),
+                 w.row_scales().data_as<float>(), codes, stride, scales, out.data(), out.stride(0),
+                 out.dtype() == DType::kF32, accumulate);
 }
 
 }  // namespace

@@ -15,8 +15,10 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_test_util.h"
 #include "backend/cuda/device_image.h"
+#include "backend/cuda/fp8_gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/skinny_gemm.h"
+#include "core/float8.h"
 
 namespace sieve {
 namespace {
@@ -652,6 +654,81 @@ TEST_F(CudaDenseRopeTest, RopeDecodeAttentionMatchesCpu) {
   }
 }
 
+// FP8 weights (fp8_gemm.h): the device's row quantization is the CPU's (core/float8.h) bit for
+// bit, on rows of every magnitude, strided input included.
+TEST_F(CudaDenseTest, QuantizedRowsAreTheCpusBitForBit) {
+  if (!cuda::Fp8GemmRunner::DeviceSupportsFp8()) GTEST_SKIP() << "no FP8 on this GPU";
+  const int rows = 300;
+  const int cols = 1000;
+  const int wide = cols + 24;
+  std::vector<float> buffer = Random(static_cast<size_t>(rows) * wide);
+  // Row r scaled by 2^(r % 40 - 20): amax from ~1e-6 to ~1e6, subnormal e4m3 codes included.
+  for (int row = 0; row < rows; ++row) {
+    for (int col = 0; col < wide; ++col)
+      buffer[row * wide + col] *= std::ldexp(1.0f, row % 40 - 20);
+  }
+  for (int col = 0; col < wide; ++col) buffer[7 * wide + col] = 0.0f;  // an all-zero row
+  Tensor gpu_x = Gpu(buffer, {rows, wide}).Columns(8, 8 + cols);
+  std::vector<uint8_t> codes(static_cast<size_t>(rows) * cols);
+  std::vector<float> scales(rows);
+  {
+    gpu_->Synchronize();  // the upload ran on the backend's stream
+    cuda::testing::DeviceBuffer<uint8_t> device_codes(codes.size());
+    cuda::testing::DeviceBuffer<float> device_scales(scales.size());
+    cuda::QuantizeRowsE4m3(static_cast<const __nv_bfloat16*>(gpu_x.data()), gpu_x.stride(0), rows,
+                           cols, device_codes.get(), cols, device_scales.get(), nullptr);
+    codes = device_codes.ToHost();
+    scales = device_scales.ToHost();
+  }
+  int mismatches = 0;
+  std::vector<uint8_t> expected(cols);
+  for (int row = 0; row < rows; ++row) {
+    const float scale = QuantizeRowE4m3(buffer.data() + row * wide + 8, cols, expected.data());
+    EXPECT_EQ(scales[row], scale) << "row " << row;
+    for (int col = 0; col < cols; ++col) mismatches += codes[row * cols + col] != expected[col];
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+// Linear and LinearAdd over an FP8 weight against the CPU twin on the same (bf16-representable)
+// inputs: both quantize alike, so only the f32 sums' order and the bf16 output differ (relative
+// L2 within kBf16Tolerance), at decode and prefill row counts, with strided input.
+TEST_F(CudaDenseTest, Fp8LinearMatchesTheCpu) {
+  if (!cuda::Fp8GemmRunner::DeviceSupportsFp8()) GTEST_SKIP() << "no FP8 on this GPU";
+  for (const auto& [rows, inner, cols] : std::vector<std::tuple<int, int, int>>{
+           {1, 4096, 6144}, {8, 512, 384}, {64, 1024, 2048}, {300, 256, 1000}, {1500, 512, 768}}) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(inner) + " x " +
+                 std::to_string(cols));
+    const int wide = inner + 64;
+    const auto buffer = Random(static_cast<size_t>(rows) * wide, 2.0f);
+    const auto w = Random(static_cast<size_t>(cols) * inner, 0.05f);
+    Tensor cpu_x = Cpu(buffer, {rows, wide}).Columns(32, 32 + inner);
+    Tensor gpu_x = Gpu(buffer, {rows, wide}).Columns(32, 32 + inner);
+    const Tensor cpu_w = cpu_->QuantizeWeightE4m3(Cpu(w, {cols, inner}));
+    const Tensor gpu_w = gpu_->QuantizeWeightE4m3(Gpu(w, {cols, inner}));
+    ASSERT_EQ(gpu_w.dtype(), DType::kF8E4M3);
+    ASSERT_TRUE(gpu_w.has_row_scales());
+    Tensor cpu_out = Tensor::Empty({rows, cols}, DType::kF32);
+    cpu_->Linear(cpu_x, cpu_w, cpu_out);
+    for (const DType out_dtype : {DType::kBF16, DType::kF32}) {
+      Tensor gpu_out = gpu_->Allocate({rows, cols}, out_dtype);
+      gpu_->Linear(gpu_x, gpu_w, gpu_out);
+      EXPECT_LE(RelL2(Download(gpu_out), Values(cpu_out)), kBf16Tolerance) << DTypeName(out_dtype);
+    }
+    const auto base = Random(static_cast<size_t>(rows) * cols);
+    Tensor cpu_sum = Cpu(base, {rows, cols});
+    Tensor gpu_sum = Gpu(base, {rows, cols});
+    cpu_->LinearAdd(cpu_x, cpu_w, cpu_sum);
+    gpu_->LinearAdd(gpu_x, gpu_w, gpu_sum);
+    EXPECT_LE(RelL2(Download(gpu_sum), Values(cpu_sum)), kBf16Tolerance);
+    // Against the unquantized product: FP8's own error, well above bf16's and below 6%.
+    Tensor dense = Tensor::Empty({rows, cols}, DType::kF32);
+    cpu_->Linear(cpu_x, Cpu(w, {cols, inner}), dense);
+    const double fp8_error = RelL2(Values(cpu_out), Values(dense));
+    EXPECT_GT(fp8_error, 1e-3);
+    EXPECT_LE(fp8_error, 0.06);
+  }
+}
 
 // The device code the GPU loaded (device_image.h) is of its own family or older, and the
 // features the launch paths choose by agree with it: a build that runs sm_90a code on an sm_90

@@ -23,42 +23,10 @@ struct Timing {
   std::string plan;
 };
 
-// Time of one call inside a CUDA graph of `iterations` back-to-back calls of `call`, each on the
-// next of `weights` (together larger than the L2, so every call streams its weight from memory as
-// in a decode step); the median of 5 replays. A graph, as decode steps run, so that host launch
-// costs are not counted.
 double TimeCalls(cudaStream_t stream, const std::vector<bf16*>& weights, int iterations,
                  const std::function<void(bf16* w)>& call) {
-  for (bf16* w : weights) call(w);  // a runner plans on its first call; then a warm-up
-  SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  SIEVE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int iteration = 0; iteration < iterations; ++iteration) {
-    call(weights[iteration % weights.size()]);
-  }
-  SIEVE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  SIEVE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  SIEVE_CUDA_CHECK(cudaEventCreate(&start));
-  SIEVE_CUDA_CHECK(cudaEventCreate(&stop));
-  SIEVE_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // warm-up
-  std::vector<float> times;
-  for (int replay = 0; replay < 5; ++replay) {
-    SIEVE_CUDA_CHECK(cudaEventRecord(start, stream));
-    SIEVE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    SIEVE_CUDA_CHECK(cudaEventRecord(stop, stream));
-    SIEVE_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    SIEVE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms / static_cast<float>(iterations));
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return TimeGraphedCalls(stream, static_cast<int>(weights.size()), iterations,
+                          [&](int index) { call(weights[index]); });
 }
 
 Timing TimeRunner(cudaStream_t stream, int m, const GemmBenchShape& shape,
@@ -138,6 +106,38 @@ void TimeGatedSkinny(cudaStream_t stream, int m, const GemmBenchShape& shape,
 }
 
 }  // namespace
+
+double TimeGraphedCalls(cudaStream_t stream, int operands, int iterations,
+                        const std::function<void(int operand)>& call) {
+  for (int operand = 0; operand < operands; ++operand) call(operand);  // plans, then a warm-up
+  SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  SIEVE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int iteration = 0; iteration < iterations; ++iteration) call(iteration % operands);
+  SIEVE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  SIEVE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  SIEVE_CUDA_CHECK(cudaEventCreate(&start));
+  SIEVE_CUDA_CHECK(cudaEventCreate(&stop));
+  SIEVE_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // warm-up
+  std::vector<float> times;
+  for (int replay = 0; replay < 5; ++replay) {
+    SIEVE_CUDA_CHECK(cudaEventRecord(start, stream));
+    SIEVE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    SIEVE_CUDA_CHECK(cudaEventRecord(stop, stream));
+    SIEVE_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    SIEVE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms / static_cast<float>(iterations));
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
 
 int RunGemmBenchmarks(const GemmBenchOptions& options) {
   cudaStream_t stream;

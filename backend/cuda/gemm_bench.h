@@ -6,6 +6,9 @@
 // at a time.
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,5 +41,13 @@ struct GemmBenchOptions {
 };
 
 int RunGemmBenchmarks(const GemmBenchOptions& options);
+
+// Time of one call inside a CUDA graph of `iterations` back-to-back calls of `call`, the i-th on
+// operand i % operands (weights that together are larger than the L2, so that every call streams
+// its weight from memory as in a decode step); the median of 5 replays. A graph, as decode steps
+// run, so that host launch costs are not counted. Each operand is called once before the capture
+// (a runner plans on its first call).
+double TimeGraphedCalls(cudaStream_t stream, int operands, int iterations,
+                        const std::function<void(int operand)>& call);
 
 }  // namespace sieve::cuda

@@ -1,0 +1,160 @@
+#include "backend/cuda/fp8_gemm.h"
+
+#include <cuda_fp8.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/pdl.cuh"
+#include "core/check.h"
+
+#define SIEVE_CUBLAS_CHECK(call)                                                \
+  do {                                                                          \
+    const cublasStatus_t sieve_cublas_status_ = (call);                         \
+    if (sieve_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                        \
+      std::fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call, \
+                   static_cast<int>(sieve_cublas_status_));                     \
+      std::abort();                                                             \
+    }                                                                           \
+  } while (0)
+
+namespace sieve::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kQuantizeThreads = 256;
+constexpr size_t kWorkspaceBytes = 32u << 20;
+// core/float8.h's kE4m3Max and kE4m3MinAmax.
+constexpr float kE4m3Max = 448.0f;
+constexpr float kE4m3MinAmax = 1e-12f;
+
+// One CTA a row: the row's largest magnitude (a max: exact in any order), then each element
+// times 448 / amax rounded to e4m3 (round to nearest even, saturating: the CPU's FloatToE4m3).
+__global__ void __launch_bounds__(kQuantizeThreads)
+    QuantizeRowsE4m3Kernel(const bf16* __restrict__ x, int64_t ldx, int64_t cols,
+                           uint8_t* __restrict__ codes, int64_t ldc, float* __restrict__ scales) {
+  __shared__ float warp_max[kQuantizeThreads / 32];
+  PdlWait();
+  PdlLaunchDependents();
+  const int64_t row = blockIdx.x;
+  const bf16* in = x + row * ldx;
+  float amax = 0.0f;
+  for (int64_t col = threadIdx.x; col < cols; col += kQuantizeThreads) {
+    amax = fmaxf(amax, fabsf(__bfloat162float(in[col])));
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  }
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = warp_max[0];
+  for (int warp = 1; warp < kQuantizeThreads / 32; ++warp) amax = fmaxf(amax, warp_max[warp]);
+  const float clamped = fmaxf(amax, kE4m3MinAmax);
+  const float inverse = kE4m3Max / clamped;
+  if (threadIdx.x == 0) scales[row] = clamped / kE4m3Max;
+  uint8_t* out = codes + row * ldc;
+  for (int64_t col = threadIdx.x; col < cols; col += kQuantizeThreads) {
+    out[col] = static_cast<uint8_t>(
+        __nv_cvt_float_to_fp8(__bfloat162float(in[col]) * inverse, __NV_SATFINITE, __NV_E4M3));
+  }
+}
+
+}  // namespace
+
+void QuantizeRowsE4m3(const bf16* x, int64_t ldx, int64_t rows, int64_t cols, uint8_t* codes,
+                      int64_t ldc, float* scales, cudaStream_t stream) {
+  if (rows == 0) return;
+  SIEVE_CHECK(rows < (int64_t{1} << 31) && cols >= 1) << "quantize " << rows << " x " << cols;
+  LaunchWithPdl(QuantizeRowsE4m3Kernel, dim3(static_cast<unsigned>(rows)), dim3(kQuantizeThreads),
+                0, stream, x, ldx, cols, codes, ldc, scales);
+  SIEVE_CUDA_CHECK_LAUNCH();
+}
+
+Fp8GemmRunner::Fp8GemmRunner(cudaStream_t stream) : stream_(stream) {
+  SIEVE_CUBLAS_CHECK(cublasLtCreate(&lt_));
+  SIEVE_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+}
+
+Fp8GemmRunner::~Fp8GemmRunner() {
+  for (auto& [key, plan] : plans_) {
+    cublasLtMatrixLayoutDestroy(plan.a);
+    cublasLtMatrixLayoutDestroy(plan.b);
+    cublasLtMatrixLayoutDestroy(plan.c);
+    cublasLtMatmulDescDestroy(plan.op);
+  }
+  cudaFree(workspace_);
+  cublasLtDestroy(lt_);
+}
+
+bool Fp8GemmRunner::DeviceSupportsFp8() {
+  const int major = CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>();
+  const int minor = CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMinor>();
+  return major > 8 || (major == 8 && minor >= 9);
+}
+
+Fp8GemmRunner::Plan& Fp8GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, int64_t ldw,
+                                            int64_t ldx, int64_t ldo, bool out_f32,
+                                            bool accumulate) {
+  const Key key{m, n, k, ldw, ldx, ldo, out_f32, accumulate};
+  auto found = plans_.find(key);
+  if (found != plans_.end()) return found->second;
+  Plan& plan = plans_[key];
+  // Row-major out[m][n] = x w^T is column-major out'(n x m) = w'(k x n)^T x'(k x m): the "TN"
+  // layout cuBLASLt's FP8 kernels take. A = w' (its scale vector has n entries), B = x' (m).
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t transpose = CUBLAS_OP_T;
+  const cublasOperation_t none = CUBLAS_OP_N;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                    &transpose, sizeof(transpose)));
+  SIEVE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
+  const cublasLtMatmulMatrixScale_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                                                    &outer, sizeof(outer)));
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                                                    &outer, sizeof(outer)));
+  const cudaDataType_t out_type = out_f32 ? CUDA_R_32F : CUDA_R_16BF;
+  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_8F_E4M3, k, n, ldw));
+  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_8F_E4M3, k, m, ldx));
+  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, out_type, n, m, ldo));
+  cublasLtMatmulPreference_t preference;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  const size_t workspace = kWorkspaceBytes;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      lt_, plan.op, plan.a, plan.b, plan.c, plan.c, preference, 1, &result, &count);
+  cublasLtMatmulPreferenceDestroy(preference);
+  SIEVE_CHECK(status == CUBLAS_STATUS_SUCCESS && count > 0)
+      << "cuBLASLt has no FP8 kernel (e4m3, per-row x per-column scales) for " << m << " x " << n
+      << " x " << k << (accumulate ? " (+=)" : "") << ": status " << static_cast<int>(status);
+  plan.algo = result.algo;
+  plan.name = "cuBLASLt FP8 " + std::to_string(m) + " x " + std::to_string(n) + " x " +
+              std::to_string(k) + (accumulate ? " (+=)" : "");
+  return plan;
+}
+
+void Fp8GemmRunner::Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64_t ldw,
+                        const float* w_scales, const uint8_t* x, int64_t ldx, const float* x_scales,
+                        void* out, int64_t ldo, bool out_f32, bool accumulate) {
+  SIEVE_CHECK(!(out_f32 && accumulate)) << "FP8 GEMMs accumulate into bf16 activations only";
+  SIEVE_CHECK(k % 16 == 0 && ldw % 16 == 0 && ldx % 16 == 0 && Aligned16(w) && Aligned16(x))
+      << "FP8 GEMM operands: k and row strides multiples of 16, 16-byte aligned (k " << k << ")";
+  Plan& plan = PlanFor(m, n, k, ldw, ldx, ldo, out_f32, accumulate);
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                    &w_scales, sizeof(w_scales)));
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                    &x_scales, sizeof(x_scales)));
+  const float alpha = 1.0f;
+  const float beta = accumulate ? 1.0f : 0.0f;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.op, &alpha, w, plan.a, x, plan.b, &beta, out, plan.c,
+                                    out, plan.c, &plan.algo, workspace_, kWorkspaceBytes, stream_));
+  NoteNonTriggeringLaunch(stream_);  // pdl.cuh: the kernel after it launches plainly
+  last_plan_ = plan.name;
+}
+
+}  // namespace sieve::cuda

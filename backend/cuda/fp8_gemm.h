@@ -1,0 +1,63 @@
+// FP8 weights on the GPU (Backend::QuantizeWeightE4m3): the kernel that quantizes bf16 rows to
+// e4m3 with one scale a row (weights at load, each GEMM's input as it runs), and the GEMM over
+// e4m3 operands with those scales, through cuBLASLt's FP8 kernels (per-row x per-column scales:
+// CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F). The CPU twins are core/float8.h's
+// QuantizeRowE4m3 and CpuBackend::GemmE4m3.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+
+namespace sieve::cuda {
+
+// codes[r][c] = e4m3(x[r][c] * 448 / amax_r), scales[r] = amax_r / 448 (E4m3ScaleForAmax's
+// float operations, so that it matches the CPU bit for bit).    x [rows][cols] bf16 (row stride
+// ldx), codes [rows][cols] e4m3 (row stride ldc), scales [rows] f32. Launched with PDL.
+void QuantizeRowsE4m3(const __nv_bfloat16* x, int64_t ldx, int64_t rows, int64_t cols,
+                      uint8_t* codes, int64_t ldc, float* scales, cudaStream_t stream);
+
+// out[m][n] (+)= x_scales[m] w_scales[n] sum_k x[m][k] w[n][k], e4m3 operands with f32
+// accumulation, out bf16 or f32. One cuBLASLt plan a shape: its heuristic's first configuration
+// (split-k reductions allowed).
+class Fp8GemmRunner {
+ public:
+  explicit Fp8GemmRunner(cudaStream_t stream);
+  ~Fp8GemmRunner();
+  Fp8GemmRunner(const Fp8GemmRunner&) = delete;
+  Fp8GemmRunner& operator=(const Fp8GemmRunner&) = delete;
+
+  // Whether cuBLASLt has an FP8 kernel for the current device (sm_89 and newer) and this shape:
+  // k a multiple of 16, row strides multiples of 16 bytes.
+  static bool DeviceSupportsFp8();
+  void Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64_t ldw, const float* w_scales,
+           const uint8_t* x, int64_t ldx, const float* x_scales, void* out, int64_t ldo,
+           bool out_f32, bool accumulate);
+  const std::string& last_plan() const { return last_plan_; }
+
+ private:
+  struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr;
+    cublasLtMatrixLayout_t b = nullptr;
+    cublasLtMatrixLayout_t c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    std::string name;
+  };
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
+  Plan& PlanFor(int64_t m, int64_t n, int64_t k, int64_t ldw, int64_t ldx, int64_t ldo,
+                bool out_f32, bool accumulate);
+
+  cudaStream_t stream_;
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;
+  std::map<Key, Plan> plans_;
+  std::string last_plan_;
+};
+
+}  // namespace sieve::cuda
