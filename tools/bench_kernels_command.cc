@@ -304,7 +304,8 @@ int Run(const KernelsFlags& flags) {
                                     {"k", r.k},
                                     {"bf16_ms", r.bf16_ms},
                                     {"fp8_ms", r.fp8_ms},
-                                    {"quantize_ms", r.quantize_ms}});
+                                    {"quantize_ms", r.quantize_ms},
+                                    {"plan", r.plan}});
       }
     }
     for (const cuda::GemmBenchResult& r : results) {

@@ -730,6 +730,48 @@ TEST_F(CudaDenseTest, Fp8LinearMatchesTheCpu) {
   }
 }
 
+// The skinny kernel's e4m3 form (skinny_gemm.h) at every k split and row tile, plain and
+// accumulating, against the CPU twin (same quantization; f32 sums in another order, bf16 out).
+TEST_F(CudaDenseTest, SkinnyE4m3MatchesTheCpuAtEverySplit) {
+  if (!cuda::Fp8GemmRunner::DeviceSupportsFp8()) GTEST_SKIP() << "no FP8 on this GPU";
+  for (const auto& [rows, inner, cols] : std::vector<std::tuple<int, int, int>>{
+           {1, 4096, 1000}, {5, 2048, 512}, {16, 1024, 768}, {32, 14336, 256}}) {
+    const auto x = Random(static_cast<size_t>(rows) * inner, 2.0f);
+    const auto w = Random(static_cast<size_t>(cols) * inner, 0.05f);
+    const Tensor gpu_w = gpu_->QuantizeWeightE4m3(Gpu(w, {cols, inner}));
+    const Tensor cpu_w = cpu_->QuantizeWeightE4m3(Cpu(w, {cols, inner}));
+    Tensor gpu_x = Gpu(x, {rows, inner});
+    cuda::testing::DeviceBuffer<uint8_t> codes(static_cast<size_t>(rows) * inner);
+    cuda::testing::DeviceBuffer<float> scales(rows);
+    gpu_->Synchronize();
+    cuda::QuantizeRowsE4m3(static_cast<const __nv_bfloat16*>(gpu_x.data()), inner, rows, inner,
+                           codes.get(), inner, scales.get(), nullptr);
+    Tensor cpu_out = Tensor::Empty({rows, cols}, DType::kF32);
+    cpu_->Linear(Cpu(x, {rows, inner}), cpu_w, cpu_out);
+    const auto base = Random(static_cast<size_t>(rows) * cols);
+    Tensor cpu_sum = Cpu(base, {rows, cols});
+    cpu_->LinearAdd(Cpu(x, {rows, inner}), cpu_w, cpu_sum);
+    ASSERT_TRUE(cuda::SkinnyGemmE4m3Supports(rows, inner, gpu_w.data_as<uint8_t>(), inner,
+                                             codes.get(), inner));
+    for (const int splits : cuda::SkinnyGemmE4m3Splits(inner)) {
+      SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(inner) + " x " +
+                   std::to_string(cols) + ", k split " + std::to_string(splits));
+      Tensor out = gpu_->Allocate({rows, cols}, DType::kBF16);
+      Tensor sum = Gpu(base, {rows, cols});
+      gpu_->Synchronize();
+      for (const bool accumulate : {false, true}) {
+        cuda::SkinnyGemmE4m3(rows, cols, inner, gpu_w.data_as<uint8_t>(), inner,
+                             gpu_w.row_scales().data_as<float>(), codes.get(), inner, scales.get(),
+                             accumulate ? sum.data() : out.data(), cols, /*out_f32=*/false,
+                             accumulate, splits, nullptr);
+      }
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_LE(RelL2(Download(out), Values(cpu_out)), kBf16Tolerance);
+      EXPECT_LE(RelL2(Download(sum), Values(cpu_sum)), kBf16Tolerance);
+    }
+  }
+}
+
 // The device code the GPU loaded (device_image.h) is of its own family or older, and the
 // features the launch paths choose by agree with it: a build that runs sm_90a code on an sm_90
 // device takes the Hopper prefill kernel and k splits; older code takes neither.

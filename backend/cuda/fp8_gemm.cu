@@ -2,11 +2,14 @@
 
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/skinny_gemm.h"
 #include "core/check.h"
 
 #define SIEVE_CUBLAS_CHECK(call)                                                \
@@ -129,22 +132,20 @@ Fp8GemmRunner::Plan& Fp8GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, int
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
       lt_, plan.op, plan.a, plan.b, plan.c, plan.c, preference, 1, &result, &count);
   cublasLtMatmulPreferenceDestroy(preference);
-  SIEVE_CHECK(status == CUBLAS_STATUS_SUCCESS && count > 0)
-      << "cuBLASLt has no FP8 kernel (e4m3, per-row x per-column scales) for " << m << " x " << n
-      << " x " << k << (accumulate ? " (+=)" : "") << ": status " << static_cast<int>(status);
+  plan.has_cublas = status == CUBLAS_STATUS_SUCCESS && count > 0;
   plan.algo = result.algo;
-  plan.name = "cuBLASLt FP8 " + std::to_string(m) + " x " + std::to_string(n) + " x " +
-              std::to_string(k) + (accumulate ? " (+=)" : "");
   return plan;
 }
 
-void Fp8GemmRunner::Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64_t ldw,
-                        const float* w_scales, const uint8_t* x, int64_t ldx, const float* x_scales,
-                        void* out, int64_t ldo, bool out_f32, bool accumulate) {
-  SIEVE_CHECK(!(out_f32 && accumulate)) << "FP8 GEMMs accumulate into bf16 activations only";
-  SIEVE_CHECK(k % 16 == 0 && ldw % 16 == 0 && ldx % 16 == 0 && Aligned16(w) && Aligned16(x))
-      << "FP8 GEMM operands: k and row strides multiples of 16, 16-byte aligned (k " << k << ")";
-  Plan& plan = PlanFor(m, n, k, ldw, ldx, ldo, out_f32, accumulate);
+void Fp8GemmRunner::Launch(const Plan& plan, int splits, int64_t m, int64_t n, int64_t k,
+                           const uint8_t* w, int64_t ldw, const float* w_scales, const uint8_t* x,
+                           int64_t ldx, const float* x_scales, void* out, int64_t ldo, bool out_f32,
+                           bool accumulate) {
+  if (splits > 0) {
+    SkinnyGemmE4m3(m, n, k, w, ldw, w_scales, x, ldx, x_scales, out, ldo, out_f32, accumulate,
+                   splits, stream_);
+    return;
+  }
   SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                                     &w_scales, sizeof(w_scales)));
   SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
@@ -154,6 +155,71 @@ void Fp8GemmRunner::Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64
   SIEVE_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.op, &alpha, w, plan.a, x, plan.b, &beta, out, plan.c,
                                     out, plan.c, &plan.algo, workspace_, kWorkspaceBytes, stream_));
   NoteNonTriggeringLaunch(stream_);  // pdl.cuh: the kernel after it launches plainly
+}
+
+void Fp8GemmRunner::Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64_t ldw,
+                        const float* w_scales, const uint8_t* x, int64_t ldx, const float* x_scales,
+                        void* out, int64_t ldo, bool out_f32, bool accumulate) {
+  SIEVE_CHECK(!(out_f32 && accumulate)) << "FP8 GEMMs accumulate into bf16 activations only";
+  SIEVE_CHECK(k % 16 == 0 && ldw % 16 == 0 && ldx % 16 == 0 && Aligned16(w) && Aligned16(x))
+      << "FP8 GEMM operands: k and row strides multiples of 16, 16-byte aligned (k " << k << ")";
+  Plan& plan = PlanFor(m, n, k, ldw, ldx, ldo, out_f32, accumulate);
+  if (!plan.settled) {
+    std::vector<int> candidates;  // k splits of the skinny kernel; 0: cuBLASLt
+    if (plan.has_cublas) candidates.push_back(0);
+    if (SkinnyGemmE4m3Supports(m, k, w, ldw, x, ldx)) {
+      for (const int splits : SkinnyGemmE4m3Splits(k)) candidates.push_back(splits);
+    }
+    SIEVE_CHECK(!candidates.empty()) << "no FP8 GEMM kernel (cuBLASLt nor the skinny kernel) takes "
+                                     << m << " x " << n << " x " << k;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    SIEVE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+    int chosen = candidates.front();
+    if (candidates.size() > 1 && capture == cudaStreamCaptureStatusNone) {
+      // Timed on this call's operands (`out` is rewritten: an accumulating call is replayed
+      // from a copy of `out` first and left as one call leaves it).
+      const size_t out_bytes = static_cast<size_t>(m) * ldo * (out_f32 ? 4 : 2);
+      void* saved = nullptr;
+      if (accumulate) {
+        SIEVE_CUDA_CHECK(cudaMallocAsync(&saved, out_bytes, stream_));
+        SIEVE_CUDA_CHECK(cudaMemcpyAsync(saved, out, out_bytes, cudaMemcpyDeviceToDevice, stream_));
+      }
+      cudaEvent_t start, stop;
+      SIEVE_CUDA_CHECK(cudaEventCreate(&start));
+      SIEVE_CUDA_CHECK(cudaEventCreate(&stop));
+      float best = 0;
+      for (const int candidate : candidates) {
+        std::vector<float> times;
+        for (int rep = 0; rep < 6; ++rep) {
+          SIEVE_CUDA_CHECK(cudaEventRecord(start, stream_));
+          Launch(plan, candidate, m, n, k, w, ldw, w_scales, x, ldx, x_scales, out, ldo, out_f32,
+                 accumulate);
+          SIEVE_CUDA_CHECK(cudaEventRecord(stop, stream_));
+          SIEVE_CUDA_CHECK(cudaEventSynchronize(stop));
+          float ms = 0;
+          SIEVE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+          if (rep > 0) times.push_back(ms);  // the first warms up
+        }
+        std::sort(times.begin(), times.end());
+        const float median = times[times.size() / 2];
+        if (best == 0 || median < best) best = median, chosen = candidate;
+      }
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+      if (accumulate) {
+        SIEVE_CUDA_CHECK(cudaMemcpyAsync(out, saved, out_bytes, cudaMemcpyDeviceToDevice, stream_));
+        SIEVE_CUDA_CHECK(cudaFreeAsync(saved, stream_));
+      }
+    }
+    plan.skinny_splits = chosen;
+    plan.settled = true;
+    plan.name = std::string(chosen > 0 ? "skinny e4m3, k split " + std::to_string(chosen)
+                                       : "cuBLASLt FP8") +
+                ", " + std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k) +
+                (accumulate ? " (+=)" : "");
+  }
+  Launch(plan, plan.skinny_splits, m, n, k, w, ldw, w_scales, x, ldx, x_scales, out, ldo, out_f32,
+         accumulate);
   last_plan_ = plan.name;
 }
 

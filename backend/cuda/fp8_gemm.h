@@ -23,8 +23,10 @@ void QuantizeRowsE4m3(const __nv_bfloat16* x, int64_t ldx, int64_t rows, int64_t
                       uint8_t* codes, int64_t ldc, float* scales, cudaStream_t stream);
 
 // out[m][n] (+)= x_scales[m] w_scales[n] sum_k x[m][k] w[n][k], e4m3 operands with f32
-// accumulation, out bf16 or f32. One cuBLASLt plan a shape: its heuristic's first configuration
-// (split-k reductions allowed).
+// accumulation, out bf16 or f32. A shape's candidates: cuBLASLt's heuristic's first configuration
+// (split-k reductions allowed) and, up to kSkinnyGemmMaxRows rows, the skinny kernel's e4m3 form
+// at each k split (skinny_gemm.h). The first call of a shape outside graph capture times each on
+// that call's operands (median of 5 after a warm-up) and keeps the fastest for every later call.
 class Fp8GemmRunner {
  public:
   explicit Fp8GemmRunner(cudaStream_t stream);
@@ -47,8 +49,15 @@ class Fp8GemmRunner {
     cublasLtMatrixLayout_t b = nullptr;
     cublasLtMatrixLayout_t c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    bool has_cublas = false;
+    int skinny_splits = 0;  // the skinny kernel at this k split is the choice; 0: cuBLASLt
+    bool settled = false;
     std::string name;
   };
+  // Runs the plan's candidate: cuBLASLt (splits 0) or the skinny kernel at `splits`.
+  void Launch(const Plan& plan, int splits, int64_t m, int64_t n, int64_t k, const uint8_t* w,
+              int64_t ldw, const float* w_scales, const uint8_t* x, int64_t ldx,
+              const float* x_scales, void* out, int64_t ldo, bool out_f32, bool accumulate);
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
   Plan& PlanFor(int64_t m, int64_t n, int64_t k, int64_t ldw, int64_t ldx, int64_t ldo,
                 bool out_f32, bool accumulate);

@@ -25,8 +25,8 @@ void RunFp8GemmBenchmarks(const Fp8GemmBenchOptions& options) {
   std::printf(
       "FP8 (e4m3 weights per channel, inputs quantized per token) against bf16 GEMMs: weights "
       "cold (rotating copies > 3x the L2), %d calls back to back in a CUDA graph, median of 5 "
-      "replays. FP8 = the input's quantization + cuBLASLt FP8; %% copy: the FP8 weight bytes "
-      "over the copy rate\n",
+      "replays. FP8 = the input's quantization + the FP8 runner's pick; %% copy: the FP8 weight "
+      "bytes over the copy rate\n",
       options.iterations);
   std::printf(
       "      m  gemm      n x k      |  bf16 ms  TFLOP/s |   fp8 ms  TFLOP/s  %% copy  "
@@ -73,6 +73,7 @@ void RunFp8GemmBenchmarks(const Fp8GemmBenchOptions& options) {
           runner.Run(m, shape.n, shape.k, codes[i], shape.k, scales[i], x_codes, shape.k, x_scales,
                      out, shape.n, /*out_f32=*/false, /*accumulate=*/false);
         });
+        result.plan = runner.last_plan();
         result.quantize_ms = TimeGraphedCalls(stream, 1, options.iterations, [&](int) {
           QuantizeRowsE4m3(x, shape.k, m, shape.k, x_codes, shape.k, x_scales, stream);
         });
@@ -92,12 +93,12 @@ void RunFp8GemmBenchmarks(const Fp8GemmBenchOptions& options) {
       result.k = shape.k;
       const double flop = 2.0 * m * static_cast<double>(count);
       const double fp8_gbs = static_cast<double>(count) / (result.fp8_ms * 1e-3) / 1e9;
-      std::printf("  %5d  %-8s %5d x %-5d | %8.4f %8.1f | %8.4f %8.1f  %5.1f%%  (%.4f) | %.2fx\n",
-                  m, shape.name.c_str(), shape.n, shape.k, result.bf16_ms,
-                  flop / (result.bf16_ms * 1e-3) / 1e12, result.fp8_ms,
-                  flop / (result.fp8_ms * 1e-3) / 1e12,
-                  copy > 0 ? 100.0 * fp8_gbs * 1e9 / copy : 0.0, result.quantize_ms,
-                  result.bf16_ms / result.fp8_ms);
+      std::printf(
+          "  %5d  %-8s %5d x %-5d | %8.4f %8.1f | %8.4f %8.1f  %5.1f%%  (%.4f) | %.2fx  %s\n", m,
+          shape.name.c_str(), shape.n, shape.k, result.bf16_ms,
+          flop / (result.bf16_ms * 1e-3) / 1e12, result.fp8_ms,
+          flop / (result.fp8_ms * 1e-3) / 1e12, copy > 0 ? 100.0 * fp8_gbs * 1e9 / copy : 0.0,
+          result.quantize_ms, result.bf16_ms / result.fp8_ms, result.plan.c_str());
       bf16_total += result.bf16_ms;
       fp8_total += result.fp8_ms;
       if (options.results != nullptr) options.results->push_back(result);

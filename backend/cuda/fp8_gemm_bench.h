@@ -1,6 +1,7 @@
 // FP8 against bf16 GEMMs for `sieve bench kernels --quantization fp8`: each of a layer's GEMMs at
 // each row count, bf16 (the backend's GemmRunner) beside FP8 (the input's row quantization plus
-// cuBLASLt's e4m3 GEMM, as CudaBackend runs a quantized weight), weights streamed cold; the FP8
+// Fp8GemmRunner's pick of cuBLASLt or the skinny kernel's e4m3 form, as CudaBackend runs a
+// quantized weight), weights streamed cold; the FP8
 // weight bytes as a share of the copy rate, and each side's TFLOP/s.
 #pragma once
 
@@ -17,6 +18,7 @@ struct Fp8GemmBenchResult {
   double bf16_ms = 0;
   double fp8_ms = 0;       // quantizing the input and the GEMM
   double quantize_ms = 0;  // the input's quantization alone
+  std::string plan;        // the FP8 runner's choice (cuBLASLt or the skinny kernel)
 };
 
 struct Fp8GemmBenchOptions {

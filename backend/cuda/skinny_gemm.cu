@@ -29,6 +29,8 @@
 
 #include <cooperative_groups.h>
 
+#include <type_traits>
+
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/flash_warp.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -43,11 +45,14 @@ using bf16 = __nv_bfloat16;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kColumns = 16;  // output columns (rows of w) per CTA
-constexpr int kBlockK = 32;   // k per load: 16 bytes of a weight row per lane of a quad
+// k per load: 16 bytes of a weight row per lane of a quad (32 bf16 or 64 e4m3 values).
+template <typename Operand>
+constexpr int kBlockK = 64 / static_cast<int>(sizeof(Operand));
+using e4m3 = uint8_t;  // e4m3 codes (fp8_gemm.h)
 
 // 16 bytes of weights, read once: not kept in L1, the L2 asked to fetch 256-byte blocks. Volatile
 // keeps the loads before PdlWait where they are.
-__device__ __forceinline__ uint4 LoadWeights(const bf16* p) {
+__device__ __forceinline__ uint4 LoadWeights(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -65,6 +70,33 @@ __device__ __forceinline__ void MmaBlock(float (&acc)[4], const uint4& lo, const
   const uint32_t second[4] = {lo.z, hi.z, lo.w, hi.w};
   flash::Mma(acc, first, x.x, x.y);
   flash::Mma(acc, second, x.z, x.w);
+}
+
+// mma.sync m16n8k32 over e4m3 (sm_89 and newer): A's registers hold 4 consecutive k of a row, B's
+// 4 of a column; a0 = (row g, k 4t..), a1 = (g + 8, 4t..), a2 = (g, 4t + 16..), a3 = (g + 8,
+// 4t + 16..), b0 = (4t.., column g), b1 = (4t + 16.., g).
+__device__ __forceinline__ void MmaE4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  (void)c, (void)a, (void)b0, (void)b1;
+  __trap();  // SkinnyGemmE4m3Supports keeps older device code from launching it
+#endif
+}
+
+// The e4m3 form of MmaBlock: a block of 64 k, lane (g, t) holding k 16t .. 16t + 16 of its rows
+// (words .x .y .z .w = k 16t + {0..3}, {4..7}, {8..11}, {12..15}); the first mma takes words .x
+// and .y as its k 4t.. and 4t + 16.., the second .z and .w, alike for A and B.
+__device__ __forceinline__ void MmaBlockE4m3(float (&acc)[4], const uint4& lo, const uint4& hi,
+                                             const uint4& x) {
+  const uint32_t first[4] = {lo.x, hi.x, lo.y, hi.y};
+  const uint32_t second[4] = {lo.z, hi.z, lo.w, hi.w};
+  MmaE4m3(acc, first, x.x, x.y);
+  MmaE4m3(acc, second, x.z, x.w);
 }
 
 // Thread-block clusters are sm_90's. Before it SkinnyGemmSplits offers no k split, so a kernel
@@ -98,11 +130,18 @@ constexpr int kCtasPerSm = kGroup > 4 ? 2 : 3;
 // F, w has 2F rows (gate, then up), and a CTA's 16 rows of w are gate rows c .. c + 8 and the up
 // rows F further on, so that its sums hold both halves of 8 output columns; `norm` gives the
 // folded norm's row scales. Otherwise `norm` is unused.
-template <int kXTiles, int kGroup, bool kOutF32, bool kAccumulate, bool kGated>
+// Operand e4m3 (SkinnyGemmE4m3): w and x are row-quantized codes, and each sum is scaled by its
+// row's x_scales and its column's w_scales before it is stored.
+template <typename Operand, int kXTiles, int kGroup, bool kOutF32, bool kAccumulate, bool kGated>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
-    SkinnyGemmKernel(const bf16* __restrict__ w, int64_t ldw, const bf16* __restrict__ x,
+    SkinnyGemmKernel(const Operand* __restrict__ w, int64_t ldw, const Operand* __restrict__ x,
                      int64_t ldx, void* __restrict__ out, int64_t ldo, int m, int n, int k,
-                     RowRmsView norm) {
+                     RowRmsView norm, const float* __restrict__ w_scales,
+                     const float* __restrict__ x_scales) {
+  constexpr bool kE4m3 = std::is_same_v<Operand, e4m3>;
+  static_assert(!(kE4m3 && kGated), "the gated form is bf16's");
+  constexpr int kBlock = kBlockK<Operand>;
+  constexpr int kLaneK = kBlock / 4;  // k a lane reads per block
   // Each warp's sums: [warp][row of x][column], padded against bank conflicts.
   __shared__ float partial[kWarps][kXTiles * 8][kColumns + 1];
   __shared__ float row_scales[kGated ? kXTiles * 8 : 1];
@@ -118,9 +157,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
   // Rows of w past n read the last row (in bounds); their sums are never stored.
   const int64_t row_lo = min(column0 + g, n - 1);
   const int64_t row_hi = kGated ? n + row_lo : min(column0 + g + 8, n - 1);
-  const bf16* w_lo = w + row_lo * ldw + 8 * t;
-  const bf16* w_hi = w + row_hi * ldw + 8 * t;
-  const int blocks = (k + kBlockK - 1) / kBlockK;
+  const Operand* w_lo = w + row_lo * ldw + kLaneK * t;
+  const Operand* w_hi = w + row_hi * ldw + kLaneK * t;
+  const int blocks = (k + kBlock - 1) / kBlock;
   const int per_warp = (blocks + kWarps * splits - 1) / (kWarps * splits);
   const int begin = min(blocks, split_warp * per_warp);
   const int end = min(blocks, begin + per_warp);
@@ -130,8 +169,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
   const auto load_weights = [&](int first) {
 #pragma unroll
     for (int u = 0; u < kGroup; ++u) {
-      const int offset = (first + u) * kBlockK;
-      const bool valid = first + u < end && offset + 8 * t < k;
+      const int offset = (first + u) * kBlock;
+      const bool valid = first + u < end && offset + kLaneK * t < k;
       lo[u] = valid ? LoadWeights(w_lo + offset) : make_uint4(0, 0, 0, 0);
       hi[u] = valid ? LoadWeights(w_hi + offset) : make_uint4(0, 0, 0, 0);
     }
@@ -146,7 +185,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
     uint4 xs[kGroup][kXTiles];
 #pragma unroll
     for (int u = 0; u < kGroup; ++u) {
-      const int offset = (first + u) * kBlockK + 8 * t;
+      const int offset = (first + u) * kBlock + kLaneK * t;
 #pragma unroll
       for (int tile = 0; tile < kXTiles; ++tile) {
         const int row = tile * 8 + g;
@@ -159,7 +198,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
 #pragma unroll
     for (int u = 0; u < kGroup; ++u) {
 #pragma unroll
-      for (int tile = 0; tile < kXTiles; ++tile) MmaBlock(acc[tile], lo[u], hi[u], xs[u][tile]);
+      for (int tile = 0; tile < kXTiles; ++tile) {
+        if constexpr (kE4m3) {
+          MmaBlockE4m3(acc[tile], lo[u], hi[u], xs[u][tile]);
+        } else {
+          MmaBlock(acc[tile], lo[u], hi[u], xs[u][tile]);
+        }
+      }
     }
   }
 
@@ -225,7 +270,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
       static_cast<bf16*>(out)[at] = __float2bfloat16_rn(gate / (1.0f + __expf(-gate)) * (up * s));
       continue;
     }
-    const float sum = cluster_sum(row, index % kOutColumns);
+    float sum = cluster_sum(row, index % kOutColumns);
+    if constexpr (kE4m3) sum = sum * x_scales[row] * w_scales[column];
     if constexpr (kOutF32) {
       float* target = static_cast<float*>(out) + at;
       *target = kAccumulate ? *target + sum : sum;
@@ -238,24 +284,69 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kGroup>)
 }
 
 template <int kXTiles, int kGroup>
-void LaunchTiles(int64_t m, int64_t n, int64_t k, const bf16* w, int64_t ldw, const bf16* x,
+struct TileShape {
+  static constexpr int first = kXTiles;
+  static constexpr int second = kGroup;
+};
+
+template <typename Operand, int kXTiles, int kGroup>
+void LaunchTiles(int64_t m, int64_t n, int64_t k, const Operand* w, int64_t ldw, const Operand* x,
                  int64_t ldx, void* out, int64_t ldo, bool out_f32, bool accumulate, int splits,
-                 cudaStream_t stream) {
+                 const float* w_scales, const float* x_scales, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((n + kColumns - 1) / kColumns), splits);
   const dim3 cluster(1, splits, 1);
   const dim3 block(kThreads);
   const auto launch = [&](auto kernel) {
     LaunchWithPdlInClusters(kernel, grid, cluster, block, 0, stream, w, ldw, x, ldx, out, ldo,
                             static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                            RowRmsView{});
+                            RowRmsView{}, w_scales, x_scales);
   };
   if (out_f32) {
-    accumulate ? launch(SkinnyGemmKernel<kXTiles, kGroup, true, true, false>)
-               : launch(SkinnyGemmKernel<kXTiles, kGroup, true, false, false>);
+    accumulate ? launch(SkinnyGemmKernel<Operand, kXTiles, kGroup, true, true, false>)
+               : launch(SkinnyGemmKernel<Operand, kXTiles, kGroup, true, false, false>);
   } else {
-    accumulate ? launch(SkinnyGemmKernel<kXTiles, kGroup, false, true, false>)
-               : launch(SkinnyGemmKernel<kXTiles, kGroup, false, false, false>);
+    accumulate ? launch(SkinnyGemmKernel<Operand, kXTiles, kGroup, false, true, false>)
+               : launch(SkinnyGemmKernel<Operand, kXTiles, kGroup, false, false, false>);
   }
+}
+
+// The k splits of a kernel whose rows are `blocks` loads long: 1, and where the loaded device
+// code has clusters (sm_90 and newer, device_image.h; an A100 or RTX 4090 runs one CTA a column
+// block) 2 and 4 where every warp still gets blocks.
+std::vector<int> SplitsForBlocks(int64_t blocks) {
+  std::vector<int> splits;
+  const bool clusters = LoadedImageArch() >= 900;
+  for (const int count : {1, 2, 4}) {
+    if (count == 1 || (clusters && blocks >= static_cast<int64_t>(count) * kWarps)) {
+      splits.push_back(count);
+    }
+  }
+  return splits;
+}
+
+// SkinnyGemm's launch for either operand type: the row tiles and load depth by m and the grid.
+template <typename Operand>
+void LaunchSkinny(int64_t m, int64_t n, int64_t k, const Operand* w, int64_t ldw, const Operand* x,
+                  int64_t ldx, void* out, int64_t ldo, bool out_f32, bool accumulate, int splits,
+                  const float* w_scales, const float* x_scales, cudaStream_t stream) {
+  SIEVE_CHECK(splits == 1 || splits == 2 || splits == 4) << "k split " << splits;
+  const int64_t ctas = (n + kColumns - 1) / kColumns * splits;
+  const auto launch = [&](auto tiles) {
+    constexpr int kXTiles = decltype(tiles)::first;
+    constexpr int kGroup = decltype(tiles)::second;
+    LaunchTiles<Operand, kXTiles, kGroup>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate,
+                                          splits, w_scales, x_scales, stream);
+  };
+  if (m <= 8 && ctas <= kCtasPerSm<8> * CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>()) {
+    launch(TileShape<1, 8>{});
+  } else if (m <= 8) {
+    launch(TileShape<1, 4>{});
+  } else if (m <= 16) {
+    launch(TileShape<2, 4>{});
+  } else {
+    launch(TileShape<4, 2>{});
+  }
+  SIEVE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
@@ -267,34 +358,32 @@ bool SkinnyGemmSupports(int64_t m, int64_t k, const bf16* w, int64_t ldw, const 
 }
 
 std::vector<int> SkinnyGemmSplits(int64_t k) {
-  std::vector<int> splits;
-  const int64_t blocks = (k + kBlockK - 1) / kBlockK;
-  // A k split is a cluster of CTAs: device code for sm_90 and newer (device_image.h; an A100 or
-  // RTX 4090 runs one CTA a column block).
-  const bool clusters = LoadedImageArch() >= 900;
-  for (const int count : {1, 2, 4}) {
-    if (count == 1 || (clusters && blocks >= static_cast<int64_t>(count) * kWarps)) {
-      splits.push_back(count);
-    }
-  }
-  return splits;
+  return SplitsForBlocks((k + kBlockK<bf16> - 1) / kBlockK<bf16>);
 }
 
 void SkinnyGemm(int64_t m, int64_t n, int64_t k, const bf16* w, int64_t ldw, const bf16* x,
                 int64_t ldx, void* out, int64_t ldo, bool out_f32, bool accumulate, int splits,
                 cudaStream_t stream) {
-  SIEVE_CHECK(splits == 1 || splits == 2 || splits == 4) << "k split " << splits;
-  const int64_t ctas = (n + kColumns - 1) / kColumns * splits;
-  if (m <= 8 && ctas <= kCtasPerSm<8> * CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>()) {
-    LaunchTiles<1, 8>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream);
-  } else if (m <= 8) {
-    LaunchTiles<1, 4>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream);
-  } else if (m <= 16) {
-    LaunchTiles<2, 4>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream);
-  } else {
-    LaunchTiles<4, 2>(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, stream);
-  }
-  SIEVE_CUDA_CHECK(cudaGetLastError());
+  LaunchSkinny(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, nullptr, nullptr,
+               stream);
+}
+
+bool SkinnyGemmE4m3Supports(int64_t m, int64_t k, const uint8_t* w, int64_t ldw, const uint8_t* x,
+                            int64_t ldx) {
+  return m >= 1 && m <= kSkinnyGemmMaxRows && k >= 16 && k % 16 == 0 && k <= (int64_t{1} << 30) &&
+         ldw % 16 == 0 && ldx % 16 == 0 && Aligned16(w) && Aligned16(x) && LoadedImageArch() >= 890;
+}
+
+std::vector<int> SkinnyGemmE4m3Splits(int64_t k) {
+  return SplitsForBlocks((k + kBlockK<e4m3> - 1) / kBlockK<e4m3>);
+}
+
+void SkinnyGemmE4m3(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64_t ldw,
+                    const float* w_scales, const uint8_t* x, int64_t ldx, const float* x_scales,
+                    void* out, int64_t ldo, bool out_f32, bool accumulate, int splits,
+                    cudaStream_t stream) {
+  LaunchSkinny(m, n, k, w, ldw, x, ldx, out, ldo, out_f32, accumulate, splits, w_scales, x_scales,
+               stream);
 }
 
 void SkinnyGemmSwiGlu(int64_t m, int64_t f, int64_t k, const bf16* w, const bf16* x, int64_t ldx,
@@ -311,9 +400,10 @@ void SkinnyGemmSwiGlu(int64_t m, int64_t f, int64_t k, const bf16* w, const bf16
   const dim3 grid(static_cast<unsigned>((f + kColumns / 2 - 1) / (kColumns / 2)));
   const auto launch = [&](auto kernel) {
     LaunchWithPdl(kernel, grid, kThreads, 0, stream, w, k, x, ldx, static_cast<void*>(out), ldo,
-                  static_cast<int>(m), static_cast<int>(f), static_cast<int>(k), norm);
+                  static_cast<int>(m), static_cast<int>(f), static_cast<int>(k), norm,
+                  static_cast<const float*>(nullptr), static_cast<const float*>(nullptr));
   };
-  launch(SkinnyGemmKernel<1, 4, false, false, true>);
+  launch(SkinnyGemmKernel<bf16, 1, 4, false, false, true>);
   SIEVE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -34,6 +34,17 @@ void SkinnyGemm(int64_t m, int64_t n, int64_t k, const __nv_bfloat16* w, int64_t
                 const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32,
                 bool accumulate, int splits, cudaStream_t stream);
 
+// The same kernel over e4m3 operands (fp8_gemm.h): out[m][n] (+)= x_scales[m] w_scales[n] sum_k
+// x[m][k] w[n][k], codes row-quantized, f32 accumulation (e4m3 mma, 64 k a load). Takes 1 <= m <=
+// kSkinnyGemmMaxRows, k a multiple of 16, 16-byte aligned rows, and device code for sm_89 or newer.
+bool SkinnyGemmE4m3Supports(int64_t m, int64_t k, const uint8_t* w, int64_t ldw, const uint8_t* x,
+                            int64_t ldx);
+std::vector<int> SkinnyGemmE4m3Splits(int64_t k);
+void SkinnyGemmE4m3(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64_t ldw,
+                    const float* w_scales, const uint8_t* x, int64_t ldx, const float* x_scales,
+                    void* out, int64_t ldo, bool out_f32, bool accumulate, int splits,
+                    cudaStream_t stream);
+
 // The rows SkinnyGemmSwiGlu takes (one row tile); the backend runs it at one row, where it beat
 // the skinny GEMM + SiluMul pair (README_gemm.md, "The gated form").
 inline constexpr int64_t kSkinnyGemmSwiGluMaxRows = 8;
