@@ -401,7 +401,9 @@ Result<ModelConfig> ParseHfConfig(const json& config_json, std::string_view sour
       method = (*quantization)["quant_method"].get<std::string>();
     }
     return UnimplementedError(std::string(source) + ": quantized checkpoints (quant_method " +
-                              method + ") are not supported");
+                              method +
+                              ") are not supported; Sieve quantizes a bf16 checkpoint to FP8 at "
+                              "load with --quantization fp8");
   }
   for (const char* key : {"hidden_act", "hidden_activation"}) {
     SIEVE_ASSIGN_OR_RETURN(std::optional<std::string> activation, fields.OptionalString(key));

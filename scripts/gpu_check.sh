@@ -548,7 +548,7 @@ if has serve_fp8; then
   tok=testdata/tokenizers/llama3/tokenizer.model
   for kv in full "full:0-2,pyramidkv:3-31"; do
     for q in none fp8; do
-      name="$q-$( [ "$kv" = full ] && echo dense || echo sparse )"
+      name="${q}_$( [ "$kv" = full ] && echo dense || echo sparse )"
       start_server ./build/gpu/sieve "$LOGS/serve_fp8_$name.log" --max-num-batched-tokens 8192 \
         --kv-policy "$kv" --quantization "$q" || { note "serve_fp8 $name: server FAILED"; tail -5 "$LOGS/serve_fp8_$name.log"; continue; }
       for level in ${SERVE_FP8_LEVELS:-64}; do
