@@ -300,11 +300,13 @@ void HttpSession::Route(const Request& request) {
       // Requests sent now are queued and run once the warm-up ends.
       return SendError(MakeApiError(503, "the server is warming up (decode graphs, GEMM plans)"));
     }
-    return SendResponse(200, "application/json", "{}");
+    return SendResponse(200, "text/plain", "");  // vLLM's: 200 and no body
   }
   if (path == "/metrics") {
+    const ServerMetrics::CacheConfig cache{context_.engine.engine_options().page_size,
+                                           context_.engine.num_kv_pages()};
     return SendResponse(200, "text/plain; version=0.0.4; charset=utf-8",
-                        context_.metrics.Render(context_.engine.Stats()));
+                        context_.metrics.Render(context_.engine.Stats(), cache));
   }
   if (path == "/version") {
     return SendResponse(200, "application/json", R"({"version":"0.1.0"})");
@@ -321,12 +323,26 @@ void HttpSession::Route(const Request& request) {
   if (path == "/v1/models") {
     nlohmann::json data = nlohmann::json::array();
     for (const std::string& name : context_.options.served_model_names) {
+      // vLLM's fields: parent null (no LoRA adapters) and one permission entry.
       data.push_back({{"id", name},
                       {"object", "model"},
                       {"created", context_.created},
                       {"owned_by", "sieve"},
                       {"root", context_.model_name()},
-                      {"max_model_len", context_.engine.max_model_len()}});
+                      {"parent", nullptr},
+                      {"max_model_len", context_.engine.max_model_len()},
+                      {"permission", nlohmann::json::array({{{"id", "modelperm-" + name},
+                                                             {"object", "model_permission"},
+                                                             {"created", context_.created},
+                                                             {"allow_create_engine", false},
+                                                             {"allow_sampling", true},
+                                                             {"allow_logprobs", true},
+                                                             {"allow_search_indices", false},
+                                                             {"allow_view", true},
+                                                             {"allow_fine_tuning", false},
+                                                             {"organization", "*"},
+                                                             {"group", nullptr},
+                                                             {"is_blocking", false}}})}});
     }
     return SendResponse(200, "application/json",
                         DumpJson({{"object", "list"}, {"data", std::move(data)}}));

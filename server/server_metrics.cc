@@ -78,7 +78,7 @@ void ServerMetrics::CountHttpResponse(std::string_view endpoint, int status) {
       .Increment();
 }
 
-std::string ServerMetrics::Render(const AsyncEngineStats& stats) {
+std::string ServerMetrics::Render(const AsyncEngineStats& stats, const CacheConfig& cache) {
   const EngineStats& engine = stats.engine;
   const auto gauge = [&](const char* name, const char* help, double value,
                          MetricLabels extra = {}) {
@@ -135,6 +135,25 @@ std::string ServerMetrics::Render(const AsyncEngineStats& stats) {
         engine.compression_ratio());
   counter("sieve:num_requests_aborted_total", "Requests aborted (client gone or shutdown).",
           static_cast<double>(stats.num_aborted));
+  // vLLM's names for the same numbers: what routers that front vLLM replicas read (the Gateway
+  // API Inference Extension's model-server protocol, which llm-d's scheduler uses too; vLLM's
+  // production-stack router). vllm:gpu_cache_usage_perc is the usage's name before vLLM V1.
+  gauge("vllm:num_requests_running", "Requests in the running batch (sieve:num_requests_running).",
+        engine.num_running);
+  gauge("vllm:num_requests_waiting",
+        "Requests submitted but not yet running (sieve:num_requests_waiting).", stats.num_queued);
+  gauge("vllm:kv_cache_usage_perc",
+        "Fraction of KV-cache pages in use (sieve:kv_cache_usage_perc).", engine.kv_usage());
+  gauge("vllm:gpu_cache_usage_perc", "Fraction of KV-cache pages in use (vLLM V0's name).",
+        engine.kv_usage());
+  gauge("vllm:cache_config_info",
+        "The KV cache's configuration, in its labels (value 1): block_size entries a page, "
+        "num_gpu_blocks pages.",
+        1.0,
+        {{"block_size", std::to_string(cache.page_size)},
+         {"num_gpu_blocks", std::to_string(cache.num_pages)},
+         {"cache_dtype", "auto"},
+         {"enable_prefix_caching", "False"}});
   return registry_.Render();
 }
 

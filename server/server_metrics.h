@@ -22,8 +22,13 @@ class ServerMetrics {
                               int generation_tokens);
   void CountHttpResponse(std::string_view endpoint, int status);
 
+  // The KV cache's shape as vLLM's vllm:cache_config_info states it (block = page).
+  struct CacheConfig {
+    int page_size = 0;
+    int num_pages = 0;
+  };
   // Updates the engine-derived metrics from `stats`, then renders everything.
-  std::string Render(const AsyncEngineStats& stats);
+  std::string Render(const AsyncEngineStats& stats, const CacheConfig& cache);
 
  private:
   MetricLabels Labels(MetricLabels extra = {}) const;

@@ -924,6 +924,48 @@ TEST(ServerTest, MetricsModelsAndHealth) {
   EXPECT_EQ(Get(port, "/health").status, 200);
 }
 
+// What routers that front vLLM replicas read of a server, as the Gateway API Inference
+// Extension's model-server protocol lists it (llm-d's scheduler reads the same): the queue and
+// running gauges, the KV-cache usage, and vllm:cache_config_info's block_size and num_gpu_blocks
+// labels; each equal to Sieve's own number. /health and /v1/models answer as vLLM's do.
+TEST(ServerTest, RouterProtocolMetricsAreVllms) {
+  TestServer server;
+  const int port = server.port();
+  ASSERT_EQ(Post(port, "/v1/completions", Completion("Hello", 4)).status, 200);
+  const Response metrics = Get(port, "/metrics");
+  ASSERT_EQ(metrics.status, 200);
+  const std::string& body = metrics.body;
+  const std::pair<const char*, const char*> kProtocol[] = {
+      {"vllm:num_requests_waiting", "sieve:num_requests_waiting"},
+      {"vllm:num_requests_running", "sieve:num_requests_running"},
+      {"vllm:kv_cache_usage_perc", "sieve:kv_cache_usage_perc"},
+      {"vllm:gpu_cache_usage_perc", "sieve:kv_cache_usage_perc"},
+  };
+  for (const auto& [vllm, own] : kProtocol) {
+    EXPECT_GE(Metric(body, vllm), 0.0) << vllm << " missing";
+    EXPECT_EQ(Metric(body, vllm), Metric(body, own)) << vllm;
+    EXPECT_NE(body.find(std::string("# TYPE ") + vllm + " gauge"), std::string::npos) << vllm;
+  }
+  const Response info = Get(port, "/server_info");
+  ASSERT_EQ(info.status, 200);
+  const json engine = info.Json();
+  const std::string pages = "num_gpu_blocks=\"" + engine["kv_cache_pages"].dump() + "\"";
+  const std::string page_size = "block_size=\"" + engine["page_size"].dump() + "\"";
+  EXPECT_EQ(Metric(body, "vllm:cache_config_info", pages), 1.0) << pages;
+  EXPECT_EQ(Metric(body, "vllm:cache_config_info", page_size), 1.0) << page_size;
+
+  const Response health = Get(port, "/health");
+  EXPECT_EQ(health.status, 200);
+  EXPECT_TRUE(health.body.empty());
+  const json model = Get(port, "/v1/models").Json()["data"][0];
+  for (const char* field :
+       {"id", "object", "created", "owned_by", "root", "parent", "max_model_len", "permission"}) {
+    EXPECT_TRUE(model.contains(field)) << field;
+  }
+  EXPECT_TRUE(model["parent"].is_null());
+  EXPECT_EQ(model["permission"][0]["object"], "model_permission");
+}
+
 // GET /server_info: the engine's configuration as it runs (what `sieve bench` records and takes
 // its bound's KV pool from), agreeing with the flags it was given and with /metrics.
 TEST(ServerTest, ServerInfoDescribesTheEngine) {
