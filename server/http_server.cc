@@ -1,9 +1,19 @@
 #include "server/http_server.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <csignal>
+#include <cstring>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -14,6 +24,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 
 #include "core/logging.h"
@@ -31,6 +42,54 @@ namespace {
 // threads stop anyway.
 constexpr auto kFlushTimeout = std::chrono::seconds(5);
 
+// Descriptors the process holds besides its connections (the model's mapped files, the device
+// driver's, logs): what the connection estimate leaves out.
+constexpr rlim_t kReservedDescriptors = 64;
+
+// Raises the soft limit on open files to the hard one, as vLLM does at start: every connection
+// is a descriptor, and distributions default the soft limit to 1024. Returns the soft limit in
+// force afterwards.
+rlim_t RaiseOpenFilesLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) {
+      limit = raised;
+    } else {
+      spdlog::warn("cannot raise the open files limit from {} to {}: {}", limit.rlim_cur,
+                   limit.rlim_max, std::strerror(errno));
+    }
+  }
+  return limit.rlim_cur;
+}
+
+// What a connection accepted past the descriptor limit is told before it is closed.
+const std::string& TooManyConnectionsResponse() {
+  static const std::string response = [] {
+    const std::string body =
+        R"({"error":{"message":"too many open connections: the server is out of file )"
+        R"(descriptors","type":"ServiceUnavailableError","code":503}})";
+    return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+           "Connection: close\r\nRetry-After: 1\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body;
+  }();
+  return response;
+}
+
+// Reads and drops what `socket` has received, waiting up to `wait_ms` for the first bytes and
+// stopping at the end of the stream or when nothing more is there.
+void DiscardInput(int socket, int wait_ms) {
+  pollfd ready{socket, POLLIN, 0};
+  if (::poll(&ready, 1, wait_ms) <= 0) return;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t read = ::recv(socket, buffer, sizeof(buffer), MSG_DONTWAIT);
+    if (read <= 0) return;
+  }
+}
+
 ServerOptions Normalized(ServerOptions options) {
   if (options.served_model_names.empty()) options.served_model_names = {"sieve"};
   if (options.http_threads < 1) options.http_threads = 1;
@@ -46,6 +105,10 @@ struct HttpServer::Impl {
         acceptor(net::make_strand(io_context)) {}
 
   void Accept();
+  // Out of descriptors: takes one pending connection with the spare descriptor, tells it 503 and
+  // closes it, so that clients are refused rather than left waiting, then accepts again after a
+  // pause (the backlog would otherwise fail every accept at once, in a loop).
+  void RefusePendingConnection();
   void WaitForSignal();
 
   // Declared first so that it outlives the io_context, whose destruction ends the sessions.
@@ -56,6 +119,9 @@ struct HttpServer::Impl {
   std::optional<net::signal_set> signals;
   std::vector<std::thread> threads;
   int port = 0;
+  int spare_descriptor = -1;  // /dev/null, held for RefusePendingConnection
+  std::optional<net::steady_timer> accept_pause;
+  int64_t refused = 0;  // connections refused for want of descriptors
 
   std::mutex mutex;
   std::condition_variable shutdown_requested_cv;
@@ -71,8 +137,11 @@ void HttpServer::Impl::Accept() {
                           if (error == net::error::operation_aborted || !acceptor.is_open()) {
                             return;
                           }
+                          if (error == net::error::no_descriptors || error.value() == ENFILE) {
+                            RefusePendingConnection();
+                            return;
+                          }
                           if (error) {
-                            // E.g. out of file descriptors: keep serving the connections we have.
                             spdlog::warn("accept failed: {}", error.message());
                           } else {
                             boost::system::error_code ignored;
@@ -81,6 +150,38 @@ void HttpServer::Impl::Accept() {
                           }
                           Accept();
                         });
+}
+
+void HttpServer::Impl::RefusePendingConnection() {
+  if (spare_descriptor >= 0) {
+    ::close(spare_descriptor);
+    spare_descriptor = -1;
+  }
+  const int connection = ::accept4(acceptor.native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+  if (connection >= 0) {
+    // Closing a socket with unread input resets it, and a reset can destroy the response before
+    // the client reads it: so the request that has arrived is read (up to 100 ms for it to come)
+    // and dropped, the 503 sent, and the client given 100 ms to close first.
+    DiscardInput(connection, 100);
+    const std::string& response = TooManyConnectionsResponse();
+    const ssize_t written =
+        ::send(connection, response.data(), response.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)written;
+    ::shutdown(connection, SHUT_WR);
+    DiscardInput(connection, 100);
+    ::close(connection);
+  }
+  spare_descriptor = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (refused++ % 1000 == 0) {
+    spdlog::warn(
+        "out of file descriptors: refusing new connections with 503 until some close ({} refused "
+        "so far; the open files limit is `ulimit -n`)",
+        refused);
+  }
+  accept_pause->expires_after(std::chrono::milliseconds(connection >= 0 ? 1 : 20));
+  accept_pause->async_wait([this](boost::system::error_code error) {
+    if (!error && acceptor.is_open()) Accept();
+  });
 }
 
 void HttpServer::Impl::WaitForSignal() {
@@ -144,6 +245,13 @@ Status HttpServer::Start() {
     return UnavailableError("cannot listen on " + where + ": " + error.message());
   }
   impl.port = impl.acceptor.local_endpoint().port();
+  const rlim_t open_files = RaiseOpenFilesLimit();
+  impl.spare_descriptor = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  impl.accept_pause.emplace(impl.acceptor.get_executor());
+  if (open_files != RLIM_INFINITY && open_files > 0) {
+    spdlog::info("open files limit {}: about {} connections at once", open_files,
+                 open_files > kReservedDescriptors ? open_files - kReservedDescriptors : 0);
+  }
   if (options.handle_signals) {
     impl.signals.emplace(impl.io_context, SIGINT, SIGTERM);
     impl.WaitForSignal();
@@ -192,6 +300,7 @@ int HttpServer::Wait() {
   net::post(impl.acceptor.get_executor(), [&impl] {
     boost::system::error_code ignored;
     impl.acceptor.close(ignored);
+    impl.accept_pause->cancel();
   });
   engine.StopAccepting();
   const int in_flight = engine.Stats().num_in_flight;
@@ -213,6 +322,10 @@ int HttpServer::Wait() {
   impl.io_context.stop();
   for (std::thread& thread : impl.threads) thread.join();
   impl.threads.clear();
+  if (impl.spare_descriptor >= 0) {
+    ::close(impl.spare_descriptor);
+    impl.spare_descriptor = -1;
+  }
   {
     std::lock_guard lock(impl.mutex);
     impl.stopped = true;
