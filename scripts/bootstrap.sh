@@ -9,6 +9,8 @@ $SUDO apt-get install -y -q --no-install-recommends \
   build-essential cmake ninja-build pkg-config git clang-format \
   libgtest-dev libgmock-dev libbenchmark-dev \
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libboost-dev libpcre2-dev
+# HAProxy fronts `sieve serve` replicas (docs/deployment.md; server/replica_test.py runs two).
+$SUDO apt-get install -y -q --no-install-recommends haproxy
 # The checking builds (presets asan, tsan, fuzz) use clang: libclang-rt-dev holds its sanitizer
 # runtimes and libFuzzer (libclang_rt.fuzzer, FuzzedDataProvider.h); llvm holds llvm-symbolizer,
 # which turns sanitizer stack traces into file:line.

@@ -21,8 +21,8 @@ import tempfile
 import time
 
 HOST = "127.0.0.1"
-HARD = 96       # the server's hard limit on open files in part 2
-IDLE = HARD + 40  # idle connections opened against it
+HARD = 200  # the server's hard limit on open files in part 2
+IDLE = HARD + 60  # idle connections opened against it
 
 
 def start(sieve, source_dir, log_path, soft, hard):
@@ -108,7 +108,7 @@ def main():
             except OSError:
                 break
         time.sleep(0.5)  # the server accepts what it can
-        status, body = http_request(port, "POST", "/v1/completions", completion, timeout=10)
+        status, body = http_request(port, "POST", "/v1/completions", completion, timeout=30)
         if status != 503 or "too many open connections" not in body:
             failures.append("with %d idle connections against %d descriptors: %r %r" % (
                 len(idle), HARD, status, body[:200]))

@@ -160,9 +160,9 @@ void HttpServer::Impl::RefusePendingConnection() {
   const int connection = ::accept4(acceptor.native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
   if (connection >= 0) {
     // Closing a socket with unread input resets it, and a reset can destroy the response before
-    // the client reads it: so the request that has arrived is read (up to 100 ms for it to come)
-    // and dropped, the 503 sent, and the client given 100 ms to close first.
-    DiscardInput(connection, 100);
+    // the client reads it: so what the client has sent is read and dropped (a request on its way
+    // is given 10 ms), the 503 sent, and the rest read for up to 100 ms while the client closes.
+    DiscardInput(connection, 10);
     const std::string& response = TooManyConnectionsResponse();
     const ssize_t written =
         ::send(connection, response.data(), response.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
