@@ -531,8 +531,8 @@ if has fp8; then
   # (2 x 4000, dense and sparse) beside its GEMMs' bound, and the layer's GEMMs bf16 against FP8
   # at 1 to 8192 rows (the fp8 run's table, with the bf16 decode GEMM table).
   ensure_sieve
-  for q in none fp8; do
-    # The bf16 side's GEMMs are in the fp8 run's table.
+  for q in ${FP8_RUNS:-none fp8}; do
+    # The bf16 side's GEMMs are in the fp8 run's table. FP8_RUNS=fp8: that run alone.
     # shellcheck disable=SC2046
     timeout 400 ./build/gpu/sieve bench kernels --skip-attention --skip-sparsity --no-step-variants \
       $( [ "$q" = none ] && echo --skip-gemm ) \
