@@ -107,9 +107,11 @@ class Backend {
     (void)rows, (void)cols;
     return Status::Ok();
   }
-  // Sizes the scratch in which FP8 GEMMs quantize their inputs for up to `rows` x `k`, once at
-  // start-up (LlamaModel::EnsureWorkspace), so that no captured step sees it grow.
-  virtual void ReserveQuantizedInputs(int64_t rows, int64_t k) { (void)rows, (void)k; }
+  // Sizes the scratch of FP8 GEMMs for up to `rows` inputs of width `k` and outputs of width
+  // `n`, once at start-up (LlamaModel::EnsureWorkspace), so that no captured step sees it grow.
+  virtual void ReserveQuantizedInputs(int64_t rows, int64_t k, int64_t n) {
+    (void)rows, (void)k, (void)n;
+  }
 
   // ---- attention ----
   // Scales q, k and v of the `tokens` by their row's s (RowRms; in f32, before rotating), rotates

@@ -367,10 +367,12 @@ void LlamaModel::EnsureWorkspace(ForwardWorkspace& ws, int max_tokens, int64_t m
   const int64_t heads = layout_.num_q_heads;
   const int64_t kv_heads = layout_.num_kv_heads;
   if (quantization_ != WeightQuantization::kNone) {
-    // Every FP8 GEMM's input: the residual stream, the attention output or the MLP's activation.
+    // Every FP8 GEMM's input (the residual stream, the attention output or the MLP's activation)
+    // and output (qkv, the residual stream, gate_up).
     backend_.ReserveQuantizedInputs(
         std::max(max_tokens, max_sample_rows),
-        std::max({d, heads * hd, static_cast<int64_t>(layout_.ffn_size)}));
+        std::max({d, heads * hd, static_cast<int64_t>(layout_.ffn_size)}),
+        std::max({d, (heads + 2 * kv_heads) * hd, 2 * static_cast<int64_t>(layout_.ffn_size)}));
   }
   if (max_tokens > ws.max_tokens) {
     ws.max_tokens = max_tokens;

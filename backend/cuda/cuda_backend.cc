@@ -241,8 +241,10 @@ class CudaBackend final : public Backend {
     }
     return Status::Ok();
   }
-  void ReserveQuantizedInputs(int64_t rows, int64_t k) override {
+  void ReserveQuantizedInputs(int64_t rows, int64_t k, int64_t n) override {
     EnsureWorkspace(quantized_inputs_, quantized_inputs_bytes_, QuantizedInputBytes(rows, k));
+    if (fp8_gemm_ == nullptr) fp8_gemm_ = std::make_unique<cuda::Fp8GemmRunner>(stream_);
+    fp8_gemm_->Reserve(rows, n);
   }
   void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) override {
     cuda::GatherRows(Bf16(x), x.stride(0), rows.data_as<int32_t>(), static_cast<int>(rows.numel()),

@@ -64,6 +64,31 @@ __global__ void __launch_bounds__(kQuantizeThreads)
   }
 }
 
+// out[r][c] (+)= product[r][c] * x_scales[r] * w_scales[c] (the CPU twin's order of the two
+// multiplications), bf16 or f32.    product [rows][cols] f32.
+template <bool kOutF32, bool kAccumulate>
+__global__ void __launch_bounds__(256)
+    ScaleProductKernel(const float* __restrict__ product, int64_t rows, int64_t cols,
+                       const float* __restrict__ x_scales, const float* __restrict__ w_scales,
+                       void* __restrict__ out, int64_t ldo) {
+  PdlWait();
+  PdlLaunchDependents();
+  const int64_t total = rows * cols;
+  for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; index < total;
+       index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = index / cols;
+    const int64_t col = index % cols;
+    const float value = product[index] * x_scales[row] * w_scales[col];
+    if constexpr (kOutF32) {
+      float* target = static_cast<float*>(out) + row * ldo + col;
+      *target = kAccumulate ? *target + value : value;
+    } else {
+      bf16* target = static_cast<bf16*>(out) + row * ldo + col;
+      *target = __float2bfloat16_rn(kAccumulate ? __bfloat162float(*target) + value : value);
+    }
+  }
+}
+
 }  // namespace
 
 void QuantizeRowsE4m3(const bf16* x, int64_t ldx, int64_t rows, int64_t cols, uint8_t* codes,
@@ -88,7 +113,17 @@ Fp8GemmRunner::~Fp8GemmRunner() {
     cublasLtMatmulDescDestroy(plan.op);
   }
   cudaFree(workspace_);
+  cudaFree(product_);
   cublasLtDestroy(lt_);
+}
+
+void Fp8GemmRunner::Reserve(int64_t m, int64_t n) {
+  const size_t bytes = static_cast<size_t>(m * n) * sizeof(float);
+  if (bytes <= product_bytes_) return;
+  SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  cudaFree(product_);
+  SIEVE_CUDA_CHECK(cudaMalloc(&product_, bytes));
+  product_bytes_ = bytes;
 }
 
 bool Fp8GemmRunner::DeviceSupportsFp8() {
@@ -122,18 +157,34 @@ Fp8GemmRunner::Plan& Fp8GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, int
   SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_8F_E4M3, k, n, ldw));
   SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_8F_E4M3, k, m, ldx));
   SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, out_type, n, m, ldo));
-  cublasLtMatmulPreference_t preference;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-  const size_t workspace = kWorkspaceBytes;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
-  cublasLtMatmulHeuristicResult_t result{};
-  int count = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      lt_, plan.op, plan.a, plan.b, plan.c, plan.c, preference, 1, &result, &count);
-  cublasLtMatmulPreferenceDestroy(preference);
-  plan.has_cublas = status == CUBLAS_STATUS_SUCCESS && count > 0;
-  plan.algo = result.algo;
+  const auto heuristic = [&] {
+    cublasLtMatmulPreference_t preference;
+    SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    const size_t workspace = kWorkspaceBytes;
+    SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int count = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        lt_, plan.op, plan.a, plan.b, plan.c, plan.c, preference, 1, &result, &count);
+    cublasLtMatmulPreferenceDestroy(preference);
+    plan.has_cublas = status == CUBLAS_STATUS_SUCCESS && count > 0;
+    plan.algo = result.algo;
+  };
+  heuristic();
+  if (!plan.has_cublas) {
+    // No per-row x per-column scales here: the unscaled product into f32 [m][n], rescaled after.
+    cublasLtMatmulDescDestroy(plan.op);
+    cublasLtMatrixLayoutDestroy(plan.c);
+    SIEVE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                      &transpose, sizeof(transpose)));
+    SIEVE_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
+    SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_32F, n, m, n));
+    heuristic();
+    plan.rescale = plan.has_cublas;
+  }
   return plan;
 }
 
@@ -144,6 +195,32 @@ void Fp8GemmRunner::Launch(const Plan& plan, int splits, int64_t m, int64_t n, i
   if (splits > 0) {
     SkinnyGemmE4m3(m, n, k, w, ldw, w_scales, x, ldx, x_scales, out, ldo, out_f32, accumulate,
                    splits, stream_);
+    return;
+  }
+  if (plan.rescale) {
+    SIEVE_CHECK(static_cast<size_t>(m * n) * sizeof(float) <= product_bytes_)
+        << "the FP8 product scratch holds " << product_bytes_ << " bytes, " << m << " x " << n
+        << " needs more: Reserve was not called for it";
+    const float alpha = 1.0f;
+    const float beta = 0.0f;
+    SIEVE_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.op, &alpha, w, plan.a, x, plan.b, &beta, product_,
+                                      plan.c, product_, plan.c, &plan.algo, workspace_,
+                                      kWorkspaceBytes, stream_));
+    NoteNonTriggeringLaunch(stream_);
+    const int64_t total = m * n;
+    const unsigned blocks =
+        static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, int64_t{1} << 16));
+    const auto launch = [&](auto kernel) {
+      LaunchWithPdl(kernel, dim3(blocks), dim3(256), 0, stream_,
+                    static_cast<const float*>(product_), m, n, x_scales, w_scales, out, ldo);
+    };
+    if (out_f32) {
+      accumulate ? launch(ScaleProductKernel<true, true>) : launch(ScaleProductKernel<true, false>);
+    } else {
+      accumulate ? launch(ScaleProductKernel<false, true>)
+                 : launch(ScaleProductKernel<false, false>);
+    }
+    SIEVE_CUDA_CHECK_LAUNCH();
     return;
   }
   SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
@@ -164,6 +241,12 @@ void Fp8GemmRunner::Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64
   SIEVE_CHECK(k % 16 == 0 && ldw % 16 == 0 && ldx % 16 == 0 && Aligned16(w) && Aligned16(x))
       << "FP8 GEMM operands: k and row strides multiples of 16, 16-byte aligned (k " << k << ")";
   Plan& plan = PlanFor(m, n, k, ldw, ldx, ldo, out_f32, accumulate);
+  if (!plan.settled && plan.rescale &&
+      static_cast<size_t>(m * n) * sizeof(float) > product_bytes_) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    SIEVE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+    if (capture == cudaStreamCaptureStatusNone) Reserve(m, n);
+  }
   if (!plan.settled) {
     std::vector<int> candidates;  // k splits of the skinny kernel; 0: cuBLASLt
     if (plan.has_cublas) candidates.push_back(0);
@@ -213,8 +296,9 @@ void Fp8GemmRunner::Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64
     }
     plan.skinny_splits = chosen;
     plan.settled = true;
-    plan.name = std::string(chosen > 0 ? "skinny e4m3, k split " + std::to_string(chosen)
-                                       : "cuBLASLt FP8") +
+    plan.name = std::string(chosen > 0     ? "skinny e4m3, k split " + std::to_string(chosen)
+                            : plan.rescale ? "cuBLASLt FP8 + rescale"
+                                           : "cuBLASLt FP8") +
                 ", " + std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k) +
                 (accumulate ? " (+=)" : "");
   }

@@ -24,9 +24,11 @@ void QuantizeRowsE4m3(const __nv_bfloat16* x, int64_t ldx, int64_t rows, int64_t
 
 // out[m][n] (+)= x_scales[m] w_scales[n] sum_k x[m][k] w[n][k], e4m3 operands with f32
 // accumulation, out bf16 or f32. A shape's candidates: cuBLASLt's heuristic's first configuration
-// (split-k reductions allowed) and, up to kSkinnyGemmMaxRows rows, the skinny kernel's e4m3 form
-// at each k split (skinny_gemm.h). The first call of a shape outside graph capture times each on
-// that call's operands (median of 5 after a warm-up) and keeps the fastest for every later call.
+// (split-k reductions allowed; with per-row x per-column scales where cuBLASLt has them, else
+// unscaled into f32 and rescaled by a kernel of ours) and, up to kSkinnyGemmMaxRows rows, the
+// skinny kernel's e4m3 form at each k split (skinny_gemm.h). The first call of a shape outside
+// graph capture times each on that call's operands (median of 5 after a warm-up) and keeps the
+// fastest for every later call.
 class Fp8GemmRunner {
  public:
   explicit Fp8GemmRunner(cudaStream_t stream);
@@ -37,6 +39,9 @@ class Fp8GemmRunner {
   // Whether cuBLASLt has an FP8 kernel for the current device (sm_89 and newer) and this shape:
   // k a multiple of 16, row strides multiples of 16 bytes.
   static bool DeviceSupportsFp8();
+  // Sizes the f32 product scratch of the rescaling path (below) for up to m x n, outside any
+  // capture (CudaBackend::ReserveQuantizedInputs).
+  void Reserve(int64_t m, int64_t n);
   void Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64_t ldw, const float* w_scales,
            const uint8_t* x, int64_t ldx, const float* x_scales, void* out, int64_t ldo,
            bool out_f32, bool accumulate);
@@ -50,6 +55,10 @@ class Fp8GemmRunner {
     cublasLtMatrixLayout_t c = nullptr;
     cublasLtMatmulAlgo_t algo{};
     bool has_cublas = false;
+    // cuBLASLt without per-row x per-column scales (Hopper's cuBLASLt has none: its FP8 kernels
+    // take one scale per operand): the unscaled product goes to an f32 scratch and a kernel
+    // applies both scales (and the residual add) on its way to `out`.
+    bool rescale = false;
     int skinny_splits = 0;  // the skinny kernel at this k split is the choice; 0: cuBLASLt
     bool settled = false;
     std::string name;
@@ -65,6 +74,8 @@ class Fp8GemmRunner {
   cudaStream_t stream_;
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
+  float* product_ = nullptr;  // [m][n] f32 of the rescaling path
+  size_t product_bytes_ = 0;
   std::map<Key, Plan> plans_;
   std::string last_plan_;
 };
