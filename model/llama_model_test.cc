@@ -207,9 +207,13 @@ TEST(GpuSampledRowsTest, LastLayerOnSampledRowsEqualsEveryRow) {
   ExpectSampledRowsAsEveryRow(**gpu, ProjectSourceDir() + "/models/sieve-tiny-10m", 300, 1e-2);
 }
 
-// --quantization fp8 on the GPU against its CPU twin: the same quantization of weights and of
-// each GEMM's input, so the logits differ by bf16 activations and summation order alone
-// (relative L2 within bf16's 3e-2 bound), and the argmax of nearly every position agrees.
+// --quantization fp8 on the GPU against its CPU twin. The ops agree within bf16 (the row
+// quantization bit for bit, the GEMMs within bf16's rounding: cuda_dense_test.cc), but the GPU's
+// activations are bf16 where the CPU's are f32, and an input that differs in its last bits can
+// cross an e4m3 rounding boundary, which moves the output by a whole FP8 step: over 8 layers the
+// logits part as far as FP8 moves them from unquantized ones (CPU: 0.086, above). Measured on an
+// H100: relative L2 0.080, 47 of 48 argmaxes (bench/results/2026-12-07-h100-fp8-weights.json's
+// run); held to the CPU test's bounds.
 TEST(GpuFp8WeightsTest, DefaultModelMatchesTheCpuTwin) {
   auto gpu = MakeCudaBackend(0);
   if (!gpu.ok()) GTEST_SKIP() << "no CUDA device: " << gpu.status().message();
@@ -227,8 +231,8 @@ TEST(GpuFp8WeightsTest, DefaultModelMatchesTheCpuTwin) {
       "sieve-tiny-10m fp8 weights, GPU against CPU: relative L2 %.4f, argmax same at %d "
       "of %zu positions\n",
       error, same, golden.ids.size());
-  EXPECT_LE(error, 3e-2);
-  EXPECT_GE(same, static_cast<int>(golden.ids.size() * 9 / 10));
+  EXPECT_LE(error, 0.15);
+  EXPECT_GE(same, static_cast<int>(golden.ids.size() * 85 / 100));
 }
 
 // The same on the GPU, for models with the head dims the CUDA kernels support (generated on the
