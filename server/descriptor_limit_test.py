@@ -10,7 +10,6 @@
 
 Usage: descriptor_limit_test.py SIEVE_BINARY SOURCE_DIR. Traffic goes to 127.0.0.1 only.
 """
-import json
 import os
 import re
 import resource
@@ -20,7 +19,9 @@ import sys
 import tempfile
 import time
 
-HOST = "127.0.0.1"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from loopback_http import HOST, http_request  # noqa: E402
+
 HARD = 200  # the server's hard limit on open files in part 2
 IDLE = HARD + 60  # idle connections opened against it
 
@@ -46,28 +47,6 @@ def start(sieve, source_dir, log_path, soft, hard):
             return server, int(match.group(1))
         time.sleep(0.1)
     raise SystemExit("FAIL: the server did not start:\n" + open(log_path).read()[-3000:])
-
-
-def http_request(port, method, path, body=None, timeout=30):
-    """(status, body) of one HTTP/1.1 request on a fresh connection; (0, why) on failure."""
-    try:
-        with socket.create_connection((HOST, port), timeout=timeout) as conn:
-            payload = json.dumps(body).encode() if body is not None else b""
-            conn.sendall(("%s %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                          "Content-Length: %d\r\nConnection: close\r\n\r\n"
-                          % (method, path, len(payload))).encode() + payload)
-            data = b""
-            while True:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-    except OSError as error:
-        return 0, str(error)
-    if not data:
-        return 0, "closed without a response"
-    head, _, rest = data.partition(b"\r\n\r\n")
-    return int(head.split(b" ")[1]), rest.decode("utf-8", "replace")
 
 
 def stop(server):
@@ -108,7 +87,7 @@ def main():
             except OSError:
                 break
         time.sleep(0.5)  # the server accepts what it can
-        status, body = http_request(port, "POST", "/v1/completions", completion, timeout=30)
+        status, _, body = http_request(port, "POST", "/v1/completions", completion, timeout=30)
         if status != 503 or "too many open connections" not in body:
             failures.append("with %d idle connections against %d descriptors: %r %r" % (
                 len(idle), HARD, status, body[:200]))

@@ -25,7 +25,9 @@ import tempfile
 import threading
 import time
 
-HOST = "127.0.0.1"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from loopback_http import HOST, http_request as http  # noqa: E402
+
 SKIP = 77
 
 
@@ -33,33 +35,6 @@ def free_port():
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         return sock.getsockname()[1]
-
-
-def http(port, method, path, body=None, timeout=60):
-    """(status, headers, body) of one request on a fresh connection; (0, {}, why) on failure."""
-    try:
-        with socket.create_connection((HOST, port), timeout=timeout) as conn:
-            payload = json.dumps(body).encode() if body is not None else b""
-            conn.sendall(("%s %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                          "Content-Length: %d\r\nConnection: close\r\n\r\n"
-                          % (method, path, len(payload))).encode() + payload)
-            data = b""
-            while True:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-    except OSError as error:
-        return 0, {}, str(error)
-    if not data:
-        return 0, {}, "closed without a response"
-    head, _, rest = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    return int(lines[0].split(" ")[1]), headers, rest.decode("utf-8", "replace")
 
 
 def wait_until(predicate, seconds):

@@ -19,6 +19,17 @@
     }                                                                           \
   } while (0)
 
+// The same for a cuBLAS(Lt) call's status.
+#define SIEVE_CUBLAS_CHECK(call)                                                       \
+  do {                                                                                 \
+    const cublasStatus_t sieve_cublas_status_ = (call);                                \
+    if (sieve_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                               \
+      std::fprintf(stderr, "%s:%d: %s failed: status %d\n", __FILE__, __LINE__, #call, \
+                   static_cast<int>(sieve_cublas_status_));                            \
+      std::abort();                                                                    \
+    }                                                                                  \
+  } while (0)
+
 // After a kernel launch: catches bad launch configurations at once.
 #define SIEVE_CUDA_CHECK_LAUNCH() SIEVE_CUDA_CHECK(cudaGetLastError())
 

@@ -14,16 +14,6 @@
 #include "backend/cuda/skinny_gemm.h"
 #include "core/check.h"
 
-#define SIEVE_CUBLAS_CHECK(call)                                                       \
-  do {                                                                                 \
-    const cublasStatus_t sieve_cublas_status_ = (call);                                \
-    if (sieve_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                               \
-      std::fprintf(stderr, "%s:%d: %s failed: status %d\n", __FILE__, __LINE__, #call, \
-                   static_cast<int>(sieve_cublas_status_));                            \
-      std::abort();                                                                    \
-    }                                                                                  \
-  } while (0)
-
 namespace sieve::cuda {
 namespace {
 
