@@ -343,17 +343,18 @@ Status LlamaModel::QuantizeWeights(WeightQuantization quantization) {
   return Status::Ok();
 }
 
+int64_t HeldBytes(const Tensor& weight) {
+  int64_t total = weight.numel() * static_cast<int64_t>(weight.element_size());
+  if (weight.has_row_scales()) total += weight.row_scales().numel() * 4;
+  return total;
+}
+
 int64_t LlamaModel::WeightBytes() const {
-  const auto bytes = [](const Tensor& tensor) {
-    int64_t total = tensor.numel() * static_cast<int64_t>(tensor.element_size());
-    if (tensor.has_row_scales()) total += tensor.row_scales().numel() * 4;
-    return total;
-  };
-  int64_t total = bytes(weights_.embed) + bytes(weights_.final_norm);
-  if (weights_.lm_head.data() != weights_.embed.data()) total += bytes(weights_.lm_head);
+  int64_t total = HeldBytes(weights_.embed) + HeldBytes(weights_.final_norm);
+  if (weights_.lm_head.data() != weights_.embed.data()) total += HeldBytes(weights_.lm_head);
   for (const LlamaLayerWeights& w : weights_.layers) {
     for (const Tensor* tensor : {&w.attn_norm, &w.qkv, &w.o, &w.mlp_norm, &w.gate_up, &w.down}) {
-      total += bytes(*tensor);
+      total += HeldBytes(*tensor);
     }
   }
   return total;

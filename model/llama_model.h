@@ -55,6 +55,9 @@ enum class WeightQuantization {
   // (Backend::QuantizeWeightE4m3): vLLM's --quantization fp8 for a bf16 checkpoint.
   kFp8,
 };
+// Bytes `weight` takes as held: its elements, plus an e4m3 matrix's f32 row scales.
+int64_t HeldBytes(const Tensor& weight);
+
 // "none" | "fp8"; InvalidArgument naming the choices otherwise.
 Result<WeightQuantization> ParseWeightQuantization(std::string_view name);
 std::string_view WeightQuantizationName(WeightQuantization quantization);

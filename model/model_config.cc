@@ -242,15 +242,27 @@ std::string_view RopeScalingTypeName(RopeScaling::Type type) {
   return "?";
 }
 
-int64_t ModelConfig::NumParameters() const {
+int64_t ModelConfig::LinearParametersPerLayer() const {
   const int64_t d = hidden_size;
   const int64_t q_width = static_cast<int64_t>(num_heads) * head_dim;
   const int64_t kv_width = static_cast<int64_t>(num_kv_heads) * head_dim;
   const int64_t attention = d * q_width + 2 * d * kv_width + q_width * d;
   const int64_t mlp = 3 * d * intermediate_size;
+  return attention + mlp;
+}
+
+int64_t ModelConfig::LinearOutputsPerLayer() const {
+  const int64_t d = hidden_size;
+  return static_cast<int64_t>(num_heads + 2 * num_kv_heads) * head_dim + d +
+         2 * static_cast<int64_t>(intermediate_size) + d;
+}
+
+int64_t ModelConfig::NumParameters() const {
+  const int64_t d = hidden_size;
   const int64_t norms = 2 * d;
   const int64_t embedding = static_cast<int64_t>(vocab_size) * d;
-  return embedding * (tie_word_embeddings ? 1 : 2) + num_layers * (attention + mlp + norms) + d;
+  return embedding * (tie_word_embeddings ? 1 : 2) +
+         num_layers * (LinearParametersPerLayer() + norms) + d;
 }
 
 int64_t ModelConfig::KvBytesPerToken(DType kv_dtype) const {

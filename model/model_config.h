@@ -60,6 +60,10 @@ struct ModelConfig {
 
   // Weights in the checkpoint, counting lm_head only when it is not tied.
   int64_t NumParameters() const;
+  // One layer's q, k, v, o, gate, up and down matrices: their parameters, and their output
+  // channels (rows), which FP8 weights hold one scale each for.
+  int64_t LinearParametersPerLayer() const;
+  int64_t LinearOutputsPerLayer() const;
   // K and V for one token across all layers: 2 * L * G * hd * sizeof(kv_dtype).
   int64_t KvBytesPerToken(DType kv_dtype) const;
   // Positive sizes, H divisible by G, even head_dim, sane RoPE and norm parameters.

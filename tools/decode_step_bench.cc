@@ -77,10 +77,7 @@ std::vector<DecodeStepPart> TimeParts(Backend& backend, const LlamaModel& model,
   Tensor gate_up = workspace.gate_up.Rows(0, batch);
   Tensor act = workspace.act.Rows(0, batch);
   Tensor last = workspace.last.Rows(0, batch);
-  const auto bytes_of = [&](const Tensor& weight) {  // as held: e4m3 with its scales, or act
-    if (weight.has_row_scales()) return static_cast<double>(weight.numel() + 4 * weight.dim(0));
-    return static_cast<double>(weight.numel()) * elem;
-  };
+  const auto bytes_of = [](const Tensor& weight) { return static_cast<double>(HeldBytes(weight)); };
   const double kv_bytes =
       static_cast<double>(batch) * length * config.num_kv_heads * config.head_dim * 2 * elem;
   struct Part {

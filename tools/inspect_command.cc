@@ -70,17 +70,13 @@ CommandRunner AddInspectCommand(CLI::App& app) {
                 static_cast<long long>(config.KvBytesPerToken(DType::kF32)));
     std::printf("weights:           %s\n", checkpoint_line.c_str());
     {
-      // --quantization fp8 on the GPU: the layers' linear weights as e4m3 with a scale per output
-      // channel; the rest bf16.
-      const int64_t d = config.hidden_size;
-      const int64_t hd = config.head_dim;
-      const int64_t qkv_rows = (config.num_heads + 2 * config.num_kv_heads) * hd;
-      const int64_t linear_rows = qkv_rows + d + 2 * config.intermediate_size + d;
-      const int64_t linear = qkv_rows * d + d * config.num_heads * hd +
-                             2 * config.intermediate_size * d + d * config.intermediate_size;
+      // --quantization fp8 on the GPU: the layers' linear weights as e4m3 (1 byte where bf16 has
+      // 2) with an f32 scale per output channel; the rest bf16.
       const double bf16_bytes = 2.0 * static_cast<double>(params);
       const double fp8_bytes =
-          bf16_bytes - static_cast<double>(config.num_layers) * (linear - 4.0 * linear_rows);
+          bf16_bytes - static_cast<double>(config.num_layers) *
+                           static_cast<double>(config.LinearParametersPerLayer() -
+                                               4 * config.LinearOutputsPerLayer());
       std::printf("weights on a GPU:  %.2f GB bf16, %.2f GB with --quantization fp8\n",
                   bf16_bytes / 1e9, fp8_bytes / 1e9);
     }

@@ -19,6 +19,13 @@ void CheckF32Rows(const Tensor& tensor, const char* what) {
       << tensor.ShapeString();
 }
 
+// out [M][N] = x [M][K] w [N][K]^T.
+void CheckLinearShapes(const Tensor& x, const Tensor& w, const Tensor& out) {
+  SIEVE_CHECK(w.dim(1) == x.dim(1) && out.dim(0) == x.dim(0) && out.dim(1) == w.dim(0))
+      << "linear shapes " << x.ShapeString() << " x " << w.ShapeString() << " -> "
+      << out.ShapeString();
+}
+
 void RmsNormRow(const float* x, const float* weight, float eps, int64_t width, float* out) {
   const float inv_rms = cpu::InvRms(x, width, eps);
   for (int64_t index = 0; index < width; ++index) out[index] = x[index] * inv_rms * weight[index];
@@ -81,12 +88,10 @@ void CpuBackend::Gemm(const Tensor& x, const Tensor& w, Tensor& out, bool accumu
   CheckF32Rows(x, "linear input");
   CheckF32Rows(w, "linear weight");
   CheckF32Rows(out, "linear output");
+  CheckLinearShapes(x, w, out);
   const int64_t rows = x.dim(0);
   const int64_t inner = x.dim(1);
   const int64_t cols = w.dim(0);
-  SIEVE_CHECK(w.dim(1) == inner && out.dim(0) == rows && out.dim(1) == cols)
-      << "linear shapes " << x.ShapeString() << " x " << w.ShapeString() << " -> "
-      << out.ShapeString();
   // Blocks of weight rows stay in cache while every input row passes over them. Each output
   // element is one Dot over `inner`, whatever the batch: results don't depend on batch size.
   constexpr int64_t kColBlock = 32;
@@ -131,12 +136,10 @@ void CpuBackend::GemmE4m3(const Tensor& x, const Tensor& w, Tensor& out, bool ac
   CheckF32Rows(out, "linear output");
   SIEVE_CHECK(w.device() == Device::kCpu && w.rank() == 2 && w.stride(1) == 1 && w.has_row_scales())
       << "an e4m3 linear weight must be a 2-D host matrix with row scales, got " << w.ShapeString();
+  CheckLinearShapes(x, w, out);
   const int64_t rows = x.dim(0);
   const int64_t inner = x.dim(1);
   const int64_t cols = w.dim(0);
-  SIEVE_CHECK(w.dim(1) == inner && out.dim(0) == rows && out.dim(1) == cols)
-      << "linear shapes " << x.ShapeString() << " x " << w.ShapeString() << " -> "
-      << out.ShapeString();
   // x's rows as their e4m3 values (unscaled) and each row's scale.
   std::vector<float> x_values(static_cast<size_t>(rows * inner));
   std::vector<float> x_scales(static_cast<size_t>(rows));

@@ -243,8 +243,7 @@ class CudaBackend final : public Backend {
   }
   void ReserveQuantizedInputs(int64_t rows, int64_t k, int64_t n) override {
     EnsureWorkspace(quantized_inputs_, quantized_inputs_bytes_, QuantizedInputBytes(rows, k));
-    if (fp8_gemm_ == nullptr) fp8_gemm_ = std::make_unique<cuda::Fp8GemmRunner>(stream_);
-    fp8_gemm_->Reserve(rows, n);
+    Fp8Gemm().Reserve(rows, n);
   }
   void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) override {
     cuda::GatherRows(Bf16(x), x.stride(0), rows.data_as<int32_t>(), static_cast<int>(rows.numel()),
@@ -490,8 +489,14 @@ class CudaBackend final : public Backend {
  private:
   // Linear and LinearAdd: out (+)= x w^T through the GEMM runner.
   void RunLinear(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate);
-  // RunLinear with an e4m3 weight: x quantized by rows into quantized_inputs_, then cuBLASLt FP8.
+  // RunLinear with an e4m3 weight: x quantized by rows into quantized_inputs_, then the FP8
+  // runner (fp8_gemm.h).
   void RunLinearE4m3(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate);
+  // The FP8 GEMM runner, made on first use (models without FP8 weights never need it).
+  cuda::Fp8GemmRunner& Fp8Gemm() {
+    if (fp8_gemm_ == nullptr) fp8_gemm_ = std::make_unique<cuda::Fp8GemmRunner>(stream_);
+    return *fp8_gemm_;
+  }
   static int64_t QuantizedInputStride(int64_t k) { return (k + 15) / 16 * 16; }
   static size_t QuantizedInputBytes(int64_t rows, int64_t k) {
     return static_cast<size_t>(rows * QuantizedInputStride(k) + 16 + rows * 4);
@@ -692,10 +697,9 @@ void CudaBackend::RunLinearE4m3(const Tensor& x, const Tensor& w, Tensor& out, b
   auto* codes = static_cast<uint8_t*>(quantized_inputs_);
   auto* scales = reinterpret_cast<float*>(codes + (rows * stride + 15) / 16 * 16);
   cuda::QuantizeRowsE4m3(Bf16(x), x.stride(0), rows, inner, codes, stride, scales, stream_);
-  if (fp8_gemm_ == nullptr) fp8_gemm_ = std::make_unique<cuda::Fp8GemmRunner>(stream_);
-  fp8_gemm_->Run(rows, cols, inner, w.data_as<uint8_t>(), w.stride(0),
-                 w.row_scales().data_as<float>(), codes, stride, scales, out.data(), out.stride(0),
-                 out.dtype() == DType::kF32, accumulate);
+  Fp8Gemm().Run(rows, cols, inner, w.data_as<uint8_t>(), w.stride(0),
+                w.row_scales().data_as<float>(), codes, stride, scales, out.data(), out.stride(0),
+                out.dtype() == DType::kF32, accumulate);
 }
 
 }  // namespace

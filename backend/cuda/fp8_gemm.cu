@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/skinny_gemm.h"
 #include "core/check.h"
@@ -129,15 +130,8 @@ Fp8GemmRunner::Plan& Fp8GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, int
   auto found = plans_.find(key);
   if (found != plans_.end()) return found->second;
   Plan& plan = plans_[key];
-  // Row-major out[m][n] = x w^T is column-major out'(n x m) = w'(k x n)^T x'(k x m): the "TN"
-  // layout cuBLASLt's FP8 kernels take. A = w' (its scale vector has n entries), B = x' (m).
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t transpose = CUBLAS_OP_T;
-  const cublasOperation_t none = CUBLAS_OP_N;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                    &transpose, sizeof(transpose)));
-  SIEVE_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
+  // The "TN" layout (gemm.h): A = w' (its scale vector has n entries), B = x' (m).
+  plan.op = MakeWeightTransposedDesc();
   const cublasLtMatmulMatrixScale_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
   SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
                                                     &outer, sizeof(outer)));
@@ -166,11 +160,7 @@ Fp8GemmRunner::Plan& Fp8GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, int
     // No per-row x per-column scales here: the unscaled product into f32 [m][n], rescaled after.
     cublasLtMatmulDescDestroy(plan.op);
     cublasLtMatrixLayoutDestroy(plan.c);
-    SIEVE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                      &transpose, sizeof(transpose)));
-    SIEVE_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
+    plan.op = MakeWeightTransposedDesc();
     SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_32F, n, m, n));
     heuristic();
     plan.rescale = plan.has_cublas;

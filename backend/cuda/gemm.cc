@@ -143,6 +143,18 @@ std::string Describe(const cublasLtMatmulAlgo_t& algo) {
 
 }  // namespace
 
+cublasLtMatmulDesc_t MakeWeightTransposedDesc() {
+  cublasLtMatmulDesc_t op = nullptr;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t transpose = CUBLAS_OP_T;
+  const cublasOperation_t none = CUBLAS_OP_N;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
+                                                    sizeof(transpose)));
+  SIEVE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
+  return op;
+}
+
 GemmRunner::GemmRunner(cudaStream_t stream)
     : stream_(stream), tuning_options_(kTuningOptions), tuning_margin_(kTuningMargin) {
   const char* verbose = std::getenv("SIEVE_GEMM_VERBOSE");
@@ -222,14 +234,7 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
   }
   Plan plan;
 
-  // cuBLASLt, column-major: out'(n x m) = w'(k x n)^T x'(k x m).
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t transpose = CUBLAS_OP_T;
-  const cublasOperation_t none = CUBLAS_OP_N;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                    &transpose, sizeof(transpose)));
-  SIEVE_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
+  plan.op = MakeWeightTransposedDesc();
   const cudaDataType_t out_type = out_f32 ? CUDA_R_32F : CUDA_R_16BF;
   SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, k, n, ldw));
   SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, k, m, ldx));

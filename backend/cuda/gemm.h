@@ -24,6 +24,11 @@
 
 namespace sieve::cuda {
 
+// The matmul descriptor of every GEMM here: row-major out[m][n] = x[m][k] w[n][k]^T is
+// column-major out'(n x m) = w'(k x n)^T x'(k x m), so A (the weight) is transposed and B (the
+// input) is not ("TN", the layout cuBLASLt's FP8 kernels require); f32 compute and scale.
+cublasLtMatmulDesc_t MakeWeightTransposedDesc();
+
 class GemmRunner {
  public:
   explicit GemmRunner(cudaStream_t stream);
