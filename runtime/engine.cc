@@ -88,6 +88,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(
     return InternalError("the model was loaded for " + std::to_string(model->max_positions()) +
                          " positions but --max-model-len is " +
                          std::to_string(options.max_model_len));
+  if (options.prompt_logprob_rows < 1) {
+    return InvalidArgumentError("prompt_logprob_rows must be >= 1");
+  }
   }
   SIEVE_ASSIGN_OR_RETURN(KvPolicy policy, KvPolicy::Parse(options.kv_policy, config.num_layers,
                                                           options.kv_policy_options));
@@ -177,6 +180,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(
   for (Tensor& samples : engine->sampled_tokens_) {
     samples = backend.Allocate({options.max_num_seqs}, DType::kI32);
   }
+  sched_options.prompt_logprob_rows = options.prompt_logprob_rows;
   engine->options_ = options;
   return engine;
 }
@@ -188,6 +192,7 @@ WarmUpReport Engine::WarmUp(const WarmUpProgress& progress, bool plan_prefill_an
   // Decode graphs: each bucket x each bound vector a batch of the engine's policy can meet. A
   // bound vector depends on the longest sequence of the batch only through its length, so
   // walking every prompt length finds them all (a handful: dense layers step by 4096 entries).
+  runner_options.prompt_logprob_rows = options.prompt_logprob_rows;
   std::vector<std::pair<int, const std::vector<int32_t>*>> graphs;
   std::set<std::vector<int32_t>> bound_vectors;
   int largest_graph_rows = 0;
@@ -298,7 +303,26 @@ Result<RequestId> Engine::Add(Request request) {
   const KvPolicy& policy = own_policy ? *own_policy : *default_policy_;
   const int prompt_len = static_cast<int>(request.prompt.size());
   const int max_total = std::min(options_.max_model_len, prompt_len + request.sampling.max_tokens);
-  SIEVE_RETURN_IF_ERROR(scheduler_->CanEverSchedule(prompt_len, max_total, policy));
+  // A prompt that generates nothing (max_tokens 0) is checked as one that generates a token.
+  SIEVE_RETURN_IF_ERROR(
+      scheduler_->CanEverSchedule(prompt_len, std::max(max_total, prompt_len + 1), policy));
+  const bool prompt_logprobs = request.sampling.prompt_logprobs >= 0;
+  if (prompt_logprobs) {
+    // Every prefill row of such a request is a row of logits, at most prompt_logprob_rows a step;
+    // the rows a policy scores must all be in the prompt's last chunk (or the whole prompt in one
+    // step without chunked prefill).
+    const int one_step =
+        options_.enable_chunked_prefill ? policy.FinalChunkRows(prompt_len) : prompt_len;
+    if (one_step > options_.prompt_logprob_rows) {
+      return InvalidArgumentError(
+          "prompt logprobs of this prompt need " + std::to_string(one_step) +
+          " rows of logits in one step " +
+          (options_.enable_chunked_prefill
+               ? "(policy " + policy.ToString() + " scores that many rows at the prompt's end)"
+               : std::string("(chunked prefill is off)")) +
+          " but the engine computes at most " + std::to_string(options_.prompt_logprob_rows));
+    }
+  }
 
   const RequestId id = next_id_++;
   RequestState state;
@@ -334,13 +358,14 @@ bool Engine::Abort(RequestId id) {
   output.num_prompt_tokens = it->second.num_prompt_tokens;
   output.num_generated_tokens = seq ? seq->num_known_generated() : 0;
   scheduler_->Remove(id);
+  seq.prompt_logprobs = prompt_logprobs && prompt_len > 1;
   requests_.erase(it);
-  aborted_.push_back(std::move(output));
+  pending_outputs_.push_back(std::move(output));
   return true;
 }
 
 bool Engine::HasWork() const {
-  return scheduler_->HasWork() || !aborted_.empty() || in_flight_.has_value();
+  return scheduler_->HasWork() || !pending_outputs_.empty() || in_flight_.has_value();
 }
 
 void Engine::Finish(RequestState& state, RequestOutput& output, FinishReason reason) {
@@ -382,6 +407,10 @@ RequestOutput Engine::Advance(RequestState& state, Sequence& seq, const SampleRe
   } else {
     // A stop string may straddle the tokens: search from where the longest could have begun.
     size_t longest = 0;
+  if (params.prompt_logprobs >= 0 && !state.prompt_logprobs_sent) {
+    output.prompt_logprobs = std::move(state.prompt_logprobs);
+    state.prompt_logprobs_sent = true;
+  }
     for (const std::string& stop : params.stop) longest = std::max(longest, stop.size());
     search_from = search_from >= longest ? search_from - longest + 1 : 0;
     size_t first_match = std::string::npos;
@@ -422,7 +451,7 @@ RequestOutput Engine::Advance(RequestState& state, Sequence& seq, const SampleRe
 
 std::vector<RequestOutput> Engine::Step() {
   std::vector<RequestOutput> outputs;
-  outputs.swap(aborted_);
+  outputs.swap(pending_outputs_);
   if (in_flight_) {
     // The next step is planned and launched before the samples of the one in flight are read,
     // when it can run without them on the host (the device feeds them to it): the host's work
@@ -485,6 +514,10 @@ Engine::LaunchedStep Engine::Launch(const StepPlan& plan, const LaunchedStep* pr
   }
   ++stats_.steps;
   const Tensor& logits = runner_->Run(plan, *scheduler_, step.sample_ids, feed);
+  // Prompt logprobs are read from the step's logits on the host as soon as it has run.
+  for (const ScheduledSequence& scheduled : plan.prefills) {
+    if (scheduler_->Find(scheduled.id)->prompt_logprobs) return false;
+  }
   scheduler_->Complete(plan);
   for (const ScheduledSequence& scheduled : plan.prefills) {
     stats_.prompt_tokens += scheduled.num_tokens;
@@ -503,6 +536,7 @@ Engine::LaunchedStep Engine::Launch(const StepPlan& plan, const LaunchedStep* pr
   // Each sample's place in its sequence, held by a placeholder until it is read. A sequence
   // whose sample is its last by length gets no further step.
   step.positions.reserve(step.sample_ids.size());
+  ReadPromptLogprobs(logits, step.sample_ids.size());
   for (const SeqId id : step.sample_ids) {
     Sequence& seq = *scheduler_->Find(id);
     if (!seq.caught_up()) {  // a preempted sequence replaying known tokens
@@ -516,6 +550,7 @@ Engine::LaunchedStep Engine::Launch(const StepPlan& plan, const LaunchedStep* pr
   return step;
 }
 
+  FinishPromptOnly(plan);
 void Engine::Collect(LaunchedStep& step, std::vector<RequestOutput>& outputs) {
   if (step.on_device) {
     std::vector<int32_t> tokens;
@@ -562,6 +597,91 @@ void Engine::SampleRows(const Tensor& logits, LaunchedStep& step) {
                            static_cast<uint64_t>(seq.num_generated())});
   }
   Backend& backend = model_->backend();
+namespace {
+
+// The prompt-logprob entry of one row of logits: `token`'s log-probability under the raw
+// distribution and the `top` most likely tokens (ties: the lower id first, as the sampler's).
+SampleResult PromptLogprob(std::span<const float> logits, int32_t token, int top,
+                           std::vector<int32_t>& order) {
+  const float log_sum = LogSumExp(logits);
+  SampleResult result;
+  result.token = token;
+  result.logprob = logits[static_cast<size_t>(token)] - log_sum;
+  if (top <= 0) return result;
+  const auto better = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  // A heap of the best `top` so far: a pass over the vocabulary, no sort of it.
+  order.clear();
+  for (int32_t id = 0; id < static_cast<int32_t>(logits.size()); ++id) {
+    if (static_cast<int>(order.size()) < top) {
+      order.push_back(id);
+      std::push_heap(order.begin(), order.end(), better);
+    } else if (better(id, order.front())) {
+      std::pop_heap(order.begin(), order.end(), better);
+      order.back() = id;
+      std::push_heap(order.begin(), order.end(), better);
+    }
+  }
+  std::sort_heap(order.begin(), order.end(), better);
+  for (const int32_t id : order) {
+    result.top_logprobs.push_back({id, logits[static_cast<size_t>(id)] - log_sum});
+  }
+  return result;
+}
+
+}  // namespace
+
+void Engine::ReadPromptLogprobs(const Tensor& logits, size_t num_sampled) {
+  const std::vector<ModelRunner::PromptRow>& rows = runner_->prompt_rows();
+  if (rows.empty()) return;
+  const int vocab = model_->config().vocab_size;
+  // Copied in pieces so that the host buffer stays small whatever prompt_logprob_rows is.
+  constexpr size_t kPiece = 32;
+  std::vector<int32_t> order;
+  for (size_t begin = 0; begin < rows.size(); begin += kPiece) {
+    const size_t end = std::min(rows.size(), begin + kPiece);
+    prompt_logits_.resize((end - begin) * vocab);
+    model_->backend().CopyToHost(logits.Rows(static_cast<int64_t>(num_sampled + begin),
+                                             static_cast<int64_t>(num_sampled + end)),
+                                 prompt_logits_.data());
+    for (size_t row = begin; row < end; ++row) {
+      const ModelRunner::PromptRow& prompt_row = rows[row];
+      RequestState& state = requests_.at(prompt_row.id);
+      // A prompt computed again after a preemption: its logprobs were read the first time.
+      if (static_cast<size_t>(prompt_row.position) < state.prompt_logprobs.size()) continue;
+      SIEVE_CHECK(static_cast<size_t>(prompt_row.position) == state.prompt_logprobs.size());
+      const Sequence& seq = *scheduler_->Find(prompt_row.id);
+      const std::span<const float> row_logits(prompt_logits_.data() + (row - begin) * vocab,
+                                              static_cast<size_t>(vocab));
+      state.prompt_logprobs.push_back(
+          PromptLogprob(row_logits, seq.tokens[static_cast<size_t>(prompt_row.position) + 1],
+                        state.sampling.prompt_logprobs, order));
+    }
+  }
+}
+
+void Engine::FinishPromptOnly(const StepPlan& plan) {
+  for (const ScheduledSequence& scheduled : plan.prefills) {
+    if (!scheduled.final_chunk) continue;
+    Sequence& seq = *scheduler_->Find(scheduled.id);
+    seq.prompt_logprobs = false;  // scored: a recompute after a preemption need not score it
+    if (scheduled.sample) continue;
+    // max_tokens 0: the prompt was all there was to compute.
+    const auto it = requests_.find(scheduled.id);
+    RequestState& state = it->second;
+    RequestOutput output;
+    output.id = state.id;
+    output.prompt_logprobs = std::move(state.prompt_logprobs);
+    output.finished = true;
+    output.finish_reason = FinishReason::kLength;
+    output.num_prompt_tokens = state.num_prompt_tokens;
+    scheduler_->Remove(scheduled.id);
+    requests_.erase(it);
+    pending_outputs_.push_back(std::move(output));
+  }
+}
+
   if (on_device && backend.BeginSampling(logits.Rows(0, static_cast<int64_t>(rows)), device_rows,
                                          sampled_tokens_[next_samples_buffer_])) {
     step.on_device = true;

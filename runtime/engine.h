@@ -64,6 +64,12 @@ struct EngineOptions {
 
 enum class FinishReason { kNone, kStop, kLength, kAbort };
 std::string_view FinishReasonName(FinishReason reason);  // "stop", "length", "abort"
+  // Prompt logprobs (SamplingParams::prompt_logprobs): most prefill tokens of such requests in one
+  // step, each a row of logits beside the sampled ones. Bounds their logits buffer (this many rows
+  // of the vocabulary, allocated at start-up) whatever the prompts' lengths: their prefill goes in
+  // chunks of at most this many tokens. A request whose policy must score more prompt rows in
+  // its last chunk (KvPolicy::FinalChunkRows) is refused.
+  int prompt_logprob_rows = 256;
 
 struct Request {
   std::vector<int32_t> prompt;
@@ -85,7 +91,11 @@ struct RequestOutput {
   RequestId id = 0;
   std::vector<int32_t> new_tokens;
   std::vector<SampleResult> new_logprobs;  // when requested or forced: one per new token
-  std::string new_text;                    // complete UTF-8; stop strings held back until sure
+  // With SamplingParams::prompt_logprobs, in the request's first output: prompt tokens 1 .. n-1
+  // (token is the prompt's, logprob its log-probability given the tokens before it, and the top
+  // N there). The first prompt token has none.
+  std::vector<SampleResult> prompt_logprobs;
+  std::string new_text;  // complete UTF-8; stop strings held back until sure
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   std::string stop_reason;  // the stop string or token that ended it
@@ -182,8 +192,11 @@ class Engine {
     int num_prompt_tokens = 0;
     std::unique_ptr<KvPolicy> own_policy;  // a per-request policy, if any
     std::vector<int32_t> forced_tokens;    // teacher forcing (Request::forced_tokens)
-    std::mt19937_64 rng;                   // host sampling
-    uint64_t device_seed = 0;              // device sampling: draw t of the request uses (seed, t)
+    // Prompt logprobs computed so far (positions 1 .. size()), until the first output takes them.
+    std::vector<SampleResult> prompt_logprobs;
+    bool prompt_logprobs_sent = false;
+    std::mt19937_64 rng;       // host sampling
+    uint64_t device_seed = 0;  // device sampling: draw t of the request uses (seed, t)
     std::optional<StreamingDecoder> decoder;
     std::string text;    // generated text so far (stop strings are searched here)
     size_t emitted = 0;  // bytes of text already returned
@@ -225,11 +238,19 @@ class Engine {
   const Tokenizer* tokenizer_;
   std::vector<int32_t> eos_ids_;
   std::unique_ptr<KvPolicy> default_policy_;
+  // Reads the prompt-logprob rows of the step just run (ModelRunner::prompt_rows(), after the
+  // `num_sampled` sampled rows of `logits`) into their requests' prompt_logprobs, a few numbers
+  // per row; the rows themselves are not kept.
+  void ReadPromptLogprobs(const Tensor& logits, size_t num_sampled);
+  // After a step: requests of max_tokens 0 whose prompt it finished end here (pending_outputs_).
+  void FinishPromptOnly(const StepPlan& plan);
   std::unique_ptr<KvCacheManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
   std::map<RequestId, RequestState> requests_;
-  std::vector<RequestOutput> aborted_;  // reported by the next Step()
+  // Outputs no step sampled (aborts, prompts scored with nothing to generate): reported by the
+  // next Step().
+  std::vector<RequestOutput> pending_outputs_;
   RequestId next_id_ = 1;
   int64_t arrivals_ = 0;
   std::mt19937_64 seed_source_;
@@ -243,3 +264,4 @@ class Engine {
 };
 
 }  // namespace sieve
+  std::vector<float> prompt_logits_;       // [<= prompt_logprob_rows][V] host copy of a step's rows

@@ -80,6 +80,16 @@ class RankWorkers {
 };
 
 ModelRunner::ModelRunner(const LlamaModel& model, KvCacheManager& kv,
+namespace {
+
+// Rows of logits one step computes at most: a decode bucket's samples, and the prompt rows of
+// prompt logprobs beside them. Allocated once; no step allocates logits.
+int MaxLogitsRows(const ModelRunnerOptions& options) {
+  return ModelRunner::BucketFor(options.max_num_seqs) + std::max(options.prompt_logprob_rows, 0);
+}
+
+}  // namespace
+
                          const ModelRunnerOptions& options)
     : ModelRunner(std::vector<const LlamaModel*>{&model}, kv, options) {}
 
@@ -125,14 +135,13 @@ ModelRunner::ModelRunner(const std::vector<const LlamaModel*>& ranks, KvCacheMan
     backend.CopyFromHost(table.data(), table.size() * sizeof(int32_t), pool.page_table);
     pool.kv_lens = backend.Allocate({config.num_layers, kv_options.max_seqs}, DType::kI32);
     if (rank == 0) {
-      logits_device_ =
-          backend.Allocate({BucketFor(options.max_num_seqs), config.vocab_size}, DType::kF32);
+      logits_device_ = backend.Allocate({MaxLogitsRows(options), config.vocab_size}, DType::kF32);
     }
     // Sized for the largest step the scheduler can plan; long chunked prefills grow the K/V
     // scratch on first use.
     model.EnsureWorkspace(state.workspace,
                           options.max_num_batched_tokens + BucketFor(options.max_num_seqs),
-                          options.max_num_batched_tokens, BucketFor(options.max_num_seqs), 1, 1);
+                          options.max_num_batched_tokens, MaxLogitsRows(options), 1, 1);
     if (options_.pad_decode_batches && options_.use_graphs && backend.SupportsGraphs()) {
       backend.PrepareDecodeGraphs(BucketFor(options.max_num_seqs), model.layout().num_q_heads,
                                   config.head_dim, options.max_model_len + 1);
@@ -242,6 +251,8 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
   for (auto& jobs : jobs_by_layer) jobs.clear();
   for (auto& jobs : evictions_by_layer) jobs.clear();
 
+  prompt_rows_.clear();
+  prompt_token_rows_.clear();
   for (int index = 0; index < num_real; ++index) {
     const ScheduledSequence& scheduled = *order[index];
     const Sequence& seq = *scheduler.Find(scheduled.id);
@@ -259,8 +270,17 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
         token_ids.push_back(0);
       } else {
         const int32_t token = seq.tokens[position];
+    // Prompt logprobs: the rows before the prompt's last (whose row is the sample's).
+    const int prompt_rows_end =
+        !scheduled.is_decode && seq.prompt_logprobs
+            ? std::min(scheduled.context_len + scheduled.num_tokens, seq.num_prompt_tokens - 1)
+            : 0;
         SIEVE_CHECK(token >= 0) << "sequence " << scheduled.id << " reads token " << position
                                 << ", which is not known yet";
+      if (position < prompt_rows_end) {
+        prompt_rows_.push_back({scheduled.id, position});
+        prompt_token_rows_.push_back(static_cast<int32_t>(token_ids.size()));
+      }
         token_ids.push_back(token);
       }
       positions.push_back(position);
@@ -360,6 +380,9 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
 void ModelRunner::PackStep() {
   StepMeta& step = step_;
   const Scratch& s = scratch_;
+  SIEVE_CHECK(static_cast<int>(prompt_rows_.size()) <= options_.prompt_logprob_rows)
+      << "the scheduler planned more prompt-logprob rows than the logits buffer holds";
+  sample_rows.insert(sample_rows.end(), prompt_token_rows_.begin(), prompt_token_rows_.end());
   const std::vector<int32_t>&token_ids = s.token_ids, &positions = s.positions,
         &query_start = s.query_start, &key_start = s.key_start, &context_lens = s.context_lens,
         &slots = s.slots, &sample_rows = s.sample_rows, &write_start = s.write_start;
@@ -580,6 +603,7 @@ void ModelRunner::WarmUpPrefill(int tokens) {
     RunEager(rank);
   });
 }
+  prompt_rows_.clear();
 
 const Tensor& ModelRunner::Run(const StepPlan& plan, const Scheduler& scheduler,
                                std::vector<SeqId>& sample_ids, const TokenFeed* feed) {

@@ -50,6 +50,9 @@ struct ModelRunnerOptions {
 };
 
 class RankWorkers;
+  // Prompt logprobs: most prefill rows besides the sampled ones whose logits one step computes
+  // (SchedulerOptions::prompt_logprob_rows); the logits buffer holds them beside a decode batch's.
+  int prompt_logprob_rows = 0;
 
 class ModelRunner {
  public:
@@ -68,16 +71,26 @@ class ModelRunner {
     std::unordered_map<SeqId, std::pair<int, int>> rows;
   };
 
-  // Runs the step. Returns the logits [R][V] f32 of its sampled rows on the device (valid until
-  // the next Run), in plan order: prefills whose final chunk ran, then decodes; `sample_ids`
-  // receives each row's sequence. With `feed` (one rank only), the tokens it names are read
-  // from its samples on the device; every other token must be known.
+  // Runs the step. Returns the logits [R + P][V] f32 of its sampled rows on the device (valid
+  // until the next Run), in plan order: prefills whose final chunk ran, then decodes; `sample_ids`
+  // receives each row's sequence. P rows of prompt logprobs follow (prompt_rows()). With `feed`
+  // (one rank only), the tokens it names are read from its samples on the device; every other token
+  // must be known.
   const Tensor& Run(const StepPlan& plan, const Scheduler& scheduler,
                     std::vector<SeqId>& sample_ids, const TokenFeed* feed = nullptr);
 
   // The host half of Run: builds and uploads the step's metadata and page-table changes.
   // Public so the scheduler benchmark can time a step's host work without the forward pass.
   // `pad_to` > 0: a decode-only step of the graph of that bucket (at least the step's size), padded
+  // The prompt rows of the last Run whose logits follow the sampled rows' (in this order): row
+  // sample_ids.size() + k of Run's logits is the distribution after prompt_rows()[k].position of
+  // sequence prompt_rows()[k].id, i.e. of its token at position + 1.
+  struct PromptRow {
+    SeqId id = 0;
+    int position = 0;
+  };
+  const std::vector<PromptRow>& prompt_rows() const { return prompt_rows_; }
+
   // to it.
   void PrepareStep(const StepPlan& plan, const Scheduler& scheduler, std::vector<SeqId>& sample_ids,
                    int pad_to = 0);
@@ -179,6 +192,8 @@ class ModelRunner {
   std::vector<int32_t> lengths_;  // [L][max_seqs] lengths seen by this step's attention
   struct Scratch {
     std::vector<int32_t> token_ids, positions, query_start, key_start, context_lens, slots,
+  std::vector<PromptRow> prompt_rows_;                // this step's prompt-logprob rows
+  std::vector<int32_t> prompt_token_rows_;            // [prompt_rows_] their token rows
         sample_rows, write_start, token_feed;
     std::vector<std::vector<CompressionJob>> jobs_by_layer;
     std::vector<std::vector<EvictionJob>> evictions_by_layer;

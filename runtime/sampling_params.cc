@@ -20,8 +20,11 @@ Status SamplingParams::Validate() const {
   if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
     return bad("frequency_penalty must be in [-2, 2]");
   }
-  if (max_tokens < 1) return bad("max_tokens must be at least 1");
+  if (max_tokens < 0 || (max_tokens == 0 && prompt_logprobs < 0)) {
+    return bad("max_tokens must be at least 1 (0 only with prompt logprobs)");
+  }
   if (logprobs > 20) return bad("logprobs must be at most 20");
+  if (prompt_logprobs > 20) return bad("prompt_logprobs must be at most 20");
   for (const std::string& s : stop) {
     if (s.empty()) return bad("stop strings must not be empty");
   }

@@ -19,11 +19,16 @@ struct SamplingParams {
   float presence_penalty = 0.0f;    // OpenAI: subtract once per generated token id
   float frequency_penalty = 0.0f;   // OpenAI: subtract per occurrence in the generated tokens
   std::optional<uint64_t> seed;     // reproducible sampling
-  int max_tokens = 256;             // new tokens at most (also limited by the context)
+  int max_tokens = 256;             // new tokens at most (also limited by the context); 0 only
+                                    // with prompt_logprobs: the prompt is scored, nothing generated
   std::vector<std::string> stop;    // stop strings (not included in the output)
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int logprobs = -1;  // -1: none; N >= 0: chosen token's logprob + top N
+  // vLLM's prompt_logprobs: -1: none; N >= 0: each prompt token after the first gets its
+  // logprob under the raw distribution given the tokens before it, and the top N there
+  // (RequestOutput::prompt_logprobs; the echo of /v1/completions).
+  int prompt_logprobs = -1;
 
   // Ranges as vLLM checks them; the message names the field.
   Status Validate() const;

@@ -101,7 +101,8 @@ ScheduledSequence Scheduler::PlanPrefill(const Sequence& seq, int chunk, StepPla
   out.context_len = seq.num_computed;
   out.num_tokens = chunk;
   out.final_chunk = seq.num_computed + chunk == seq.prefill_target;
-  out.sample = out.final_chunk;
+  // A request of max_tokens 0 (prompt logprobs only) samples nothing after its prompt.
+  out.sample = out.final_chunk && seq.max_total_tokens > seq.num_prompt_tokens;
   out.layer_rows = plan.AddLayerRows();
   int* capacities = plan.capacities.data() + out.layer_rows;
   int* lengths_after = plan.lengths_after.data() + out.layer_rows;
@@ -206,13 +207,18 @@ void Scheduler::Plan(StepPlan& plan) const {
   // first: a policy freed since the last step may share its address with a new one.
   thread_local DecodeCaps caps;
   caps.policy = nullptr;
+  // Prefill rows of sequences that need prompt logprobs: each is a row of logits.
+  int logprob_rows = options_.prompt_logprob_rows;
+  const auto chunk_budget = [&](const Sequence& seq) {
+    return seq.prompt_logprobs ? std::min(token_budget, logprob_rows) : token_budget;
+  };
   for (const SeqId id : running_) {
     if (is_preempted(id)) continue;
     const Sequence& seq = seqs_.at(id);
     if (seq.finishing) continue;
     ScheduledSequence scheduled;
     if (seq.in_prefill()) {
-      const int chunk = ChunkSize(seq, token_budget);
+      const int chunk = ChunkSize(seq, chunk_budget(seq));
       if (chunk == 0) continue;
       scheduled = PlanPrefill(seq, chunk, plan);
     } else {
@@ -236,6 +242,7 @@ void Scheduler::Plan(StepPlan& plan) const {
     if (self_preempted) continue;
     free_pages -= needed;
     token_budget -= scheduled.num_tokens;
+    if (!scheduled.is_decode && seq.prompt_logprobs) logprob_rows -= scheduled.num_tokens;
     plan.num_tokens += scheduled.num_tokens;
     (scheduled.is_decode ? plan.decodes : plan.prefills).push_back(std::move(scheduled));
   }
@@ -261,7 +268,7 @@ void Scheduler::Plan(StepPlan& plan) const {
     for (const SeqId id : waiting_) {
       if (running >= options_.max_num_seqs || free_slots == 0 || token_budget == 0) break;
       const Sequence& seq = seqs_.at(id);
-      const int chunk = ChunkSize(seq, token_budget);
+      const int chunk = ChunkSize(seq, chunk_budget(seq));
       if (chunk == 0) break;
       ScheduledSequence scheduled = PlanPrefill(seq, chunk, plan);
       const int needed = kv_->PagesToGrow(-1, plan.Capacities(scheduled));
@@ -270,6 +277,7 @@ void Scheduler::Plan(StepPlan& plan) const {
       free_pages -= needed;
       pages_after += after;
       token_budget -= chunk;
+      if (seq.prompt_logprobs) logprob_rows -= chunk;
       plan.num_tokens += chunk;
       ++running;
       --free_slots;

@@ -35,6 +35,9 @@ struct SchedulerOptions {
   int max_num_batched_tokens = 2048;  // tokens per step (prefill chunks + decodes)
   bool enable_chunked_prefill = true;
   int max_model_len = 4096;  // prompt + generated tokens per sequence
+  // Most prefill tokens of sequences that need prompt logprobs (Sequence::prompt_logprobs) in one
+  // step: each of their rows gets logits, and the logits buffer holds this many such rows.
+  int prompt_logprob_rows = 256;
 };
 
 class Scheduler {

@@ -30,6 +30,10 @@ struct Sequence {
   // again and then replays its generated tokens as decode steps (see Scheduler).
   int prefill_target = 0;
   int num_preemptions = 0;
+  // Prompt logprobs (SamplingParams::prompt_logprobs) still to compute: every row of its prefill
+  // chunks before the prompt's last is sampled too, so its chunks are capped at
+  // SchedulerOptions::prompt_logprob_rows (the engine clears this once the prompt is scored).
+  bool prompt_logprobs = false;
   // Its last token has been sampled by a step whose results the engine has not read yet
   // (Engine's overlapped steps): no further step is planned for it.
   bool finishing = false;
