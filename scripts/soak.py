@@ -374,7 +374,7 @@ def bad_requests(max_model_len, max_n, max_body):
         (cmpl, '{"prompt": "hi", "stop": 5}', 400, "stop"),
         (cmpl, '{"prompt": "hi", "stop": [""]}', 400, "stop"),
         (cmpl, '{"prompt": "hi", "logit_bias": {"5": 1}}', 400, "logit_bias"),
-        (cmpl, '{"prompt": "hi", "echo": true}', 400, "echo"),
+        (cmpl, '{"prompt": "hi", "echo": "yes"}', 400, "echo"),
         (cmpl, '{"prompt": "hi", "best_of": 3}', 400, "best_of"),
         (cmpl, '{"prompt": "hi", "min_tokens": 2}', 400, "min_tokens"),
         (cmpl, '{"prompt": "hi", "logprobs": 99}', 400, "logprobs"),

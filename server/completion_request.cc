@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/check.h"
 #include "server/json_util.h"
 
 namespace sieve {
@@ -27,6 +28,8 @@ Status ReadPrompts(const FieldReader& fields, const RequestLimits& limits,
   if (prompt == nullptr) return fields.Error("prompt", "'prompt' is required");
   const auto bad = [&](const std::string& message) { return fields.Error("prompt", message); };
   const auto add_text = [&](const std::string& text) -> Status {
+    // A BOS alone is no prompt: nothing to continue, nothing to score.
+    if (text.empty()) return bad("'prompt' must not be an empty string");
     Result<std::vector<int32_t>> ids = EncodeText(limits, text, /*add_bos=*/true);
     if (!ids.ok()) return bad("'prompt': " + ids.status().message());
     prompts.push_back(std::move(ids).value());
@@ -67,6 +70,30 @@ Status ReadPrompts(const FieldReader& fields, const RequestLimits& limits,
                  JsonTypeName(item));
     }
   }
+  return Status::Ok();
+}
+
+// Echo: the text of each prompt, as sent where it was text, decoded where it was token ids (special
+// tokens spelled out, as vLLM's detokenizer does by default).
+Status ReadPromptTexts(const FieldReader& fields, const RequestLimits& limits,
+                       CompletionRequest& request) {
+  const nlohmann::json& prompt = *fields.Find("prompt");
+  const auto decode = [&](size_t index) {
+    return limits.tokenizer != nullptr
+               ? limits.tokenizer->Decode(request.prompts[index], /*skip_special_tokens=*/false)
+               : std::string();
+  };
+  if (prompt.is_string()) {
+    request.prompt_texts.push_back(prompt.get<std::string>());
+  } else if (prompt.front().is_number()) {
+    request.prompt_texts.push_back(decode(0));
+  } else {
+    for (size_t index = 0; index < prompt.size(); ++index) {
+      request.prompt_texts.push_back(prompt[index].is_string() ? prompt[index].get<std::string>()
+                                                               : decode(index));
+    }
+  }
+  SIEVE_CHECK(request.prompt_texts.size() == request.prompts.size());
   return Status::Ok();
 }
 
@@ -179,9 +206,16 @@ Status ReadSampling(const FieldReader& fields, ApiKind kind, const RequestLimits
       fields.IntArray("stop_token_ids", 0, limits.vocab_size - 1, s.stop_token_ids));
   SIEVE_RETURN_IF_ERROR(fields.Bool("ignore_eos", s.ignore_eos));
 
+  if (kind == ApiKind::kCompletion) SIEVE_RETURN_IF_ERROR(fields.Bool("echo", request.echo));
   int max_tokens = 0;
-  SIEVE_RETURN_IF_ERROR(fields.Int("max_tokens", 1, INT_MAX, max_tokens));
-  if (fields.Has("max_tokens")) request.max_tokens = max_tokens;
+  // As vLLM: 0 with echo returns the prompt alone (lm-evaluation-harness's loglikelihood).
+  SIEVE_RETURN_IF_ERROR(fields.Int("max_tokens", 0, INT_MAX, max_tokens));
+  if (fields.Has("max_tokens")) {
+    if (max_tokens == 0 && !request.echo) {
+      return fields.Error("max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo')");
+    }
+    request.max_tokens = max_tokens;
+  }
   if (kind == ApiKind::kChat) {
     SIEVE_RETURN_IF_ERROR(fields.Int("max_completion_tokens", 1, INT_MAX, max_tokens));
     if (fields.Has("max_completion_tokens")) request.max_tokens = max_tokens;
@@ -213,9 +247,6 @@ Status ReadSampling(const FieldReader& fields, ApiKind kind, const RequestLimits
     if (!bias->empty()) return fields.Error("logit_bias", "'logit_bias' is not supported");
   }
   if (kind == ApiKind::kCompletion) {
-    bool echo = false;
-    SIEVE_RETURN_IF_ERROR(fields.Bool("echo", echo));
-    if (echo) return fields.Error("echo", "'echo' is not supported");
     std::string suffix;
     SIEVE_RETURN_IF_ERROR(fields.String("suffix", suffix));
     if (!suffix.empty()) return fields.Error("suffix", "'suffix' is not supported");
@@ -292,6 +323,7 @@ Result<CompletionRequest> ParseCompletionRequest(const nlohmann::json& body, Api
     SIEVE_RETURN_IF_ERROR(ReadChatPrompt(fields, limits, request.prompts));
   } else {
     SIEVE_RETURN_IF_ERROR(ReadPrompts(fields, limits, request.prompts));
+    if (request.echo) SIEVE_RETURN_IF_ERROR(ReadPromptTexts(fields, limits, request));
   }
   SIEVE_RETURN_IF_ERROR(CheckLengths(request, limits, param));
   SamplingParams check = request.sampling;
@@ -313,6 +345,11 @@ std::vector<Request> EngineRequests(const CompletionRequest& request, int max_mo
                                                ? *request.max_tokens
                                                : max_model_len - static_cast<int>(prompt.size());
       if (request.sampling.seed) engine_request.sampling.seed = *request.sampling.seed + choice;
+      if (request.echo && (request.logprobs >= 0 || engine_request.sampling.max_tokens == 0)) {
+        // max_tokens 0 without logprobs still runs the prompt (the engine's one way to end a
+        // request that generates nothing); its logprobs are then not reported.
+        engine_request.sampling.prompt_logprobs = std::max(request.logprobs, 0);
+      }
       engine_request.kv_policy = request.kv_policy;
       requests.push_back(std::move(engine_request));
     }

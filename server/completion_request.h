@@ -36,7 +36,11 @@ struct CompletionRequest {
   std::optional<int> max_tokens;
   // -1: no logprobs. Completions: `logprobs` N; chat: `logprobs: true` with `top_logprobs` N.
   int logprobs = -1;
-  std::string kv_policy;  // "" : the server's --kv-policy
+  // Completions' `echo`: each choice opens with its prompt (text, and with `logprobs` the prompt's
+  // tokens and their logprobs, the first one's null). max_tokens may then be 0.
+  bool echo = false;
+  std::vector<std::string> prompt_texts;  // echo: [prompts] each prompt's text (ids: decoded)
+  std::string kv_policy;                  // "" : the server's --kv-policy
 
   int num_choices() const { return static_cast<int>(prompts.size()) * n; }
 };
@@ -55,6 +59,8 @@ Result<CompletionRequest> ParseCompletionRequest(const nlohmann::json& body, Api
 
 // The engine requests of `request`, choice by choice: choice k = prompt (k / n), copy (k % n).
 // A seed, if given, becomes seed + k, so the choices differ but a repeated request repeats them.
+// With echo and logprobs N, each asks for the prompt's logprobs with the top N
+// (SamplingParams::prompt_logprobs).
 std::vector<Request> EngineRequests(const CompletionRequest& request, int max_model_len);
 
 }  // namespace sieve

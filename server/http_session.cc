@@ -15,6 +15,7 @@
 #include "core/logging.h"
 #include "server/json_util.h"
 #include "server/response_builder.h"
+#include "server/tokenizer_endpoints.h"
 #include "sparsity/kv_policy_json.h"
 
 namespace sieve {
@@ -277,6 +278,9 @@ void HttpSession::Route(const Request& request) {
       {"/server_info", http::verb::get},
       {"/v1/completions", http::verb::post},
       {"/v1/chat/completions", http::verb::post},
+      {"/tokenize", http::verb::post},
+      {"/detokenize", http::verb::post},
+      {"/tokenizer_info", http::verb::get},
   };
   const RouteEntry* route = nullptr;
   for (const RouteEntry& candidate : kRoutes) {
@@ -310,6 +314,10 @@ void HttpSession::Route(const Request& request) {
   }
   if (path == "/version") {
     return SendResponse(200, "application/json", R"({"version":"0.1.0"})");
+  }
+  // vLLM's tokenizer endpoints, outside /v1 and, as vLLM's, not behind the API key.
+  if (path == "/tokenize" || path == "/detokenize" || path == "/tokenizer_info") {
+    return HandleTokenizer(request, path);
   }
   if (!Authorized(request)) {
     return SendError(MakeApiError(401,
@@ -370,6 +378,32 @@ void HttpSession::Route(const Request& request) {
                   {"overlap_steps", options.overlap_steps}}));
   }
   HandleCompletion(request, path == "/v1/completions" ? ApiKind::kCompletion : ApiKind::kChat);
+}
+
+void HttpSession::HandleTokenizer(const Request& request, const std::string& path) {
+  std::string param;
+  Result<nlohmann::json> response = InternalError("unreachable");
+  if (path == "/tokenizer_info") {
+    response = TokenizerInfoResponse(context_.limits);
+  } else {
+    nlohmann::json body;
+    try {
+      body = nlohmann::json::parse(request.body());
+    } catch (const nlohmann::json::parse_error& error) {
+      return SendError(
+          MakeApiError(400, std::string("the body is not valid JSON: ") + error.what()));
+    }
+    if (body.is_object() && body.contains("model") && body["model"].is_string() &&
+        !context_.IsServedModel(body["model"].get<std::string>())) {
+      return SendError(
+          MakeApiError(404, "The model '" + body["model"].get<std::string>() + "' does not exist.",
+                       "model", "model_not_found"));
+    }
+    response = path == "/tokenize" ? TokenizeResponse(body, context_.limits, &param)
+                                   : DetokenizeResponse(body, context_.limits, &param);
+  }
+  if (!response.ok()) return SendError(ApiErrorFromStatus(response.status(), param));
+  SendResponse(200, "application/json", DumpJson(*response));
 }
 
 void HttpSession::HandleCompletion(const Request& request, ApiKind kind) {
@@ -616,7 +650,9 @@ void HttpSession::SendResponse(int status, std::string content_type, std::string
   response.set(http::field::server, "sieve");
   response.set(http::field::content_type, content_type);
   if (status == 405) {
-    response.set(http::field::allow, endpoint_.rfind("/v1/c", 0) == 0 ? "POST" : "GET");
+    const bool post =
+        endpoint_.rfind("/v1/c", 0) == 0 || endpoint_ == "/tokenize" || endpoint_ == "/detokenize";
+    response.set(http::field::allow, post ? "POST" : "GET");
   }
   response.keep_alive(keep_alive_ && !close);
   response.body() = std::move(body);

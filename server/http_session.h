@@ -49,6 +49,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   void Route(const Request& request);
   bool Authorized(const Request& request) const;
 
+  // /tokenize, /detokenize, /tokenizer_info (server/tokenizer_endpoints.h).
+  void HandleTokenizer(const Request& request, const std::string& path);
   void HandleCompletion(const Request& request, ApiKind kind);
   void StartGeneration(CompletionRequest request);
   void OnEvent(uint64_t serial, RequestEvent event, std::chrono::steady_clock::time_point when);

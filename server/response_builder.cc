@@ -32,6 +32,10 @@ ResponseBuilder::ResponseBuilder(const CompletionRequest& request, std::string m
     : kind_(request.kind),
       include_usage_(request.include_usage),
       logprobs_(request.logprobs),
+      echo_(request.echo),
+      n_(request.n),
+      prompts_(request.echo ? request.prompts : std::vector<std::vector<int32_t>>()),
+      prompt_texts_(request.prompt_texts),
       model_(std::move(model)),
       tokenizer_(tokenizer),
       id_(RandomId(request.kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-")),
@@ -58,7 +62,14 @@ nlohmann::json ResponseBuilder::Usage() const {
           {"total_tokens", prompt_tokens_ + completion}};
 }
 
-nlohmann::json ResponseBuilder::Logprobs(Choice& choice, const RequestOutput& output) {
+std::string ResponseBuilder::NewText(size_t index, Choice& choice, const RequestOutput& output) {
+  if (!echo_ || choice.echoed) return output.new_text;
+  choice.echoed = true;
+  return prompt_texts_.at(index / static_cast<size_t>(n_)) + output.new_text;
+}
+
+nlohmann::json ResponseBuilder::Logprobs(size_t index, Choice& choice,
+                                         const RequestOutput& output) {
   if (logprobs_ < 0) return nullptr;
   const auto token_text = [this](int32_t token) {
     return tokenizer_ ? ToValidUtf8(tokenizer_->TokenBytes(token)) : std::to_string(token);
@@ -92,20 +103,36 @@ nlohmann::json ResponseBuilder::Logprobs(Choice& choice, const RequestOutput& ou
   nlohmann::json token_logprobs = nlohmann::json::array();
   nlohmann::json top_logprobs = nlohmann::json::array();
   nlohmann::json text_offset = nlohmann::json::array();
-  for (const SampleResult& sample : output.new_logprobs) {
-    const std::string text = token_text(sample.token);
+  // `sample` null: a token with no logprob (the prompt's first, which nothing predicts).
+  const auto add = [&](int32_t token, const SampleResult* sample) {
+    const std::string text = token_text(token);
     tokens.push_back(text);
-    token_logprobs.push_back(FiniteLogprob(sample.logprob));
-    // As vLLM: the top N, plus the chosen token when it is not among them.
-    nlohmann::json top = nlohmann::json::object();
-    for (const TokenLogprob& entry : sample.top_logprobs) {
-      top[token_text(entry.token)] = FiniteLogprob(entry.logprob);
+    if (sample == nullptr) {
+      token_logprobs.push_back(nullptr);
+      top_logprobs.push_back(nullptr);
+    } else {
+      token_logprobs.push_back(FiniteLogprob(sample->logprob));
+      // As vLLM: the top N, plus the chosen token when it is not among them.
+      nlohmann::json top = nlohmann::json::object();
+      for (const TokenLogprob& entry : sample->top_logprobs) {
+        top[token_text(entry.token)] = FiniteLogprob(entry.logprob);
+      }
+      if (!top.contains(text)) top[text] = FiniteLogprob(sample->logprob);
+      top_logprobs.push_back(std::move(top));
     }
-    if (!top.contains(text)) top[text] = FiniteLogprob(sample.logprob);
-    top_logprobs.push_back(std::move(top));
     text_offset.push_back(choice.text_offset);
     choice.text_offset += static_cast<int>(text.size());
+  };
+  if (echo_ && !choice.echoed) {
+    // The prompt's tokens first, as vLLM's echo: token k > 0 with its logprob given the ones
+    // before it (RequestOutput::prompt_logprobs), the first with none.
+    const std::vector<int32_t>& prompt = prompts_.at(index / static_cast<size_t>(n_));
+    for (size_t position = 0; position < prompt.size(); ++position) {
+      const bool known = position > 0 && position - 1 < output.prompt_logprobs.size();
+      add(prompt[position], known ? &output.prompt_logprobs[position - 1] : nullptr);
+    }
   }
+  for (const SampleResult& sample : output.new_logprobs) add(sample.token, &sample);
   return {{"tokens", std::move(tokens)},
           {"token_logprobs", std::move(token_logprobs)},
           {"top_logprobs", std::move(top_logprobs)},
@@ -119,8 +146,8 @@ void ResponseBuilder::Record(Choice& choice, const RequestOutput& output) {
 
 void ResponseBuilder::Add(size_t choice_index, const RequestOutput& output) {
   Choice& choice = choices_.at(choice_index);
-  choice.text += output.new_text;
-  nlohmann::json logprobs = Logprobs(choice, output);
+  nlohmann::json logprobs = Logprobs(choice_index, choice, output);
+  choice.text += NewText(choice_index, choice, output);
   if (!logprobs.is_null()) {
     if (choice.logprobs.is_null()) {
       choice.logprobs = std::move(logprobs);
@@ -195,16 +222,16 @@ std::string ResponseBuilder::Start() const {
 
 std::string ResponseBuilder::Event(size_t choice_index, const RequestOutput& output) {
   Choice& choice = choices_.at(choice_index);
-  nlohmann::json logprobs = Logprobs(choice, output);
+  nlohmann::json logprobs = Logprobs(choice_index, choice, output);
+  const std::string text = NewText(choice_index, choice, output);
   Record(choice, output);
-  if (output.new_text.empty() && logprobs.is_null() && !output.finished) return "";
+  if (text.empty() && logprobs.is_null() && !output.finished) return "";
   nlohmann::json entry = {{"index", choice_index}};
   if (kind_ == ApiKind::kChat) {
-    entry["delta"] = output.new_text.empty() && output.finished
-                         ? nlohmann::json::object()
-                         : nlohmann::json{{"content", output.new_text}};
+    entry["delta"] = text.empty() && output.finished ? nlohmann::json::object()
+                                                     : nlohmann::json{{"content", text}};
   } else {
-    entry["text"] = output.new_text;
+    entry["text"] = text;
   }
   entry["logprobs"] = std::move(logprobs);
   entry["finish_reason"] =

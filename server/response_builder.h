@@ -45,6 +45,7 @@ class ResponseBuilder {
 
  private:
   struct Choice {
+    bool echoed = false;  // echo: the prompt opened this choice already
     std::string text;
     std::string finish_reason;  // "" while running
     int num_generated = 0;
@@ -52,8 +53,11 @@ class ResponseBuilder {
     nlohmann::json logprobs;  // accumulated (non-streaming)
   };
 
-  // The logprobs of `output`'s tokens in this API's shape, or null when not requested.
-  nlohmann::json Logprobs(Choice& choice, const RequestOutput& output);
+  // The logprobs of `output`'s tokens in this API's shape, or null when not requested; with
+  // echo, the prompt's first (choice `index`'s, before its first output).
+  nlohmann::json Logprobs(size_t index, Choice& choice, const RequestOutput& output);
+  // The text `output` adds to choice `index`: with echo, its prompt's first. Marks it echoed.
+  std::string NewText(size_t index, Choice& choice, const RequestOutput& output);
   void Record(Choice& choice, const RequestOutput& output);
   nlohmann::json Usage() const;
   nlohmann::json ChunkBase() const;
@@ -61,6 +65,10 @@ class ResponseBuilder {
   ApiKind kind_;
   bool include_usage_;
   int logprobs_;
+  bool echo_;
+  int n_;                                      // choices per prompt
+  std::vector<std::vector<int32_t>> prompts_;  // echo: [prompts] token ids
+  std::vector<std::string> prompt_texts_;      // echo: [prompts]
   std::string model_;
   const Tokenizer* tokenizer_;
   std::string id_;

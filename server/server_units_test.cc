@@ -8,7 +8,10 @@
 #include "server/completion_request.h"
 #include "server/metrics.h"
 #include "server/response_builder.h"
+#include "server/tokenizer_endpoints.h"
 #include "tokenizer/tokenizer_loader.h"
+
+#include <random>
 
 namespace sieve {
 namespace {
@@ -64,7 +67,13 @@ TEST_F(RequestParsingTest, WrongTypesNameTheField) {
       {{{"prompt", "a"}, {"logprobs", 21}}, "logprobs"},
       {{{"prompt", "a"}, {"presence_penalty", 3}}, "presence_penalty"},
       {{{"prompt", "a"}, {"stream_options", {{"include_usage", true}}}}, "stream_options"},
-      {{{"prompt", "a"}, {"echo", true}}, "echo"},
+      {{{"prompt", "a"}, {"echo", "yes"}}, "echo"},
+      {{{"prompt", "a"}, {"echo", true}, {"max_tokens", -1}}, "max_tokens"},
+      {{{"prompt", ""}}, "prompt"},
+      {{{"prompt", {"a", ""}}}, "prompt"},
+      {{{"prompt", {{1, 2}, json::array()}}}, "prompt"},
+      {{{"prompt", {{1, 2}, {2, 261}}}}, "prompt"},
+      {{{"prompt", {1, -1}}}, "prompt"},
       {{{"prompt", "a"}, {"logit_bias", {{"5", 1}}}}, "logit_bias"},
       {{{"prompt", {1, "a"}}}, "prompt"},
       {{{"prompt", json::array()}}, "prompt"},
@@ -147,6 +156,188 @@ TEST_F(RequestParsingTest, ChoicesAndSeeds) {
     EXPECT_EQ(requests[choice].sampling.max_tokens, 3);
     EXPECT_EQ(requests[choice].prompt.back(), choice < 2 ? 'a' : 'b');
   }
+}
+
+// lm-evaluation-harness's loglikelihood request (openai_completions.py): echo, logprobs 1, max
+// tokens 0 or 1, prompts as token-id arrays in a batch.
+TEST_F(RequestParsingTest, EchoAsTheHarnessSendsIt) {
+  for (const int max_tokens : {0, 1}) {
+    auto parsed = Parse({{"prompt", {{256, 'a', 'b'}, {256, 'c'}}},
+                         {"echo", true},
+                         {"max_tokens", max_tokens},
+                         {"logprobs", 1},
+                         {"temperature", 0},
+                         {"seed", 1234}});
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    EXPECT_TRUE(parsed->echo);
+    EXPECT_EQ(parsed->prompts.size(), 2u);
+    // Token prompts echo as their decoded text, special tokens spelled out.
+    ASSERT_EQ(parsed->prompt_texts.size(), 2u);
+    EXPECT_EQ(parsed->prompt_texts[0], tokenizer_->Decode(parsed->prompts[0], false));
+    const std::vector<Request> requests = EngineRequests(*parsed, limits_.max_model_len);
+    ASSERT_EQ(requests.size(), 2u);
+    for (const Request& request : requests) {
+      EXPECT_EQ(request.sampling.max_tokens, max_tokens);
+      EXPECT_EQ(request.sampling.prompt_logprobs, 1);
+      EXPECT_TRUE(request.sampling.Validate().ok());
+    }
+  }
+  // A text prompt echoes as sent.
+  auto text = Parse({{"prompt", "hello"}, {"echo", true}, {"max_tokens", 2}});
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(text->prompt_texts, std::vector<std::string>{"hello"});
+  // Without logprobs only max_tokens 0 needs the prompt run for logprobs (the engine's way to
+  // end a request that generates nothing); with max_tokens > 0 none are asked for.
+  EXPECT_EQ(EngineRequests(*text, limits_.max_model_len)[0].sampling.prompt_logprobs, -1);
+  auto nothing = Parse({{"prompt", "hello"}, {"echo", true}, {"max_tokens", 0}});
+  ASSERT_TRUE(nothing.ok());
+  EXPECT_EQ(EngineRequests(*nothing, limits_.max_model_len)[0].sampling.prompt_logprobs, 0);
+  // max_tokens 0 needs echo; echo is streamed too, as vLLM's.
+  EXPECT_FALSE(Parse({{"prompt", "hello"}, {"max_tokens", 0}}).ok());
+  EXPECT_EQ(param_, "max_tokens");
+  EXPECT_TRUE(Parse({{"prompt", "hello"}, {"echo", true}, {"stream", true}, {"logprobs", 2}}).ok());
+}
+
+TEST(ResponseBuilderTest, EchoOpensWithThePromptAndItsLogprobs) {
+  const std::unique_ptr<Tokenizer> tokenizer = MakeEmbeddedByteTokenizer();
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> letter('a', 'z');
+  std::uniform_real_distribution<float> logprob(-12.0f, -0.01f);
+  const int prompt_len = std::uniform_int_distribution<int>(1, 30)(rng);
+  std::vector<int32_t> prompt = {256};
+  while (static_cast<int>(prompt.size()) < prompt_len) prompt.push_back(letter(rng));
+  for (const bool stream : {false, true}) {
+    for (const int max_tokens : {0, 1}) {
+      CompletionRequest request;
+      request.prompts = {prompt};
+      request.prompt_texts = {tokenizer->Decode(prompt, false)};
+      request.echo = true;
+      request.logprobs = 1;
+      request.stream = stream;
+      ResponseBuilder builder(request, "m", tokenizer.get());
+      RequestOutput output;
+      for (size_t position = 1; position < prompt.size(); ++position) {
+        SampleResult entry;
+        entry.token = prompt[position];
+        entry.logprob = logprob(rng);
+        entry.top_logprobs = {{letter(rng), logprob(rng)}};
+        output.prompt_logprobs.push_back(entry);
+      }
+      if (max_tokens == 1) {
+        output.new_tokens = {'z'};
+        output.new_text = "z";
+        output.new_logprobs = {SampleResult{'z', -0.5f, {{'z', -0.5f}}}};
+        output.num_generated_tokens = 1;
+      }
+      output.finished = true;
+      output.finish_reason = FinishReason::kLength;
+      json choice;
+      if (stream) {
+        const std::string event = builder.Event(0, output);
+        ASSERT_EQ(event.rfind("data: ", 0), 0u);
+        choice = json::parse(event.substr(6))["choices"][0];
+      } else {
+        builder.Add(0, output);
+        const json body = json::parse(builder.Body());
+        choice = body["choices"][0];
+        EXPECT_EQ(body["usage"]["completion_tokens"], max_tokens);
+        EXPECT_EQ(body["usage"]["prompt_tokens"], prompt.size());
+      }
+      EXPECT_EQ(choice["text"], request.prompt_texts[0] + output.new_text);
+      const json& logprobs = choice["logprobs"];
+      const size_t total = prompt.size() + static_cast<size_t>(max_tokens);
+      ASSERT_EQ(logprobs["tokens"].size(), total) << logprobs.dump();
+      ASSERT_EQ(logprobs["token_logprobs"].size(), total);
+      ASSERT_EQ(logprobs["top_logprobs"].size(), total);
+      ASSERT_EQ(logprobs["text_offset"].size(), total);
+      EXPECT_TRUE(logprobs["token_logprobs"][0].is_null());
+      EXPECT_TRUE(logprobs["top_logprobs"][0].is_null());
+      int offset = 0;
+      for (size_t position = 0; position < total; ++position) {
+        EXPECT_EQ(logprobs["text_offset"][position], offset);
+        offset += static_cast<int>(logprobs["tokens"][position].get<std::string>().size());
+        if (position == 0 || position >= prompt.size()) continue;
+        const SampleResult& entry = output.prompt_logprobs[position - 1];
+        EXPECT_EQ(logprobs["tokens"][position], std::string(1, static_cast<char>(entry.token)));
+        EXPECT_FLOAT_EQ(logprobs["token_logprobs"][position].get<float>(), entry.logprob);
+        // The top 1 and the prompt's own token, as vLLM.
+        const json& top = logprobs["top_logprobs"][position];
+        EXPECT_FLOAT_EQ(top[std::string(1, static_cast<char>(entry.token))].get<float>(),
+                        entry.top_logprobs[0].token == entry.token ? entry.top_logprobs[0].logprob
+                                                                   : entry.logprob);
+        EXPECT_FLOAT_EQ(
+            top[std::string(1, static_cast<char>(entry.top_logprobs[0].token))].get<float>(),
+            entry.top_logprobs[0].logprob);
+      }
+      if (max_tokens == 1) {
+        EXPECT_FLOAT_EQ(logprobs["token_logprobs"][total - 1].get<float>(), -0.5f);
+      }
+    }
+  }
+}
+
+class TokenizerEndpointsTest : public RequestParsingTest {};
+
+TEST_F(TokenizerEndpointsTest, TokenizeDetokenizeRoundTrip) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::string text;
+  const int length = std::uniform_int_distribution<int>(1, 40)(rng);
+  for (int index = 0; index < length; ++index) {
+    text += static_cast<char>(std::uniform_int_distribution<int>(' ', '~')(rng));
+  }
+  for (const bool special : {true, false}) {
+    auto tokenized = TokenizeResponse(
+        {{"prompt", text}, {"add_special_tokens", special}, {"return_token_strs", true}}, limits_,
+        &param_);
+    ASSERT_TRUE(tokenized.ok()) << tokenized.status().ToString();
+    const std::vector<int32_t> tokens = (*tokenized)["tokens"].get<std::vector<int32_t>>();
+    EXPECT_EQ(tokens, *tokenizer_->Encode(text, special));
+    EXPECT_EQ((*tokenized)["count"], tokens.size());
+    EXPECT_EQ((*tokenized)["max_model_len"], limits_.max_model_len);
+    EXPECT_EQ((*tokenized)["token_strs"].size(), tokens.size());
+    auto detokenized = DetokenizeResponse({{"tokens", tokens}}, limits_, &param_);
+    ASSERT_TRUE(detokenized.ok()) << detokenized.status().ToString();
+    // Special tokens are spelled out, as vLLM's detokenize.
+    EXPECT_EQ((*detokenized)["prompt"], (special ? tokenizer_->TokenBytes(256) : "") + text);
+  }
+  // Chat form: what /v1/chat/completions would run.
+  auto chat =
+      TokenizeResponse({{"messages", {{{"role", "user"}, {"content", "hi"}}}}}, limits_, &param_);
+  ASSERT_TRUE(chat.ok()) << chat.status().ToString();
+  EXPECT_FALSE((*chat)["tokens"].empty());
+  EXPECT_TRUE((*chat)["token_strs"].is_null());
+
+  auto info = TokenizerInfoResponse(limits_);
+  ASSERT_TRUE(info.ok());
+  EXPECT_TRUE(info->contains("eos_token"));  // what lm-eval's remote tokenizer checks
+  EXPECT_TRUE(info->contains("tokenizer_class"));
+}
+
+TEST_F(TokenizerEndpointsTest, BadInputNamesTheField) {
+  const std::vector<std::tuple<json, bool, std::string>> cases = {
+      {{{"prompt", 5}}, true, "prompt"},
+      {json::object(), true, "prompt"},
+      {{{"prompt", "x"}, {"add_special_tokens", "no"}}, true, "add_special_tokens"},
+      {{{"tokens", {1, 261}}}, false, "tokens"},
+      {{{"tokens", {-1}}}, false, "tokens"},
+      {{{"tokens", "abc"}}, false, "tokens"},
+      {json::object(), false, "tokens"},
+  };
+  for (const auto& [body, tokenize, field] : cases) {
+    auto response = tokenize ? TokenizeResponse(body, limits_, &param_)
+                             : DetokenizeResponse(body, limits_, &param_);
+    ASSERT_FALSE(response.ok()) << body.dump();
+    EXPECT_EQ(HttpStatusFor(response.status().code()), 400) << body.dump();
+    EXPECT_EQ(param_, field) << body.dump() << ": " << response.status().message();
+  }
+  EXPECT_FALSE(TokenizeResponse(json::array(), limits_, &param_).ok());
+  RequestLimits no_tokenizer = limits_;
+  no_tokenizer.tokenizer = nullptr;
+  EXPECT_FALSE(TokenizerInfoResponse(no_tokenizer).ok());
 }
 
 TEST(MetricsRegistryTest, RendersPrometheusText) {
