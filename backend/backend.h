@@ -100,6 +100,13 @@ class Backend {
   // out[t][n] = sx[t] sw[n] sum_k e4m3(x)[t][k] e4m3(w)[n][k] with f32 accumulation.
   // w [N][K] act, contiguous -> [N][K] f8_e4m3 with row scales [N] f32.
   virtual Tensor QuantizeWeightE4m3(const Tensor& w) = 0;
+  // A published FP8 checkpoint's weight as it is, not requantized (model/fp8_checkpoint.h): the
+  // result is what QuantizeWeightE4m3 returns, with the checkpoint's codes and scales. The caller
+  // checks the shape with CheckE4m3Weight first; the host buffers may be freed on return.
+  // codes [N][K] e4m3 and row_scales [N] f32 (a per-tensor scale repeated), both on the host ->
+  // [N][K] f8_e4m3 with row scales [N] f32.
+  virtual Tensor UploadWeightE4m3(const uint8_t* codes, const float* row_scales, int64_t rows,
+                                  int64_t cols) = 0;
   // Whether this backend runs FP8 GEMMs over a [N][K] e4m3 weight: checked when a model is
   // quantized, so that a device or shape the kernels cannot take is a clear error there. The CPU
   // backend takes every shape.

@@ -34,6 +34,8 @@ class CpuBackend final : public Backend {
   void SiluMul(const Tensor& gate_up, Tensor& out, RowRms norm) override;
   void GatherRows(const Tensor& x, const Tensor& rows, Tensor& out) override;
   Tensor QuantizeWeightE4m3(const Tensor& w) override;
+  Tensor UploadWeightE4m3(const uint8_t* codes, const float* row_scales, int64_t rows,
+                          int64_t cols) override;
 
   void RopeAndCacheWrite(Tensor& qkv, const Tensor& rope_table, int num_heads, const StepMeta& step,
                          int layer, KvPool& pool, RopeTokens tokens, RowRms norm) override;

@@ -131,6 +131,16 @@ Tensor CpuBackend::QuantizeWeightE4m3(const Tensor& w) {
   return codes.WithRowScales(scales);
 }
 
+Tensor CpuBackend::UploadWeightE4m3(const uint8_t* codes, const float* row_scales, int64_t rows,
+                                    int64_t cols) {
+  SIEVE_CHECK(rows > 0 && cols > 0) << "an e4m3 weight of " << rows << " x " << cols;
+  Tensor data = Tensor::Empty({rows, cols}, DType::kF8E4M3);
+  Tensor scales = Tensor::Empty({rows}, DType::kF32);
+  std::memcpy(data.data(), codes, static_cast<size_t>(rows * cols));
+  std::memcpy(scales.data(), row_scales, static_cast<size_t>(rows) * sizeof(float));
+  return data.WithRowScales(scales);
+}
+
 void CpuBackend::GemmE4m3(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) {
   CheckF32Rows(x, "linear input");
   CheckF32Rows(out, "linear output");

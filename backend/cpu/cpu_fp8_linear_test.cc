@@ -73,6 +73,25 @@ TEST(CpuFp8LinearTest, QuantizedWeightIsRowQuantization) {
       std::equal(expected.scales.begin(), expected.scales.end(), q.row_scales().data_as<float>()));
 }
 
+// A checkpoint's codes and row scales uploaded as they are (UploadWeightE4m3) are the weight the
+// backend holds, bit for bit, and Linear over it is the scaled e4m3 product of those codes.
+TEST(CpuFp8LinearTest, UploadedWeightIsTheCheckpointsCodesAndScales) {
+  auto backend = MakeCpuBackend();
+  auto rng = testing::MakeRng();
+  const Tensor w_f32 = testing::RandomTensor({45, 80}, rng, 0.05f);
+  const Quantized stored = QuantizeRows(w_f32);
+  const Tensor w = backend->UploadWeightE4m3(stored.codes.data(), stored.scales.data(), 45, 80);
+  ASSERT_EQ(w.dtype(), DType::kF8E4M3);
+  ASSERT_TRUE(w.has_row_scales());
+  EXPECT_TRUE(std::equal(stored.codes.begin(), stored.codes.end(), w.data_as<uint8_t>()));
+  EXPECT_TRUE(
+      std::equal(stored.scales.begin(), stored.scales.end(), w.row_scales().data_as<float>()));
+  const Tensor x = testing::RandomTensor({6, 80}, rng, 3.0f);
+  Tensor out = Tensor::Empty({6, 45}, DType::kF32);
+  backend->Linear(x, w, out);
+  EXPECT_LE(MaxRelError(out, Reference(QuantizeRows(x), stored, 6, 45, 80)), 1e-5);
+}
+
 // Linear and LinearAdd over an e4m3 weight are the scaled e4m3 product (f32 sums: 1e-5
 // relative), within FP8's rounding of the unquantized product (relative L2 under 6%: e4m3 keeps
 // 3 mantissa bits, ~3.6% rms each for x and w), and a row's result does not depend on the batch.

@@ -227,6 +227,23 @@ class CudaBackend final : public Backend {
                            w.dim(1), scales.data_as<float>(), stream_);
     return codes.WithRowScales(scales);
   }
+  Tensor UploadWeightE4m3(const uint8_t* codes, const float* row_scales, int64_t rows,
+                          int64_t cols) override {
+    // The loader consulted CheckE4m3Weight before reading any weight.
+    SIEVE_CHECK(cuda::Fp8GemmRunner::DeviceSupportsFp8())
+        << "FP8 weights need an sm_89 or newer GPU (" << props_.name << " is sm_" << props_.major
+        << props_.minor << ")";
+    SIEVE_CHECK(rows > 0 && cols > 0) << "an e4m3 weight of " << rows << " x " << cols;
+    Tensor data = Allocate({rows, cols}, DType::kF8E4M3);
+    Tensor scales = Allocate({rows}, DType::kF32);
+    SIEVE_CUDA_CHECK(cudaMemcpyAsync(data.data(), codes, static_cast<size_t>(rows * cols),
+                                     cudaMemcpyHostToDevice, stream_));
+    SIEVE_CUDA_CHECK(cudaMemcpyAsync(scales.data(), row_scales,
+                                     static_cast<size_t>(rows) * sizeof(float),
+                                     cudaMemcpyHostToDevice, stream_));
+    SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the caller frees its host buffers next
+    return data.WithRowScales(scales);
+  }
   Status CheckE4m3Weight(int64_t rows, int64_t cols) const override {
     if (!cuda::Fp8GemmRunner::DeviceSupportsFp8()) {
       return UnimplementedError(std::string("FP8 weights need a GPU with FP8 tensor cores (sm_89 "

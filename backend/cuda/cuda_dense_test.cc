@@ -730,6 +730,43 @@ TEST_F(CudaDenseTest, Fp8LinearMatchesTheCpu) {
   }
 }
 
+// A published FP8 checkpoint's weight uploaded as it is (Backend::UploadWeightE4m3): the device
+// holds the CPU twin's codes and row scales bit for bit, and Linear over it matches the CPU's
+// within kBf16Tolerance, at decode and prefill row counts.
+TEST_F(CudaDenseTest, UploadedE4m3WeightIsTheCpusBitForBit) {
+  if (!cuda::Fp8GemmRunner::DeviceSupportsFp8()) GTEST_SKIP() << "no FP8 on this GPU";
+  std::mt19937_64& rng = rng_;
+  for (const auto& [rows, inner, cols] :
+       std::vector<std::tuple<int, int, int>>{{1, 4096, 1536}, {64, 1024, 768}, {700, 512, 384}}) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(inner) + " x " +
+                 std::to_string(cols));
+    std::vector<uint8_t> codes(static_cast<size_t>(cols) * inner);
+    for (uint8_t& code : codes) {
+      do code = static_cast<uint8_t>(rng());
+      while ((code & 0x7f) == 0x7f);  // no NaN codes
+    }
+    std::vector<float> scales(cols);
+    std::uniform_real_distribution<float> spread(-2.0f, 2.0f);
+    for (float& scale : scales) scale = 1e-4f * std::exp2(spread(rng));
+    const Tensor cpu_w = cpu_->UploadWeightE4m3(codes.data(), scales.data(), cols, inner);
+    const Tensor gpu_w = gpu_->UploadWeightE4m3(codes.data(), scales.data(), cols, inner);
+    ASSERT_EQ(gpu_w.dtype(), DType::kF8E4M3);
+    ASSERT_TRUE(gpu_w.has_row_scales());
+    std::vector<uint8_t> gpu_codes(codes.size());
+    std::vector<float> gpu_scales(scales.size());
+    gpu_->CopyToHost(gpu_w, gpu_codes.data());
+    gpu_->CopyToHost(gpu_w.row_scales(), gpu_scales.data());
+    EXPECT_TRUE(gpu_codes == codes);
+    EXPECT_TRUE(gpu_scales == scales);
+    const auto x = Random(static_cast<size_t>(rows) * inner, 2.0f);
+    Tensor cpu_out = Tensor::Empty({rows, cols}, DType::kF32);
+    cpu_->Linear(Cpu(x, {rows, inner}), cpu_w, cpu_out);
+    Tensor gpu_out = gpu_->Allocate({rows, cols}, DType::kBF16);
+    gpu_->Linear(Gpu(x, {rows, inner}), gpu_w, gpu_out);
+    EXPECT_LE(RelL2(Download(gpu_out), Values(cpu_out)), kBf16Tolerance);
+  }
+}
+
 // The skinny kernel's e4m3 form (skinny_gemm.h) at every k split and row tile, plain and
 // accumulating, against the CPU twin (same quantization; f32 sums in another order, bf16 out).
 TEST_F(CudaDenseTest, SkinnyE4m3MatchesTheCpuAtEverySplit) {
