@@ -6,6 +6,8 @@
 #include <set>
 #include <string_view>
 
+#include "model/fp8_checkpoint.h"
+
 namespace sieve {
 namespace {
 
@@ -92,11 +94,18 @@ Status ValidateLlamaCheckpoint(const SafetensorsCheckpoint& checkpoint, const Mo
       misshaped.push_back(spec.name + " (expected " + ShapeString(spec.shape) + ", got " +
                           ShapeString(tensor->shape) + " in " + file_name + ")");
     }
-    if (!IsFloat(tensor->dtype)) {
+    // An FP8 checkpoint's layer linears are e4m3 codes (ValidateFp8Tensors checks their scales).
+    const bool e4m3_allowed = config.quantization && tensor->dtype == DType::kF8E4M3 &&
+                              tensor->shape.size() == 2 &&
+                              spec.name.find("_proj.") != std::string::npos;
+    if (!IsFloat(tensor->dtype) && !e4m3_allowed) {
       non_float.push_back(spec.name + " (" + std::string(SafetensorsDTypeName(tensor->dtype)) +
                           " in " + file_name + ")");
     }
   }
+
+  std::vector<std::string> fp8_problems;
+  if (config.quantization) ValidateFp8Tensors(checkpoint, config, fp8_problems, expected_names);
 
   std::vector<std::string> unexpected;
   for (const std::string& name : checkpoint.Names()) {
@@ -111,7 +120,8 @@ Status ValidateLlamaCheckpoint(const SafetensorsCheckpoint& checkpoint, const Mo
     unexpected.push_back(name);
   }
 
-  if (missing.empty() && misshaped.empty() && non_float.empty() && unexpected.empty()) {
+  if (missing.empty() && misshaped.empty() && non_float.empty() && unexpected.empty() &&
+      fp8_problems.empty()) {
     return Status::Ok();
   }
   std::string message =
@@ -121,6 +131,7 @@ Status ValidateLlamaCheckpoint(const SafetensorsCheckpoint& checkpoint, const Mo
   if (!non_float.empty()) {
     message += "; " + Section("tensors not in F32, BF16 or F16", non_float);
   }
+  if (!fp8_problems.empty()) message += "; " + Section("FP8 tensors", fp8_problems);
   if (!unexpected.empty()) message += "; " + Section("unexpected tensors", unexpected);
   return InvalidArgumentError(message);
 }

@@ -39,7 +39,8 @@ std::vector<ExpectedTensor> LlamaTensorSpecs(const ModelConfig& config);
 // F16), and nothing else is there. Otherwise one InvalidArgument error that lists all missing,
 // mis-shaped, non-float and unexpected tensors at once. Tolerated: `*.rotary_emb.inv_freq` (old
 // checkpoints saved RoPE's buffer) and an lm_head.weight beside tied embeddings (ignored, as
-// transformers ignores it).
+// transformers ignores it). A config with `quantization` (an FP8 checkpoint) also takes F8_E4M3
+// layer linears with their scale tensors, checked as fp8_checkpoint.h says.
 Status ValidateLlamaCheckpoint(const SafetensorsCheckpoint& checkpoint, const ModelConfig& config);
 
 }  // namespace sieve

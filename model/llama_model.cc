@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include "core/logging.h"
+#include "model/fp8_checkpoint.h"
 #include "model/llama_checkpoint.h"
 #include "model/rope.h"
 
@@ -103,6 +105,23 @@ std::string LayerName(int layer, const char* suffix) {
   return "model.layers." + std::to_string(layer) + "." + suffix;
 }
 
+// Whether `backend` runs FP8 GEMMs over one rank's four layer linears (qkv, o, gate_up, down),
+// checked before any weight is read or quantized.
+Status CheckE4m3Linears(const Backend& backend, const ModelConfig& config,
+                        const ShardLayout& layout, const std::string& context) {
+  const int64_t d = config.hidden_size;
+  const int64_t hd = config.head_dim;
+  const std::pair<int64_t, int64_t> shapes[] = {
+      {(layout.num_q_heads + 2 * layout.num_kv_heads) * hd, d},
+      {d, layout.num_out_heads * hd},
+      {2 * layout.ffn_size, d},
+      {d, layout.ffn_size}};
+  for (const auto& [rows, cols] : shapes) {
+    SIEVE_RETURN_IF_ERROR(backend.CheckE4m3Weight(rows, cols).WithContext(context));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 LlamaModel::LlamaModel(const ModelConfig& config, Backend& backend, int max_positions,
@@ -137,10 +156,23 @@ Result<ShardLayout> LlamaModel::CheckShard(const ModelConfig& config,
 }
 
 void LlamaModel::FoldNorms() {
-  for (LlamaLayerWeights& w : weights_.layers) {
-    backend_.ScaleColumns(w.qkv, w.attn_norm);
-    backend_.ScaleColumns(w.gate_up, w.mlp_norm);
-  }
+  for (LlamaLayerWeights& w : weights_.layers) FoldNorms(w);
+}
+
+void LlamaModel::FoldNorms(LlamaLayerWeights& w) {
+  backend_.ScaleColumns(w.qkv, w.attn_norm);
+  backend_.ScaleColumns(w.gate_up, w.mlp_norm);
+}
+
+RowRms LlamaModel::FoldedNorm(const Tensor& rows) const {
+  return norms_folded_ ? RowRms{&rows, config_.rms_norm_eps} : RowRms{};
+}
+
+Tensor LlamaModel::NormedInput(const Tensor& x, const Tensor& weight, ForwardWorkspace& ws) const {
+  if (norms_folded_) return x;
+  Tensor normed = ws.normed.Rows(0, x.dim(0));
+  backend_.RmsNorm(x, weight, config_.rms_norm_eps, normed);
+  return normed;
 }
 
 void LlamaModel::UploadRopeTable() {
@@ -153,12 +185,35 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Load(const ModelConfig& config,
                                                      const SafetensorsCheckpoint& checkpoint,
                                                      Backend& backend, int max_positions,
                                                      const TensorParallelShard& shard,
-                                                     Communicator* communicator) {
+                                                     Communicator* communicator, bool fold_norms) {
   SIEVE_RETURN_IF_ERROR(config.Validate());
   SIEVE_ASSIGN_OR_RETURN(const ShardLayout layout, CheckShard(config, shard, communicator));
   SIEVE_RETURN_IF_ERROR(ValidateLlamaCheckpoint(checkpoint, config));
+  const bool fp8_checkpoint = config.quantization.has_value();
+  if (fp8_checkpoint) {
+    SIEVE_RETURN_IF_ERROR(CheckE4m3Linears(backend, config, layout, "an FP8 checkpoint"));
+  }
   std::unique_ptr<LlamaModel> model(
       new LlamaModel(config, backend, max_positions, shard, layout, communicator));
+  // A linear of an FP8 checkpoint as stored: e4m3 rows with their own scales (a column slice of
+  // a row keeps the row's scale, so row-parallel shards are exact too), or a float weight the
+  // producer left unquantized.
+  const auto linear = [&](const std::vector<TensorSlice>& slices) -> Result<Tensor> {
+    constexpr std::string_view kWeight = ".weight";
+    const auto prefix = [&](const TensorSlice& slice) {
+      return slice.name.substr(0, slice.name.size() - kWeight.size());
+    };
+    if (!fp8_checkpoint || !IsE4m3Linear(checkpoint, prefix(slices[0]))) {
+      return UploadSlices(backend, checkpoint, slices);
+    }
+    std::vector<E4m3Slice> parts;
+    for (const TensorSlice& slice : slices) {
+      parts.push_back(
+          {prefix(slice), slice.row_begin, slice.row_end, slice.col_begin, slice.col_end});
+    }
+    SIEVE_ASSIGN_OR_RETURN(const E4m3Rows rows, ReadE4m3Slices(checkpoint, parts));
+    return backend.UploadWeightE4m3(rows.codes.data(), rows.scales.data(), rows.rows, rows.cols);
+  };
   LlamaWeights& weights = model->weights_;
   SIEVE_ASSIGN_OR_RETURN(weights.embed,
                          UploadSlices(backend, checkpoint, {{"model.embed_tokens.weight"}}));
@@ -193,26 +248,34 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::Load(const ModelConfig& config,
     SIEVE_ASSIGN_OR_RETURN(
         w.attn_norm,
         UploadSlices(backend, checkpoint, {{LayerName(layer, "input_layernorm.weight")}}));
-    SIEVE_ASSIGN_OR_RETURN(w.qkv,
-                           UploadSlices(backend, checkpoint,
-                                        {rows("self_attn.q_proj.weight", q_begin, q_end),
-                                         rows("self_attn.k_proj.weight", kv_begin, kv_end),
-                                         rows("self_attn.v_proj.weight", kv_begin, kv_end)}));
-    SIEVE_ASSIGN_OR_RETURN(w.o,
-                           UploadSlices(backend, checkpoint,
-                                        {columns("self_attn.o_proj.weight", out_begin, out_end)}));
+    SIEVE_ASSIGN_OR_RETURN(w.qkv, linear({rows("self_attn.q_proj.weight", q_begin, q_end),
+                                          rows("self_attn.k_proj.weight", kv_begin, kv_end),
+                                          rows("self_attn.v_proj.weight", kv_begin, kv_end)}));
+    SIEVE_ASSIGN_OR_RETURN(w.o, linear({columns("self_attn.o_proj.weight", out_begin, out_end)}));
     SIEVE_ASSIGN_OR_RETURN(
         w.mlp_norm,
         UploadSlices(backend, checkpoint, {{LayerName(layer, "post_attention_layernorm.weight")}}));
-    SIEVE_ASSIGN_OR_RETURN(w.gate_up,
-                           UploadSlices(backend, checkpoint,
-                                        {rows("mlp.gate_proj.weight", ffn_begin, ffn_end),
-                                         rows("mlp.up_proj.weight", ffn_begin, ffn_end)}));
-    SIEVE_ASSIGN_OR_RETURN(
-        w.down,
-        UploadSlices(backend, checkpoint, {columns("mlp.down_proj.weight", ffn_begin, ffn_end)}));
+    SIEVE_ASSIGN_OR_RETURN(w.gate_up, linear({rows("mlp.gate_proj.weight", ffn_begin, ffn_end),
+                                              rows("mlp.up_proj.weight", ffn_begin, ffn_end)}));
+    SIEVE_ASSIGN_OR_RETURN(w.down, linear({columns("mlp.down_proj.weight", ffn_begin, ffn_end)}));
   }
-  model->FoldNorms();
+  if (fp8_checkpoint) {
+    // Folding the norms would requantize the checkpoint's weights: they run unfolded.
+    model->quantization_ = WeightQuantization::kFp8;
+    model->norms_folded_ = false;
+    SIEVE_ASSIGN_OR_RETURN(model->checkpoint_kv_scales_,
+                           ReadCheckpointKvScales(checkpoint, config));
+    if (config.quantization->static_input_scales) {
+      spdlog::info(
+          "{}: the checkpoint's static input_scale tensors are checked and not used: Sieve "
+          "quantizes each GEMM's input per token as it runs",
+          checkpoint.dir());
+    }
+  } else if (fold_norms) {
+    model->FoldNorms();
+  } else {
+    model->norms_folded_ = false;
+  }
   model->UploadRopeTable();
   return model;
 }
@@ -226,8 +289,13 @@ std::unique_ptr<LlamaModel> LlamaModel::Random(const ModelConfig& config, Backen
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::RandomShard(
     const ModelConfig& config, Backend& backend, uint64_t seed, int max_positions,
-    const TensorParallelShard& shard, Communicator* communicator, float init_std) {
+    const TensorParallelShard& shard, Communicator* communicator, float init_std,
+    WeightQuantization quantization) {
   SIEVE_ASSIGN_OR_RETURN(const ShardLayout layout, CheckShard(config, shard, communicator));
+  const bool quantize = quantization == WeightQuantization::kFp8;
+  if (quantize) {
+    SIEVE_RETURN_IF_ERROR(CheckE4m3Linears(backend, config, layout, "--quantization fp8"));
+  }
   std::unique_ptr<LlamaModel> model(
       new LlamaModel(config, backend, max_positions, shard, layout, communicator));
   const int64_t d = config.hidden_size;
@@ -285,7 +353,20 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::RandomShard(
     w.mlp_norm = norm();
     w.gate_up = matrix(2 * ffn, d);
     w.down = matrix(d, ffn);
-    if (!sharded) continue;
+    // Each layer folded and quantized as soon as it is cut (QuantizeWeights' ops in its order), so
+    // that its activation-dtype matrices are dropped before the next layer's are made.
+    const auto quantize_layer = [&] {
+      if (!quantize) return;
+      model->FoldNorms(w);
+      for (Tensor* weight : {&w.qkv, &w.o, &w.gate_up, &w.down}) {
+        *weight = backend.QuantizeWeightE4m3(*weight);
+      }
+      backend.Synchronize();
+    };
+    if (!sharded) {
+      quantize_layer();
+      continue;
+    }
     const int64_t q_begin = layout.q_head_begin * hd;
     const int64_t q_end = q_begin + layout.num_q_heads * hd;
     const int64_t k_begin = (heads + layout.kv_head_begin) * hd;
@@ -299,8 +380,13 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::RandomShard(
     w.gate_up = take_rows(w.gate_up,
                           {{layout.ffn_begin, ffn_end}, {ffn + layout.ffn_begin, ffn + ffn_end}});
     w.down = take_columns(w.down, layout.ffn_begin, ffn_end);
+    quantize_layer();
   }
-  model->FoldNorms();
+  if (quantize) {
+    model->quantization_ = quantization;
+  } else {
+    model->FoldNorms();
+  }
   model->UploadRopeTable();
   return model;
 }
@@ -328,12 +414,7 @@ Status LlamaModel::QuantizeWeights(WeightQuantization quantization) {
   }
   SIEVE_CHECK(quantization_ == WeightQuantization::kNone)
       << "weights already quantized as " << WeightQuantizationName(quantization_);
-  for (const LlamaLayerWeights& w : weights_.layers) {
-    for (const Tensor* matrix : {&w.qkv, &w.o, &w.gate_up, &w.down}) {
-      SIEVE_RETURN_IF_ERROR(backend_.CheckE4m3Weight(matrix->dim(0), matrix->dim(1))
-                                .WithContext("--quantization fp8"));
-    }
-  }
+  SIEVE_RETURN_IF_ERROR(CheckE4m3Linears(backend_, config_, layout_, "--quantization fp8"));
   for (LlamaLayerWeights& w : weights_.layers) {
     for (Tensor* matrix : {&w.qkv, &w.o, &w.gate_up, &w.down}) {
       *matrix = backend_.QuantizeWeightE4m3(*matrix);
@@ -433,9 +514,10 @@ void LlamaModel::OutputAndMlp(const LlamaLayerWeights& w, const Tensor& attn, Te
   Tensor act = ws.act.Rows(0, rows);
   RowParallelAdd(attn_out, w.o, residual);
   // Folded norm: LinearSiluMul reads `residual` raw and scales by its rows' inverse RMS; it does
-  // not write `residual`, so the scale is that of the GEMM's input.
-  backend_.LinearSiluMul(residual, w.gate_up, gate_up, act,
-                         RowRms{&residual, config_.rms_norm_eps});
+  // not write `residual`, so the scale is that of the GEMM's input. Unfolded: it reads the normed
+  // rows and scales nothing.
+  backend_.LinearSiluMul(NormedInput(residual, w.mlp_norm, ws), w.gate_up, gate_up, act,
+                         FoldedNorm(residual));
   RowParallelAdd(act, w.down, residual);
 }
 
@@ -467,7 +549,7 @@ void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& w
   // Folded norms (top of llama_model.h): the qkv and gate_up GEMMs read the residual stream
   // `hidden` itself and the ops after them scale each row by its inverse RMS; `hidden` does not
   // change between a layer's qkv GEMM and its attention ops, nor within LinearSiluMul.
-  const RowRms norm{&hidden, eps};
+  const RowRms norm = FoldedNorm(hidden);
   // Past the last layer's attention only the rows whose logits are read matter: every row's K/V
   // and the policy's scores come from the attention ops, and nothing reads the other rows'
   // outputs. So where a step samples fewer rows than it computes (prefill chunks: one row a
@@ -480,7 +562,7 @@ void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& w
   const int last_layer = config_.num_layers - 1;
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     const LlamaLayerWeights& w = weights_.layers[layer];
-    backend_.Linear(hidden, w.qkv, qkv);
+    backend_.Linear(NormedInput(hidden, w.attn_norm, ws), w.qkv, qkv);
     // Decode tokens are rotated and written by RopeDecodeAttention below; nothing in between
     // reads them (the prefill ops touch prefill sequences only).
     if (prefill_tokens > 0) {

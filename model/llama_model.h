@@ -23,6 +23,7 @@
 // unsharded model, with no communicator and no extra work.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string_view>
@@ -38,6 +39,7 @@ namespace sieve {
 
 // Shapes are those of one rank; unsharded, H_q = H_o = H, G_r = G, F_r = F (ShardLayout:
 // H_q = num_q_heads, H_o = num_out_heads, G_r = num_kv_heads, F_r = ffn_size).
+// Columns "scaled by" a norm: where the model folds its norms (LlamaModel::norms_folded()).
 struct LlamaLayerWeights {
   Tensor attn_norm;  // [D]
   Tensor qkv;        // [(H_q + 2 G_r) hd][D], columns scaled by attn_norm
@@ -78,7 +80,7 @@ struct ForwardWorkspace {
   int64_t max_kept = 0;
   // Widths of one rank, as in LlamaLayerWeights.
   Tensor hidden;     // [max_tokens][D] residual stream
-  Tensor normed;     // [max_tokens][D] the final norm's output
+  Tensor normed;     // [max_tokens][D] the final norm's output (and unfolded norms' outputs)
   Tensor qkv;        // [max_tokens][(H_q + 2 G_r) hd]
   Tensor attn;       // [max_tokens][H_q hd]
   Tensor gate_up;    // [max_tokens][2 F_r]
@@ -98,11 +100,17 @@ class LlamaModel {
   // With a shard of N > 1 ranks: only this rank's slices, read straight from the mapped file
   // (rows of q/k/v/gate/up, columns of o/down), and `communicator` (its rank and size those of
   // `shard`) carries the all-reduces. InvalidArgument when the model does not split N ways.
+  // An FP8 checkpoint (config.quantization; model/fp8_checkpoint.h) keeps its e4m3 weights and
+  // scales bit for bit (a row keeps its scale in a fused or sharded matrix), so its norms run
+  // unfolded; Unimplemented etc. from Backend::CheckE4m3Weight before any weight is read.
+  // `fold_norms` false runs the norms unfolded for a float checkpoint too (explicit RmsNorm
+  // kernels: the FP8 checkpoints' forward, which tests compare with the folded one).
   static Result<std::unique_ptr<LlamaModel>> Load(const ModelConfig& config,
                                                   const SafetensorsCheckpoint& checkpoint,
                                                   Backend& backend, int max_positions,
                                                   const TensorParallelShard& shard = {},
-                                                  Communicator* communicator = nullptr);
+                                                  Communicator* communicator = nullptr,
+                                                  bool fold_norms = true);
   // Seeded random weights on the device (--load-format dummy and the embedded model): N(0,
   // init_std) for matrices, 1 + N(0, 0.1) for norms.
   static std::unique_ptr<LlamaModel> Random(const ModelConfig& config, Backend& backend,
@@ -110,10 +118,14 @@ class LlamaModel {
                                             float init_std = 0.02f);
   // The same weights as Random with the same seed, cut to `shard`'s slices (each full matrix is
   // made on the device, sliced and dropped), so N ranks together compute what one does.
-  // Errors as Load.
+  // `quantization` kFp8 quantizes each layer as soon as it is made (exactly what
+  // QuantizeWeights does afterwards), so that the device never holds more than one layer in the
+  // activation dtype: a 70B model's dummy FP8 weights fit one 80 GB GPU, its bf16 ones do not.
+  // Errors as Load and QuantizeWeights (checked before any weight is made).
   static Result<std::unique_ptr<LlamaModel>> RandomShard(
       const ModelConfig& config, Backend& backend, uint64_t seed, int max_positions,
-      const TensorParallelShard& shard, Communicator* communicator, float init_std = 0.02f);
+      const TensorParallelShard& shard, Communicator* communicator, float init_std = 0.02f,
+      WeightQuantization quantization = WeightQuantization::kNone);
 
   // Quantizes the layers' linear weights in place (after loading, folded norms included):
   // kFp8 holds each as e4m3 with per-output-channel scales, which halves their bytes. kNone, or
@@ -121,6 +133,15 @@ class LlamaModel {
   // Errors (nothing changed) where the backend cannot run such weights.
   Status QuantizeWeights(WeightQuantization quantization);
   WeightQuantization quantization() const { return quantization_; }
+  // Whether the layers' norms are folded into the qkv and gate_up weights (top of this file);
+  // false for an FP8 checkpoint, whose weights folding would requantize: then each layer runs
+  // RmsNorm into the workspace's `normed` before those GEMMs, and no op scales by RowRms.
+  bool norms_folded() const { return norms_folded_; }
+  // An FP8 checkpoint's K and V scales, {k_scale, v_scale} per layer (stored K = K / k_scale),
+  // as model/fp8_checkpoint.h reads them; empty when the checkpoint has none.
+  const std::vector<std::array<float, 2>>& checkpoint_kv_scales() const {
+    return checkpoint_kv_scales_;
+  }
   // Bytes of the weights as held on the backend (quantized ones with their scales).
   int64_t WeightBytes() const;
 
@@ -167,6 +188,13 @@ class LlamaModel {
   void UploadRopeTable();
   // qkv *= diag(attn_norm), gate_up *= diag(mlp_norm) for every layer (see the top of this file).
   void FoldNorms();
+  void FoldNorms(LlamaLayerWeights& w);
+  // The RowRms of the ops after a GEMM that read `rows`: its rows' inverse RMS when the norms are
+  // folded, none otherwise.
+  RowRms FoldedNorm(const Tensor& rows) const;
+  // The input of the GEMM after a norm: `x` itself when folded, else RmsNorm(x, weight) written
+  // into the first rows of the workspace's `normed`.
+  Tensor NormedInput(const Tensor& x, const Tensor& weight, ForwardWorkspace& ws) const;
 
   ModelConfig config_;
   Backend& backend_;
@@ -176,7 +204,9 @@ class LlamaModel {
   Communicator* communicator_;  // null when unsharded (one rank may have one: tests the path)
   LlamaWeights weights_;
   WeightQuantization quantization_ = WeightQuantization::kNone;
-  Tensor rope_table_;  // [max_positions][hd / 2][2] f32
+  bool norms_folded_ = true;
+  std::vector<std::array<float, 2>> checkpoint_kv_scales_;  // [L] {k_scale, v_scale} or empty
+  Tensor rope_table_;                                       // [max_positions][hd / 2][2] f32
 };
 
 }  // namespace sieve

@@ -405,17 +405,10 @@ Result<ModelConfig> ParseHfConfig(const json& config_json, std::string_view sour
                           ? *model_type
                           : (config.architecture == kMistralArchitecture ? "mistral" : "llama");
 
-  // Refused up front: loading these would otherwise fail later, or worse, run wrongly.
+  // Refused up front (loading these would otherwise fail later, or worse, run wrongly), except
+  // the FP8 checkpoints Sieve reads (checkpoint_quantization.h).
   if (const json* quantization = fields.Get("quantization_config")) {
-    std::string method = "unknown";
-    if (quantization->is_object() && quantization->contains("quant_method") &&
-        (*quantization)["quant_method"].is_string()) {
-      method = (*quantization)["quant_method"].get<std::string>();
-    }
-    return UnimplementedError(std::string(source) + ": quantized checkpoints (quant_method " +
-                              method +
-                              ") are not supported; Sieve quantizes a bf16 checkpoint to FP8 at "
-                              "load with --quantization fp8");
+    SIEVE_ASSIGN_OR_RETURN(config.quantization, ParseQuantizationConfig(*quantization, source));
   }
   for (const char* key : {"hidden_act", "hidden_activation"}) {
     SIEVE_ASSIGN_OR_RETURN(std::optional<std::string> activation, fields.OptionalString(key));
@@ -621,7 +614,15 @@ Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   const std::string hf_path = (fs::path(model_dir) / "config.json").string();
   if (fs::exists(hf_path, error)) {
     SIEVE_ASSIGN_OR_RETURN(const json config, ReadJsonFile(hf_path));
-    return ParseHfConfig(config, hf_path);
+    SIEVE_ASSIGN_OR_RETURN(ModelConfig parsed, ParseHfConfig(config, hf_path));
+    // ModelOpt may describe its quantization beside config.json instead of inside it.
+    const std::string modelopt_path = (fs::path(model_dir) / "hf_quant_config.json").string();
+    if (!parsed.quantization && fs::exists(modelopt_path, error)) {
+      SIEVE_ASSIGN_OR_RETURN(const json modelopt, ReadJsonFile(modelopt_path));
+      SIEVE_ASSIGN_OR_RETURN(parsed.quantization,
+                             ParseModelOptQuantConfig(modelopt, modelopt_path));
+    }
+    return parsed;
   }
   const std::string meta_path = (fs::path(model_dir) / "params.json").string();
   if (fs::exists(meta_path, error)) {

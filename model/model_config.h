@@ -18,6 +18,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "model/checkpoint_quantization.h"
 
 namespace sieve {
 
@@ -57,6 +58,9 @@ struct ModelConfig {
   std::vector<int32_t> eos_token_ids;  // any of these ends generation
   bool attention_bias = false;         // Sieve has no bias path: always false once parsed
   bool mlp_bias = false;               // Sieve has no bias path: always false once parsed
+  // Set for a published FP8 checkpoint (config.json's quantization_config, or ModelOpt's
+  // hf_quant_config.json beside it): its layers' linear weights are e4m3 with scales.
+  std::optional<CheckpointQuantization> quantization;
 
   // Weights in the checkpoint, counting lm_head only when it is not tied.
   int64_t NumParameters() const;
@@ -78,7 +82,8 @@ Result<ModelConfig> ParseHfConfig(const nlohmann::json& json,
 // Parses a Meta `params.json` object (Llama 2/3 reference format; also Mistral's `hidden_dim`).
 Result<ModelConfig> ParseMetaParams(const nlohmann::json& json,
                                     std::string_view source = "params.json");
-// Reads `<model_dir>/config.json`, or `<model_dir>/params.json` when there is no config.json.
+// Reads `<model_dir>/config.json` (and ModelOpt's `hf_quant_config.json` beside it), or
+// `<model_dir>/params.json` when there is no config.json.
 Result<ModelConfig> LoadModelConfig(const std::string& model_dir);
 
 // Reads and parses a JSON file: NotFound when it does not exist, InvalidArgument naming the path

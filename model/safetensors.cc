@@ -55,14 +55,15 @@ std::optional<DType> SupportedDType(std::string_view name) {
   if (name == "I32") return DType::kI32;
   if (name == "I64") return DType::kI64;
   if (name == "U8") return DType::kU8;
+  if (name == "F8_E4M3") return DType::kF8E4M3;  // FP8 checkpoints' weights (model/README.md)
   return std::nullopt;
 }
 
 // Valid safetensors dtypes that Sieve has no use for: a clear Unimplemented, not "corrupt".
 bool IsKnownUnsupportedDType(std::string_view name) {
-  static constexpr std::string_view kNames[] = {
-      "BOOL",    "I8",      "I16",     "U16",     "U32",     "U64", "F64",
-      "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4",  "C64"};
+  static constexpr std::string_view kNames[] = {"BOOL",    "I8",  "I16",     "U16",     "U32",
+                                                "U64",     "F64", "F8_E5M2", "F8_E8M0", "F6_E2M3",
+                                                "F6_E3M2", "F4",  "C64"};
   return std::find(std::begin(kNames), std::end(kNames), name) != std::end(kNames);
 }
 
@@ -204,7 +205,7 @@ Status SafetensorsFile::ParseHeader(const uint8_t* bytes, size_t size) {
       if (IsKnownUnsupportedDType(dtype_name)) {
         return UnimplementedError(where + " has dtype " + dtype_name +
                                   ", which Sieve does not read (it reads F32, BF16, F16, I32, "
-                                  "I64, U8)");
+                                  "I64, U8, F8_E4M3)");
       }
       return DataLossError(where + " has unknown dtype " + Quote(dtype_name));
     }

@@ -43,7 +43,7 @@ std::string_view SafetensorsDTypeName(DType dtype);
 class SafetensorsFile {
  public:
   // Maps and validates `path`. NotFound when it does not exist; DataLoss when it is corrupt;
-  // Unimplemented for a tensor of a dtype Sieve does not read (F64, I8, F8_E4M3, ...).
+  // Unimplemented for a tensor of a dtype Sieve does not read (F64, I8, F8_E5M2, ...).
   static Result<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
 
   SafetensorsFile(const SafetensorsFile&) = delete;

@@ -96,9 +96,10 @@ Result<LoadedModel> LoadModel(const LoadModelOptions& options, Backend& backend)
     loaded.tokenizer = MakeEmbeddedByteTokenizer();
     const int positions =
         options.max_model_len > 0 ? options.max_model_len : DefaultMaxModelLen(config);
-    SIEVE_ASSIGN_OR_RETURN(loaded.model,
-                           LlamaModel::RandomShard(config, backend, kTinyRandomModelSeed, positions,
-                                                   options.shard, options.communicator, 0.08f));
+    SIEVE_ASSIGN_OR_RETURN(
+        loaded.model,
+        LlamaModel::RandomShard(config, backend, kTinyRandomModelSeed, positions, options.shard,
+                                options.communicator, 0.08f, quantization));
     loaded.description =
         "tiny random-weight Llama (4 layers, hidden 128, byte vocabulary; its output is noise)";
   } else if (options.model_dir.empty()) {
@@ -124,11 +125,16 @@ Result<LoadedModel> LoadModel(const LoadModelOptions& options, Backend& backend)
     const int positions =
         options.max_model_len > 0 ? options.max_model_len : DefaultMaxModelLen(config);
     if (options.load_format == "dummy") {
-      SIEVE_ASSIGN_OR_RETURN(loaded.model,
-                             LlamaModel::RandomShard(config, backend, options.dummy_seed, positions,
-                                                     options.shard, options.communicator));
+      // With --quantization fp8 (or an FP8 checkpoint's config) each layer is quantized as it
+      // is made: a 70B model's bf16 weights never exist whole.
+      SIEVE_ASSIGN_OR_RETURN(
+          loaded.model,
+          LlamaModel::RandomShard(config, backend, options.dummy_seed, positions, options.shard,
+                                  options.communicator, 0.02f,
+                                  config.quantization ? WeightQuantization::kFp8 : quantization));
       loaded.description = config.architecture + " from " + options.model_dir +
                            " with random weights (--load-format dummy)";
+      if (config.quantization) loaded.description += kFp8WeightsDescription;
     } else if (options.load_format == "auto" || options.load_format == "safetensors") {
       auto checkpoint = SafetensorsCheckpoint::Open(options.model_dir);
       if (!checkpoint.ok()) return checkpoint.status().WithContext("loading weights");
@@ -137,6 +143,15 @@ Result<LoadedModel> LoadModel(const LoadModelOptions& options, Backend& backend)
       if (!model.ok()) return model.status().WithContext("loading " + options.model_dir);
       loaded.model = std::move(model).value();
       loaded.description = config.architecture + " from " + options.model_dir;
+      if (config.quantization) {
+        const CheckpointQuantization& scheme = *config.quantization;
+        loaded.description +=
+            ", FP8 checkpoint (" + std::string(CheckpointFormatName(scheme.format)) +
+            ": e4m3 weights as stored, " + std::string(WeightScalesName(scheme.weight_scales)) +
+            " scales; per-token activation scales" +
+            (scheme.static_input_scales ? ", its static input scales unused" : "") +
+            (loaded.model->checkpoint_kv_scales().empty() ? "" : "; K/V scales read") + ")";
+      }
     } else {
       return InvalidArgumentError("unknown --load-format '" + options.load_format +
                                   "' (expected auto, safetensors or dummy)");
@@ -168,7 +183,8 @@ Result<LoadedModel> LoadModel(const LoadModelOptions& options, Backend& backend)
           " tokens but the model's vocabulary is " + std::to_string(config.vocab_size));
     }
   }
-  if (quantization != WeightQuantization::kNone) {
+  // An FP8 checkpoint's weights are FP8 as loaded, and its description says so.
+  if (quantization != WeightQuantization::kNone && !config.quantization) {
     SIEVE_RETURN_IF_ERROR(loaded.model->QuantizeWeights(quantization));
     loaded.description += kFp8WeightsDescription;
   }
