@@ -96,5 +96,24 @@ expect_fail "tokenize missing tokenizer" "tokenizer" "$sieve" tokenize --tokeniz
 expect_ok "inspect" "$sieve" inspect --model "$model"
 grep -q "KV bytes / token" "$work/out" || { echo "FAIL inspect: no KV bytes line"; failures=$((failures + 1)); }
 
+# A published-format FP8 checkpoint (compressed-tensors; scripts/make_fp8_checkpoint.py).
+fp8_model="$source_dir/testdata/models/llama_fp8_compressed"
+expect_ok "inspect an FP8 checkpoint" "$sieve" inspect --model "$fp8_model"
+for want in "FP8 checkpoint, compressed-tensors" "14 linears per channel" "static per tensor" \
+    "K/V scales: present \(2 of 2 layers\)" "FP8 as stored"; do
+  grep -qE "$want" "$work/out" || { echo "FAIL inspect fp8: no '$want'"; cat "$work/out"; failures=$((failures + 1)); }
+done
+expect_ok "generate on an FP8 checkpoint" gen --model "$fp8_model" --prompt "Hello" -n 5 --temperature 0
+grep -q "tokens generated" "$work/err" || { echo "FAIL generate fp8: no summary line"; failures=$((failures + 1)); }
+expect_ok "generate with dummy FP8 weights" gen --model "$model" --load-format dummy --quantization fp8 \
+  --prompt "Hello" -n 3
+copy_fp8() { rm -rf "$work/m"; cp -r "$fp8_model" "$work/m"; }
+copy_fp8; sed -i 's/"strategy": "channel"/"strategy": "block"/' "$work/m/config.json"
+expect_fail "FP8 block-wise scales" "block" gen --model "$work/m" --prompt hi
+copy_fp8; sed -i 's/"quant_method": "compressed-tensors"/"quant_method": "awq"/' "$work/m/config.json"
+expect_fail "AWQ checkpoint" "quant_method 'awq' is not supported" gen --model "$work/m" --prompt hi
+copy_fp8; sed -i 's/self_attn.q_proj.weight_scale/self_attn.q_proj.weight_scalX/' "$work/m/model.safetensors"
+expect_fail "FP8 weight_scale missing" "q_proj.weight_scale is missing" gen --model "$work/m" --prompt hi
+
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "all cli cases passed"

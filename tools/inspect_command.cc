@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "model/fp8_checkpoint.h"
 #include "model/llama_checkpoint.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
@@ -26,6 +27,7 @@ CommandRunner AddInspectCommand(CLI::App& app) {
     }
     ModelConfig config;
     std::string checkpoint_line;
+    std::string fp8_line;  // an FP8 checkpoint: what it holds
     {
       auto parsed = LoadModelConfig(*model_dir);
       if (!parsed.ok()) {
@@ -42,6 +44,34 @@ CommandRunner AddInspectCommand(CLI::App& app) {
         std::snprintf(size, sizeof(size), "%.2f GB", (*checkpoint)->TotalBytes() / 1e9);
         checkpoint_line = std::string(size) + " in safetensors, " +
                           (valid.ok() ? "matches the config" : "INVALID: " + valid.message());
+        if (config.quantization) {
+          const CheckpointQuantization& scheme = *config.quantization;
+          const Fp8CheckpointSummary summary = SummarizeFp8Checkpoint(**checkpoint, config);
+          fp8_line = "FP8 checkpoint, " + std::string(CheckpointFormatName(scheme.format)) +
+                     "; e4m3 weights with scales " + std::to_string(summary.linears_per_channel) +
+                     " linears per channel, " + std::to_string(summary.linears_per_tensor) +
+                     " per tensor (config: " + std::string(WeightScalesName(scheme.weight_scales)) +
+                     ")";
+          if (summary.linears_float > 0) {
+            fp8_line += ", " + std::to_string(summary.linears_float) + " linears kept in bf16";
+          }
+          fp8_line += "\n                   activations: " +
+                      std::string(scheme.static_input_scales ? "static per tensor" : "dynamic") +
+                      " in the config (" + std::to_string(summary.input_scales) +
+                      " input_scale tensors, not used: Sieve scales each token as its GEMM runs)";
+          fp8_line += "\n                   K/V scales: " +
+                      (summary.kv_scale_layers > 0
+                           ? "present (" + std::to_string(summary.kv_scale_layers) + " of " +
+                                 std::to_string(config.num_layers) + " layers)"
+                           : std::string("none"));
+          if (!scheme.ignored.empty()) {
+            std::string ignored;
+            for (const std::string& name : scheme.ignored) {
+              ignored += (ignored.empty() ? "" : ", ") + name;
+            }
+            fp8_line += "; left unquantized by the producer: " + ignored;
+          }
+        }
       }
     }
     const int64_t params = config.NumParameters();
@@ -69,6 +99,7 @@ CommandRunner AddInspectCommand(CLI::App& app) {
                 static_cast<long long>(config.KvBytesPerToken(DType::kBF16)),
                 static_cast<long long>(config.KvBytesPerToken(DType::kF32)));
     std::printf("weights:           %s\n", checkpoint_line.c_str());
+    if (!fp8_line.empty()) std::printf("quantization:      %s\n", fp8_line.c_str());
     {
       // --quantization fp8 on the GPU: the layers' linear weights as e4m3 (1 byte where bf16 has
       // 2) with an f32 scale per output channel; the rest bf16.
@@ -77,8 +108,13 @@ CommandRunner AddInspectCommand(CLI::App& app) {
           bf16_bytes - static_cast<double>(config.num_layers) *
                            static_cast<double>(config.LinearParametersPerLayer() -
                                                4 * config.LinearOutputsPerLayer());
-      std::printf("weights on a GPU:  %.2f GB bf16, %.2f GB with --quantization fp8\n",
-                  bf16_bytes / 1e9, fp8_bytes / 1e9);
+      if (config.quantization) {
+        // As stored: e4m3 layer linears with a scale per row, the rest bf16.
+        std::printf("weights on a GPU:  %.2f GB (FP8 as stored)\n", fp8_bytes / 1e9);
+      } else {
+        std::printf("weights on a GPU:  %.2f GB bf16, %.2f GB with --quantization fp8\n",
+                    bf16_bytes / 1e9, fp8_bytes / 1e9);
+      }
     }
     if (!model_dir->empty()) {
       auto tokenizer = LoadTokenizer(*model_dir);
