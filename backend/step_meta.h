@@ -126,8 +126,14 @@ struct KvPool {
   int max_pages_per_seq = 0;  // row pitch of the page tables
   int num_kv_heads = 0;
   int head_dim = 0;
-  Tensor k;           // [num_pages][page_size][G][d] cache dtype
-  Tensor v;           // [num_pages][page_size][G][d]
+  Tensor k;  // [num_pages][page_size][G][d] cache dtype
+  Tensor v;  // [num_pages][page_size][G][d]
+  // An FP8 pool (k and v of dtype kF8E4M3) stores entry x of layer l, KV head g as
+  // e4m3(x * (1 / scale[l][g])) (core/float8.h: round to nearest even, saturating) and reads it
+  // back as e4m3 value * scale[l][g]. Undefined for a pool of the activation dtype.
+  Tensor k_scales;  // [L][G] f32
+  Tensor v_scales;  // [L][G] f32
+  bool fp8() const { return k.defined() && k.dtype() == DType::kF8E4M3; }
   Tensor page_table;  // [L][max_seqs][max_pages_per_seq] i32
   Tensor kv_lens;     // [L][max_seqs] i32 entries held after this step's writes
   // Optional side pools for decode-time eviction (H2O, decode cap); undefined when unused.

@@ -32,6 +32,22 @@ double EngineStats::compression_ratio() const {
   return static_cast<double>(compressed_prompt_tokens) * entries_kept_by_layer.size() / kept;
 }
 
+Result<DType> ParseKvCacheDtype(std::string_view name, DType activation_dtype) {
+  if (name == "auto") return activation_dtype;
+  if (name == "fp8") return DType::kF8E4M3;
+  if (name == "bf16") {
+    if (activation_dtype != DType::kBF16) {
+      return InvalidArgumentError(
+          std::string(
+              "--kv-cache-dtype bf16: this backend's KV cache holds its activation dtype, ") +
+          std::string(DTypeName(activation_dtype)) + "; use auto or fp8");
+    }
+    return activation_dtype;
+  }
+  return InvalidArgumentError("--kv-cache-dtype '" + std::string(name) +
+                              "' is not one of auto, bf16, fp8");
+}
+
 Engine::Engine(std::unique_ptr<LlamaModel> model, const Tokenizer* tokenizer,
                std::vector<int32_t> eos_ids, const EngineOptions& options)
     : options_(options),
@@ -73,6 +89,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(
   if (options.max_num_batched_tokens < 1) {
     return InvalidArgumentError("--max-num-batched-tokens must be >= 1");
   }
+  if (options.prompt_logprob_rows < 1) {
+    return InvalidArgumentError("prompt_logprob_rows must be >= 1");
+  }
   if (options.page_size < 1 || options.page_size > 1024) {
     return InvalidArgumentError("--page-size must be in [1, 1024]");
   }
@@ -88,9 +107,6 @@ Result<std::unique_ptr<Engine>> Engine::Create(
     return InternalError("the model was loaded for " + std::to_string(model->max_positions()) +
                          " positions but --max-model-len is " +
                          std::to_string(options.max_model_len));
-  if (options.prompt_logprob_rows < 1) {
-    return InvalidArgumentError("prompt_logprob_rows must be >= 1");
-  }
   }
   SIEVE_ASSIGN_OR_RETURN(KvPolicy policy, KvPolicy::Parse(options.kv_policy, config.num_layers,
                                                           options.kv_policy_options));
@@ -117,8 +133,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(
   const bool score_pool = default_policy.NeedsScorePool() || options.eviction_pools;
   const bool position_pool = default_policy.NeedsPositionPool() || options.eviction_pools;
   const int64_t kv_heads = engine->model_->layout().num_kv_heads;
+  SIEVE_ASSIGN_OR_RETURN(const DType cache_dtype,
+                         ParseKvCacheDtype(options.kv_cache_dtype, backend.activation_dtype()));
   int64_t bytes_per_page = 2 * entries_per_page * kv_heads * config.head_dim *
-                           static_cast<int64_t>(DTypeSize(backend.activation_dtype()));
+                           static_cast<int64_t>(DTypeSize(cache_dtype));
   if (score_pool) bytes_per_page += entries_per_page * kv_heads * 4;
   if (position_pool) bytes_per_page += entries_per_page * kv_heads * 4;
   const int max_pages_per_seq =
@@ -163,6 +181,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(
   sched_options.max_num_batched_tokens = options.max_num_batched_tokens;
   sched_options.enable_chunked_prefill = options.enable_chunked_prefill;
   sched_options.max_model_len = options.max_model_len;
+  sched_options.prompt_logprob_rows = options.prompt_logprob_rows;
   engine->scheduler_ = std::make_unique<Scheduler>(sched_options, engine->kv_.get());
   ModelRunnerOptions runner_options;
   runner_options.max_num_seqs = options.max_num_seqs;
@@ -172,7 +191,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(
   runner_options.use_graphs = options.cuda_graphs;
   runner_options.step_tuning = options.step_tuning;
   runner_options.score_pool = score_pool;
+  runner_options.fp8_kv_cache = cache_dtype == DType::kF8E4M3;
   runner_options.position_pool = position_pool;
+  runner_options.prompt_logprob_rows = options.prompt_logprob_rows;
   std::vector<const LlamaModel*> ranks = {engine->model_.get()};
   for (const auto& other : engine->other_ranks_) ranks.push_back(other.get());
   engine->runner_ = std::make_unique<ModelRunner>(ranks, *engine->kv_, runner_options);
@@ -180,7 +201,6 @@ Result<std::unique_ptr<Engine>> Engine::Create(
   for (Tensor& samples : engine->sampled_tokens_) {
     samples = backend.Allocate({options.max_num_seqs}, DType::kI32);
   }
-  sched_options.prompt_logprob_rows = options.prompt_logprob_rows;
   engine->options_ = options;
   return engine;
 }
@@ -192,7 +212,6 @@ WarmUpReport Engine::WarmUp(const WarmUpProgress& progress, bool plan_prefill_an
   // Decode graphs: each bucket x each bound vector a batch of the engine's policy can meet. A
   // bound vector depends on the longest sequence of the batch only through its length, so
   // walking every prompt length finds them all (a handful: dense layers step by 4096 entries).
-  runner_options.prompt_logprob_rows = options.prompt_logprob_rows;
   std::vector<std::pair<int, const std::vector<int32_t>*>> graphs;
   std::set<std::vector<int32_t>> bound_vectors;
   int largest_graph_rows = 0;
@@ -257,9 +276,11 @@ std::string Engine::Describe() const {
   out << "\n"
       << "kv policy: " << default_policy_->ToString() << "\n"
       << "kv pool: " << kv_->num_pages() << " pages of " << options_.page_size << " entries ("
-      << runner_->pool_bytes() / (1024.0 * 1024.0) << " MiB), max model len "
-      << options_.max_model_len << ", max seqs " << options_.max_num_seqs << ", max batched tokens "
-      << options_.max_num_batched_tokens
+      << runner_->pool_bytes() / (1024.0 * 1024.0) << " MiB, "
+      << (runner_->fp8_kv_cache() ? "fp8 e4m3 with per-(layer, KV head) scales"
+                                  : std::string(DTypeName(model_->backend().activation_dtype())))
+      << "), max model len " << options_.max_model_len << ", max seqs " << options_.max_num_seqs
+      << ", max batched tokens " << options_.max_num_batched_tokens
       << (options_.enable_chunked_prefill ? ", chunked prefill" : "");
   return out.str();
 }
@@ -340,6 +361,7 @@ Result<RequestId> Engine::Add(Request request) {
   seq.num_prompt_tokens = prompt_len;
   seq.max_total_tokens = max_total;
   seq.policy = &policy;
+  seq.prompt_logprobs = prompt_logprobs && prompt_len > 1;
   state.own_policy = std::move(own_policy);
   state.forced_tokens = std::move(request.forced_tokens);
   requests_.emplace(id, std::move(state));
@@ -358,7 +380,6 @@ bool Engine::Abort(RequestId id) {
   output.num_prompt_tokens = it->second.num_prompt_tokens;
   output.num_generated_tokens = seq ? seq->num_known_generated() : 0;
   scheduler_->Remove(id);
-  seq.prompt_logprobs = prompt_logprobs && prompt_len > 1;
   requests_.erase(it);
   pending_outputs_.push_back(std::move(output));
   return true;
@@ -389,6 +410,10 @@ RequestOutput Engine::Advance(RequestState& state, Sequence& seq, const SampleRe
   output.new_tokens.push_back(token);
   const bool forced = !state.forced_tokens.empty();
   if (params.logprobs >= 0 || forced) output.new_logprobs.push_back(sample);
+  if (params.prompt_logprobs >= 0 && !state.prompt_logprobs_sent) {
+    output.prompt_logprobs = std::move(state.prompt_logprobs);
+    state.prompt_logprobs_sent = true;
+  }
 
   // Forced text is scored to its end: its EOS or stop tokens are just tokens.
   const bool is_eos =
@@ -407,10 +432,6 @@ RequestOutput Engine::Advance(RequestState& state, Sequence& seq, const SampleRe
   } else {
     // A stop string may straddle the tokens: search from where the longest could have begun.
     size_t longest = 0;
-  if (params.prompt_logprobs >= 0 && !state.prompt_logprobs_sent) {
-    output.prompt_logprobs = std::move(state.prompt_logprobs);
-    state.prompt_logprobs_sent = true;
-  }
     for (const std::string& stop : params.stop) longest = std::max(longest, stop.size());
     search_from = search_from >= longest ? search_from - longest + 1 : 0;
     size_t first_match = std::string::npos;
@@ -496,6 +517,10 @@ bool Engine::CanLaunchAhead(const StepPlan& plan) const {
       if (!state.forced_tokens.empty() || !state.sampling.SamplesOnDevice()) return false;
     }
   }
+  // Prompt logprobs are read from the step's logits on the host as soon as it has run.
+  for (const ScheduledSequence& scheduled : plan.prefills) {
+    if (scheduler_->Find(scheduled.id)->prompt_logprobs) return false;
+  }
   return true;
 }
 
@@ -514,10 +539,7 @@ Engine::LaunchedStep Engine::Launch(const StepPlan& plan, const LaunchedStep* pr
   }
   ++stats_.steps;
   const Tensor& logits = runner_->Run(plan, *scheduler_, step.sample_ids, feed);
-  // Prompt logprobs are read from the step's logits on the host as soon as it has run.
-  for (const ScheduledSequence& scheduled : plan.prefills) {
-    if (scheduler_->Find(scheduled.id)->prompt_logprobs) return false;
-  }
+  ReadPromptLogprobs(logits, step.sample_ids.size());
   scheduler_->Complete(plan);
   for (const ScheduledSequence& scheduled : plan.prefills) {
     stats_.prompt_tokens += scheduled.num_tokens;
@@ -531,12 +553,12 @@ Engine::LaunchedStep Engine::Launch(const StepPlan& plan, const LaunchedStep* pr
       stats_.entries_kept_by_layer[layer] += kept[layer];
   }
   stats_.peak_pages_used = std::max(stats_.peak_pages_used, kv_->num_used_pages());
+  FinishPromptOnly(plan);
 
   SampleRows(logits, step);
   // Each sample's place in its sequence, held by a placeholder until it is read. A sequence
   // whose sample is its last by length gets no further step.
   step.positions.reserve(step.sample_ids.size());
-  ReadPromptLogprobs(logits, step.sample_ids.size());
   for (const SeqId id : step.sample_ids) {
     Sequence& seq = *scheduler_->Find(id);
     if (!seq.caught_up()) {  // a preempted sequence replaying known tokens
@@ -550,7 +572,6 @@ Engine::LaunchedStep Engine::Launch(const StepPlan& plan, const LaunchedStep* pr
   return step;
 }
 
-  FinishPromptOnly(plan);
 void Engine::Collect(LaunchedStep& step, std::vector<RequestOutput>& outputs) {
   if (step.on_device) {
     std::vector<int32_t> tokens;
@@ -579,24 +600,6 @@ void Engine::Collect(LaunchedStep& step, std::vector<RequestOutput>& outputs) {
   }
 }
 
-void Engine::SampleRows(const Tensor& logits, LaunchedStep& step) {
-  const std::vector<SeqId>& sample_ids = step.sample_ids;
-  const size_t rows = sample_ids.size();
-  std::vector<Backend::DeviceSamplingRow> device_rows;
-  device_rows.reserve(rows);
-  bool on_device = true;
-  for (const SeqId id : sample_ids) {
-    const RequestState& state = requests_.at(id);
-    const SamplingParams& p = state.sampling;
-    if (!p.SamplesOnDevice() || !state.forced_tokens.empty()) {
-      on_device = false;
-      break;
-    }
-    const Sequence& seq = *scheduler_->Find(id);
-    device_rows.push_back({p.temperature, p.top_k, p.top_p, p.min_p, state.device_seed,
-                           static_cast<uint64_t>(seq.num_generated())});
-  }
-  Backend& backend = model_->backend();
 namespace {
 
 // The prompt-logprob entry of one row of logits: `token`'s log-probability under the raw
@@ -682,6 +685,24 @@ void Engine::FinishPromptOnly(const StepPlan& plan) {
   }
 }
 
+void Engine::SampleRows(const Tensor& logits, LaunchedStep& step) {
+  const std::vector<SeqId>& sample_ids = step.sample_ids;
+  const size_t rows = sample_ids.size();
+  std::vector<Backend::DeviceSamplingRow> device_rows;
+  device_rows.reserve(rows);
+  bool on_device = true;
+  for (const SeqId id : sample_ids) {
+    const RequestState& state = requests_.at(id);
+    const SamplingParams& p = state.sampling;
+    if (!p.SamplesOnDevice() || !state.forced_tokens.empty()) {
+      on_device = false;
+      break;
+    }
+    const Sequence& seq = *scheduler_->Find(id);
+    device_rows.push_back({p.temperature, p.top_k, p.top_p, p.min_p, state.device_seed,
+                           static_cast<uint64_t>(seq.num_generated())});
+  }
+  Backend& backend = model_->backend();
   if (on_device && backend.BeginSampling(logits.Rows(0, static_cast<int64_t>(rows)), device_rows,
                                          sampled_tokens_[next_samples_buffer_])) {
     step.on_device = true;

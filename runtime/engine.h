@@ -43,6 +43,10 @@ struct EngineOptions {
   int64_t kv_memory_bytes = 0;   // 0: memory_fraction of what the device has free
   double memory_fraction = 0.9;  // of the device's free memory (GPU: --gpu-memory-utilization)
   std::string kv_policy = "full";
+  // auto | bf16 | fp8: the KV pool's dtype. auto and bf16 are the activation dtype (bf16 on the
+  // GPU; the CPU backend's is f32, where bf16 is refused); fp8 stores e4m3 with per-(layer, KV
+  // head) scales (model/kv_scales.h), twice the entries on the GPU.
+  std::string kv_cache_dtype = "auto";
   KvPolicyOptions kv_policy_options;
   bool cuda_graphs = true;          // decode steps as CUDA graphs where the backend has them
   bool step_tuning = true;          // decide near-equal GEMM choices on each bucket's captured
@@ -60,16 +64,20 @@ struct EngineOptions {
   // log-probabilities, teacher forcing, a backend without device sampling; tensor parallelism),
   // steps run one at a time. Off: always one at a time (tests compare the two).
   bool overlap_steps = true;
-};
-
-enum class FinishReason { kNone, kStop, kLength, kAbort };
-std::string_view FinishReasonName(FinishReason reason);  // "stop", "length", "abort"
   // Prompt logprobs (SamplingParams::prompt_logprobs): most prefill tokens of such requests in one
   // step, each a row of logits beside the sampled ones. Bounds their logits buffer (this many rows
   // of the vocabulary, allocated at start-up) whatever the prompts' lengths: their prefill goes in
   // chunks of at most this many tokens. A request whose policy must score more prompt rows in
   // its last chunk (KvPolicy::FinalChunkRows) is refused.
   int prompt_logprob_rows = 256;
+};
+
+// The KV pool's dtype for EngineOptions::kv_cache_dtype on a backend of `activation_dtype`;
+// InvalidArgument naming the choices otherwise.
+Result<DType> ParseKvCacheDtype(std::string_view name, DType activation_dtype);
+
+enum class FinishReason { kNone, kStop, kLength, kAbort };
+std::string_view FinishReasonName(FinishReason reason);  // "stop", "length", "abort"
 
 struct Request {
   std::vector<int32_t> prompt;
@@ -230,6 +238,12 @@ class Engine {
   // when the backend can and no row needs host-only features (penalties, top log-probabilities,
   // teacher forcing), else on the host now.
   void SampleRows(const Tensor& logits, LaunchedStep& step);
+  // Reads the prompt-logprob rows of the step just run (ModelRunner::prompt_rows(), after the
+  // `num_sampled` sampled rows of `logits`) into their requests' prompt_logprobs, a few numbers
+  // per row; the rows themselves are not kept.
+  void ReadPromptLogprobs(const Tensor& logits, size_t num_sampled);
+  // After a step: requests of max_tokens 0 whose prompt it finished end here (pending_outputs_).
+  void FinishPromptOnly(const StepPlan& plan);
   void Finish(RequestState& state, RequestOutput& output, FinishReason reason);
 
   EngineOptions options_;
@@ -238,12 +252,6 @@ class Engine {
   const Tokenizer* tokenizer_;
   std::vector<int32_t> eos_ids_;
   std::unique_ptr<KvPolicy> default_policy_;
-  // Reads the prompt-logprob rows of the step just run (ModelRunner::prompt_rows(), after the
-  // `num_sampled` sampled rows of `logits`) into their requests' prompt_logprobs, a few numbers
-  // per row; the rows themselves are not kept.
-  void ReadPromptLogprobs(const Tensor& logits, size_t num_sampled);
-  // After a step: requests of max_tokens 0 whose prompt it finished end here (pending_outputs_).
-  void FinishPromptOnly(const StepPlan& plan);
   std::unique_ptr<KvCacheManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
@@ -257,6 +265,7 @@ class Engine {
   EngineStats stats_;
   StepPlan plan_;  // reused every step: planning allocates nothing in steady state
   std::vector<float> host_logits_;
+  std::vector<float> prompt_logits_;       // [<= prompt_logprob_rows][V] host copy of a step's rows
   std::optional<LaunchedStep> in_flight_;  // launched, samples not read yet
   ModelRunner::TokenFeed token_feed_;      // reused by every Launch
   Tensor sampled_tokens_[2];  // device samples of the last two steps, alternately: fed forward
@@ -264,4 +273,3 @@ class Engine {
 };
 
 }  // namespace sieve
-  std::vector<float> prompt_logits_;       // [<= prompt_logprob_rows][V] host copy of a step's rows

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/logging.h"
+#include "model/kv_scales.h"
 #include "runtime/step_tuning.h"
 
 namespace sieve {
@@ -79,7 +80,6 @@ class RankWorkers {
   std::vector<std::thread> threads_;
 };
 
-ModelRunner::ModelRunner(const LlamaModel& model, KvCacheManager& kv,
 namespace {
 
 // Rows of logits one step computes at most: a decode bucket's samples, and the prompt rows of
@@ -90,6 +90,7 @@ int MaxLogitsRows(const ModelRunnerOptions& options) {
 
 }  // namespace
 
+ModelRunner::ModelRunner(const LlamaModel& model, KvCacheManager& kv,
                          const ModelRunnerOptions& options)
     : ModelRunner(std::vector<const LlamaModel*>{&model}, kv, options) {}
 
@@ -121,10 +122,17 @@ ModelRunner::ModelRunner(const std::vector<const LlamaModel*>& ranks, KvCacheMan
     pool.max_pages_per_seq = kv_options.max_pages_per_seq;
     pool.num_kv_heads = kv_heads;
     pool.head_dim = config.head_dim;
-    const DType cache_dtype = backend.activation_dtype();
+    const DType cache_dtype = options.fp8_kv_cache ? DType::kF8E4M3 : backend.activation_dtype();
     pool.k = backend.Allocate(
         {kv_options.num_pages, kv_options.page_size, kv_heads, config.head_dim}, cache_dtype);
     pool.v = backend.Allocate(pool.k.shape(), cache_dtype);
+    if (options.fp8_kv_cache) {
+      const KvCacheScales scales = ComputeKvCacheScales(model);
+      pool.k_scales = backend.Allocate({config.num_layers, kv_heads}, DType::kF32);
+      pool.v_scales = backend.Allocate({config.num_layers, kv_heads}, DType::kF32);
+      backend.CopyFromHost(scales.k.data(), scales.k.size() * sizeof(float), pool.k_scales);
+      backend.CopyFromHost(scales.v.data(), scales.v.size() * sizeof(float), pool.v_scales);
+    }
     const int64_t entries = static_cast<int64_t>(kv_options.num_pages) * kv_options.page_size;
     if (options.score_pool) pool.scores = backend.Allocate({entries, kv_heads}, DType::kF32);
     if (options.position_pool) {
@@ -243,6 +251,8 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
   std::vector<int32_t>& write_start = scratch_.write_start;
   write_start.assign(static_cast<size_t>(layers) * num_seqs, -1);
   sample_ids.clear();
+  prompt_rows_.clear();
+  prompt_token_rows_.clear();
   lengths_ = kv_.lengths();
   auto& jobs_by_layer = scratch_.jobs_by_layer;
   auto& evictions_by_layer = scratch_.evictions_by_layer;
@@ -251,8 +261,6 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
   for (auto& jobs : jobs_by_layer) jobs.clear();
   for (auto& jobs : evictions_by_layer) jobs.clear();
 
-  prompt_rows_.clear();
-  prompt_token_rows_.clear();
   for (int index = 0; index < num_real; ++index) {
     const ScheduledSequence& scheduled = *order[index];
     const Sequence& seq = *scheduler.Find(scheduled.id);
@@ -262,25 +270,25 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
       const auto it = feed->rows.find(scheduled.id);
       if (it != feed->rows.end()) fed = &it->second;
     }
+    // Prompt logprobs: the rows before the prompt's last (whose row is the sample's).
+    const int prompt_rows_end =
+        !scheduled.is_decode && seq.prompt_logprobs
+            ? std::min(scheduled.context_len + scheduled.num_tokens, seq.num_prompt_tokens - 1)
+            : 0;
     for (int offset = 0; offset < scheduled.num_tokens; ++offset) {
       const int position = scheduled.context_len + offset;
+      if (position < prompt_rows_end) {
+        prompt_rows_.push_back({scheduled.id, position});
+        prompt_token_rows_.push_back(static_cast<int32_t>(token_ids.size()));
+      }
       if (fed != nullptr && position == fed->first) {
         token_feed.push_back(static_cast<int32_t>(token_ids.size()));
         token_feed.push_back(fed->second);
         token_ids.push_back(0);
       } else {
         const int32_t token = seq.tokens[position];
-    // Prompt logprobs: the rows before the prompt's last (whose row is the sample's).
-    const int prompt_rows_end =
-        !scheduled.is_decode && seq.prompt_logprobs
-            ? std::min(scheduled.context_len + scheduled.num_tokens, seq.num_prompt_tokens - 1)
-            : 0;
         SIEVE_CHECK(token >= 0) << "sequence " << scheduled.id << " reads token " << position
                                 << ", which is not known yet";
-      if (position < prompt_rows_end) {
-        prompt_rows_.push_back({scheduled.id, position});
-        prompt_token_rows_.push_back(static_cast<int32_t>(token_ids.size()));
-      }
         token_ids.push_back(token);
       }
       positions.push_back(position);
@@ -372,6 +380,9 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
     for (const EvictionJob& job : evictions_by_layer[layer]) step.evictions_host.push_back(job);
     step.eviction_begin[layer + 1] = static_cast<int32_t>(step.evictions_host.size());
   }
+  SIEVE_CHECK(static_cast<int>(prompt_rows_.size()) <= options_.prompt_logprob_rows)
+      << "the scheduler planned more prompt-logprob rows than the logits buffer holds";
+  sample_rows.insert(sample_rows.end(), prompt_token_rows_.begin(), prompt_token_rows_.end());
   step.num_sample_rows = static_cast<int>(sample_rows.size());
   step.num_fed_tokens = static_cast<int>(token_feed.size() / 2);
   PackStep();
@@ -380,9 +391,6 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
 void ModelRunner::PackStep() {
   StepMeta& step = step_;
   const Scratch& s = scratch_;
-  SIEVE_CHECK(static_cast<int>(prompt_rows_.size()) <= options_.prompt_logprob_rows)
-      << "the scheduler planned more prompt-logprob rows than the logits buffer holds";
-  sample_rows.insert(sample_rows.end(), prompt_token_rows_.begin(), prompt_token_rows_.end());
   const std::vector<int32_t>&token_ids = s.token_ids, &positions = s.positions,
         &query_start = s.query_start, &key_start = s.key_start, &context_lens = s.context_lens,
         &slots = s.slots, &sample_rows = s.sample_rows, &write_start = s.write_start;
@@ -595,6 +603,7 @@ void ModelRunner::WarmUpPrefill(int tokens) {
   for (auto& jobs : s.jobs_by_layer) jobs.clear();
   for (auto& jobs : s.evictions_by_layer) jobs.clear();
   step.num_sample_rows = 1;
+  prompt_rows_.clear();
   lengths_ = kv_.lengths();
   PackStep();
   logits_view_ = logits_device_.Rows(0, step_.num_sample_rows);
@@ -603,7 +612,6 @@ void ModelRunner::WarmUpPrefill(int tokens) {
     RunEager(rank);
   });
 }
-  prompt_rows_.clear();
 
 const Tensor& ModelRunner::Run(const StepPlan& plan, const Scheduler& scheduler,
                                std::vector<SeqId>& sample_ids, const TokenFeed* feed) {

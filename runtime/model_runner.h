@@ -38,7 +38,10 @@ struct ModelRunnerOptions {
   int max_num_seqs = 256;
   int max_num_batched_tokens = 2048;
   int max_model_len = 4096;
-  bool score_pool = false;     // H2O / score-capped decode
+  bool score_pool = false;  // H2O / score-capped decode
+  // The KV pool holds e4m3 with per-(layer, KV head) scales (model/kv_scales.h) instead of the
+  // activation dtype: twice the entries in the same bytes on the GPU.
+  bool fp8_kv_cache = false;
   bool position_pool = false;  // any decode-time eviction
   // Pad decode-only steps to bucket sizes (needs kv.ReservePaddingSlot()). On by default when
   // the backend has graphs; tests turn it on for the CPU to check the padding path.
@@ -47,12 +50,12 @@ struct ModelRunnerOptions {
   // Decide the GEMM choices a bucket's first step left open by timing its captured graph
   // (runtime/step_tuning.h); off: they keep their pick alone and the capture is not replayed.
   bool step_tuning = true;
-};
-
-class RankWorkers;
   // Prompt logprobs: most prefill rows besides the sampled ones whose logits one step computes
   // (SchedulerOptions::prompt_logprob_rows); the logits buffer holds them beside a decode batch's.
   int prompt_logprob_rows = 0;
+};
+
+class RankWorkers;
 
 class ModelRunner {
  public:
@@ -79,9 +82,6 @@ class ModelRunner {
   const Tensor& Run(const StepPlan& plan, const Scheduler& scheduler,
                     std::vector<SeqId>& sample_ids, const TokenFeed* feed = nullptr);
 
-  // The host half of Run: builds and uploads the step's metadata and page-table changes.
-  // Public so the scheduler benchmark can time a step's host work without the forward pass.
-  // `pad_to` > 0: a decode-only step of the graph of that bucket (at least the step's size), padded
   // The prompt rows of the last Run whose logits follow the sampled rows' (in this order): row
   // sample_ids.size() + k of Run's logits is the distribution after prompt_rows()[k].position of
   // sequence prompt_rows()[k].id, i.e. of its token at position + 1.
@@ -91,6 +91,9 @@ class ModelRunner {
   };
   const std::vector<PromptRow>& prompt_rows() const { return prompt_rows_; }
 
+  // The host half of Run: builds and uploads the step's metadata and page-table changes.
+  // Public so the scheduler benchmark can time a step's host work without the forward pass.
+  // `pad_to` > 0: a decode-only step of the graph of that bucket (at least the step's size), padded
   // to it.
   void PrepareStep(const StepPlan& plan, const Scheduler& scheduler, std::vector<SeqId>& sample_ids,
                    int pad_to = 0);
@@ -100,6 +103,7 @@ class ModelRunner {
   int num_ranks() const { return static_cast<int>(ranks_.size()); }
   int vocab_size() const { return model_.config().vocab_size; }
   int64_t pool_bytes() const;  // K and V pages and side pools, of every rank
+  bool fp8_kv_cache() const { return options_.fp8_kv_cache; }
   int num_graphs() const { return static_cast<int>(ranks_[0].graphs.size()); }
   int64_t graph_steps() const { return graph_steps_; }
 
@@ -189,11 +193,11 @@ class ModelRunner {
   };
   std::vector<Section> sections_;
   std::vector<std::pair<int32_t, int32_t>> patches_;  // this step's page-table changes
+  std::vector<PromptRow> prompt_rows_;                // this step's prompt-logprob rows
+  std::vector<int32_t> prompt_token_rows_;            // [prompt_rows_] their token rows
   std::vector<int32_t> lengths_;  // [L][max_seqs] lengths seen by this step's attention
   struct Scratch {
     std::vector<int32_t> token_ids, positions, query_start, key_start, context_lens, slots,
-  std::vector<PromptRow> prompt_rows_;                // this step's prompt-logprob rows
-  std::vector<int32_t> prompt_token_rows_;            // [prompt_rows_] their token rows
         sample_rows, write_start, token_feed;
     std::vector<std::vector<CompressionJob>> jobs_by_layer;
     std::vector<std::vector<EvictionJob>> evictions_by_layer;

@@ -8,7 +8,7 @@
 #                                        soak
 #                                        serve serve_ab warm prefill headline accuracy tp
 #                                        sampling attention large_batch profile_attention
-#                                        chunk_ab serve_timeline fp8 serve_fp8 arch_sm90
+#                                        chunk_ab serve_timeline fp8 kv_fp8 serve_fp8 arch_sm90
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
@@ -543,17 +543,36 @@ if has fp8; then
   grep -E "^ +[0-9]+  (qkv|o|gate_up|down|the layer)" "$LOGS/fp8_bench_fp8.log" | tee -a "$summary"
 fi
 
+if has kv_fp8; then
+  # The FP8 KV cache against the bf16 one in one run, both with FP8 weights: the decode step at
+  # batch 64 x 4096 (dense and 1/10 kept) beside its byte bound (bench kernels twice,
+  # --kv-cache-dtype auto then fp8).
+  ensure_sieve
+  for kv in auto fp8; do
+    timeout 300 ./build/gpu/sieve bench kernels --skip-attention --skip-sparsity --skip-gemm \
+      --no-step-variants --quantization fp8 --kv-cache-dtype "$kv" \
+      --result-json "$OUT/kernels_fp8_kv_$kv.json" > "$LOGS/kv_fp8_bench_$kv.log" 2>&1 \
+      || note "bench kernels --kv-cache-dtype $kv FAILED (rc $?)"
+    grep -E "^(dense|1/10 kept)|decode attention|copy" "$LOGS/kv_fp8_bench_$kv.log" | sed "s/^/kv $kv: /" \
+      | tee -a "$summary"
+  done
+fi
+
 if has serve_fp8; then
   # Serving with FP8 weights against bf16 (Llama-3-8B shape, dummy weights, 4000/500 prompts,
   # SERVE_FP8_LEVELS, default "64"; 2C prompts a level), dense and sparse
   # (full:0-2,pyramidkv:3-31, budget 400), each on a fresh warmed-up server.
   ensure_sieve
   tok=testdata/tokenizers/llama3/tokenizer.model
-  for kv in full "full:0-2,pyramidkv:3-31"; do
-    for q in none fp8; do
-      name="${q}_$( [ "$kv" = full ] && echo dense || echo sparse )"
+  # SERVE_FP8_RUNS: weights[+fp8kv] of each server, default "none fp8 fp8+fp8kv".
+  for kv in ${SERVE_FP8_POLICIES:-full full:0-2,pyramidkv:3-31}; do
+    for run in ${SERVE_FP8_RUNS:-none fp8 fp8+fp8kv}; do
+      q=${run%%+*}
+      kv_dtype=$( [[ "$run" == *+fp8kv ]] && echo fp8 || echo auto )
+      name="${run/+/_}_$( [ "$kv" = full ] && echo dense || echo sparse )"
       start_server ./build/gpu/sieve "$LOGS/serve_fp8_$name.log" --max-num-batched-tokens 8192 \
-        --kv-policy "$kv" --quantization "$q" || { note "serve_fp8 $name: server FAILED"; tail -5 "$LOGS/serve_fp8_$name.log"; continue; }
+        --kv-policy "$kv" --quantization "$q" --kv-cache-dtype "$kv_dtype" \
+        || { note "serve_fp8 $name: server FAILED"; tail -5 "$LOGS/serve_fp8_$name.log"; continue; }
       for level in ${SERVE_FP8_LEVELS:-64}; do
         log="$LOGS/bench_serve_fp8_${name}_c$level.log"
         ./build/gpu/sieve bench serve --base-url http://127.0.0.1:8123 --tokenizer "$tok" \

@@ -75,6 +75,7 @@ struct KernelsFlags {
   bool pages_in_order = false;
   bool prefill_step = false;
   std::string quantization = "none";
+  std::string kv_cache_dtype = "auto";
   int prefill_seqs = 2;
   int prefill_len = 4000;
   double prefill_attention_tflops = 0;
@@ -200,6 +201,7 @@ int Run(const KernelsFlags& flags) {
   nlohmann::json json;
   json["gpu"] = backend.name();
   json["quantization"] = flags.quantization;
+  json["kv_cache_dtype"] = flags.kv_cache_dtype;
 
   if (!flags.skip_attention) {
     std::printf("== attention\n");
@@ -437,6 +439,7 @@ int Run(const KernelsFlags& flags) {
         options.kept_fraction = kept;
         options.copy_bandwidth = copy;
         options.quantization = quantization;
+        options.fp8_kv_cache = flags.kv_cache_dtype == "fp8";
         options.use_graph = !flags.no_graph;
         // The engine's default max_model_len: the model's, capped at 8192 (runtime/engine.h).
         options.length_bounds = variant.length_bounds;
@@ -580,6 +583,11 @@ CommandRunner AddBenchKernelsCommand(CLI::App& app) {
                  "channel; inputs per token), and an FP8 against bf16 table of the layer's GEMMs "
                  "at 1 to 8192 rows")
       ->check(CLI::IsMember({"none", "fp8"}))
+      ->capture_default_str();
+  app.add_option("--kv-cache-dtype", flags->kv_cache_dtype,
+                 "auto | fp8: the decode step's KV pool in the activation dtype or in e4m3 with "
+                 "per-(layer, KV head) scales (the bound counts its bytes)")
+      ->check(CLI::IsMember({"auto", "fp8"}))
       ->capture_default_str();
   app.add_flag("--prefill-step", flags->prefill_step,
                "Also time a prefill step of --prefill-seqs prompts of --prefill-len tokens, dense "

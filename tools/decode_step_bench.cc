@@ -78,8 +78,8 @@ std::vector<DecodeStepPart> TimeParts(Backend& backend, const LlamaModel& model,
   Tensor act = workspace.act.Rows(0, batch);
   Tensor last = workspace.last.Rows(0, batch);
   const auto bytes_of = [](const Tensor& weight) { return static_cast<double>(HeldBytes(weight)); };
-  const double kv_bytes =
-      static_cast<double>(batch) * length * config.num_kv_heads * config.head_dim * 2 * elem;
+  const double kv_bytes = static_cast<double>(batch) * length * config.num_kv_heads *
+                          config.head_dim * 2 * (options.fp8_kv_cache ? 1.0 : elem);
   struct Part {
     const char* name;
     double bytes;
@@ -218,11 +218,38 @@ RankStep MakeRankStep(Backend& backend, const ModelConfig& config,
   pool.max_pages_per_seq = pages_per_seq;
   pool.num_kv_heads = kv_heads;
   pool.head_dim = config.head_dim;
-  pool.k = backend.Allocate({num_pages, kPageSize, kv_heads, config.head_dim},
-                            backend.activation_dtype());
-  pool.v = backend.Allocate(pool.k.shape(), backend.activation_dtype());
-  backend.FillRandom(pool.k, 3 + 2 * static_cast<uint64_t>(shard.rank), 1.0f);
-  backend.FillRandom(pool.v, 4 + 2 * static_cast<uint64_t>(shard.rank), 1.0f);
+  if (options.fp8_kv_cache) {
+    pool.k = backend.Allocate({num_pages, kPageSize, kv_heads, config.head_dim}, DType::kF8E4M3);
+    pool.v = backend.Allocate(pool.k.shape(), DType::kF8E4M3);
+    // Random e4m3 codes (no NaN), one block of pages copied over the whole pool.
+    const int64_t page_bytes = static_cast<int64_t>(kPageSize) * kv_heads * config.head_dim;
+    const int64_t block_pages = std::min<int64_t>(num_pages, (int64_t{32} << 20) / page_bytes);
+    std::vector<uint8_t> block(static_cast<size_t>(block_pages * page_bytes));
+    std::mt19937_64 byte_rng(11);  // apart from rng: the page order matches the bf16 pool's
+    for (uint8_t& byte : block) {
+      byte = static_cast<uint8_t>(byte_rng() % 256);
+      if ((byte & 0x7f) == 0x7f) byte ^= 1;
+    }
+    for (Tensor* data : {&pool.k, &pool.v}) {
+      for (int64_t page = 0; page < num_pages; page += block_pages) {
+        const int64_t end = std::min<int64_t>(num_pages, page + block_pages);
+        Tensor pages = data->Rows(page, end);
+        backend.CopyFromHost(block.data(), static_cast<size_t>((end - page) * page_bytes), pages);
+      }
+    }
+    // Scales that keep values of order 1, as the bf16 pool's.
+    const std::vector<float> scales(static_cast<size_t>(layers) * kv_heads, 1.0f / 64);
+    pool.k_scales = backend.Allocate({layers, kv_heads}, DType::kF32);
+    pool.v_scales = backend.Allocate({layers, kv_heads}, DType::kF32);
+    backend.CopyFromHost(scales.data(), scales.size() * sizeof(float), pool.k_scales);
+    backend.CopyFromHost(scales.data(), scales.size() * sizeof(float), pool.v_scales);
+  } else {
+    pool.k = backend.Allocate({num_pages, kPageSize, kv_heads, config.head_dim},
+                              backend.activation_dtype());
+    pool.v = backend.Allocate(pool.k.shape(), backend.activation_dtype());
+    backend.FillRandom(pool.k, 3 + 2 * static_cast<uint64_t>(shard.rank), 1.0f);
+    backend.FillRandom(pool.v, 4 + 2 * static_cast<uint64_t>(shard.rank), 1.0f);
+  }
   // pages[layer][seq][i]: its own index (kInOrder) or shuffled over the whole pool.
   std::vector<int32_t> pages(num_pages);
   std::iota(pages.begin(), pages.end(), 0);
@@ -346,8 +373,9 @@ DecodeStepBenchResult RunDecodeStepBench(Backend& backend, const ModelConfig& co
   const double weights = static_cast<double>(model->WeightBytes()) -
                          static_cast<double>(config.vocab_size) * config.hidden_size *
                              (config.tie_word_embeddings ? 0 : 1) * elem;
+  const double kv_elem = options.fp8_kv_cache ? 1.0 : elem;
   const double kv = static_cast<double>(batch) * layers * length * config.num_kv_heads *
-                    config.head_dim * 2 * elem;
+                    config.head_dim * 2 * kv_elem;
   result.bytes = weights + kv;
   if (options.copy_bandwidth > 0) {
     // Bytes over the measured copy rate (read + write bytes per second), as PERF.md's table

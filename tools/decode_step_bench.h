@@ -46,6 +46,9 @@ struct DecodeStepBenchOptions {
   double copy_bandwidth = 0;  // bytes/s, read + write (the measured ceiling)
   // The layers' weights in this format (the bound counts the bytes they are held in).
   WeightQuantization quantization = WeightQuantization::kNone;
+  // The KV pool in e4m3 with per-(layer, KV head) scales (runtime/engine.h kv_cache_dtype fp8);
+  // the bound counts its bytes.
+  bool fp8_kv_cache = false;
 };
 
 // One kind of op of the step (e.g. every layer's o GEMM) captured alone in a graph: its time per

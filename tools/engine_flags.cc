@@ -67,6 +67,13 @@ void AddEngineFlags(CLI::App& app, EngineFlags& flags, bool policy_flags) {
   app.add_option("--kv-memory", flags.kv_memory,
                  "Bytes for the KV cache, e.g. 2G (default: --gpu-memory-utilization of free "
                  "memory)");
+  app.add_option("--kv-cache-dtype", flags.engine.kv_cache_dtype,
+                 "auto | bf16 | fp8: fp8 stores the KV cache as e4m3 with one scale per layer and "
+                 "KV head (the checkpoint's k_scale/v_scale, else a bound from the weights that "
+                 "no input exceeds), twice the entries in the same memory; auto (and bf16) keep "
+                 "the activation dtype (vLLM's --kv-cache-dtype)")
+      ->check(CLI::IsMember({"auto", "bf16", "fp8"}))
+      ->capture_default_str();
   app.add_option("--gpu-memory-utilization", flags.engine.memory_fraction,
                  "Fraction of the device's free memory (after weights) given to the KV cache")
       ->capture_default_str();

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_kv_pool.h"
 #include "backend/cpu/cpu_math.h"
 
 namespace sieve {
@@ -23,13 +24,6 @@ int64_t PoolEntry(const KvPool& pool, int layer, int slot, int entry) {
   const int32_t page = row[page_index];
   SIEVE_CHECK(page >= 0 && page < pool.num_pages) << "bad page " << page;
   return static_cast<int64_t>(page) * pool.page_size + entry % pool.page_size;
-}
-
-float* PoolK(const KvPool& pool, int64_t entry, int kv_head) {
-  return pool.k.data_as<float>() + (entry * pool.num_kv_heads + kv_head) * pool.head_dim;
-}
-float* PoolV(const KvPool& pool, int64_t entry, int kv_head) {
-  return pool.v.data_as<float>() + (entry * pool.num_kv_heads + kv_head) * pool.head_dim;
 }
 
 void RotateHalf(float* x, const float* cos_sin, int head_dim) {
@@ -88,10 +82,10 @@ void CpuBackend::RopeAndCacheWrite(Tensor& qkv, const Tensor& rope_table, int nu
       const int64_t entry = PoolEntry(pool, layer, slots[seq], entry_index);
       const float* row = qkv.data_as<float>() + token * qkv.stride(0);
       for (int g = 0; g < kv_heads; ++g) {
-        std::memcpy(PoolK(pool, entry, g), row + (num_heads + g) * head_dim,
-                    head_dim * sizeof(float));
-        std::memcpy(PoolV(pool, entry, g), row + (num_heads + kv_heads + g) * head_dim,
-                    head_dim * sizeof(float));
+        cpu::WritePoolEntry(pool, pool.k, pool.k_scales, layer, entry, g,
+                            row + (num_heads + g) * head_dim);
+        cpu::WritePoolEntry(pool, pool.v, pool.v_scales, layer, entry, g,
+                            row + (num_heads + kv_heads + g) * head_dim);
         if (pool.positions.defined()) {
           pool.positions.data_as<int32_t>()[entry * kv_heads + g] = positions[token];
         }
@@ -115,10 +109,12 @@ void CpuBackend::GatherPrefillKv(const Tensor& qkv, int num_heads, const StepMet
     float* v_rows = v_out.data_as<float>() + key_start[seq] * row_width;
     for (int entry = 0; entry < context[seq]; ++entry) {
       const int64_t pool_entry = PoolEntry(pool, layer, slots[seq], entry);
-      std::memcpy(k_rows + entry * row_width, PoolK(pool, pool_entry, 0),
-                  row_width * sizeof(float));
-      std::memcpy(v_rows + entry * row_width, PoolV(pool, pool_entry, 0),
-                  row_width * sizeof(float));
+      for (int g = 0; g < kv_heads; ++g) {
+        cpu::ReadPoolEntry(pool, pool.k, pool.k_scales, layer, pool_entry, g,
+                           k_rows + entry * row_width + g * head_dim);
+        cpu::ReadPoolEntry(pool, pool.v, pool.v_scales, layer, pool_entry, g,
+                           v_rows + entry * row_width + g * head_dim);
+      }
     }
     const int chunk = query_start[seq + 1] - query_start[seq];
     for (int index = 0; index < chunk; ++index) {
@@ -194,6 +190,7 @@ void CpuBackend::DecodeAttention(const Tensor& q, int num_heads, const StepMeta&
   pool_.ParallelFor(
       static_cast<int64_t>(num_decode) * kv_heads, 1, [&](int64_t begin, int64_t end) {
         std::vector<int64_t> entries;
+        std::vector<float> keys, values;  // [length][d] the KV head's entries, as f32
         std::vector<float> probs;
         for (int64_t item = begin; item < end; ++item) {
           const int seq = step.num_prefill_seqs + static_cast<int>(item / kv_heads);
@@ -201,8 +198,15 @@ void CpuBackend::DecodeAttention(const Tensor& q, int num_heads, const StepMeta&
           const int token = query_start[seq];
           const int length = lens[slots[seq]];
           entries.resize(length);
-          for (int entry = 0; entry < length; ++entry)
+          keys.resize(static_cast<size_t>(length) * head_dim);
+          values.resize(keys.size());
+          for (int entry = 0; entry < length; ++entry) {
             entries[entry] = PoolEntry(pool, layer, slots[seq], entry);
+            cpu::ReadPoolEntry(pool, pool.k, pool.k_scales, layer, entries[entry], kv_head,
+                               keys.data() + static_cast<int64_t>(entry) * head_dim);
+            cpu::ReadPoolEntry(pool, pool.v, pool.v_scales, layer, entries[entry], kv_head,
+                               values.data() + static_cast<int64_t>(entry) * head_dim);
+          }
           probs.assign(length, 0.0f);
           std::vector<float> scores(length);
           for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
@@ -210,7 +214,8 @@ void CpuBackend::DecodeAttention(const Tensor& q, int num_heads, const StepMeta&
             float max_score = -std::numeric_limits<float>::infinity();
             for (int entry = 0; entry < length; ++entry) {
               scores[entry] =
-                  scale * cpu::Dot(q_row, PoolK(pool, entries[entry], kv_head), head_dim);
+                  scale *
+                  cpu::Dot(q_row, keys.data() + static_cast<int64_t>(entry) * head_dim, head_dim);
               max_score = std::max(max_score, scores[entry]);
             }
             float sum = 0.0f;
@@ -223,7 +228,7 @@ void CpuBackend::DecodeAttention(const Tensor& q, int num_heads, const StepMeta&
             const float inv_sum = 1.0f / sum;
             for (int entry = 0; entry < length; ++entry) {
               const float p = scores[entry] * inv_sum;
-              cpu::Axpy(p, PoolV(pool, entries[entry], kv_head), dst, head_dim);
+              cpu::Axpy(p, values.data() + static_cast<int64_t>(entry) * head_dim, dst, head_dim);
               probs[entry] += p;
             }
           }

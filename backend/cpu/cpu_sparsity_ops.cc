@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_kv_pool.h"
 #include "backend/cpu/cpu_math.h"
 #include "core/logits.h"
 
@@ -147,11 +148,10 @@ void CpuBackend::WriteKeptKv(const Tensor& k, const Tensor& v, const Tensor& sco
                             ? kept.data_as<int32_t>()[job.index_offset + kv_head * keep + entry]
                             : job.num_keys - job.budget + entry;
         const int64_t src = (key_start[job.prefill_seq] + key) * key_stride + kv_head * head_dim;
-        const int64_t dst = (pool_entry * kv_heads + kv_head) * head_dim;
-        std::memcpy(pool.k.data_as<float>() + dst, k.data_as<float>() + src,
-                    head_dim * sizeof(float));
-        std::memcpy(pool.v.data_as<float>() + dst, v.data_as<float>() + src,
-                    head_dim * sizeof(float));
+        cpu::WritePoolEntry(pool, pool.k, pool.k_scales, layer, pool_entry, kv_head,
+                            k.data_as<float>() + src);
+        cpu::WritePoolEntry(pool, pool.v, pool.v_scales, layer, pool_entry, kv_head,
+                            v.data_as<float>() + src);
         if (pool.positions.defined())
           pool.positions.data_as<int32_t>()[pool_entry * kv_heads + kv_head] = key;
         if (pool.scores.defined()) {
@@ -169,7 +169,6 @@ void CpuBackend::WriteKeptKv(const Tensor& k, const Tensor& v, const Tensor& sco
 
 void CpuBackend::EvictEntries(const StepMeta& step, int layer, KvPool& pool) {
   const int kv_heads = pool.num_kv_heads;
-  const int head_dim = pool.head_dim;
   int32_t* positions = pool.positions.data_as<int32_t>();
   float* scores = pool.scores.defined() ? pool.scores.data_as<float>() : nullptr;
   for (int job_index = step.eviction_begin[layer]; job_index < step.eviction_begin[layer + 1];
@@ -203,12 +202,7 @@ void CpuBackend::EvictEntries(const StepMeta& step, int layer, KvPool& pool) {
       SIEVE_CHECK(victim >= 0) << "nothing evictable: cap smaller than sinks + recent";
       const int64_t dst = entry_of(victim);
       if (dst == last) continue;
-      std::memcpy(pool.k.data_as<float>() + (dst * kv_heads + kv_head) * head_dim,
-                  pool.k.data_as<float>() + (last * kv_heads + kv_head) * head_dim,
-                  head_dim * sizeof(float));
-      std::memcpy(pool.v.data_as<float>() + (dst * kv_heads + kv_head) * head_dim,
-                  pool.v.data_as<float>() + (last * kv_heads + kv_head) * head_dim,
-                  head_dim * sizeof(float));
+      cpu::MovePoolEntry(pool, last, dst, kv_head);
       positions[dst * kv_heads + kv_head] = positions[last * kv_heads + kv_head];
       if (scores) scores[dst * kv_heads + kv_head] = scores[last * kv_heads + kv_head];
     }

@@ -33,6 +33,7 @@
 #include "backend/cuda/decode_attention.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/prefill_attention.h"
+#include "core/float8.h"
 #include "core/testing.h"
 
 namespace sieve::cuda {
@@ -66,6 +67,44 @@ Tensor HostI32(std::vector<int64_t> shape, const std::vector<int32_t>& values) {
   Tensor tensor = Tensor::Empty(std::move(shape), DType::kI32);
   SIEVE_CHECK_EQ(static_cast<size_t>(tensor.numel()), values.size());
   std::copy(values.begin(), values.end(), tensor.data_as<int32_t>());
+  return tensor;
+}
+
+// An FP8 pool's pages and scales: values quantized by their (layer, KV head)'s scale, which is
+// amax / 448 of the head's values times a random factor in [1, 4) (headroom, as real scales have).
+struct Fp8PoolValues {
+  std::vector<uint8_t> k, v;              // [num_pages][page_size][G][d]
+  std::vector<float> k_scales, v_scales;  // [layers][G]
+};
+Fp8PoolValues QuantizePool(const std::vector<float>& k, const std::vector<float>& v, int layers,
+                           int kv_heads, int head_dim, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> headroom(1.0f, 4.0f);
+  Fp8PoolValues out;
+  for (auto [values, bytes, scales] :
+       {std::tuple{&k, &out.k, &out.k_scales}, std::tuple{&v, &out.v, &out.v_scales}}) {
+    std::vector<float> amax(kv_heads, 0.0f);
+    for (size_t index = 0; index < values->size(); ++index) {
+      float& head_max = amax[index / head_dim % kv_heads];
+      head_max = std::max(head_max, std::abs((*values)[index]));
+    }
+    scales->resize(static_cast<size_t>(layers) * kv_heads);
+    for (size_t index = 0; index < scales->size(); ++index) {
+      (*scales)[index] = amax[index % kv_heads] / 448.0f * headroom(rng);
+    }
+    bytes->resize(values->size());
+    for (size_t index = 0; index < values->size(); ++index) {
+      // Every layer reads the same pages here; quantize with layer 1's scales (the tests' layer).
+      const float scale = (*scales)[kv_heads + index / head_dim % kv_heads];
+      (*bytes)[index] = FloatToE4m3((*values)[index] * (1.0f / scale));
+    }
+  }
+  return out;
+}
+
+Tensor HostBytes(std::vector<int64_t> shape, const std::vector<uint8_t>& values) {
+  Tensor tensor = Tensor::Empty(std::move(shape), DType::kF8E4M3);
+  SIEVE_CHECK_EQ(static_cast<size_t>(tensor.numel()), values.size());
+  std::copy(values.begin(), values.end(), tensor.data_as<uint8_t>());
   return tensor;
 }
 
@@ -390,6 +429,7 @@ struct DecodeCase {
   bool h2o;                         // exercise the scores side pool
   std::vector<int> splits;          // split counts to run; 0 = DecodeAttention's own choice
   int page_size = 16;
+  bool fp8 = false;  // an FP8 pool: e4m3 entries with per-(layer, KV head) scales
 };
 
 void PrintTo(const DecodeCase& test_case, std::ostream* os) { *os << test_case.name; }
@@ -590,7 +630,7 @@ struct DevicePagedDecodeCase {
   }
 
   // The pool view over device K and V pages (and optional side pools).
-  PoolView Pool(bf16* k, bf16* v, int kv_heads, int head_dim) const {
+  PoolView Pool(void* k, void* v, int kv_heads, int head_dim) const {
     PoolView result = pool;
     result.k = k;
     result.v = v;
@@ -639,6 +679,14 @@ TEST_P(DecodeAttentionTest, MatchesCpu) {
 
   const StepMeta step = paged.HostStep();
   KvPool pool = paged.HostPool(kv_heads, head_dim, k_pool, v_pool);
+  Fp8PoolValues fp8;
+  if (test_case.fp8) {
+    fp8 = QuantizePool(k_pool, v_pool, PagedDecodeCase::kLayers, kv_heads, head_dim, rng);
+    pool.k = HostBytes(pool.k.shape(), fp8.k);
+    pool.v = HostBytes(pool.v.shape(), fp8.v);
+    pool.k_scales = HostF32({PagedDecodeCase::kLayers, kv_heads}, fp8.k_scales);
+    pool.v_scales = HostF32({PagedDecodeCase::kLayers, kv_heads}, fp8.v_scales);
+  }
   if (test_case.h2o) {
     pool.scores = HostF32({static_cast<int64_t>(num_pages) * page_size, kv_heads}, scores_initial);
   }
@@ -650,6 +698,10 @@ TEST_P(DecodeAttentionTest, MatchesCpu) {
   const DeviceBuffer<bf16> qkv_dev(ToBf16(qkv));
   const DeviceBuffer<bf16> k_dev(ToBf16(k_pool));
   const DeviceBuffer<bf16> v_dev(ToBf16(v_pool));
+  const DeviceBuffer<uint8_t> k_fp8_dev(test_case.fp8 ? fp8.k : std::vector<uint8_t>(1));
+  const DeviceBuffer<uint8_t> v_fp8_dev(test_case.fp8 ? fp8.v : std::vector<uint8_t>(1));
+  const DeviceBuffer<float> k_scales_dev(test_case.fp8 ? fp8.k_scales : std::vector<float>(1));
+  const DeviceBuffer<float> v_scales_dev(test_case.fp8 ? fp8.v_scales : std::vector<float>(1));
   const DevicePagedDecodeCase device(paged);
   const StepView& view = device.view;
   const int64_t out_stride = q_width + 8;  // padding columns must stay NaN
@@ -678,6 +730,12 @@ TEST_P(DecodeAttentionTest, MatchesCpu) {
         std::unique_ptr<DeviceBuffer<float>> scores_dev;
         if (test_case.h2o) scores_dev = std::make_unique<DeviceBuffer<float>>(scores_initial);
         PoolView pool_view = device.Pool(k_dev.get(), v_dev.get(), kv_heads, head_dim);
+        if (test_case.fp8) {
+          pool_view = device.Pool(k_fp8_dev.get(), v_fp8_dev.get(), kv_heads, head_dim);
+          pool_view.fp8 = true;
+          pool_view.k_scales = k_scales_dev.get();
+          pool_view.v_scales = v_scales_dev.get();
+        }
         pool_view.scores = scores_dev ? scores_dev->get() : nullptr;
         if (cta != DecodeCta::kAuto) {
           DecodeAttentionWithSplits(splits, cta, fold, qkv_dev.get(), qkv_width, nullptr, num_heads,
@@ -745,7 +803,15 @@ INSTANTIATE_TEST_SUITE_P(
         DecodeCase{"b64_gqa32x8_d128_short", 32, 8, 128, 64, 500, {}, false, {0, 1, 3}},
         // Batch 160: 1,280 (sequence, KV head) CTAs, several narrow waves on a GPU of up to 320
         // SMs, so auto folds KV heads into CTAs.
-        DecodeCase{"b160_gqa32x8_d128_short", 32, 8, 128, 160, 300, {}, false, {0, 1, 2}}),
+        DecodeCase{"b160_gqa32x8_d128_short", 32, 8, 128, 160, 300, {}, false, {0, 1, 2}},
+        // FP8 pools: e4m3 tiles through the pipeline, scales folded into scores and outputs;
+        // long and split, both CTA shapes, H2O's score pass, folded KV heads, d = 64.
+        DecodeCase{"fp8_b7_gqa32x8_d128", 32, 8, 128, 7, 5000, {}, false, {0, 1, 3}, 16, true},
+        DecodeCase{
+            "fp8_h2o_mixed_b5_gqa8x2_d64", 8, 2, 64, 5, 1500, {4}, true, {0, 1, 3}, 16, true},
+        DecodeCase{
+            "fp8_b160_gqa32x8_d128_short", 32, 8, 128, 160, 300, {}, false, {0, 1}, 16, true},
+        DecodeCase{"fp8_page24_b3_gqa8x2_d128", 8, 2, 128, 3, 1000, {}, true, {0, 2}, 24, true}),
     [](const ::testing::TestParamInfo<DecodeCase>& info) { return info.param.name; });
 
 // ------------------------------------------------------------------------------------------

@@ -613,8 +613,11 @@ class CudaBackend final : public Backend {
   }
   static cuda::PoolView View(const KvPool& pool) {
     cuda::PoolView view{};
-    view.k = Bf16(pool.k);
-    view.v = Bf16(pool.v);
+    view.fp8 = pool.fp8();
+    view.k = pool.k.data();
+    view.v = pool.v.data();
+    view.k_scales = view.fp8 ? pool.k_scales.data_as<float>() : nullptr;
+    view.v_scales = view.fp8 ? pool.v_scales.data_as<float>() : nullptr;
     view.page_table = pool.page_table.data_as<int32_t>();
     view.kv_lens = pool.kv_lens.data_as<int32_t>();
     view.scores = pool.scores.defined() ? pool.scores.data_as<float>() : nullptr;

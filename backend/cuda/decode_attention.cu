@@ -28,9 +28,11 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/bf16x8.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/flash_warp.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rope.cuh"
 #include "backend/cuda/row_rms.cuh"
@@ -88,12 +90,23 @@ template <int kHeadDim, int kWarps>
 constexpr int SmemKvTileBytes() {
   return CtaShape<kWarps>::kTile * kHeadDim * 2;
 }
+// An FP8 pool's tiles stream through the stages as e4m3 (half the bytes); each warp converts its
+// 16 rows of the tile it attends into one bf16 K and V tile (the "compute tiles", after the
+// stages), which the tensor-core code reads as it reads a bf16 stage.
+template <int kHeadDim, int kWarps, bool kFp8>
+constexpr int SmemStageBytes() {
+  return kFp8 ? SmemKvTileBytes<kHeadDim, kWarps>() / 2 : SmemKvTileBytes<kHeadDim, kWarps>();
+}
 // d = 128: wide 4 KiB Q + 3 stages x (16 + 16) KiB K/V = 100 KiB (2 CTAs per SM on H100/H200),
 // narrow 4 KiB + 3 x (8 + 8) KiB = 52 KiB (4 per SM); d = 64: half the K/V.
-template <int kHeadDim, int kStages, int kWarps>
+template <int kHeadDim, int kStages, int kWarps, bool kFp8 = false>
 constexpr int SmemBytes() {
-  return SmemQBytes<kHeadDim>() + 2 * kStages * SmemKvTileBytes<kHeadDim, kWarps>();
+  return SmemQBytes<kHeadDim>() + 2 * kStages * SmemStageBytes<kHeadDim, kWarps, kFp8>() +
+         (kFp8 ? 2 * SmemKvTileBytes<kHeadDim, kWarps>() : 0);
 }
+// FP8 at d = 128: wide 4 KiB + 3 x (8 + 8) KiB + 32 KiB = 84 KiB, narrow 44 KiB.
+static_assert(SmemBytes<128, kMaxStages, kWideWarps, true>() == 84 * 1024);
+static_assert(SmemBytes<128, kMaxStages, kNarrowWarps, true>() == 44 * 1024);
 static_assert(SmemBytes<128, kMaxStages, kWideWarps>() == 100 * 1024);
 static_assert(SmemBytes<128, kMaxStages, kNarrowWarps>() == 52 * 1024);
 // 4 narrow CTAs per SM on H100/H200 (228 KiB per SM, 1 KiB of it reserved per CTA), with the
@@ -113,6 +126,14 @@ constexpr bool MergeFits() {  // in the K/V stages of the smallest (2-stage) pip
 }
 static_assert(MergeFits<64, kWideWarps>() && MergeFits<128, kWideWarps>());
 static_assert(MergeFits<64, kNarrowWarps>() && MergeFits<128, kNarrowWarps>());
+// An FP8 CTA's final merge fits in its (2-stage) e4m3 stages and compute tiles.
+template <int kHeadDim, int kWarps>
+constexpr bool Fp8MergeFits() {
+  return kWarps * 16 * 2 * 4 + kWarps * 16 * MergeRowStride<kHeadDim>() * 4 <=
+         2 * 2 * SmemStageBytes<kHeadDim, kWarps, true>() + 2 * SmemKvTileBytes<kHeadDim, kWarps>();
+}
+static_assert(Fp8MergeFits<64, kWideWarps>() && Fp8MergeFits<128, kWideWarps>());
+static_assert(Fp8MergeFits<64, kNarrowWarps>() && Fp8MergeFits<128, kNarrowWarps>());
 // Between two KV heads of a folded CTA the next head's first tiles are in flight, and the merge
 // has the Q tile ((m, l): q is in registers by then) and the one stage just attended: each half
 // of it (K, V) holds the rescaled rows, at most kDecodeMaxFoldedGroup, of half the warps.
@@ -125,8 +146,10 @@ constexpr bool FoldedMergeFits() {
 
 struct DecodeParams {
   const bf16* q;               // [T][q_stride]; fused RoPE: qkv rows, q and k not rotated
-  bf16* k_pool;                // [num_pages][page_size][G][d] (written only by fused RoPE)
-  bf16* v_pool;                // [num_pages][page_size][G][d] (written only by fused RoPE)
+  void* k_pool;                // [num_pages][page_size][G][d] bf16 or e4m3 (written only by
+  void* v_pool;                // fused RoPE)
+  const float* k_scales;       // [G] of this layer: an FP8 pool's scales, else null
+  const float* v_scales;       // [G] of this layer
   const int32_t* page_table;   // [max_seqs][max_pages_per_seq] of this layer
   const int32_t* kv_lens;      // [max_seqs] of this layer
   const int32_t* query_start;  // [S + 1]
@@ -250,8 +273,20 @@ __device__ __forceinline__ void WriteNewEntries(const DecodeParams& params, int6
       uint4 low = *reinterpret_cast<const uint4*>(k + piece * 8);
       uint4 high = *reinterpret_cast<const uint4*>(k + (piece + kHalfChunks) * 8);
       rope::RotateChunks(low, high, cos_sin, row_scale);
-      *reinterpret_cast<uint4*>(params.k_pool + dst + piece * 8) = low;
-      *reinterpret_cast<uint4*>(params.k_pool + dst + (piece + kHalfChunks) * 8) = high;
+      if (params.k_scales != nullptr) {  // FP8 pool: the rounded bf16 k, quantized
+        const float inverse = 1.0f / params.k_scales[kv_head];
+        auto* bytes = static_cast<uint8_t*>(params.k_pool) + dst;
+        float values[8];
+        Unpack8(low, values);
+        *reinterpret_cast<uint2*>(bytes + piece * 8) = QuantizeE4m3x8(values, inverse);
+        Unpack8(high, values);
+        *reinterpret_cast<uint2*>(bytes + (piece + kHalfChunks) * 8) =
+            QuantizeE4m3x8(values, inverse);
+      } else {
+        bf16* k_page = static_cast<bf16*>(params.k_pool) + dst;
+        *reinterpret_cast<uint4*>(k_page + piece * 8) = low;
+        *reinterpret_cast<uint4*>(k_page + (piece + kHalfChunks) * 8) = high;
+      }
     } else if (tid < kAtOnce * (kHalfChunks + kChunks)) {
       const int index = tid - kAtOnce * kHalfChunks;
       const int kv_head = first_kv_head + base + index / kChunks;
@@ -260,8 +295,16 @@ __device__ __forceinline__ void WriteNewEntries(const DecodeParams& params, int6
       const int64_t dst = (pool_entry * params.num_kv_heads + kv_head) * kHeadDim;
       const bf16* v =
           row + static_cast<int64_t>(params.num_heads + params.num_kv_heads + kv_head) * kHeadDim;
-      *reinterpret_cast<uint4*>(params.v_pool + dst + chunk * 8) =
+      const uint4 value =
           rope::ScaleChunk(*reinterpret_cast<const uint4*>(v + chunk * 8), row_scale);
+      if (params.v_scales != nullptr) {
+        float values[8];
+        Unpack8(value, values);
+        *reinterpret_cast<uint2*>(static_cast<uint8_t*>(params.v_pool) + dst + chunk * 8) =
+            QuantizeE4m3x8(values, 1.0f / params.v_scales[kv_head]);
+      } else {
+        *reinterpret_cast<uint4*>(static_cast<bf16*>(params.v_pool) + dst + chunk * 8) = value;
+      }
     } else if (tid < kAtOnce * (kHalfChunks + kChunks + 1) && params.pool_positions != nullptr) {
       const int index = tid - kAtOnce * (kHalfChunks + kChunks);
       if (base + index >= count) continue;
@@ -308,23 +351,31 @@ __device__ __forceinline__ void TraceLoopCycles(const DecodeParams& params, bool
 // its K/V pipeline runs on from one head's tiles into the next head's.
 // kFolded: compiled apart, so that the unfolded CTAs (every batch up to one wave) run code
 // without the between-heads part.
-template <int kHeadDim, int kStages, int kWarps, bool kFolded>
+// kFp8: the pool holds e4m3 (PoolView); the K scale of the head attended folds into the score
+// scale and the V scale into its output.
+template <int kHeadDim, int kStages, int kWarps, bool kFolded, bool kFp8>
 __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::kMinCtasPerSm)
     DecodeAttentionKernel(const DecodeParams params) {
   constexpr int kThreads = CtaShape<kWarps>::kThreads;
   constexpr int kTile = CtaShape<kWarps>::kTile;
   constexpr int kQBytes = SmemQBytes<kHeadDim>();
-  constexpr int kKvBytes = SmemKvTileBytes<kHeadDim, kWarps>();
-  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kKvBytes = SmemKvTileBytes<kHeadDim, kWarps>();  // a bf16 tile
+  constexpr int kStageBytes = SmemStageBytes<kHeadDim, kWarps, kFp8>();
   constexpr int kHalfChunks = kHeadDim / 16;  // 16-byte chunks in half a row: RoPE pairs
-  static_assert((kTile * kChunks) % kThreads == 0, "K/V copies divide evenly among threads");
+  // 16-byte pieces of one entry's K (or V) as the pool holds it.
+  constexpr int kCopyChunks = kFp8 ? kHeadDim / 16 : kHeadDim / 8;
+  constexpr int kElementBytes = kFp8 ? 1 : 2;
+  static_assert((kTile * kCopyChunks) % kThreads == 0, "K/V copies divide evenly among threads");
   static_assert(kThreads % kHalfChunks == 0, "a thread rotates the same chunk of every row");
   static_assert(FoldedMergeFits<kHeadDim, kWarps>(), "a folded CTA merges in one K/V stage");
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int32_t cached_pages[kCachedPages];
   const uint32_t smem_q = flash::SharedAddress(smem);
   const uint32_t smem_k = smem_q + kQBytes;
-  const uint32_t smem_v = smem_k + kStages * kKvBytes;
+  const uint32_t smem_v = smem_k + kStages * kStageBytes;
+  // FP8: the bf16 tiles the warps convert their rows into (unused otherwise).
+  [[maybe_unused]] const uint32_t compute_k = smem_v + kStages * kStageBytes;
+  [[maybe_unused]] const uint32_t compute_v = compute_k + kKvBytes;
 
   // Before PdlWait (pdl.cuh): what no kernel of this step writes before us. Step metadata, the
   // RoPE table and the page table come from host uploads and earlier layers; K/V entries below the
@@ -436,14 +487,19 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   };
   const auto slot_of = [&](int first, int step) {
     const int index = tid + step * kThreads;
-    return CopySlot{index / kChunks, index % kChunks, first + index / kChunks};
+    return CopySlot{index / kCopyChunks, index % kCopyChunks, first + index / kCopyChunks};
   };
   // 16 bytes of an entry's K and V (element `offset` of the pool: entry and head) into row `row`
   // of a stage.
+  // (An FP8 stage is plain rows of kHeadDim bytes: each warp reads back only its own rows.)
   const auto copy_chunk = [&](int stage, int row, int piece, int64_t offset, bool valid) {
-    const uint32_t dst = flash::TileOffset<kHeadDim>(row, piece);
-    flash::CpAsync16(smem_k + stage * kKvBytes + dst, params.k_pool + offset + piece * 8, valid);
-    flash::CpAsync16(smem_v + stage * kKvBytes + dst, params.v_pool + offset + piece * 8, valid);
+    const uint32_t dst = kFp8 ? static_cast<uint32_t>(row * kHeadDim + piece * 16)
+                              : flash::TileOffset<kHeadDim>(row, piece);
+    const int64_t byte = (offset + piece * (16 / kElementBytes)) * kElementBytes;
+    flash::CpAsync16(smem_k + stage * kStageBytes + dst,
+                     static_cast<const uint8_t*>(params.k_pool) + byte, valid);
+    flash::CpAsync16(smem_v + stage * kStageBytes + dst,
+                     static_cast<const uint8_t*>(params.v_pool) + byte, valid);
   };
   // Tile `tile` of the CTA's KV head `head` into stage `stage`.
   const auto load_kv = [&](int head, int tile, int stage) {
@@ -453,7 +509,7 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
       const int shift = params.page_shift;
       const int mask = (1 << shift) - 1;
 #pragma unroll
-      for (int step = 0; step < kTile * kChunks / kThreads; ++step) {
+      for (int step = 0; step < kTile * kCopyChunks / kThreads; ++step) {
         const CopySlot c = slot_of(first, step);
         const bool valid = c.entry < end;
         const int32_t id = valid ? cached_pages[(c.entry >> shift) - first_page] : 0;
@@ -464,7 +520,7 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
       return;
     }
 #pragma unroll 1
-    for (int step = 0; step < kTile * kChunks / kThreads; ++step) {
+    for (int step = 0; step < kTile * kCopyChunks / kThreads; ++step) {
       const CopySlot c = slot_of(first, step);
       const bool valid = c.entry < end;
       int64_t offset = head_offset;
@@ -561,6 +617,21 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   const int g = lane / 4;
   const int t = lane % 4;
   int head_first = 0;  // the index of the first tile of the KV head attended now
+  // The KV head attended now and its scales (an FP8 pool's: K's folds into the score scale, V's
+  // into the output).
+  int kv_head = kv_head0;
+  float head_scale = params.scale;
+  float head_scale_log2 = params.scale_log2;
+  float v_scale = 1.0f;
+  const auto set_head_scales = [&] {
+    if constexpr (kFp8) {
+      const float k_scale = params.k_scales[kv_head];
+      head_scale = params.scale * k_scale;
+      head_scale_log2 = params.scale_log2 * k_scale;
+      v_scale = params.v_scales[kv_head];
+    }
+  };
+  set_head_scales();
   for (int index = 0; index < total_tiles; ++index) {
     // Tile `index` visible to all; every warp is done with index - 1, whose stage is refilled.
     flash::CpAsyncWait<kStages - 2>();
@@ -577,13 +648,35 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
     const int slice_first = begin + (index - head_first) * kTile + warp * 16;  // 16 entries
     const int stage = index % kStages;
     if (slice_first < end) {
-      const uint32_t k_tile = smem_k + stage * kKvBytes;
-      const uint32_t v_tile = smem_v + stage * kKvBytes;
+      uint32_t k_tile = smem_k + stage * kStageBytes;
+      uint32_t v_tile = smem_v + stage * kStageBytes;
+      if constexpr (kFp8) {
+        // The warp's 16 rows of e4m3 into the bf16 compute tiles (exact), which no other warp
+        // touches: a warp barrier suffices.
+        constexpr int kPieces = kHeadDim / 8;  // 8 elements a piece
+        const uint8_t* k_rows = smem + kQBytes + stage * kStageBytes + warp * 16 * kHeadDim;
+        const uint8_t* v_rows = k_rows + kStages * kStageBytes;
+        uint8_t* k_out = smem + kQBytes + 2 * kStages * kStageBytes;
+        uint8_t* v_out = k_out + kKvBytes;
+#pragma unroll
+        for (int piece = lane; piece < 16 * kPieces; piece += 32) {
+          const int row = piece / kPieces;
+          const int column = piece % kPieces;
+          const uint32_t dst = flash::TileOffset<kHeadDim>(warp * 16 + row, column);
+          *reinterpret_cast<uint4*>(k_out + dst) =
+              E4m3x8ToBf16x8(*reinterpret_cast<const uint2*>(k_rows + piece * 8));
+          *reinterpret_cast<uint4*>(v_out + dst) =
+              E4m3x8ToBf16x8(*reinterpret_cast<const uint2*>(v_rows + piece * 8));
+        }
+        __syncwarp();
+        k_tile = compute_k;
+        v_tile = compute_v;
+      }
       const int limit[2] = {end - 1 - slice_first, end - 1 - slice_first};
       if (slice_first + 16 > end) {
-        state.template AttendTile<16, true>(k_tile, v_tile, warp * 16, params.scale_log2, limit);
+        state.template AttendTile<16, true>(k_tile, v_tile, warp * 16, head_scale_log2, limit);
       } else {
-        state.template AttendTile<16, false>(k_tile, v_tile, warp * 16, params.scale_log2, limit);
+        state.template AttendTile<16, false>(k_tile, v_tile, warp * 16, head_scale_log2, limit);
       }
     }
     if (index + 1 < head_first + num_tiles) continue;
@@ -619,9 +712,12 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
     state.FinishSums();
     float* merge_ml = reinterpret_cast<float*>(smem);  // [kWarps][16][2] (m, l); q is in registers
     const auto warp_rows = [&](int w) {                // warp w's rescaled rows [.][kMergeStride]
-      uint8_t* base = last ? smem + kQBytes + w * 16 * kMergeStride * 4
-                           : smem + kQBytes + (w % 2) * kStages * kKvBytes + stage * kKvBytes +
-                                 (w / 2) * kDecodeMaxFoldedGroup * kMergeStride * 4;
+      // Between heads an FP8 CTA merges in its compute tiles (its stages are half the size).
+      const int between = kFp8 ? 2 * kStages * kStageBytes + (w % 2) * kKvBytes
+                               : (w % 2) * kStages * kKvBytes + stage * kKvBytes;
+      uint8_t* base =
+          last ? smem + kQBytes + w * 16 * kMergeStride * 4
+               : smem + kQBytes + between + (w / 2) * kDecodeMaxFoldedGroup * kMergeStride * 4;
       return reinterpret_cast<float*>(base);
     };
     if (t == 0) {
@@ -646,13 +742,14 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
         const float l_w = merge_ml[(w * 16 + row) * 2 + 1];
         // l_w == 0 exactly when the warp saw no entry (m_w = -inf): skipping avoids -inf - -inf.
         if (l_w > 0.0f) {
-          total += l_w * flash::Exp2((merge_ml[(w * 16 + row) * 2] - m_max) * params.scale_log2);
+          total += l_w * flash::Exp2((merge_ml[(w * 16 + row) * 2] - m_max) * head_scale_log2);
         }
       }
       const float own =
-          state.l[half] > 0.0f ? flash::Exp2((state.m[half] - m_max) * params.scale_log2) : 0.0f;
-      factor[half] = total > 0.0f ? own / total : 0.0f;
-      row_lse[half] = total > 0.0f ? m_max * params.scale + logf(total) : -INFINITY;
+          state.l[half] > 0.0f ? flash::Exp2((state.m[half] - m_max) * head_scale_log2) : 0.0f;
+      // An FP8 pool's V scale rides on the warp's weight.
+      factor[half] = total > 0.0f ? own / total * v_scale : 0.0f;
+      row_lse[half] = total > 0.0f ? m_max * head_scale + logf(total) : -INFINITY;
     }
     float* own_rows = warp_rows(warp);
 #pragma unroll
@@ -724,6 +821,8 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
     head_first += num_tiles;
     head0 += params.group;
     part_row += params.group;
+    ++kv_head;
+    set_head_scales();
   }
   TraceStamp(params, kTraceExit);
 }
@@ -848,11 +947,23 @@ __global__ void DecodeScoresKernel(const DecodeParams params) {
   const int32_t* pages = params.page_table + static_cast<int64_t>(slot) * params.max_pages_per_seq;
   for (int entry = begin + warp; entry < end; entry += kScoreWarps) {
     const int64_t pool_entry = PoolEntry(params, pages, entry);
-    const bf16* k_row =
-        params.k_pool + (pool_entry * params.num_kv_heads + kv_head) * kHeadDim + lane * kPerLane;
+    const int64_t k_offset =
+        (pool_entry * params.num_kv_heads + kv_head) * kHeadDim + lane * kPerLane;
     float k_values[kPerLane];
+    if (params.k_scales != nullptr) {  // FP8 pool: e4m3 value * the head's scale
+      const auto* k_row = static_cast<const __nv_fp8_storage_t*>(params.k_pool) + k_offset;
+      const float k_scale = params.k_scales[kv_head];
 #pragma unroll
-    for (int index = 0; index < kPerLane; ++index) k_values[index] = __bfloat162float(k_row[index]);
+      for (int index = 0; index < kPerLane; ++index) {
+        const __half value(__nv_cvt_fp8_to_halfraw(k_row[index], __NV_E4M3));
+        k_values[index] = __half2float(value) * k_scale;
+      }
+    } else {
+      const bf16* k_row = static_cast<const bf16*>(params.k_pool) + k_offset;
+#pragma unroll
+      for (int index = 0; index < kPerLane; ++index)
+        k_values[index] = __bfloat162float(k_row[index]);
+    }
     float probability = 0.0f;
     for (int head = 0; head < params.group; ++head) {
       const float* q_row = shared_q + head * kHeadDim + lane * kPerLane;
@@ -917,10 +1028,10 @@ WorkspaceLayout Layout(int num_decode_seqs, int num_heads, int head_dim, int64_t
   return layout;
 }
 
-template <int kHeadDim, int kStages, int kWarps, bool kFolded>
+template <int kHeadDim, int kStages, int kWarps, bool kFolded, bool kFp8>
 void LaunchDecodeMain(const DecodeParams& params, int device, cudaStream_t stream) {
-  constexpr int kSmem = SmemBytes<kHeadDim, kStages, kWarps>();
-  const auto kernel = DecodeAttentionKernel<kHeadDim, kStages, kWarps, kFolded>;
+  constexpr int kSmem = SmemBytes<kHeadDim, kStages, kWarps, kFp8>();
+  const auto kernel = DecodeAttentionKernel<kHeadDim, kStages, kWarps, kFolded, kFp8>;
   // Above 48 KiB of dynamic shared memory needs an opt-in, once per device. The carveout asks for
   // all of the SM's shared memory (the copies bypass L1): 4 narrow CTAs need 217 KiB of it.
   static std::atomic<uint64_t> configured_devices{0};
@@ -936,37 +1047,46 @@ void LaunchDecodeMain(const DecodeParams& params, int device, cudaStream_t strea
 }
 
 // The main kernel with the deepest pipeline the device's shared memory allows.
-template <int kHeadDim, int kWarps, bool kFolded>
+template <int kHeadDim, int kWarps, bool kFolded, bool kFp8>
 void LaunchDecodeMainKernel(const DecodeParams& params, cudaStream_t stream) {
   int device = 0;
   SIEVE_CUDA_CHECK(cudaGetDevice(&device));
-  if constexpr (SmemBytes<kHeadDim, kMaxStages, kWarps>() <= kSmemEveryDevice) {
-    LaunchDecodeMain<kHeadDim, kMaxStages, kWarps, kFolded>(params, device, stream);
+  if constexpr (SmemBytes<kHeadDim, kMaxStages, kWarps, kFp8>() <= kSmemEveryDevice) {
+    LaunchDecodeMain<kHeadDim, kMaxStages, kWarps, kFolded, kFp8>(params, device, stream);
   } else {
     int smem_optin = 0;
     SIEVE_CUDA_CHECK(
         cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    if (smem_optin >= SmemBytes<kHeadDim, kMaxStages, kWarps>()) {
-      LaunchDecodeMain<kHeadDim, kMaxStages, kWarps, kFolded>(params, device, stream);
+    if (smem_optin >= SmemBytes<kHeadDim, kMaxStages, kWarps, kFp8>()) {
+      LaunchDecodeMain<kHeadDim, kMaxStages, kWarps, kFolded, kFp8>(params, device, stream);
     } else {
-      LaunchDecodeMain<kHeadDim, 2, kWarps, kFolded>(params, device, stream);
+      LaunchDecodeMain<kHeadDim, 2, kWarps, kFolded, kFp8>(params, device, stream);
     }
+  }
+}
+
+template <int kHeadDim, bool kFp8>
+void LaunchDecodeCta(const DecodeParams& params, DecodeCta cta, cudaStream_t stream) {
+  const bool folded = params.kv_heads_per_cta > 1;
+  if (cta == DecodeCta::kNarrow) {
+    if (folded) {
+      LaunchDecodeMainKernel<kHeadDim, kNarrowWarps, true, kFp8>(params, stream);
+    } else {
+      LaunchDecodeMainKernel<kHeadDim, kNarrowWarps, false, kFp8>(params, stream);
+    }
+  } else if (folded) {
+    LaunchDecodeMainKernel<kHeadDim, kWideWarps, true, kFp8>(params, stream);
+  } else {
+    LaunchDecodeMainKernel<kHeadDim, kWideWarps, false, kFp8>(params, stream);
   }
 }
 
 template <int kHeadDim>
 void LaunchDecode(const DecodeParams& params, DecodeCta cta, cudaStream_t stream) {
-  const bool folded = params.kv_heads_per_cta > 1;
-  if (cta == DecodeCta::kNarrow) {
-    if (folded) {
-      LaunchDecodeMainKernel<kHeadDim, kNarrowWarps, true>(params, stream);
-    } else {
-      LaunchDecodeMainKernel<kHeadDim, kNarrowWarps, false>(params, stream);
-    }
-  } else if (folded) {
-    LaunchDecodeMainKernel<kHeadDim, kWideWarps, true>(params, stream);
+  if (params.k_scales != nullptr) {
+    LaunchDecodeCta<kHeadDim, true>(params, cta, stream);
   } else {
-    LaunchDecodeMainKernel<kHeadDim, kWideWarps, false>(params, stream);
+    LaunchDecodeCta<kHeadDim, false>(params, cta, stream);
   }
   if (params.num_splits > 1) {
     LaunchWithPdl(DecodeCombineKernel<kHeadDim>, dim3(params.num_decode, params.num_heads),
@@ -1153,6 +1273,10 @@ void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, int kv_heads_per_c
   params.q = q;
   params.k_pool = pool.k;
   params.v_pool = pool.v;
+  params.k_scales =
+      pool.fp8 ? pool.k_scales + static_cast<int64_t>(layer) * pool.num_kv_heads : nullptr;
+  params.v_scales =
+      pool.fp8 ? pool.v_scales + static_cast<int64_t>(layer) * pool.num_kv_heads : nullptr;
   params.page_table =
       pool.page_table + static_cast<int64_t>(layer) * pool.max_seqs * pool.max_pages_per_seq;
   params.kv_lens = pool.kv_lens + static_cast<int64_t>(layer) * pool.max_seqs;

@@ -42,8 +42,13 @@ struct StepView {
 
 // The device side of the KV pool.
 struct PoolView {
-  bf16* k;                    // [num_pages][page_size][G][d]
-  bf16* v;                    // [num_pages][page_size][G][d]
+  // [num_pages][page_size][G][d]: bf16, or e4m3 bytes when fp8 (KvPool: entry x of layer l, KV
+  // head g is stored as e4m3(x * (1 / scale[l][g])) and read as e4m3 value * scale[l][g]).
+  void* k;
+  void* v;
+  const float* k_scales;  // [L][G] (fp8), else null
+  const float* v_scales;  // [L][G] (fp8), else null
+  bool fp8;
   const int32_t* page_table;  // [L][max_seqs][max_pages_per_seq]
   int32_t* kv_lens;           // [L][max_seqs]
   float* scores;              // [num_pages * page_size][G] or null

@@ -8,6 +8,7 @@
 #include "backend/cuda/bf16x8.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rope.cuh"
 #include "backend/cuda/row_rms.cuh"
@@ -109,16 +110,29 @@ __global__ void RopeAndCacheWriteKernel(bf16* __restrict__ qkv, int64_t qkv_stri
     *reinterpret_cast<uint4*>(x + index) = ra_raw;
     *reinterpret_cast<uint4*>(x + index + half) = rb_raw;
     if (head >= num_heads && entry >= 0) {
-      bf16* dst = pool.k + (entry * kv_heads + (head - num_heads)) * head_dim;
-      *reinterpret_cast<uint4*>(dst + index) = ra_raw;
-      *reinterpret_cast<uint4*>(dst + index + half) = rb_raw;
+      const int64_t dst = (entry * kv_heads + (head - num_heads)) * head_dim;
+      if (pool.fp8) {
+        // The rounded bf16 k is what the pool quantizes (as the CPU twin quantizes its row).
+        const float inverse =
+            1.0f / pool.k_scales[static_cast<int64_t>(layer) * kv_heads + head - num_heads];
+        float rotated[8];
+        Unpack8(ra_raw, rotated);
+        *reinterpret_cast<uint2*>(static_cast<uint8_t*>(pool.k) + dst + index) =
+            QuantizeE4m3x8(rotated, inverse);
+        Unpack8(rb_raw, rotated);
+        *reinterpret_cast<uint2*>(static_cast<uint8_t*>(pool.k) + dst + index + half) =
+            QuantizeE4m3x8(rotated, inverse);
+      } else {
+        bf16* k = static_cast<bf16*>(pool.k) + dst;
+        *reinterpret_cast<uint4*>(k + index) = ra_raw;
+        *reinterpret_cast<uint4*>(k + index + half) = rb_raw;
+      }
     }
   }
   // v: scaled in qkv too (prefill attention reads it from there), then copied to the page.
   if (norm.rows != nullptr || entry >= 0) {
     auto* v = reinterpret_cast<uint4*>(row + (num_heads + kv_heads) * head_dim);
-    auto* page =
-        entry >= 0 ? reinterpret_cast<uint4*>(pool.v + entry * kv_heads * head_dim) : nullptr;
+    const int64_t page_offset = entry * kv_heads * head_dim;  // elements
     for (int index = first; index < kv_heads * head_dim / 8; index += stride) {
       uint4 raw = v[index];
       if (norm.rows != nullptr) {
@@ -129,7 +143,17 @@ __global__ void RopeAndCacheWriteKernel(bf16* __restrict__ qkv, int64_t qkv_stri
         raw = Pack8(values);
         v[index] = raw;
       }
-      if (entry >= 0) page[index] = raw;
+      if (entry < 0) continue;
+      if (pool.fp8) {
+        const int g = index * 8 / head_dim;
+        float values[8];
+        Unpack8(raw, values);
+        reinterpret_cast<uint2*>(static_cast<uint8_t*>(pool.v) + page_offset)[index] =
+            QuantizeE4m3x8(values,
+                           1.0f / pool.v_scales[static_cast<int64_t>(layer) * kv_heads + g]);
+      } else {
+        reinterpret_cast<uint4*>(static_cast<bf16*>(pool.v) + page_offset)[index] = raw;
+      }
     }
   }
   if (entry < 0) return;
@@ -148,20 +172,43 @@ __global__ void GatherPrefillKvKernel(const bf16* __restrict__ qkv, int64_t qkv_
   const int index_in_seq = key_row - step.key_start[seq];
   const int context = step.context_lens[seq];
   const int width = pool.num_kv_heads * pool.head_dim;  // elements of one K (or V) row
+  bf16* k_dst = k_out + static_cast<int64_t>(key_row) * width;
+  bf16* v_dst = v_out + static_cast<int64_t>(key_row) * width;
+  if (index_in_seq < context && pool.fp8) {
+    // A cached entry of an FP8 pool: e4m3 value * the (layer, head)'s scale, rounded to bf16.
+    const int64_t entry = PoolEntry(pool, layer, step.seq_slots[seq], index_in_seq);
+    const auto* k_src =
+        reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(pool.k) + entry * width);
+    const auto* v_src =
+        reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(pool.v) + entry * width);
+    const float* k_scales = pool.k_scales + static_cast<int64_t>(layer) * pool.num_kv_heads;
+    const float* v_scales = pool.v_scales + static_cast<int64_t>(layer) * pool.num_kv_heads;
+    for (int index = threadIdx.x; index < width / 8; index += blockDim.x) {
+      const int g = index * 8 / pool.head_dim;
+      float values[8];
+      E4m3x8ToFloat(k_src[index], values);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) values[i] = __fmul_rn(values[i], k_scales[g]);
+      reinterpret_cast<uint4*>(k_dst)[index] = Pack8(values);
+      E4m3x8ToFloat(v_src[index], values);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) values[i] = __fmul_rn(values[i], v_scales[g]);
+      reinterpret_cast<uint4*>(v_dst)[index] = Pack8(values);
+    }
+    return;
+  }
   const bf16* k_src;
   const bf16* v_src;
   if (index_in_seq < context) {
     const int64_t entry = PoolEntry(pool, layer, step.seq_slots[seq], index_in_seq);
-    k_src = pool.k + entry * width;
-    v_src = pool.v + entry * width;
+    k_src = static_cast<const bf16*>(pool.k) + entry * width;
+    v_src = static_cast<const bf16*>(pool.v) + entry * width;
   } else {
     const bf16* row =
         qkv + static_cast<int64_t>(step.query_start[seq] + index_in_seq - context) * qkv_stride;
     k_src = row + num_heads * pool.head_dim;
     v_src = k_src + width;
   }
-  bf16* k_dst = k_out + static_cast<int64_t>(key_row) * width;
-  bf16* v_dst = v_out + static_cast<int64_t>(key_row) * width;
   if (width % 8 == 0) {  // 16-byte copies (rows of pool and qkv are 16-byte aligned then)
     for (int index = threadIdx.x; index < width / 8; index += blockDim.x) {
       reinterpret_cast<uint4*>(k_dst)[index] = reinterpret_cast<const uint4*>(k_src)[index];

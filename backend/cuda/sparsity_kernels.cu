@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/flash_warp.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_fp8.cuh"
 #include "core/check.h"
 
 namespace sieve::cuda {
@@ -567,8 +568,23 @@ __global__ __launch_bounds__(kWriteThreads) void WriteKeptKvKernel(
       ((static_cast<int64_t>(key_start[job.prefill_seq]) + key) * kv_heads + kv_head) * head_dim +
       vec * 8;
   const int64_t dst = (pool_entry * kv_heads + kv_head) * head_dim + vec * 8;
-  *reinterpret_cast<uint4*>(pool.k + dst) = *reinterpret_cast<const uint4*>(k + src);
-  *reinterpret_cast<uint4*>(pool.v + dst) = *reinterpret_cast<const uint4*>(v + src);
+  if (pool.fp8) {
+    // The scratch holds bf16 (entries read from the pool were rounded from e4m3 value * scale,
+    // which quantizes back to the same e4m3: compaction keeps them as they were).
+    const int64_t scale_index = static_cast<int64_t>(layer) * kv_heads + kv_head;
+    float values[8];
+    Unpack8(*reinterpret_cast<const uint4*>(k + src), values);
+    *reinterpret_cast<uint2*>(static_cast<uint8_t*>(pool.k) + dst) =
+        QuantizeE4m3x8(values, 1.0f / pool.k_scales[scale_index]);
+    Unpack8(*reinterpret_cast<const uint4*>(v + src), values);
+    *reinterpret_cast<uint2*>(static_cast<uint8_t*>(pool.v) + dst) =
+        QuantizeE4m3x8(values, 1.0f / pool.v_scales[scale_index]);
+  } else {
+    *reinterpret_cast<uint4*>(static_cast<bf16*>(pool.k) + dst) =
+        *reinterpret_cast<const uint4*>(k + src);
+    *reinterpret_cast<uint4*>(static_cast<bf16*>(pool.v) + dst) =
+        *reinterpret_cast<const uint4*>(v + src);
+  }
   if (vec == 0) {
     const int64_t side = pool_entry * kv_heads + kv_head;
     if (pool.positions != nullptr) pool.positions[side] = key;
@@ -639,12 +655,16 @@ __global__ __launch_bounds__(kEvictThreads) void EvictEntriesKernel(
     if (best.entry < 0) continue;
     const int64_t dst = entry_of(best.entry);
     if (dst == last) continue;  // the last entry is the victim: dropping the length removes it
-#pragma unroll 1                // one or two trips (d <= 256); unrolling it only made ptxas spill
-    for (int vec = lane; vec < head_dim / 8; vec += 32) {
-      const int64_t to = (dst * kv_heads + kv_head) * head_dim + vec * 8;
-      const int64_t from = (last * kv_heads + kv_head) * head_dim + vec * 8;
-      *reinterpret_cast<uint4*>(pool.k + to) = *reinterpret_cast<const uint4*>(pool.k + from);
-      *reinterpret_cast<uint4*>(pool.v + to) = *reinterpret_cast<const uint4*>(pool.v + from);
+    // The entry's bytes as they are (bf16 or e4m3), 16 at a time.
+    const int element_bytes = pool.fp8 ? 1 : 2;
+    const int64_t to = (dst * kv_heads + kv_head) * head_dim * element_bytes;
+    const int64_t from = (last * kv_heads + kv_head) * head_dim * element_bytes;
+#pragma unroll 1  // one or two trips (d <= 256); unrolling it only made ptxas spill
+    for (int vec = lane; vec < head_dim * element_bytes / 16; vec += 32) {
+      auto* k = static_cast<uint8_t*>(pool.k);
+      auto* v = static_cast<uint8_t*>(pool.v);
+      reinterpret_cast<uint4*>(k + to)[vec] = reinterpret_cast<const uint4*>(k + from)[vec];
+      reinterpret_cast<uint4*>(v + to)[vec] = reinterpret_cast<const uint4*>(v + from)[vec];
     }
     if (lane == 0) {
       pool.positions[dst * kv_heads + kv_head] = pool.positions[last * kv_heads + kv_head];
