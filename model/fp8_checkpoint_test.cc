@@ -12,7 +12,9 @@
 //     the folded forward being the one tested against transformers (llama_model_test.cc);
 //   - against the dequantized weights in f32 (no activation quantization) the logits move by
 //     e4m3 activation rounding only: relative L2 at most 0.1 (per-token e4m3 rounding is up to
-//     2^-4 of each value; measured 0.017-0.030; wrong or dropped scales give O(1)).
+//     2^-4 of each value; measured 0.012-0.030; wrong or dropped scales give O(1));
+//   - under tensor parallelism each rank's weights are exactly its slices of one rank's, and two
+//     ranks' logits track one rank's within FP8's bound (measured 0.015-0.018).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,14 +28,17 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/in_process_communicator.h"
 #include "core/dtype.h"
 #include "core/fixtures.h"
 #include "core/float8.h"
 #include "core/testing.h"
+#include "core/thread_pool.h"
 #include "model/full_prefill.h"
 #include "model/llama_model.h"
 #include "model/safetensors.h"
@@ -563,6 +568,69 @@ TEST(GpuFp8CheckpointTest, MatchesTheCpuTwin) {
   EXPECT_GE(same, static_cast<int>(ids.size() * 85 / 100));
 }
 #endif
+
+// Two ranks run the FP8 checkpoint's forward together (each on its own backend and thread, the
+// in-process communicator between them). Both get the same logits, bit for bit, and they track
+// one rank's: each rank quantizes the input of its o and down slices (a slice of each row) with
+// that slice's own per-token scale, so the ranks round differently from one rank, as
+// --quantization fp8 does under tensor parallelism. Bound: FP8's, relative L2 within 0.1.
+TEST(Fp8CheckpointTest, TwoRanksTrackOneRank) {
+  std::mt19937_64 rng = testing::MakeRng();
+  TempDir dir;
+  WriteCheckpoints(dir.File("fp8"), dir.File("f32"), {}, rng);
+  auto config = LoadModelConfig(dir.File("fp8"));
+  ASSERT_TRUE(config.ok());
+  auto checkpoint = SafetensorsCheckpoint::Open(dir.File("fp8"));
+  ASSERT_TRUE(checkpoint.ok());
+  const std::vector<int32_t> ids = RandomIds(rng, 24, config->vocab_size);
+  auto one_backend = MakeCpuBackend();
+  auto one = LlamaModel::Load(*config, **checkpoint, *one_backend, 64);
+  ASSERT_TRUE(one.ok());
+  const std::vector<float> expected = testing::FullPrefillLogits(**one, ids);
+  constexpr int kRanks = 2;
+  std::vector<std::unique_ptr<ThreadPool>> pools;
+  std::vector<std::unique_ptr<CpuBackend>> backends;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    pools.push_back(std::make_unique<ThreadPool>(1));
+    backends.push_back(std::make_unique<CpuBackend>(pools.back().get()));
+  }
+  std::vector<std::unique_ptr<Communicator>> communicators = MakeInProcessCommunicators(kRanks);
+  std::vector<std::vector<float>> logits(kRanks);
+  std::vector<Status> statuses(kRanks);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    threads.emplace_back([&, rank] {
+      Backend& backend = *backends[rank];
+      auto model = LlamaModel::Load(*config, **checkpoint, backend, 64, {rank, kRanks},
+                                    communicators[rank].get());
+      if (!model.ok()) {
+        statuses[rank] = model.status();
+        return;
+      }
+      testing::PrefillFixture fixture = testing::MakeFullPrefill(backend, *config, ids);
+      // The rank's pool holds its KV heads only.
+      KvPool& pool = fixture.pool;
+      pool.num_kv_heads = (*model)->layout().num_kv_heads;
+      pool.k = backend.Allocate({pool.num_pages, pool.page_size, pool.num_kv_heads, pool.head_dim},
+                                backend.activation_dtype());
+      pool.v = backend.Allocate(pool.k.shape(), backend.activation_dtype());
+      const int n = static_cast<int>(ids.size());
+      ForwardWorkspace workspace;
+      (*model)->EnsureWorkspace(workspace, n, n, n, 1, 1);
+      Tensor out = backend.Allocate({n, config->vocab_size}, DType::kF32);
+      (*model)->Forward(fixture.step, pool, workspace, out);
+      logits[rank].resize(static_cast<size_t>(out.numel()));
+      backend.CopyToHost(out, logits[rank].data());
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const Status& status : statuses) ASSERT_TRUE(status.ok()) << status.ToString();
+  EXPECT_TRUE(logits[0] == logits[1]);
+  ASSERT_EQ(logits[0].size(), expected.size());
+  const double error = testing::RelativeL2Error(logits[0].data(), expected.data(), expected.size());
+  std::printf("FP8 checkpoint on 2 ranks against 1: relative L2 %.4f\n", error);
+  EXPECT_LE(error, 0.1);
+}
 
 // A Backend that forwards to the CPU backend and counts the bytes of the tensors it allocates
 // that are alive, and the most that ever were.
