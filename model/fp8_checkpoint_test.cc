@@ -371,20 +371,54 @@ TEST(Fp8CheckpointTest, CommittedCompressedTensorsFixtureLoads) {
   EXPECT_EQ(model->weights().lm_head.dtype(), backend->activation_dtype());
 }
 
+// Host copies of every tensor of a safetensors file.
+std::map<std::string, Tensor> ReadAll(const std::string& path) {
+  auto file = SafetensorsFile::Open(path);
+  SIEVE_CHECK(file.ok()) << file.status().ToString();
+  std::map<std::string, Tensor> tensors;
+  for (const auto& [name, tensor] : (*file)->tensors()) {
+    Tensor copy = Tensor::Empty(tensor.shape, tensor.dtype);
+    std::memcpy(copy.data(), tensor.data, tensor.nbytes);
+    tensors[name] = copy;
+  }
+  return tensors;
+}
+
+// A layer linear the producer left unquantized (listed in `ignore`, stored as a float weight with
+// no scales) runs in the activation dtype beside the e4m3 ones.
+TEST(Fp8CheckpointTest, LinearsLeftUnquantizedRunInTheActivationDtype) {
+  std::mt19937_64 rng = testing::MakeRng();
+  TempDir dir;
+  WriteCheckpoints(dir.File("fp8"), dir.File("f32"), {}, rng);
+  const std::string down = "model.layers.0.mlp.down_proj";
+  std::map<std::string, Tensor> tensors = ReadAll(dir.File("fp8") + "/model.safetensors");
+  tensors[down + ".weight"] = ReadAll(dir.File("f32") + "/model.safetensors")[down + ".weight"];
+  tensors.erase(down + ".weight_scale");
+  ASSERT_TRUE(
+      WriteSafetensors(dir.File("fp8") + "/model.safetensors", {tensors.begin(), tensors.end()})
+          .ok());
+  auto backend = MakeCpuBackend();
+  auto fp8 = MustLoad(*backend, dir.File("fp8"));
+  auto f32 = MustLoad(*backend, dir.File("f32"));
+  const Tensor& kept = fp8->weights().layers[0].down;
+  ASSERT_EQ(kept.dtype(), backend->activation_dtype());
+  EXPECT_FALSE(kept.has_row_scales());
+  const Tensor& reference = f32->weights().layers[0].down;
+  EXPECT_TRUE(std::equal(kept.data_as<float>(), kept.data_as<float>() + kept.numel(),
+                         reference.data_as<float>()));
+  EXPECT_EQ(fp8->weights().layers[1].down.dtype(), DType::kF8E4M3);
+  const std::vector<int32_t> ids = RandomIds(rng, 24, 97);
+  const std::vector<float> logits = testing::FullPrefillLogits(*fp8, ids);
+  const std::vector<float> expected = testing::FullPrefillLogits(*f32, ids);
+  EXPECT_LE(testing::RelativeL2Error(logits.data(), expected.data(), expected.size()), 0.1);
+}
+
 // Broken checkpoints are errors that name what is wrong, never aborts.
 TEST(Fp8CheckpointTest, MalformedCheckpointsAreClearErrors) {
   std::mt19937_64 rng = testing::MakeRng();
   TempDir dir;
   WriteCheckpoints(dir.File("good"), dir.File("f32"), {}, rng);
-  auto good = SafetensorsFile::Open(dir.File("good") + "/model.safetensors");
-  ASSERT_TRUE(good.ok());
-  const auto host = [&](const std::string& name) {
-    const SafetensorsTensor* tensor = (*good)->Find(name);
-    SIEVE_CHECK(tensor != nullptr) << name;
-    Tensor copy = Tensor::Empty(tensor->shape, tensor->dtype);
-    std::memcpy(copy.data(), tensor->data, tensor->nbytes);
-    return copy;
-  };
+  const std::map<std::string, Tensor> good = ReadAll(dir.File("good") + "/model.safetensors");
   const std::string q = "model.layers.1.self_attn.q_proj";
   struct Case {
     const char* what;
@@ -432,8 +466,7 @@ TEST(Fp8CheckpointTest, MalformedCheckpointsAreClearErrors) {
   auto backend = MakeCpuBackend();
   for (const Case& test_case : cases) {
     SCOPED_TRACE(test_case.what);
-    std::map<std::string, Tensor> tensors;
-    for (const auto& [name, tensor] : (*good)->tensors()) tensors[name] = host(name);
+    std::map<std::string, Tensor> tensors = good;  // views: an edit replaces, never writes
     test_case.edit(tensors);
     TempDir bad;
     std::filesystem::copy_file(dir.File("good") + "/config.json", bad.File("config.json"));
