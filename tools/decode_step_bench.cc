@@ -165,13 +165,13 @@ RankStep MakeRankStep(Backend& backend, const ModelConfig& config,
   const int length = StepLength(options);  // this step's token is appended
   const int pages_per_seq = PagesPerSequence(options);
   const int num_pages = pages_per_seq * batch * layers;
-  auto model_or =
-      LlamaModel::RandomShard(config, backend, 1, options.context + 2, shard, communicator);
-  SIEVE_CHECK(model_or.ok()) << model_or.status().ToString();  // the caller checked the split
+  // FP8 weights are quantized layer by layer as they are made, so that a 70B model's fit one GPU.
+  auto model_or = LlamaModel::RandomShard(config, backend, 1, options.context + 2, shard,
+                                          communicator, 0.02f, options.quantization);
+  // The caller checked the split, and the command the device.
+  SIEVE_CHECK(model_or.ok()) << model_or.status().ToString();
   RankStep rank;
   rank.model = std::move(model_or).value();
-  const Status quantized = rank.model->QuantizeWeights(options.quantization);
-  SIEVE_CHECK(quantized.ok()) << quantized.ToString();  // the command checked the device
   const int kv_heads = rank.model->layout().num_kv_heads;
   StepMeta& step = rank.step;
   KvPool& pool = rank.pool;

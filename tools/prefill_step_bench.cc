@@ -61,10 +61,11 @@ PrefillStepBenchResult RunPrefillStepBench(Backend& backend, const ModelConfig& 
   engine_options.kv_policy = options.kv_policy;
   engine_options.kv_policy_options = options.kv_policy_options;
   engine_options.memory_fraction = 0.5;
-  std::unique_ptr<LlamaModel> model = LlamaModel::Random(config, backend, 1, n + 8);
-  const Status quantized = model->QuantizeWeights(options.quantization);
-  SIEVE_CHECK(quantized.ok()) << quantized.ToString();  // the command checked the device
-  auto engine = Engine::Create(std::move(model), nullptr, {}, engine_options);
+  // FP8 weights are quantized layer by layer as they are made (LlamaModel::RandomShard).
+  auto model =
+      LlamaModel::RandomShard(config, backend, 1, n + 8, {}, nullptr, 0.02f, options.quantization);
+  SIEVE_CHECK(model.ok()) << model.status().ToString();  // the command checked the device
+  auto engine = Engine::Create(std::move(model).value(), nullptr, {}, engine_options);
   SIEVE_CHECK(engine.ok()) << engine.status().ToString();
   (*engine)->WarmUp();
 
