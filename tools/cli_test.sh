@@ -105,6 +105,8 @@ for want in "FP8 checkpoint, compressed-tensors" "14 linears per channel" "stati
 done
 expect_ok "generate on an FP8 checkpoint" gen --model "$fp8_model" --prompt "Hello" -n 5 --temperature 0
 grep -q "tokens generated" "$work/err" || { echo "FAIL generate fp8: no summary line"; failures=$((failures + 1)); }
+expect_ok "generate on an FP8 checkpoint with its K/V scales" gen --model "$fp8_model" \
+  --kv-cache-dtype fp8 --prompt "Hello" -n 5 --temperature 0
 expect_ok "generate with dummy FP8 weights" gen --model "$model" --load-format dummy --quantization fp8 \
   --prompt "Hello" -n 3
 copy_fp8() { rm -rf "$work/m"; cp -r "$fp8_model" "$work/m"; }
