@@ -50,7 +50,12 @@ def safetensors_seeds():
         "b": {"dtype": "U8", "shape": [4], "data_offsets": [2, 6]},
     }, bytes(6)))
     write("safetensors_fuzzer", "unsupported_dtype", safetensors(
-        {"x": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}}, bytes(2)))
+        {"x": {"dtype": "F8_E5M2", "shape": [2], "data_offsets": [0, 2]}}, bytes(2)))
+    write("safetensors_fuzzer", "fp8_weight_and_scales", safetensors({
+        "w.weight": {"dtype": "F8_E4M3", "shape": [2, 2], "data_offsets": [0, 4]},
+        "w.weight_scale": {"dtype": "F32", "shape": [2, 1], "data_offsets": [4, 12]},
+        "w.input_scale": {"dtype": "F32", "shape": [], "data_offsets": [12, 16]},
+    }, bytes([0x38, 0xb8, 0x7e, 0x01]) + struct.pack("<3f", 0.5, 0.25, 0.1)))
     write("safetensors_fuzzer", "truncated", safetensors(
         {"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}, f32[:9]))
     write("safetensors_fuzzer", "header_too_long", safetensors({}, length=1 << 40))
