@@ -7,6 +7,8 @@ included verbatim under the record's section, and charts in docs/accuracy/NAME/ 
 `sieve eval --plot-dir` folder, copied there with --copy-plots NAME=PLOT_DIR), shown as images.
 Records are listed in the order of page_order.txt in the records' folder (one file stem a line),
 then the others newest first by file name; records in its subfolders (history/) are not rendered.
+Records of one run at several weight / KV cache precisions (`--quantization`, `--kv-cache-dtype`;
+every other setting equal) are compared in one table, in the section of the unquantized one.
 
   python3 scripts/render_accuracy.py                                   # write docs/accuracy.md
   python3 scripts/render_accuracy.py --copy-plots NAME=/tmp/plots      # copy charts, then write
@@ -117,6 +119,41 @@ class Record:
         return out
 
 
+PRECISION_KEYS = ("quantization", "activation_dtype", "kv_cache_dtype")
+
+
+def dtype_text(name):
+    """A dtype as `sieve eval` records it (core/dtype.h's names) as the page says it."""
+    return {"f8_e4m3": "FP8 e4m3"}.get(name, name)
+
+
+def precision_label(settings):
+    """What a record's weights and KV cache were held in, short: "f32", "fp8 weights",
+    "fp8 weights + fp8 KV"; None for a record that does not say (older ones, remote runs)."""
+    if not all(key in settings for key in PRECISION_KEYS):
+        return None
+    activations = settings["activation_dtype"]
+    weights = "fp8 weights" if settings["quantization"] == "fp8" else None
+    kv = None if settings["kv_cache_dtype"] == activations else (
+        "fp8 KV" if settings["kv_cache_dtype"] == "f8_e4m3" else f"{settings['kv_cache_dtype']} KV")
+    parts = [part for part in (weights, kv) if part]
+    return " + ".join(parts) if parts else activations
+
+
+def render_precision(settings):
+    """The record's header line on weights, activations and KV cache; [] when it does not say."""
+    if not all(key in settings for key in PRECISION_KEYS):
+        return []
+    quantization = settings["quantization"]
+    weights = ("FP8 e4m3, a scale per output channel, each GEMM's input quantized per token"
+               if quantization == "fp8" else f"unquantized ({settings['activation_dtype']})")
+    kv = dtype_text(settings["kv_cache_dtype"])
+    if settings["kv_cache_dtype"] == "f8_e4m3":
+        kv += ", a scale per layer and KV head"
+    return [f"- **Weights:** {weights} (`--quantization {quantization}`); **activations:** "
+            f"{settings['activation_dtype']}; **KV cache:** {kv}"]
+
+
 def render_settings(record):
     s = record.settings
     out = []
@@ -130,6 +167,7 @@ def render_settings(record):
     out.append(f"- **Model:** {model}" + (f"; {'; '.join(extra)}" if extra else ""))
     device = s.get("device") or (f"server at {s['base_url']}" if s.get("base_url") else "?")
     out.append(f"- **Device:** {device}")
+    out += render_precision(s)
     needles = any(c.get("depth") is not None for c in record.cells)
     line = f"- **Tasks:** {', '.join(record.tasks) or '–'}"
     if s.get("lengths"):
@@ -351,7 +389,79 @@ def render_charts(record, plots_dir, link_prefix):
     return out
 
 
-def render_record(record, plots_dir, link_prefix):
+# Settings that may differ between records compared as precisions of one run: the command line
+# and the model's description (both name the precision), and the build.
+NOT_THE_RUN = ("command", "model", "sieve_version", "sieve_commit") + PRECISION_KEYS
+SCORE_TARGET_POINTS = 1.0  # issue 58: FP8 within 1 point of the baseline on each task
+PERPLEXITY_TARGET = 0.02  # and within 2% on perplexity
+
+
+def precision_groups(records):
+    """{baseline stem: [baseline, others...]}: records of the same run (model, device, tasks,
+    grid, samples, seed, policies, ...) at other weight or KV cache precisions, compared in the
+    section of the one whose weights and KV cache are the activation dtype's (the baseline)."""
+    groups = {}
+    for record in records:
+        if precision_label(record.settings) is None:
+            continue
+        key = json.dumps({k: v for k, v in record.settings.items() if k not in NOT_THE_RUN},
+                         sort_keys=True)
+        groups.setdefault(key, []).append(record)
+    out = {}
+    for members in groups.values():
+        labels = [precision_label(r.settings) for r in members]
+        baseline = next((r for r in members if r.settings["quantization"] == "none"
+                         and r.settings["kv_cache_dtype"] == r.settings["activation_dtype"]), None)
+        if baseline is None or len(set(labels)) < 2:
+            continue
+        # Weights first, then KV cache: f32, fp8 KV, fp8 weights, fp8 weights + fp8 KV.
+        out[baseline.stem] = sorted(members, key=lambda r: (
+            r.settings["quantization"] != "none",
+            r.settings["kv_cache_dtype"] != r.settings["activation_dtype"], r.stem))
+    return out
+
+
+def delta_text(task, value, base):
+    """The difference from the baseline: points of score, or perplexity's relative change; bold
+    where it misses issue 58's target for FP8."""
+    if task == PERPLEXITY:
+        change = value["perplexity"] / base["perplexity"] - 1.0
+        text, missed = f"{100.0 * change:+.1f}%", abs(change) > PERPLEXITY_TARGET
+    else:
+        change = 100.0 * (value.get("score", 0.0) - base.get("score", 0.0))
+        text, missed = f"{change:+.1f}", abs(change) > SCORE_TARGET_POINTS + 1e-9
+    return f"**{text}**" if missed else text
+
+
+def render_precisions(group):
+    """One table of every (task, configuration) at each precision of the group, with the
+    difference from the baseline (the first)."""
+    baseline = group[0]
+    names = [precision_label(r.settings) for r in group]
+    labels = [label for label in baseline.labels if all(label in r.labels for r in group[1:])]
+    header = (["task", "configuration"] + [f"{name}" for name in names]
+              + [f"Δ {name}" for name in names[1:]])
+    rows = []
+    for task in baseline.tasks:
+        for index, label in enumerate(labels):
+            values = [r.summary_of(task, label) for r in group]
+            row = [(f"{task} (lower is better)" if task == PERPLEXITY else task)
+                   if index == 0 else "", f"`{label}`"] + [cell_text(v) for v in values]
+            for value in values[1:]:
+                ok = value and value.get("samples") and values[0] and values[0].get("samples")
+                row.append(delta_text(task, value, values[0]) if ok else "–")
+            rows.append(row)
+    sources = ", ".join(f"{name}: [{r.stem}](#{r.stem})" for name, r in zip(names, group))
+    return (["### Against other weight and KV cache precisions", "",
+             f"The same samples at each precision ({sources}). Scores in %, averaged over lengths "
+             "and depths as in the summary; Δ: the difference from "
+             f"{names[0]}, in points of score or as perplexity's relative change, in bold where "
+             f"it is more than issue 58's target for FP8 ({SCORE_TARGET_POINTS:g} point on a "
+             f"task, {100 * PERPLEXITY_TARGET:g}% on perplexity).", ""]
+            + table(header, rows) + [""])
+
+
+def render_record(record, plots_dir, link_prefix, precisions=None):
     out = [f"## {record.stem}", ""]
     out += render_settings(record) + [""]
     sidecar = os.path.splitext(record.path)[0] + ".md"
@@ -361,6 +471,8 @@ def render_record(record, plots_dir, link_prefix):
         if notes:
             out += [notes, ""]
     out += render_summary(record)
+    if precisions:
+        out += render_precisions(precisions)
     out += render_budgets(record)
     out += render_dense_grid(record)
     out += render_charts(record, plots_dir, link_prefix)
@@ -415,8 +527,9 @@ def render(results_dir, plots_dir, out_path):
     if len(records) > 1:
         lines += ["Records on this page:", ""]
         lines += [f"- [{r.stem}](#{r.stem})" for r in records] + [""]
+    groups = precision_groups(records)
     for record in records:
-        lines += render_record(record, plots_dir, link_prefix)
+        lines += render_record(record, plots_dir, link_prefix, groups.get(record.stem))
     while lines and lines[-1] == "":
         lines.pop()
     return "\n".join(lines) + "\n"

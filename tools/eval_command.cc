@@ -7,13 +7,17 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/dtype.h"
 #include "core/logging.h"
+#include "model/llama_model.h"
 #include "model/model_config.h"
+#include "runtime/engine.h"
 #include "runtime/model_loader.h"
 #include "sparsity/kv_policy.h"
 #include "tokenizer/tokenizer_loader.h"
@@ -364,6 +368,11 @@ int Run(EvalFlags& flags) {
   KvPolicyOptions base_options = flags.engine.engine.kv_policy_options;
   std::string model_description;
   std::string device;
+  // In process: what the weights, activations and KV cache were held in (the record says so,
+  // since the command line leaves auto to the backend).
+  std::optional<WeightQuantization> quantization;
+  std::optional<DType> activation_dtype;
+  std::optional<DType> kv_cache_dtype;
   if (remote) {
     auto url = bench::ParseHttpUrl(flags.base_url);
     if (!url.ok()) return Fail(2, "--base-url: " + url.status().message());
@@ -421,6 +430,11 @@ int Run(EvalFlags& flags) {
     base_options = bundle->engine->default_policy().options();
     model_description = bundle->loaded.description;
     device = bundle->backend->name();
+    quantization = bundle->engine->model().quantization();
+    activation_dtype = bundle->backend->activation_dtype();
+    auto kv_dtype = ParseKvCacheDtype(options.kv_cache_dtype, *activation_dtype);
+    if (!kv_dtype.ok()) return Fail(2, kv_dtype.status().message());
+    kv_cache_dtype = *kv_dtype;
     const int max_len = bundle->engine->max_model_len();
     if (longest + max_task_tokens > max_len) {
       return Fail(2, "--lengths " + std::to_string(longest) + " plus up to " +
@@ -548,8 +562,10 @@ int Run(EvalFlags& flags) {
     config_json.push_back(std::move(item));
   }
 
-  std::printf("sieve eval: %s on %s, %d sample(s) per cell, seed %llu, haystack %s\n",
-              model_description.c_str(), device.c_str(), flags.samples,
+  const std::string kv_cache =
+      kv_cache_dtype ? ", KV cache " + std::string(DTypeName(*kv_cache_dtype)) : "";
+  std::printf("sieve eval: %s on %s%s, %d sample(s) per cell, seed %llu, haystack %s\n",
+              model_description.c_str(), device.c_str(), kv_cache.c_str(), flags.samples,
               static_cast<unsigned long long>(flags.seed),
               sentences.empty() ? "noise sentence" : flags.haystack.c_str());
   for (const nlohmann::json& item : config_json) {
@@ -597,6 +613,9 @@ int Run(EvalFlags& flags) {
       settings["served_model_name"] = remote_options.model;
     } else {
       settings["max_model_len"] = bundle->engine->max_model_len();
+      settings["quantization"] = WeightQuantizationName(*quantization);
+      settings["activation_dtype"] = DTypeName(*activation_dtype);
+      settings["kv_cache_dtype"] = DTypeName(*kv_cache_dtype);
       settings["window"] = base_options.window;
       settings["kv_options"] = OptionsJson(base_options);
     }

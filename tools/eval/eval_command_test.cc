@@ -2,7 +2,8 @@
 // tokenizer; its context raised to 2048 in a copy, so the test stays fast whatever the embedded
 // default model becomes): every task, dense plus two policies at two budgets; the JSON has every
 // setting, configuration, cell and record, the sparse configurations kept fewer KV entries than
-// dense, and the charts are SVG files. Then a few bad inputs that must fail cleanly.
+// dense, and the charts are SVG files. Then the settings of an FP8 run, and a few bad inputs that
+// must fail cleanly.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -55,6 +56,19 @@ class EvalCommandTest : public ::testing::Test {
     return run;
   }
 
+  // A copy of llama2_mha with its context raised to 2048 (room for the tasks' prompts, one byte a
+  // token).
+  std::filesystem::path CopyModel() {
+    const std::filesystem::path model = dir_ / "model";
+    std::filesystem::copy(TestDataDir() + "/models/llama2_mha", model);
+    std::string config = ReadAll(model / "config.json");
+    const std::string field = "\"max_position_embeddings\": 256";
+    EXPECT_NE(config.find(field), std::string::npos);
+    config.replace(config.find(field), field.size(), "\"max_position_embeddings\": 2048");
+    std::ofstream(model / "config.json") << config;
+    return model;
+  }
+
   std::filesystem::path dir_;
 };
 
@@ -77,13 +91,7 @@ TEST_F(EvalCommandTest, EveryTaskDenseAndSparse) {
          << "\n";
   }
   data.close();
-  const std::filesystem::path model = dir_ / "model";
-  std::filesystem::copy(TestDataDir() + "/models/llama2_mha", model);
-  std::string config = ReadAll(model / "config.json");
-  const std::string field = "\"max_position_embeddings\": 256";
-  ASSERT_NE(config.find(field), std::string::npos);
-  config.replace(config.find(field), field.size(), "\"max_position_embeddings\": 2048");
-  std::ofstream(model / "config.json") << config;
+  const std::filesystem::path model = CopyModel();
   const std::string json_path = (dir_ / "result.json").string();
   const CommandRun run =
       Sieve("--model " + model.string() +
@@ -103,6 +111,10 @@ TEST_F(EvalCommandTest, EveryTaskDenseAndSparse) {
         "prompt_suffix", "policies", "budgets", "window", "sieve_version"}) {
     EXPECT_TRUE(json["settings"].contains(key)) << key;
   }
+  // What the run held its weights, activations and KV cache in, auto resolved (CPU: f32).
+  EXPECT_EQ(json["settings"]["quantization"], "none");
+  EXPECT_EQ(json["settings"]["activation_dtype"], "f32");
+  EXPECT_EQ(json["settings"]["kv_cache_dtype"], "f32");
   const std::vector<std::string> labels = {"full", "snapkv@48", "snapkv@96", "full:0,h2o:1@48",
                                            "full:0,h2o:1@96"};
   ASSERT_EQ(json["configs"].size(), labels.size());
@@ -157,6 +169,21 @@ TEST_F(EvalCommandTest, EveryTaskDenseAndSparse) {
   }
   EXPECT_EQ(heatmaps, 4 * 5);
   EXPECT_EQ(budget_charts, 9);
+}
+// FP8 weights and an FP8 KV cache: the record says so (the weights as loaded, the cache's dtype
+// as the engine holds it), whatever the command line spelt.
+TEST_F(EvalCommandTest, RecordsQuantizationAndKvCacheDtype) {
+  const std::string json_path = (dir_ / "result.json").string();
+  const CommandRun run = Sieve("--model " + CopyModel().string() +
+                               " --task passkey --lengths 800 --depths 0 --samples 1 "
+                               "--quantization fp8 --kv-cache-dtype fp8 --no-progress "
+                               "--result-json " +
+                               json_path);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const nlohmann::json settings = nlohmann::json::parse(ReadAll(json_path))["settings"];
+  EXPECT_EQ(settings["quantization"], "fp8");
+  EXPECT_EQ(settings["activation_dtype"], "f32");
+  EXPECT_EQ(settings["kv_cache_dtype"], "f8_e4m3");
 }
 
 TEST_F(EvalCommandTest, BadInputFailsCleanly) {

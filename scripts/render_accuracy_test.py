@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Tests scripts/render_accuracy.py on records written here: an older record without the weight
+and KV cache precision renders as before, records of one grid at three precisions get their
+precision in the header and one comparison table (in the unquantized record's section) whose
+differences and missed targets follow from their numbers, and a record of another grid stays out
+of that table.
+
+    python3 scripts/render_accuracy_test.py     # CTest: render_accuracy_test
+"""
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, SCRIPTS)
+import render_accuracy  # noqa: E402
+
+CONFIGS = ["full", "snapkv@256"]
+
+
+def record(scores, perplexity, **settings):
+    """A `sieve eval --result-json` record: passkey scores and a perplexity per configuration."""
+    base = {"model": "tiny", "device": "cpu (2 threads)", "tasks": ["passkey", "perplexity"],
+            "lengths": [1000], "depths": [0.5], "samples": 2, "seed": 0,
+            "policies": ["snapkv"], "budgets": [256], "window": 32}
+    base.update(settings)
+    configs = [{"label": label, "policy": label.split("@")[0],
+                "budget": int(label.split("@")[1]) if "@" in label else None,
+                "kv": {"kept_fraction": 1.0, "seconds": 1.0}} for label in CONFIGS]
+    cells, summary = [], []
+    for label, score, ppl in zip(CONFIGS, scores, perplexity):
+        cells.append({"task": "passkey", "length": 1000, "depth": 0.5, "config": label,
+                      "samples": 2, "score": score})
+        cells.append({"task": "perplexity", "length": 1000, "depth": None, "config": label,
+                      "samples": 2, "perplexity": ppl})
+        summary.append({"task": "passkey", "config": label, "samples": 2, "score": score})
+        summary.append({"task": "perplexity", "config": label, "samples": 2, "perplexity": ppl})
+    return {"settings": base, "configs": configs, "cells": cells, "summary": summary}
+
+
+def precision(quantization, kv_cache_dtype):
+    return {"quantization": quantization, "activation_dtype": "f32",
+            "kv_cache_dtype": kv_cache_dtype,
+            "command": f"sieve eval --quantization {quantization}"}
+
+
+class RenderAccuracyTest(unittest.TestCase):
+    def render(self, records):
+        with tempfile.TemporaryDirectory() as results:
+            for name, data in records.items():
+                with open(os.path.join(results, name + ".json"), "w") as f:
+                    json.dump(data, f)
+            page = render_accuracy.render(results, os.path.join(results, "plots"),
+                                          os.path.join(results, "accuracy.md"))
+        # {stem: its section's text}
+        sections = {}
+        for part in page.split("\n## ")[1:]:
+            stem, _, body = part.partition("\n")
+            sections[stem] = body
+        return sections
+
+    def test_older_record_without_precision(self):
+        sections = self.render({"old": record([1.0, 0.5], [10.0, 11.0])})
+        self.assertNotIn("**Weights:**", sections["old"])
+        self.assertNotIn("Against other weight", sections["old"])
+        self.assertIn("| passkey | 2 | 100.0 | 50.0 |", sections["old"])
+
+    def test_precisions_compared(self):
+        sections = self.render({
+            "a-f32": record([1.0, 0.5], [10.0, 11.0], **precision("none", "f32")),
+            "b-fp8": record([1.0, 0.5], [10.1, 11.0], **precision("fp8", "f32")),
+            "c-fp8-kv": record([0.5, 0.5], [10.0, 11.5], **precision("fp8", "f8_e4m3")),
+            "d-other-grid": record([1.0, 1.0], [9.0, 9.0], seed=1,
+                                   **precision("fp8", "f8_e4m3")),
+        })
+        self.assertIn("- **Weights:** unquantized (f32) (`--quantization none`); "
+                      "**activations:** f32; **KV cache:** f32", sections["a-f32"])
+        self.assertIn("**KV cache:** FP8 e4m3, a scale per layer and KV head",
+                      sections["c-fp8-kv"])
+        self.assertIn("(`--quantization fp8`)", sections["b-fp8"])
+        # One table, in the baseline's section, without the record of another grid.
+        table = [line for line in sections["a-f32"].splitlines() if line.startswith("| ")]
+        self.assertIn("| task | configuration | f32 | fp8 weights | fp8 weights + fp8 KV | "
+                      "Δ fp8 weights | Δ fp8 weights + fp8 KV |", table)
+        self.assertIn("| passkey | `full` | 100.0 | 100.0 | 50.0 | +0.0 | **-50.0** |", table)
+        self.assertIn("|  | `snapkv@256` | 50.0 | 50.0 | 50.0 | +0.0 | +0.0 |", table)
+        self.assertIn("| perplexity (lower is better) | `full` | 10.00 | 10.10 | 10.00 | +1.0% "
+                      "| +0.0% |", table)
+        self.assertIn("|  | `snapkv@256` | 11.00 | 11.00 | 11.50 | +0.0% | **+4.5%** |", table)
+        self.assertIn("[a-f32](#a-f32)", sections["a-f32"])
+        self.assertNotIn("d-other-grid", sections["a-f32"])
+        for stem in ("b-fp8", "c-fp8-kv", "d-other-grid"):
+            self.assertNotIn("Against other weight", sections[stem])
+
+    def test_no_baseline_no_table(self):
+        sections = self.render({
+            "b-fp8": record([1.0, 0.5], [10.0, 11.0], **precision("fp8", "f32")),
+            "c-fp8-kv": record([1.0, 0.5], [10.0, 11.0], **precision("fp8", "f8_e4m3")),
+        })
+        self.assertFalse(any("Against other weight" in body for body in sections.values()))
+
+
+if __name__ == "__main__":
+    unittest.main()
