@@ -117,7 +117,7 @@ if has build; then
     note "configure FAILED"; tail -40 "$LOGS/configure.log"; exit 1
   fi
   # The GPU tests first, so a break elsewhere (server, bench client) does not cost the run.
-  if ! cmake --build --preset gpu -j "$(nproc)" --target cuda_test gpu_engine_test model_test \
+  if ! cmake --build --preset gpu -j "$(nproc)" --target cuda_test gpu_engine_test model_test fp8_checkpoint_test \
       > "$LOGS/build_tests.log" 2>&1; then
     note "build of the GPU tests FAILED"; grep -E "error|Error" -A6 "$LOGS/build_tests.log" | head -120; exit 1
   fi

@@ -31,7 +31,9 @@ void AddEngineFlags(CLI::App& app, EngineFlags& flags, bool policy_flags) {
   app.add_option("--quantization", flags.load.quantization,
                  "none | fp8: fp8 quantizes the layers' linear weights at load to e4m3 with one "
                  "scale per output channel, and each GEMM's input per token as it runs (vLLM's "
-                 "--quantization fp8; embeddings and the LM head stay bf16). GPU: sm_89 or newer")
+                 "--quantization fp8; embeddings and the LM head stay bf16). A published FP8 "
+                 "checkpoint (compressed-tensors or ModelOpt) is detected from its config and "
+                 "loaded as it is, whatever this says. GPU: sm_89 or newer")
       ->check(CLI::IsMember({"none", "fp8"}))
       ->capture_default_str();
   app.add_option("--chat-template", flags.load.chat_template,
