@@ -73,6 +73,7 @@ class Record:
         self.configs = data.get("configs", [])
         self.cells = data.get("cells", [])
         self.summary = data.get("summary", [])
+        self.samples = data.get("records", [])  # per sample: its output and score
         labels = [c["label"] for c in self.configs]
         # Tasks in the order the run names them, then any others the cells hold.
         self.tasks = list(self.settings.get("tasks", []))
@@ -433,14 +434,29 @@ def delta_text(task, value, base):
     return f"**{text}**" if missed else text
 
 
+def changed_answers(record, baseline, task, label):
+    """"changed/total": the samples of (task, configuration) whose greedy answer differs from the
+    baseline's on the same sample; "–" where the records hold no answers (perplexity)."""
+    def answers(r):
+        return {(s.get("length"), s.get("depth"), s.get("index")): s.get("output")
+                for s in r.samples if s.get("task") == task and s.get("config") == label
+                and "output" in s}
+    base, other = answers(baseline), answers(record)
+    if not base:
+        return "–"
+    changed = sum(1 for key, output in base.items() if other.get(key) != output)
+    return f"{changed}/{len(base)}"
+
+
 def render_precisions(group):
     """One table of every (task, configuration) at each precision of the group, with the
-    difference from the baseline (the first)."""
+    difference from the baseline (the first) and the answers that changed."""
     baseline = group[0]
     names = [precision_label(r.settings) for r in group]
     labels = [label for label in baseline.labels if all(label in r.labels for r in group[1:])]
     header = (["task", "configuration"] + [f"{name}" for name in names]
-              + [f"Δ {name}" for name in names[1:]])
+              + [f"Δ {name}" for name in names[1:]]
+              + [f"answers changed, {name}" for name in names[1:]])
     rows = []
     for task in baseline.tasks:
         for index, label in enumerate(labels):
@@ -450,6 +466,7 @@ def render_precisions(group):
             for value in values[1:]:
                 ok = value and value.get("samples") and values[0] and values[0].get("samples")
                 row.append(delta_text(task, value, values[0]) if ok else "–")
+            row += [changed_answers(r, baseline, task, label) for r in group[1:]]
             rows.append(row)
     sources = ", ".join(f"{name}: [{r.stem}](#{r.stem})" for name, r in zip(names, group))
     return (["### Against other weight and KV cache precisions", "",
@@ -457,7 +474,8 @@ def render_precisions(group):
              "and depths as in the summary; Δ: the difference from "
              f"{names[0]}, in points of score or as perplexity's relative change, in bold where "
              f"it is more than issue 58's target for FP8 ({SCORE_TARGET_POINTS:g} point on a "
-             f"task, {100 * PERPLEXITY_TARGET:g}% on perplexity).", ""]
+             f"task, {100 * PERPLEXITY_TARGET:g}% on perplexity); answers changed: the samples "
+             f"whose greedy answer is not {names[0]}'s, of those in the row.", ""]
             + table(header, rows) + [""])
 
 
@@ -493,7 +511,9 @@ INTRO = [
     "cache is what predicts it. To reproduce a record, run the command given in its section "
     "with "
     "`--result-json bench/results/accuracy/NAME.json --plot-dir PLOTS`, then "
-    "`python3 scripts/render_accuracy.py --copy-plots NAME=PLOTS`. How samples are built and "
+    "`python3 scripts/render_accuracy.py --copy-plots NAME=PLOTS`. Records of one grid at "
+    "several weight and KV cache precisions (`--quantization`, `--kv-cache-dtype`) are compared "
+    "cell for cell in the unquantized record's section. How samples are built and "
     "scored: [tools/eval/README.md](../tools/eval/README.md). This page is generated from the "
     "records by `scripts/render_accuracy.py`.",
     "",

@@ -2,8 +2,8 @@
 """Tests scripts/render_accuracy.py on records written here: an older record without the weight
 and KV cache precision renders as before, records of one grid at three precisions get their
 precision in the header and one comparison table (in the unquantized record's section) whose
-differences and missed targets follow from their numbers, and a record of another grid stays out
-of that table.
+differences, missed targets and changed answers follow from their numbers, and a record of another
+grid stays out of that table.
 
     python3 scripts/render_accuracy_test.py     # CTest: render_accuracy_test
 """
@@ -37,7 +37,14 @@ def record(scores, perplexity, **settings):
                       "samples": 2, "perplexity": ppl})
         summary.append({"task": "passkey", "config": label, "samples": 2, "score": score})
         summary.append({"task": "perplexity", "config": label, "samples": 2, "perplexity": ppl})
-    return {"settings": base, "configs": configs, "cells": cells, "summary": summary}
+    # Two passkey answers per configuration: the first right when the score is 1 or 0.5.
+    samples = [{"task": "passkey", "config": label, "length": 1000, "depth": 0.5, "index": index,
+                "output": " 123" if (index == 0 and score >= 0.5) or score == 1.0 else " 9"}
+               for label, score in zip(CONFIGS, scores) for index in range(2)]
+    samples += [{"task": "perplexity", "config": label, "length": 1000, "depth": None,
+                 "index": 0, "nll": 1.0} for label in CONFIGS]
+    return {"settings": base, "configs": configs, "cells": cells, "summary": summary,
+            "records": samples}
 
 
 def precision(quantization, kv_cache_dtype):
@@ -83,12 +90,15 @@ class RenderAccuracyTest(unittest.TestCase):
         # One table, in the baseline's section, without the record of another grid.
         table = [line for line in sections["a-f32"].splitlines() if line.startswith("| ")]
         self.assertIn("| task | configuration | f32 | fp8 weights | fp8 weights + fp8 KV | "
-                      "Δ fp8 weights | Δ fp8 weights + fp8 KV |", table)
-        self.assertIn("| passkey | `full` | 100.0 | 100.0 | 50.0 | +0.0 | **-50.0** |", table)
-        self.assertIn("|  | `snapkv@256` | 50.0 | 50.0 | 50.0 | +0.0 | +0.0 |", table)
+                      "Δ fp8 weights | Δ fp8 weights + fp8 KV | answers changed, fp8 weights | "
+                      "answers changed, fp8 weights + fp8 KV |", table)
+        self.assertIn("| passkey | `full` | 100.0 | 100.0 | 50.0 | +0.0 | **-50.0** | 0/2 | 1/2 |",
+                      table)
+        self.assertIn("|  | `snapkv@256` | 50.0 | 50.0 | 50.0 | +0.0 | +0.0 | 0/2 | 0/2 |", table)
         self.assertIn("| perplexity (lower is better) | `full` | 10.00 | 10.10 | 10.00 | +1.0% "
-                      "| +0.0% |", table)
-        self.assertIn("|  | `snapkv@256` | 11.00 | 11.00 | 11.50 | +0.0% | **+4.5%** |", table)
+                      "| +0.0% | – | – |", table)
+        self.assertIn("|  | `snapkv@256` | 11.00 | 11.00 | 11.50 | +0.0% | **+4.5%** | – | – |",
+                      table)
         self.assertIn("[a-f32](#a-f32)", sections["a-f32"])
         self.assertNotIn("d-other-grid", sections["a-f32"])
         for stem in ("b-fp8", "c-fp8-kv", "d-other-grid"):
