@@ -16,28 +16,16 @@
 #include "model/full_prefill.h"
 #include "model/kv_scales.h"
 #include "runtime/engine.h"
+#include "runtime/engine_testing.h"
 #include "runtime/model_loader.h"
 
 namespace sieve {
 namespace {
 
-ModelConfig SmallConfig() {
-  ModelConfig config = TinyRandomModelConfig();
-  config.hidden_size = 64;
-  config.intermediate_size = 128;
-  config.num_layers = 3;
-  config.num_heads = 4;
-  config.num_kv_heads = 2;
-  config.head_dim = 16;
-  config.max_position_embeddings = 4096;
-  return config;
-}
-
-std::vector<int32_t> RandomTokens(std::mt19937_64& rng, int length) {
-  std::vector<int32_t> tokens(length);
-  for (int32_t& token : tokens) token = static_cast<int32_t>(rng() % 256);
-  return tokens;
-}
+using testing::MakeEngine;
+using testing::RandomPrompt;
+using testing::SmallConfig;
+using testing::TestEngine;
 
 // One dense prefill of `ids` into an f32 pool and into an FP8 pool with the model's scales:
 // layer 0's K and V of every entry, as the two pools hold them.
@@ -46,7 +34,7 @@ TEST(Fp8KvCacheTest, PoolStoresE4m3OfTheValueOverItsScale) {
   const ModelConfig config = SmallConfig();
   auto backend = MakeCpuBackend();
   auto model = LlamaModel::Random(config, *backend, rng(), 512, 0.08f);
-  const std::vector<int32_t> ids = RandomTokens(rng, 40 + static_cast<int>(rng() % 60));
+  const std::vector<int32_t> ids = RandomPrompt(rng, 40 + static_cast<int>(rng() % 60));
   const KvCacheScales scales = ComputeKvCacheScales(*model);
 
   const auto prefill = [&](bool fp8) {
@@ -97,7 +85,7 @@ TEST(Fp8KvCacheTest, ScalesBoundEveryEntry) {
   for (int trial = 0; trial < 3; ++trial) {
     auto model = LlamaModel::Random(config, *backend, rng(), 1024, 0.02f + 0.05f * trial);
     const KvCacheScales scales = ComputeKvCacheScales(*model);
-    const std::vector<int32_t> ids = RandomTokens(rng, 300);
+    const std::vector<int32_t> ids = RandomPrompt(rng, 300);
     const testing::PrefillSample sample = testing::PrefillSamplingRows(*model, ids, {});
     const int heads = config.num_kv_heads;
     const int d = config.head_dim;
@@ -126,23 +114,6 @@ TEST(Fp8KvCacheTest, ScalesBoundEveryEntry) {
   }
 }
 
-struct TestEngine {
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Engine> engine;
-};
-
-TestEngine MakeEngine(const ModelConfig& config, EngineOptions options, uint64_t seed) {
-  TestEngine t;
-  t.backend = MakeCpuBackend();
-  if (options.max_model_len == 0) options.max_model_len = 512;
-  if (options.kv_memory_bytes == 0) options.kv_memory_bytes = int64_t{64} << 20;
-  auto model = LlamaModel::Random(config, *t.backend, seed, options.max_model_len, 0.08f);
-  auto engine = Engine::Create(std::move(model), nullptr, {257, 260}, options);
-  SIEVE_CHECK(engine.ok()) << engine.status().ToString();
-  t.engine = std::move(engine).value();
-  return t;
-}
-
 TEST(Fp8KvCacheTest, PoolHoldsFourTimesTheF32Entries) {
   const ModelConfig config = SmallConfig();
   EngineOptions options;
@@ -169,8 +140,8 @@ TEST(Fp8KvCacheTest, EveryPolicyScoresTextCloseToTheF32Cache) {
   const uint64_t seed = rng();
   std::vector<std::vector<int32_t>> prompts, forced;
   for (int index = 0; index < 3; ++index) {
-    prompts.push_back(RandomTokens(rng, 60 + static_cast<int>(rng() % 60)));
-    forced.push_back(RandomTokens(rng, 24));
+    prompts.push_back(RandomPrompt(rng, 60 + static_cast<int>(rng() % 60)));
+    forced.push_back(RandomPrompt(rng, 24));
   }
   const auto run = [&](const std::string& policy, const std::string& dtype) {
     EngineOptions options;
@@ -182,6 +153,7 @@ TEST(Fp8KvCacheTest, EveryPolicyScoresTextCloseToTheF32Cache) {
     options.kv_policy_options.recent = 16;
     options.kv_policy_options.sinks = 2;
     options.page_size = 4;
+    options.max_model_len = 512;
     // Prompts prefill in chunks (H2O scores every prompt row in the prompt's last chunk).
     options.max_num_batched_tokens = policy == "h2o" ? 512 : 48;
     TestEngine t = MakeEngine(config, options, seed);

@@ -148,6 +148,18 @@ EngineOptions ComparedEngineOptions(const std::string& policy) {
   return options;
 }
 
+// Four random prompts of 100-209 tokens: longer than the compared engines' budget (64), so every
+// sparse policy selects and evicts.
+std::vector<std::vector<int32_t>> LongerThanTheBudget(std::mt19937_64& rng) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> prompt(100 + rng() % 110);
+    for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 256);
+    prompts.push_back(prompt);
+  }
+  return prompts;
+}
+
 class GpuEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -186,12 +198,7 @@ TEST_F(GpuEngineTest, SparsePoliciesGreedyMatchesCpu) {
     if (!std::filesystem::exists(dir)) {
       GTEST_SKIP() << dir << " is missing: scripts/gpu_check.sh generates it with transformers";
     }
-    std::vector<std::vector<int32_t>> prompts;
-    for (int i = 0; i < 4; ++i) {
-      std::vector<int32_t> prompt(100 + rng() % 110);
-      for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 256);
-      prompts.push_back(prompt);
-    }
+    const std::vector<std::vector<int32_t>> prompts = LongerThanTheBudget(rng);
     // Sparse policies: a wide flip needs a selection swap at a score near-tie, which is rare; a
     // wrong selection or a stale entry would make most of the 16 sparse sequences flip wide.
     int wide = 0;
@@ -221,12 +228,7 @@ TEST_F(GpuEngineTest, Fp8KvCacheGreedyMatchesCpu) {
     if (!std::filesystem::exists(dir)) {
       GTEST_SKIP() << dir << " is missing: scripts/gpu_check.sh generates it with transformers";
     }
-    std::vector<std::vector<int32_t>> prompts;
-    for (int i = 0; i < 4; ++i) {
-      std::vector<int32_t> prompt(100 + rng() % 110);
-      for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 256);
-      prompts.push_back(prompt);
-    }
+    const std::vector<std::vector<int32_t>> prompts = LongerThanTheBudget(rng);
     int wide = 0;
     for (const std::string policy :
          {"full", "snapkv", "full:0,pyramidkv:1", "streamingllm", "h2o"}) {

@@ -3,7 +3,8 @@
 
     scripts/record_gpu_results.py FILES_DIR NAME --commit SHA --command "..." [--results-dir DIR]
 
-FILES_DIR holds the run's kernels.json, kernels_tpN.json, kernels_{none,fp8}.json, sdpa.json, summary.txt, serve_*.json, prefill_*.json and
+FILES_DIR holds the run's kernels.json, kernels_tpN.json, kernels_{none,fp8}.json,
+kernels_fp8_kv_{auto,fp8}.json, sdpa.json, summary.txt, serve_*.json, prefill_*.json and
 sweep_*.json (any may be missing). docs/benchmarks.md is rendered from these files by scripts/render_benchmarks.py; numbers
 are never typed by hand.
 """
@@ -42,6 +43,12 @@ def main():
         match = re.match(r"kernels_(none|fp8)\.json$", file)
         if match:
             record.setdefault("kernels_quantization", {})[match.group(1)] = load(file)
+    # scripts/gpu_check.sh kv_fp8: kernels_fp8_kv_{auto,fp8}.json, bench kernels --quantization
+    # fp8 --kv-cache-dtype auto / fp8 in one run.
+    for file in sorted(os.listdir(args.files_dir)):
+        match = re.match(r"kernels_fp8_kv_(auto|fp8)\.json$", file)
+        if match:
+            record.setdefault("kernels_kv_cache", {})[match.group(1)] = load(file)
     serve = {}
     for file in sorted(os.listdir(args.files_dir)):
         match = re.match(r"serve_(\w+)\.json$", file)

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/bf16x8.cuh"
+
 namespace sieve::cuda {
 
 // The e4m3 bytes of x[i] * inverse, element i in byte i (little end first).
@@ -42,11 +44,7 @@ __device__ __forceinline__ void E4m3x8ToFloat(uint2 bytes, float (&out)[8]) {
 __device__ __forceinline__ uint4 E4m3x8ToBf16x8(uint2 bytes) {
   float values[8];
   E4m3x8ToFloat(bytes, values);
-  uint4 raw;
-  auto* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) pairs[i] = __floats2bfloat162_rn(values[2 * i], values[2 * i + 1]);
-  return raw;
+  return Pack8(values);
 }
 
 }  // namespace sieve::cuda
