@@ -27,6 +27,7 @@ using testing::MakeEngine;
 using testing::RandomPrompt;
 using testing::SmallConfig;
 using testing::TestEngine;
+using testing::TightPolicyOptions;
 
 struct Completion {
   std::vector<int32_t> tokens;
@@ -74,21 +75,6 @@ SamplingParams Greedy(int max_tokens) {
   params.ignore_eos = true;
   params.logprobs = 0;
   return params;
-}
-
-// Small budgets and 4-entry pages, so that a sparse policy drops entries within a short prompt and
-// a pool of a few dozen pages forces preemption.
-EngineOptions TightPolicyOptions(const std::string& policy) {
-  EngineOptions options;
-  options.kv_policy = policy;
-  options.kv_policy_options.budget = 24;
-  options.kv_policy_options.window = 4;
-  options.kv_policy_options.heavy = 12;
-  options.kv_policy_options.recent = 12;
-  options.kv_policy_options.sinks = 2;
-  options.page_size = 4;
-  options.max_model_len = 160;
-  return options;
 }
 
 // Bytes of one KV page of `page_size` entries of one layer on the CPU backend: K and V in f32, and

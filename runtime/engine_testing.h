@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -47,6 +48,21 @@ inline std::vector<int32_t> RandomPrompt(std::mt19937_64& rng, int length) {
   std::vector<int32_t> prompt(length);
   for (int32_t& token : prompt) token = static_cast<int32_t>(rng() % 256);
   return prompt;
+}
+
+// Small budgets and 4-entry pages, so that a sparse policy drops entries within a short prompt and
+// a pool of a few dozen pages forces preemption.
+inline EngineOptions TightPolicyOptions(const std::string& policy) {
+  EngineOptions options;
+  options.kv_policy = policy;
+  options.kv_policy_options.budget = 24;
+  options.kv_policy_options.window = 4;
+  options.kv_policy_options.heavy = 12;
+  options.kv_policy_options.recent = 12;
+  options.kv_policy_options.sinks = 2;
+  options.page_size = 4;
+  options.max_model_len = 160;
+  return options;
 }
 
 }  // namespace sieve::testing

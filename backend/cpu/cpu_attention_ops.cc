@@ -190,7 +190,10 @@ void CpuBackend::DecodeAttention(const Tensor& q, int num_heads, const StepMeta&
   pool_.ParallelFor(
       static_cast<int64_t>(num_decode) * kv_heads, 1, [&](int64_t begin, int64_t end) {
         std::vector<int64_t> entries;
-        std::vector<float> keys, values;  // [length][d] the KV head's entries, as f32
+        // The KV head's entries as f32 rows: the pool's own rows, or an FP8 pool's dequantized
+        // into `dequantized` ([length][2][d]).
+        std::vector<const float*> keys, values;
+        std::vector<float> dequantized;
         std::vector<float> probs;
         for (int64_t item = begin; item < end; ++item) {
           const int seq = step.num_prefill_seqs + static_cast<int>(item / kv_heads);
@@ -198,14 +201,23 @@ void CpuBackend::DecodeAttention(const Tensor& q, int num_heads, const StepMeta&
           const int token = query_start[seq];
           const int length = lens[slots[seq]];
           entries.resize(length);
-          keys.resize(static_cast<size_t>(length) * head_dim);
-          values.resize(keys.size());
+          keys.resize(length);
+          values.resize(length);
+          if (pool.fp8()) dequantized.resize(static_cast<size_t>(length) * 2 * head_dim);
           for (int entry = 0; entry < length; ++entry) {
             entries[entry] = PoolEntry(pool, layer, slots[seq], entry);
-            cpu::ReadPoolEntry(pool, pool.k, pool.k_scales, layer, entries[entry], kv_head,
-                               keys.data() + static_cast<int64_t>(entry) * head_dim);
+            const int64_t offset = (entries[entry] * kv_heads + kv_head) * head_dim;
+            if (!pool.fp8()) {
+              keys[entry] = pool.k.data_as<float>() + offset;
+              values[entry] = pool.v.data_as<float>() + offset;
+              continue;
+            }
+            float* k_row = dequantized.data() + static_cast<int64_t>(entry) * 2 * head_dim;
+            cpu::ReadPoolEntry(pool, pool.k, pool.k_scales, layer, entries[entry], kv_head, k_row);
             cpu::ReadPoolEntry(pool, pool.v, pool.v_scales, layer, entries[entry], kv_head,
-                               values.data() + static_cast<int64_t>(entry) * head_dim);
+                               k_row + head_dim);
+            keys[entry] = k_row;
+            values[entry] = k_row + head_dim;
           }
           probs.assign(length, 0.0f);
           std::vector<float> scores(length);
@@ -213,9 +225,7 @@ void CpuBackend::DecodeAttention(const Tensor& q, int num_heads, const StepMeta&
             const float* q_row = q.data_as<float>() + token * q.stride(0) + head * head_dim;
             float max_score = -std::numeric_limits<float>::infinity();
             for (int entry = 0; entry < length; ++entry) {
-              scores[entry] =
-                  scale *
-                  cpu::Dot(q_row, keys.data() + static_cast<int64_t>(entry) * head_dim, head_dim);
+              scores[entry] = scale * cpu::Dot(q_row, keys[entry], head_dim);
               max_score = std::max(max_score, scores[entry]);
             }
             float sum = 0.0f;
@@ -228,7 +238,7 @@ void CpuBackend::DecodeAttention(const Tensor& q, int num_heads, const StepMeta&
             const float inv_sum = 1.0f / sum;
             for (int entry = 0; entry < length; ++entry) {
               const float p = scores[entry] * inv_sum;
-              cpu::Axpy(p, values.data() + static_cast<int64_t>(entry) * head_dim, dst, head_dim);
+              cpu::Axpy(p, values[entry], dst, head_dim);
               probs[entry] += p;
             }
           }
