@@ -66,7 +66,8 @@ class Backend {
   // ---- dense ops ----
   // out[t] = table[ids[t]]          table [V][D] act, ids [T] i32, out [T][D] act
   virtual void Embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
-  // out = x / rms(x) * weight       x [T][D] act, weight [D] act, out [T][D] act
+  // out = x / rms(x) * weight       x [T][D] act, weight [D] act, out [T][D] act or a quantized
+  // activation (below)
   virtual void RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
   // out = x @ w^T                   x [M][K] act (row stride allowed), w [N][K] act, out [M][N]
   // act or f32 (f32 is how logits are produced).
@@ -78,12 +79,12 @@ class Backend {
   // load).    w [N][K] act, scale [K] act
   virtual void ScaleColumns(Tensor& w, const Tensor& scale) = 0;
   // out = silu(s gate_up[:, :F]) * (s gate_up[:, F:]), s from `norm` per row (1 when
-  // norm.rows is null)     gate_up [T][2F] act, out [T][F] act
+  // norm.rows is null)     gate_up [T][2F] act, out [T][F] act or a quantized activation (below)
   virtual void SiluMul(const Tensor& gate_up, Tensor& out, RowRms norm) = 0;
   // The MLP's first half as one op, so that a backend can fuse the GEMM and SiLU (the CUDA backend
   // does at one row): Linear(x, w, gate_up) then SiluMul(gate_up, out, norm).
   // x [T][D] act, w [2F][D] act (gate rows, then up rows), gate_up [T][2F] act is scratch
-  // (afterwards unspecified), out [T][F] act.
+  // (afterwards unspecified), out [T][F] act or a quantized activation (below).
   virtual void LinearSiluMul(const Tensor& x, const Tensor& w, Tensor& gate_up, Tensor& out,
                              RowRms norm) {
     Linear(x, w, gate_up);
@@ -99,6 +100,13 @@ class Backend {
   // token, from the row as the op reads it: dynamic) and compute
   // out[t][n] = sx[t] sw[n] sum_k e4m3(x)[t][k] e4m3(w)[n][k] with f32 accumulation.
   // w [N][K] act, contiguous -> [N][K] f8_e4m3 with row scales [N] f32.
+  //
+  // A quantized activation is x so quantized ahead, by the op that produced it: [T][K] f8_e4m3
+  // (contiguous rows, row stride a multiple of 16) with row scales [T] f32. RmsNorm and SiluMul
+  // write one when their `out` is one: the row as the op computes it in act (rounded to act),
+  // then quantized as Linear would quantize that act row, so the codes and scales are exactly
+  // those of the op into act followed by Linear's own quantization. Linear, LinearAdd and
+  // LinearSiluMul over an e4m3 weight take one as `x` as it is, with no quantizing pass.
   virtual Tensor QuantizeWeightE4m3(const Tensor& w) = 0;
   // A published FP8 checkpoint's weight as it is, not requantized (model/fp8_checkpoint.h): the
   // result is what QuantizeWeightE4m3 returns, with the checkpoint's codes and scales. The caller

@@ -1,5 +1,6 @@
 // Dense ops of the CPU backend: embedding, norms, GEMM (plain and accumulating), weight column
-// scaling, SiLU-and-multiply, row gather.
+// scaling, SiLU-and-multiply, row gather. The norm and SiLU-and-multiply also write quantized
+// activations (an e4m3 `out` with row scales), which the FP8 GEMM takes as they are.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -29,6 +30,48 @@ void CheckLinearShapes(const Tensor& x, const Tensor& w, const Tensor& out) {
 void RmsNormRow(const float* x, const float* weight, float eps, int64_t width, float* out) {
   const float inv_rms = cpu::InvRms(x, width, eps);
   for (int64_t index = 0; index < width; ++index) out[index] = x[index] * inv_rms * weight[index];
+}
+
+// A quantized activation (Backend's RmsNorm and SiluMul into an e4m3 `out`): a 2-D e4m3 host
+// tensor with contiguous rows and one row scale a row.
+void CheckE4m3Rows(const Tensor& tensor, const char* what) {
+  SIEVE_CHECK(tensor.device() == Device::kCpu && tensor.dtype() == DType::kF8E4M3 &&
+              tensor.rank() == 2 && tensor.stride(1) == 1 && tensor.has_row_scales())
+      << what << " must be a 2-D e4m3 host tensor with contiguous rows and row scales, got "
+      << tensor.ShapeString();
+}
+
+// An op's output rows, f32 or a quantized activation: Row(row) is where the op writes its f32
+// row, and Store(row) quantizes it into an e4m3 `out` (QuantizeRowE4m3: what GemmE4m3 would do
+// to the f32 row). One per worker: an e4m3 row goes through the worker's scratch.
+class OutputRows {
+ public:
+  OutputRows(Tensor& out, int64_t width)
+      : out_(out),
+        width_(width),
+        scratch_(out.dtype() == DType::kF8E4M3 ? static_cast<size_t>(width) : 0) {}
+  float* Row(int64_t row) {
+    return scratch_.empty() ? out_.data_as<float>() + row * out_.stride(0) : scratch_.data();
+  }
+  void Store(int64_t row) {
+    if (scratch_.empty()) return;
+    out_.row_scales().data_as<float>()[row] =
+        QuantizeRowE4m3(scratch_.data(), width_, out_.data_as<uint8_t>() + row * out_.stride(0));
+  }
+
+ private:
+  Tensor& out_;
+  int64_t width_;
+  std::vector<float> scratch_;  // [width] f32: the row before quantization
+};
+
+// An activation: f32 rows or a quantized activation.
+void CheckActivationRows(const Tensor& rows, const char* what) {
+  if (rows.dtype() == DType::kF8E4M3) {
+    CheckE4m3Rows(rows, what);
+  } else {
+    CheckF32Rows(rows, what);
+  }
 }
 
 }  // namespace
@@ -62,12 +105,14 @@ void CpuBackend::Embedding(const Tensor& table, const Tensor& ids, Tensor& out) 
 
 void CpuBackend::RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   CheckF32Rows(x, "rms_norm input");
-  CheckF32Rows(out, "rms_norm output");
+  CheckActivationRows(out, "rms_norm output");
   const int64_t width = x.dim(1);
   pool_.ParallelFor(x.dim(0), 4, [&](int64_t begin, int64_t end) {
+    OutputRows rows(out, width);
     for (int64_t row = begin; row < end; ++row) {
       RmsNormRow(x.data_as<float>() + row * x.stride(0), weight.data_as<float>(), eps, width,
-                 out.data_as<float>() + row * out.stride(0));
+                 rows.Row(row));
+      rows.Store(row);
     }
   });
 }
@@ -142,7 +187,7 @@ Tensor CpuBackend::UploadWeightE4m3(const uint8_t* codes, const float* row_scale
 }
 
 void CpuBackend::GemmE4m3(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate) {
-  CheckF32Rows(x, "linear input");
+  CheckActivationRows(x, "linear input");
   CheckF32Rows(out, "linear output");
   SIEVE_CHECK(w.device() == Device::kCpu && w.rank() == 2 && w.stride(1) == 1 && w.has_row_scales())
       << "an e4m3 linear weight must be a 2-D host matrix with row scales, got " << w.ShapeString();
@@ -150,15 +195,24 @@ void CpuBackend::GemmE4m3(const Tensor& x, const Tensor& w, Tensor& out, bool ac
   const int64_t rows = x.dim(0);
   const int64_t inner = x.dim(1);
   const int64_t cols = w.dim(0);
-  // x's rows as their e4m3 values (unscaled) and each row's scale.
+  // x's rows as their e4m3 values (unscaled) and each row's scale: quantized here, or as the op
+  // that made x quantized them (an e4m3 x with row scales).
+  const bool x_quantized = x.dtype() == DType::kF8E4M3;
   std::vector<float> x_values(static_cast<size_t>(rows * inner));
   std::vector<float> x_scales(static_cast<size_t>(rows));
   pool_.ParallelFor(rows, 4, [&](int64_t begin, int64_t end) {
-    std::vector<uint8_t> codes(static_cast<size_t>(inner));
+    std::vector<uint8_t> codes(static_cast<size_t>(x_quantized ? 0 : inner));
     for (int64_t row = begin; row < end; ++row) {
-      x_scales[row] = QuantizeRowE4m3(x.data_as<float>() + row * x.stride(0), inner, codes.data());
+      const uint8_t* row_codes = codes.data();
+      if (x_quantized) {
+        row_codes = x.data_as<uint8_t>() + row * x.stride(0);
+        x_scales[row] = x.row_scales().data_as<float>()[row];
+      } else {
+        x_scales[row] =
+            QuantizeRowE4m3(x.data_as<float>() + row * x.stride(0), inner, codes.data());
+      }
       float* values = x_values.data() + row * inner;
-      for (int64_t index = 0; index < inner; ++index) values[index] = E4m3ToFloat(codes[index]);
+      for (int64_t index = 0; index < inner; ++index) values[index] = E4m3ToFloat(row_codes[index]);
     }
   });
   const float* w_scales = w.row_scales().data_as<float>();
@@ -206,29 +260,31 @@ void CpuBackend::ScaleColumns(Tensor& w, const Tensor& scale) {
 
 void CpuBackend::SiluMul(const Tensor& gate_up, Tensor& out, RowRms norm) {
   CheckF32Rows(gate_up, "silu_mul input");
-  CheckF32Rows(out, "silu_mul output");
+  CheckActivationRows(out, "silu_mul output");
   const int64_t width = out.dim(1);
   SIEVE_CHECK(gate_up.dim(1) == 2 * width && gate_up.dim(0) == out.dim(0))
       << "silu_mul shapes " << gate_up.ShapeString() << " -> " << out.ShapeString();
   CheckRowRms(norm, gate_up.dim(0), "silu_mul");
   pool_.ParallelFor(out.dim(0), 4, [&](int64_t begin, int64_t end) {
+    OutputRows rows(out, width);
     for (int64_t row = begin; row < end; ++row) {
       const float* gate = gate_up.data_as<float>() + row * gate_up.stride(0);
       const float* up = gate + width;
-      float* dst = out.data_as<float>() + row * out.stride(0);
+      float* dst = rows.Row(row);
       if (norm.rows == nullptr) {
         for (int64_t index = 0; index < width; ++index) {
           const float g = gate[index];
           dst[index] = g / (1.0f + std::exp(-g)) * up[index];
         }
-        continue;
+      } else {
+        // s * gate and s * up in f32, not rounded in between (the act dtype is f32 here anyway).
+        const float s = RowRmsScale(norm, row);
+        for (int64_t index = 0; index < width; ++index) {
+          const float g = s * gate[index];
+          dst[index] = g / (1.0f + std::exp(-g)) * (s * up[index]);
+        }
       }
-      // s * gate and s * up in f32, not rounded in between (the act dtype is f32 here anyway).
-      const float s = RowRmsScale(norm, row);
-      for (int64_t index = 0; index < width; ++index) {
-        const float g = s * gate[index];
-        dst[index] = g / (1.0f + std::exp(-g)) * (s * up[index]);
-      }
+      rows.Store(row);
     }
   });
 }

@@ -1,12 +1,15 @@
 // The CPU's FP8 weights (Backend::QuantizeWeightE4m3 and the linears over its result), on fresh
 // random inputs, against a double-precision reference built from core/float8.h's row
-// quantization: out[t][n] = sx[t] sw[n] sum_k e4m3(x)[t][k] e4m3(w)[n][k].
+// quantization: out[t][n] = sx[t] sw[n] sum_k e4m3(x)[t][k] e4m3(w)[n][k]. And quantized
+// activations (RmsNorm and SiluMul into e4m3 with row scales): bit for bit the op into f32
+// followed by that row quantization.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <random>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -134,6 +137,121 @@ TEST(CpuFp8LinearTest, LinearIsTheScaledE4m3Product) {
     backend->Linear(x.Rows(rows - 1, rows), w, alone);
     EXPECT_TRUE(std::equal(alone.data_as<float>(), alone.data_as<float>() + cols,
                            out.data_as<float>() + (rows - 1) * cols));
+  }
+}
+
+// A quantized activation buffer of `rows` rows, [rows][cols] e4m3 with row scales, filled with
+// random codes and scales so that an op that leaves any of it unwritten shows.
+Tensor QuantizedActivation(int64_t rows, int64_t cols, std::mt19937_64& rng) {
+  Tensor codes = Tensor::Empty({rows, cols}, DType::kF8E4M3);
+  Tensor scales = Tensor::Empty({rows}, DType::kF32);
+  for (int64_t index = 0; index < codes.numel(); ++index) {
+    codes.data_as<uint8_t>()[index] = static_cast<uint8_t>(rng() & 0x77);
+  }
+  for (int64_t row = 0; row < rows; ++row) scales.data_as<float>()[row] = 1.0f + row;
+  return codes.WithRowScales(scales);
+}
+
+// `actual`'s codes and row scales are `expected`'s bit for bit.
+void ExpectQuantizedRows(const Tensor& actual, const Quantized& expected) {
+  const int64_t rows = actual.dim(0);
+  const int64_t cols = actual.dim(1);
+  int mismatches = 0;
+  for (int64_t row = 0; row < rows; ++row) {
+    EXPECT_EQ(actual.row_scales().data_as<float>()[row], expected.scales[row]) << "row " << row;
+    for (int64_t col = 0; col < cols; ++col) {
+      mismatches += actual.data_as<uint8_t>()[row * actual.stride(0) + col] !=
+                    expected.codes[row * cols + col];
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+// SiluMul into a quantized activation is SiluMul into f32 followed by the GEMM's row
+// quantization, bit for bit, with and without a folded norm's row scale, into the first rows of a
+// larger buffer (as the model's workspace is used).
+TEST(CpuFp8ActivationTest, SiluMulIntoE4m3IsSiluMulThenQuantization) {
+  auto backend = MakeCpuBackend();
+  auto rng = testing::MakeRng();
+  for (const auto& [rows, width] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 64}, {9, 1000}, {70, 272}}) {
+    for (const bool folded : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << rows << " x " << width << (folded ? ", folded" : ""));
+      const Tensor gate_up = testing::RandomTensor({rows, 2 * width}, rng, 2.0f);
+      const Tensor residual = testing::RandomTensor({rows, 96}, rng, 3.0f);
+      const RowRms norm = folded ? RowRms{&residual, 1e-5f} : RowRms{};
+      Tensor plain = Tensor::Empty({rows, width}, DType::kF32);
+      backend->SiluMul(gate_up, plain, norm);
+      Tensor buffer = QuantizedActivation(rows + 5, width, rng);
+      Tensor fused = buffer.Rows(0, rows);
+      backend->SiluMul(gate_up, fused, norm);
+      ExpectQuantizedRows(fused, QuantizeRows(plain));
+    }
+  }
+}
+
+// RmsNorm into a quantized activation is RmsNorm into f32 followed by the row quantization.
+TEST(CpuFp8ActivationTest, RmsNormIntoE4m3IsRmsNormThenQuantization) {
+  auto backend = MakeCpuBackend();
+  auto rng = testing::MakeRng();
+  for (const auto& [rows, width] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 64}, {13, 400}, {70, 256}}) {
+    SCOPED_TRACE(::testing::Message() << rows << " x " << width);
+    const Tensor x = testing::RandomTensor({rows, width}, rng, 3.0f);
+    const Tensor weight = testing::RandomTensor({width}, rng, 1.0f);
+    Tensor plain = Tensor::Empty({rows, width}, DType::kF32);
+    backend->RmsNorm(x, weight, 1e-5f, plain);
+    Tensor buffer = QuantizedActivation(rows + 3, width, rng);
+    Tensor fused = buffer.Rows(0, rows);
+    backend->RmsNorm(x, weight, 1e-5f, fused);
+    ExpectQuantizedRows(fused, QuantizeRows(plain));
+  }
+}
+
+// Linear, LinearAdd and LinearSiluMul over e4m3 weights take a quantized activation as it is:
+// the MLP with its norm and SiLU into e4m3 gives the unfused MLP's output (each op into f32, each
+// GEMM quantizing its input) bit for bit.
+TEST(CpuFp8ActivationTest, LinearOverAQuantizedActivationIsTheUnfusedLinear) {
+  auto backend = MakeCpuBackend();
+  auto rng = testing::MakeRng();
+  for (const auto& [rows, hidden, ffn] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 64, 96}, {11, 128, 272}}) {
+    SCOPED_TRACE(::testing::Message() << rows << " x " << hidden << " x " << ffn);
+    const Tensor x = testing::RandomTensor({rows, hidden}, rng, 3.0f);
+    const Tensor norm_weight = testing::RandomTensor({hidden}, rng, 1.0f);
+    const Tensor gate_up_w =
+        backend->QuantizeWeightE4m3(testing::RandomTensor({2 * ffn, hidden}, rng, 0.05f));
+    const Tensor down_w =
+        backend->QuantizeWeightE4m3(testing::RandomTensor({hidden, ffn}, rng, 0.05f));
+    const Tensor base = testing::RandomTensor({rows, hidden}, rng);
+    const RowRms folded{&x, 1e-5f};
+
+    Tensor normed = Tensor::Empty({rows, hidden}, DType::kF32);
+    backend->RmsNorm(x, norm_weight, 1e-5f, normed);
+    Tensor gate_up = Tensor::Empty({rows, 2 * ffn}, DType::kF32);
+    Tensor act = Tensor::Empty({rows, ffn}, DType::kF32);
+    backend->LinearSiluMul(normed, gate_up_w, gate_up, act, folded);
+    Tensor expected = Tensor::Empty({rows, hidden}, DType::kF32);
+    std::copy(base.data_as<float>(), base.data_as<float>() + base.numel(),
+              expected.data_as<float>());
+    backend->LinearAdd(act, down_w, expected);
+
+    Tensor normed_e4m3 = QuantizedActivation(rows, hidden, rng);
+    backend->RmsNorm(x, norm_weight, 1e-5f, normed_e4m3);
+    Tensor act_e4m3 = QuantizedActivation(rows, ffn, rng);
+    backend->LinearSiluMul(normed_e4m3, gate_up_w, gate_up, act_e4m3, folded);
+    Tensor got = Tensor::Empty({rows, hidden}, DType::kF32);
+    std::copy(base.data_as<float>(), base.data_as<float>() + base.numel(), got.data_as<float>());
+    backend->LinearAdd(act_e4m3, down_w, got);
+    EXPECT_TRUE(std::equal(got.data_as<float>(), got.data_as<float>() + got.numel(),
+                           expected.data_as<float>()));
+
+    Tensor plain = Tensor::Empty({rows, hidden}, DType::kF32);
+    backend->Linear(act, down_w, plain);
+    Tensor quantized = Tensor::Empty({rows, hidden}, DType::kF32);
+    backend->Linear(act_e4m3, down_w, quantized);
+    EXPECT_TRUE(std::equal(quantized.data_as<float>(),
+                           quantized.data_as<float>() + quantized.numel(), plain.data_as<float>()));
   }
 }
 
