@@ -178,6 +178,11 @@ class CudaBackend final : public Backend {
                     out.stride(0), stream_);
   }
   void RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override {
+    if (out.dtype() == DType::kF8E4M3) {
+      cuda::RmsNormE4m3(Bf16(x), x.stride(0), Bf16(weight), eps, static_cast<int>(x.dim(0)),
+                        static_cast<int>(x.dim(1)), QuantizedRows(out, "rms_norm output"), stream_);
+      return;
+    }
     cuda::RmsNorm(Bf16(x), x.stride(0), Bf16(weight), eps, static_cast<int>(x.dim(0)),
                   static_cast<int>(x.dim(1)), Bf16(out), out.stride(0), stream_);
   }
@@ -196,6 +201,12 @@ class CudaBackend final : public Backend {
                        Bf16(scale), stream_);
   }
   void SiluMul(const Tensor& gate_up, Tensor& out, RowRms norm) override {
+    if (out.dtype() == DType::kF8E4M3) {
+      cuda::SiluMulE4m3(Bf16(gate_up), gate_up.stride(0), static_cast<int>(out.dim(0)),
+                        static_cast<int>(out.dim(1)), QuantizedRows(out, "silu_mul output"),
+                        View(norm), stream_);
+      return;
+    }
     cuda::SiluMul(Bf16(gate_up), gate_up.stride(0), static_cast<int>(out.dim(0)),
                   static_cast<int>(out.dim(1)), Bf16(out), out.stride(0), View(norm), stream_);
   }
@@ -205,9 +216,11 @@ class CudaBackend final : public Backend {
     const int64_t f = out.dim(1);
     const int64_t k = x.dim(1);
     // At one row (where the runner's plan is the skinny kernel anyway) its gated form; from 8 rows
-    // on cuBLASLt + SiluMul is faster (README_gemm.md, "The gated form").
-    if (rows == 1 && w.dtype() == DType::kBF16 && w.dim(0) == 2 * f && w.dim(1) == k &&
-        w.stride(0) == k && cuda::SkinnyGemmSupports(rows, k, Bf16(w), k, Bf16(x), x.stride(0))) {
+    // on cuBLASLt + SiluMul is faster (README_gemm.md, "The gated form"). The gated form writes
+    // bf16 only: a quantized `out` (before an FP8 down GEMM) takes SiluMul's quantizing form.
+    if (rows == 1 && w.dtype() == DType::kBF16 && out.dtype() == DType::kBF16 &&
+        w.dim(0) == 2 * f && w.dim(1) == k && w.stride(0) == k &&
+        cuda::SkinnyGemmSupports(rows, k, Bf16(w), k, Bf16(x), x.stride(0))) {
       cuda::SkinnyGemmSwiGlu(rows, f, k, Bf16(w), Bf16(x), x.stride(0), View(norm), Bf16(out),
                              out.stride(0), stream_);
       return;
@@ -506,13 +519,21 @@ class CudaBackend final : public Backend {
  private:
   // Linear and LinearAdd: out (+)= x w^T through the GEMM runner.
   void RunLinear(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate);
-  // RunLinear with an e4m3 weight: x quantized by rows into quantized_inputs_, then the FP8
-  // runner (fp8_gemm.h).
+  // RunLinear with an e4m3 weight: x quantized by rows into quantized_inputs_ (unless it is a
+  // quantized activation already), then the FP8 runner (fp8_gemm.h).
   void RunLinearE4m3(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate);
   // The FP8 GEMM runner, made on first use (models without FP8 weights never need it).
   cuda::Fp8GemmRunner& Fp8Gemm() {
     if (fp8_gemm_ == nullptr) fp8_gemm_ = std::make_unique<cuda::Fp8GemmRunner>(stream_);
     return *fp8_gemm_;
+  }
+  // A quantized activation's codes and scales for the kernels that write one (backend.h).
+  cuda::E4m3Rows QuantizedRows(Tensor& out, const char* what) const {
+    CheckDevice(out, what);
+    SIEVE_CHECK(out.rank() == 2 && out.stride(1) == 1 && out.has_row_scales())
+        << what << ": a quantized activation is e4m3 rows with row scales, got "
+        << out.ShapeString();
+    return {out.data_as<uint8_t>(), out.stride(0), out.row_scales().data_as<float>()};
   }
   static int64_t QuantizedInputStride(int64_t k) { return (k + 15) / 16 * 16; }
   static size_t QuantizedInputBytes(int64_t rows, int64_t k) {
@@ -699,11 +720,23 @@ void CudaBackend::RunLinearE4m3(const Tensor& x, const Tensor& w, Tensor& out, b
   const int64_t rows = x.dim(0);
   const int64_t inner = x.dim(1);
   const int64_t cols = w.dim(0);
-  SIEVE_CHECK(x.dtype() == DType::kBF16 && x.stride(1) == 1 && w.stride(1) == 1 &&
-              out.stride(1) == 1 && w.has_row_scales())
-      << "an FP8 linear takes bf16 input rows and an e4m3 weight with row scales, got "
+  SIEVE_CHECK((x.dtype() == DType::kBF16 || x.dtype() == DType::kF8E4M3) && x.stride(1) == 1 &&
+              w.stride(1) == 1 && out.stride(1) == 1 && w.has_row_scales())
+      << "an FP8 linear takes bf16 or quantized input rows and an e4m3 weight with row scales, "
+         "got "
       << x.ShapeString() << " x " << w.ShapeString();
   if (rows == 0) return;
+  if (x.dtype() == DType::kF8E4M3) {
+    // A quantized activation: its producer did the quantizing pass.
+    SIEVE_CHECK(x.has_row_scales() && x.stride(0) % 16 == 0 && cuda::Aligned16(x.data()))
+        << "a quantized FP8 GEMM input needs row scales and 16-byte aligned rows, got "
+        << x.ShapeString() << " (row stride " << x.stride(0) << ")";
+    Fp8Gemm().Run(rows, cols, inner, w.data_as<uint8_t>(), w.stride(0),
+                  w.row_scales().data_as<float>(), x.data_as<uint8_t>(), x.stride(0),
+                  x.row_scales().data_as<float>(), out.data(), out.stride(0),
+                  out.dtype() == DType::kF32, accumulate);
+    return;
+  }
   const int64_t stride = QuantizedInputStride(inner);
   const size_t bytes = QuantizedInputBytes(rows, inner);
   if (bytes > quantized_inputs_bytes_) {

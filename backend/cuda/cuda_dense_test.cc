@@ -809,6 +809,242 @@ TEST_F(CudaDenseTest, SkinnyE4m3MatchesTheCpuAtEverySplit) {
   }
 }
 
+// ---- Quantized activations (backend.h): RmsNorm and SiluMul into e4m3 with row scales ----
+
+// Codes and row scales of a quantized activation on the host.
+struct HostE4m3Rows {
+  std::vector<uint8_t> codes;  // [rows][cols]
+  std::vector<float> scales;   // [rows]
+};
+
+// A code's place on the number line: codes of one sign are ordered by their low 7 bits, so
+// neighbouring e4m3 values are one apart (+0 and -0 both 0).
+int E4m3Ordinal(uint8_t code) { return (code & 0x80) != 0 ? -(code & 0x7f) : (code & 0x7f); }
+
+class CudaE4m3ActivationTest : public CudaDenseTest {
+ protected:
+  void SetUp() override {
+    CudaDenseTest::SetUp();
+    if (IsSkipped()) return;
+    if (!cuda::Fp8GemmRunner::DeviceSupportsFp8()) GTEST_SKIP() << "no FP8 on this GPU";
+  }
+
+  // A [rows][cols] quantized activation on the GPU: columns [offset, offset + cols) of a buffer
+  // `pad` codes wider (row stride and start not multiples of 8 where offset and pad are not),
+  // filled with random codes and scales so that anything left unwritten shows.
+  Tensor GpuE4m3(int rows, int cols, int offset = 0, int pad = 0) {
+    const int wide = cols + pad;
+    std::vector<uint8_t> codes(static_cast<size_t>(rows) * wide);
+    for (uint8_t& code : codes) code = static_cast<uint8_t>(rng_() & 0x77);
+    std::vector<float> scales(rows, 3.0f);
+    Tensor buffer = gpu_->Allocate({rows, wide}, DType::kF8E4M3);
+    gpu_->CopyFromHost(codes.data(), codes.size(), buffer);
+    Tensor row_scales = gpu_->Allocate({rows}, DType::kF32);
+    gpu_->CopyFromHost(scales.data(), scales.size() * 4, row_scales);
+    return buffer.Columns(offset, offset + cols).WithRowScales(row_scales);
+  }
+  // `tensor`'s codes (its columns only) and scales.
+  HostE4m3Rows DownloadE4m3(const Tensor& tensor) {
+    const int64_t rows = tensor.dim(0);
+    const int64_t cols = tensor.dim(1);
+    HostE4m3Rows host{std::vector<uint8_t>(static_cast<size_t>(rows * cols)),
+                      std::vector<float>(static_cast<size_t>(rows))};
+    gpu_->Synchronize();
+    SIEVE_CUDA_CHECK(cudaMemcpy2D(host.codes.data(), cols, tensor.data(), tensor.stride(0), cols,
+                                  rows, cudaMemcpyDeviceToHost));
+    gpu_->CopyToHost(tensor.row_scales(), host.scales.data());
+    return host;
+  }
+  // The unfused path: a bf16 activation quantized by the FP8 GEMM's own pass (QuantizeRowsE4m3).
+  HostE4m3Rows QuantizeOnGpu(const Tensor& bf16_rows) {
+    const int64_t rows = bf16_rows.dim(0);
+    const int64_t cols = bf16_rows.dim(1);
+    cuda::testing::DeviceBuffer<uint8_t> codes(static_cast<size_t>(rows * cols));
+    cuda::testing::DeviceBuffer<float> scales(static_cast<size_t>(rows));
+    gpu_->Synchronize();
+    cuda::QuantizeRowsE4m3(static_cast<const __nv_bfloat16*>(bf16_rows.data()), bf16_rows.stride(0),
+                           rows, cols, codes.get(), cols, scales.get(), nullptr);
+    return {codes.ToHost(), scales.ToHost()};
+  }
+  static HostE4m3Rows HostOf(const Tensor& cpu) {
+    const int64_t rows = cpu.dim(0);
+    const int64_t cols = cpu.dim(1);
+    HostE4m3Rows host{std::vector<uint8_t>(static_cast<size_t>(rows * cols)),
+                      std::vector<float>(static_cast<size_t>(rows))};
+    for (int64_t row = 0; row < rows; ++row) {
+      std::copy(cpu.data_as<uint8_t>() + row * cpu.stride(0),
+                cpu.data_as<uint8_t>() + row * cpu.stride(0) + cols,
+                host.codes.begin() + row * cols);
+      host.scales[row] = cpu.row_scales().data_as<float>()[row];
+    }
+    return host;
+  }
+  static Tensor CpuE4m3(int rows, int cols) {
+    return Tensor::Empty({rows, cols}, DType::kF8E4M3)
+        .WithRowScales(Tensor::Empty({rows}, DType::kF32));
+  }
+
+  // The fused op's output equals the unfused pass's bit for bit.
+  static void ExpectBitForBit(const HostE4m3Rows& fused, const HostE4m3Rows& unfused) {
+    EXPECT_TRUE(fused.scales == unfused.scales) << "row scales differ";
+    size_t mismatches = 0;
+    for (size_t index = 0; index < fused.codes.size(); ++index) {
+      mismatches += fused.codes[index] != unfused.codes[index];
+    }
+    EXPECT_EQ(mismatches, 0u) << "of " << fused.codes.size() << " codes";
+  }
+  // Against the CPU twin, which quantizes its f32 row where the GPU quantizes the row rounded to
+  // bf16: each scale within the bf16 rounding of the row's amax (2^-8, stated as 5e-3), each
+  // code at most one e4m3 step from the CPU's (the two rows cross a rounding boundary of e4m3
+  // between them in ~2% of elements), and the dequantized rows within relative L2 3e-2 (each
+  // step 6-12% of its element: ~0.015 measured on the host with emulated bf16 rounding).
+  static void ExpectNearTheCpu(const HostE4m3Rows& gpu, const HostE4m3Rows& cpu, int cols) {
+    for (size_t row = 0; row < gpu.scales.size(); ++row) {
+      EXPECT_NEAR(gpu.scales[row] / cpu.scales[row], 1.0f, 5e-3) << "row " << row;
+    }
+    int worst_step = 0;
+    std::vector<float> gpu_values(gpu.codes.size());
+    std::vector<float> cpu_values(cpu.codes.size());
+    for (size_t index = 0; index < gpu.codes.size(); ++index) {
+      worst_step = std::max(
+          worst_step, std::abs(E4m3Ordinal(gpu.codes[index]) - E4m3Ordinal(cpu.codes[index])));
+      gpu_values[index] = E4m3ToFloat(gpu.codes[index]) * gpu.scales[index / cols];
+      cpu_values[index] = E4m3ToFloat(cpu.codes[index]) * cpu.scales[index / cols];
+    }
+    EXPECT_LE(worst_step, 1);
+    EXPECT_LE(RelL2(gpu_values, cpu_values), 3e-2);
+  }
+};
+
+// SiluMul into a quantized activation, at every launch: decode rows and a long prefill (a block
+// a row either way, vectors held in registers), a width past the vector kernel's reach and an
+// odd width (the scalar kernel), codes at a row stride and start not multiples of 8 (byte
+// stores); with and without a folded norm's scale. Bit for bit the bf16 SiluMul followed by the
+// GEMM's quantizing pass, and near the CPU twin (ExpectNearTheCpu).
+TEST_F(CudaE4m3ActivationTest, SiluMulIntoE4m3IsTheUnfusedPassBitForBit) {
+  struct Case {
+    int rows, width, offset, pad;
+    bool norm;
+  };
+  for (const Case& c : std::vector<Case>{{1, 14336, 0, 0, true},
+                                         {64, 14336, 0, 0, true},
+                                         {300, 14336, 0, 0, true},
+                                         {19, 1000, 0, 0, false},
+                                         {19, 999, 0, 0, true},
+                                         {3, 20000, 0, 0, true},
+                                         {5, 1024, 4, 12, true}}) {
+    SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.width) +
+                 (c.norm ? ", folded norm" : "") + (c.pad > 0 ? ", strided codes" : ""));
+    const int hidden = 4096;
+    const float eps = 1e-5f;
+    const auto residual = Random(static_cast<size_t>(c.rows) * hidden, 3.0f);
+    const auto gate_up = Random(static_cast<size_t>(c.rows) * 2 * c.width, 2.0f);
+    Tensor cpu_residual = Cpu(residual, {c.rows, hidden});
+    Tensor gpu_residual = Gpu(residual, {c.rows, hidden});
+    const RowRms gpu_norm = c.norm ? RowRms{&gpu_residual, eps} : RowRms{};
+    const RowRms cpu_norm = c.norm ? RowRms{&cpu_residual, eps} : RowRms{};
+    Tensor gpu_gate_up = Gpu(gate_up, {c.rows, 2 * c.width});
+
+    Tensor fused = GpuE4m3(c.rows, c.width, c.offset, c.pad);
+    gpu_->SiluMul(gpu_gate_up, fused, gpu_norm);
+    Tensor bf16_out = gpu_->Allocate({c.rows, c.width}, DType::kBF16);
+    gpu_->SiluMul(gpu_gate_up, bf16_out, gpu_norm);
+    const HostE4m3Rows got = DownloadE4m3(fused);
+    ExpectBitForBit(got, QuantizeOnGpu(bf16_out));
+
+    Tensor cpu_out = CpuE4m3(c.rows, c.width);
+    cpu_->SiluMul(Cpu(gate_up, {c.rows, 2 * c.width}), cpu_out, cpu_norm);
+    ExpectNearTheCpu(got, HostOf(cpu_out), c.width);
+  }
+}
+
+// RmsNorm into a quantized activation at each of the bf16 RmsNorm's kernels (16-byte vectors
+// at 1, 2 and 4 a thread; the shared-memory row past that and at odd widths), strided codes
+// included: bit for bit the bf16 RmsNorm followed by the GEMM's quantizing pass, and near the
+// CPU twin.
+TEST_F(CudaE4m3ActivationTest, RmsNormIntoE4m3IsTheUnfusedPassBitForBit) {
+  struct Case {
+    int rows, width, offset, pad;
+  };
+  for (const Case& c : std::vector<Case>{{1, 4096, 0, 0},
+                                         {37, 2048, 0, 0},
+                                         {300, 4096, 0, 0},
+                                         {7, 1000, 0, 0},
+                                         {7, 8200, 0, 0},
+                                         {5, 999, 0, 0},
+                                         {5, 1024, 4, 12}}) {
+    SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.width) +
+                 (c.pad > 0 ? ", strided codes" : ""));
+    const auto x = Random(static_cast<size_t>(c.rows) * c.width, 3.0f);
+    const auto weight = Random(c.width);
+    Tensor gpu_x = Gpu(x, {c.rows, c.width});
+    Tensor gpu_weight = Gpu(weight, {c.width});
+
+    Tensor fused = GpuE4m3(c.rows, c.width, c.offset, c.pad);
+    gpu_->RmsNorm(gpu_x, gpu_weight, 1e-5f, fused);
+    Tensor bf16_out = gpu_->Allocate({c.rows, c.width}, DType::kBF16);
+    gpu_->RmsNorm(gpu_x, gpu_weight, 1e-5f, bf16_out);
+    const HostE4m3Rows got = DownloadE4m3(fused);
+    ExpectBitForBit(got, QuantizeOnGpu(bf16_out));
+
+    Tensor cpu_out = CpuE4m3(c.rows, c.width);
+    cpu_->RmsNorm(Cpu(x, {c.rows, c.width}), Cpu(weight, {c.width}), 1e-5f, cpu_out);
+    ExpectNearTheCpu(got, HostOf(cpu_out), c.width);
+  }
+}
+
+// The MLP's down half with FP8 weights as the model runs it: LinearSiluMul into a quantized
+// activation, then LinearAdd over it, at one row (where bf16 weights take the gated skinny
+// kernel), decode and prefill rows. The GEMM takes the quantized activation as it is: its output
+// is the unfused path's (bf16 SiLU, the GEMM quantizing it: the same codes through the same
+// plan; relative L2 1e-6), and the CPU twin's within kBf16Tolerance.
+TEST_F(CudaE4m3ActivationTest, Fp8MlpOverAQuantizedActivationIsTheUnfusedMlp) {
+  for (const auto& [rows, f, d] : std::vector<std::tuple<int, int, int>>{
+           {1, 1024, 512}, {16, 1024, 512}, {64, 2048, 1024}, {600, 1024, 512}}) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(f) + " x " + std::to_string(d));
+    const float eps = 1e-5f;
+    const auto x = Random(static_cast<size_t>(rows) * d, 2.0f);
+    const auto gate_up_w = Random(static_cast<size_t>(2 * f) * d, 0.05f);
+    const auto down_w = Random(static_cast<size_t>(d) * f, 0.05f);
+    const auto base = Random(static_cast<size_t>(rows) * d);
+    Tensor gpu_x = Gpu(x, {rows, d});
+    const Tensor gpu_gate_up_w = gpu_->QuantizeWeightE4m3(Gpu(gate_up_w, {2 * f, d}));
+    const Tensor gpu_down_w = gpu_->QuantizeWeightE4m3(Gpu(down_w, {d, f}));
+    Tensor gate_up = gpu_->Allocate({rows, 2 * f}, DType::kBF16);
+    {
+      // A shape's first call plans its GEMM (timing candidates on that call): planned here, both
+      // paths below run the same plans.
+      Tensor act = gpu_->Allocate({rows, f}, DType::kBF16);
+      gpu_->LinearSiluMul(gpu_x, gpu_gate_up_w, gate_up, act, RowRms{&gpu_x, eps});
+      Tensor sink = Gpu(base, {rows, d});
+      gpu_->LinearAdd(act, gpu_down_w, sink);
+    }
+
+    Tensor act_e4m3 = GpuE4m3(rows, f);
+    gpu_->LinearSiluMul(gpu_x, gpu_gate_up_w, gate_up, act_e4m3, RowRms{&gpu_x, eps});
+    Tensor fused = Gpu(base, {rows, d});
+    gpu_->LinearAdd(act_e4m3, gpu_down_w, fused);
+
+    Tensor act = gpu_->Allocate({rows, f}, DType::kBF16);
+    gpu_->LinearSiluMul(gpu_x, gpu_gate_up_w, gate_up, act, RowRms{&gpu_x, eps});
+    ExpectBitForBit(DownloadE4m3(act_e4m3), QuantizeOnGpu(act));
+    Tensor unfused = Gpu(base, {rows, d});
+    gpu_->LinearAdd(act, gpu_down_w, unfused);
+    const std::vector<float> got = Download(fused);
+    EXPECT_LE(RelL2(got, Download(unfused)), 1e-6);
+
+    Tensor cpu_x = Cpu(x, {rows, d});
+    const Tensor cpu_gate_up_w = cpu_->QuantizeWeightE4m3(Cpu(gate_up_w, {2 * f, d}));
+    const Tensor cpu_down_w = cpu_->QuantizeWeightE4m3(Cpu(down_w, {d, f}));
+    Tensor cpu_gate_up = Tensor::Empty({rows, 2 * f}, DType::kF32);
+    Tensor cpu_act = CpuE4m3(rows, f);
+    cpu_->LinearSiluMul(cpu_x, cpu_gate_up_w, cpu_gate_up, cpu_act, RowRms{&cpu_x, eps});
+    Tensor cpu_out = Cpu(base, {rows, d});
+    cpu_->LinearAdd(cpu_act, cpu_down_w, cpu_out);
+    EXPECT_LE(RelL2(got, Values(cpu_out)), kBf16Tolerance);
+  }
+}
+
 // The device code the GPU loaded (device_image.h) is of its own family or older, and the
 // features the launch paths choose by agree with it: a build that runs sm_90a code on an sm_90
 // device takes the Hopper prefill kernel and k splits; older code takes neither.

@@ -1,7 +1,9 @@
 // Dense elementwise and normalisation kernels. All are memory-bound: one pass, 16-byte vector
 // accesses where the width allows, fp32 arithmetic. The ones a decode step runs are launched with
-// programmatic dependent launch (pdl.cuh) and begin with PdlWait().
+// programmatic dependent launch (pdl.cuh) and begin with PdlWait(). RMSNorm and SiLU x mul also
+// write quantized activations (the FP8 GEMM's e4m3 input with a scale a row) in the same pass.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -41,6 +43,57 @@ __device__ __forceinline__ float BlockSum(float value) {
   const float total = warp_sums[0];
   __syncthreads();  // warp_sums may be reused by a second call
   return total;
+}
+
+// The block's largest value (a max: exact in any order).
+__device__ __forceinline__ float BlockMax(float value) {
+  __shared__ float warp_maxes[32];
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value = fmaxf(value, __shfl_xor_sync(0xffffffff, value, offset));
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) warp_maxes[warp] = value;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) / 32;
+  value = warp_maxes[0];
+  for (int other = 1; other < warps; ++other) value = fmaxf(value, warp_maxes[other]);
+  __syncthreads();  // warp_maxes may be reused by a second call
+  return value;
+}
+
+// A quantized activation's row (kernels.h's E4m3Rows) from its bf16-rounded values, the float
+// operations of core/float8.h's E4m3ScaleForAmax and FloatToE4m3 (cvt.rn.satfinite), as
+// fp8_gemm.cu's QuantizeRowsE4m3 does them: the same row gives the same codes and scale.
+constexpr float kE4m3Max = 448.0f;
+constexpr float kE4m3MinAmax = 1e-12f;
+
+struct E4m3RowScale {
+  float scale;    // amax / 448, stored
+  float inverse;  // 448 / amax, what each value is multiplied by
+};
+
+__device__ __forceinline__ E4m3RowScale E4m3ScaleForAmax(float amax) {
+  const float clamped = fmaxf(amax, kE4m3MinAmax);
+  return {clamped / kE4m3Max, kE4m3Max / clamped};
+}
+
+__device__ __forceinline__ uint8_t ToE4m3(float value, float inverse) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(value * inverse, __NV_SATFINITE, __NV_E4M3));
+}
+
+// Eight consecutive codes of a row at `codes` (8-byte aligned when `wide`, else byte stores).
+__device__ __forceinline__ void StoreE4m3x8(const float (&values)[8], float inverse, uint8_t* codes,
+                                            bool wide) {
+  if (wide) {
+    uint32_t words[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      words[i / 4] |= static_cast<uint32_t>(ToE4m3(values[i], inverse)) << (8 * (i % 4));
+    *reinterpret_cast<uint2*>(codes) = make_uint2(words[0], words[1]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) codes[i] = ToE4m3(values[i], inverse);
+  }
 }
 
 // Row rows[i] of src into row i of dst, one block per row: the embedding lookup and GatherRows.
@@ -132,6 +185,91 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// RmsNormKernel into a quantized activation: each value as RmsNormKernel stores it (rounded to
+// bf16, kept in `row_values`), the row's amax, then the codes.
+__global__ void RmsNormE4m3Kernel(const bf16* __restrict__ x, int64_t x_stride,
+                                  const bf16* __restrict__ weight, float eps, int width,
+                                  E4m3Rows out) {
+  extern __shared__ float row_values[];  // [width] fp32: the row, then its normed bf16 values
+  PdlWait();
+  PdlLaunchDependents();
+  const int row = blockIdx.x;
+  const bf16* in = x + static_cast<int64_t>(row) * x_stride;
+  float sum_squares = 0.0f;
+  for (int index = threadIdx.x; index < width; index += blockDim.x) {
+    const float value = __bfloat162float(in[index]);
+    row_values[index] = value;
+    sum_squares += value * value;
+  }
+  const float inv_rms = rsqrtf(BlockSum(sum_squares) / static_cast<float>(width) + eps);
+  float amax = 0.0f;
+  for (int index = threadIdx.x; index < width; index += blockDim.x) {
+    const float value = __bfloat162float(
+        __float2bfloat16(row_values[index] * inv_rms * __bfloat162float(weight[index])));
+    row_values[index] = value;
+    amax = fmaxf(amax, fabsf(value));
+  }
+  const E4m3RowScale scale = E4m3ScaleForAmax(BlockMax(amax));
+  if (threadIdx.x == 0) out.scales[row] = scale.scale;
+  uint8_t* codes = out.codes + static_cast<int64_t>(row) * out.ldc;
+  for (int index = threadIdx.x; index < width; index += blockDim.x) {
+    codes[index] = ToE4m3(row_values[index], scale.inverse);
+  }
+}
+
+// RmsNormVectorKernel into a quantized activation (its conditions on x and the weight; `wide`:
+// 8-byte code stores): each value as RmsNormVectorKernel stores it, then the codes.
+template <int kVectors>
+__global__ void __launch_bounds__(kThreads)
+    RmsNormE4m3VectorKernel(const bf16* __restrict__ x, int64_t x_stride,
+                            const bf16* __restrict__ weight, float eps, int width, E4m3Rows out,
+                            bool wide) {
+  const int row = blockIdx.x;
+  const int vectors = width / 8;
+  const auto* w = reinterpret_cast<const uint4*>(weight);
+  uint4 scale_bits[kVectors];
+#pragma unroll
+  for (int v = 0; v < kVectors; ++v) {
+    const int index = static_cast<int>(threadIdx.x) + v * kThreads;
+    if (index < vectors) scale_bits[v] = w[index];
+  }
+  PdlWait();
+  PdlLaunchDependents();
+  const auto* in = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(row) * x_stride);
+  float values[kVectors][8];
+  float sum_squares = 0.0f;
+#pragma unroll
+  for (int v = 0; v < kVectors; ++v) {
+    const int index = static_cast<int>(threadIdx.x) + v * kThreads;
+    if (index >= vectors) continue;
+    Unpack8(in[index], values[v]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sum_squares += values[v][i] * values[v][i];
+  }
+  const float inv_rms = rsqrtf(BlockSum(sum_squares) / static_cast<float>(width) + eps);
+  float amax = 0.0f;
+#pragma unroll
+  for (int v = 0; v < kVectors; ++v) {
+    const int index = static_cast<int>(threadIdx.x) + v * kThreads;
+    if (index >= vectors) continue;
+    float scale[8];
+    Unpack8(scale_bits[v], scale);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) values[v][i] = values[v][i] * inv_rms * scale[i];
+    Unpack8(Pack8(values[v]), values[v]);  // rounded to bf16, as the bf16 kernel stores them
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(values[v][i]));
+  }
+  const E4m3RowScale scale = E4m3ScaleForAmax(BlockMax(amax));
+  if (threadIdx.x == 0) out.scales[row] = scale.scale;
+  uint8_t* codes = out.codes + static_cast<int64_t>(row) * out.ldc;
+#pragma unroll
+  for (int v = 0; v < kVectors; ++v) {
+    const int index = static_cast<int>(threadIdx.x) + v * kThreads;
+    if (index < vectors) StoreE4m3x8(values[v], scale.inverse, codes + 8 * index, wide);
+  }
+}
+
 // s of this block's row (row_rms.cuh): warp 0 computes it, the block shares it.
 __device__ __forceinline__ float BlockRowScale(const RowRmsView& norm, int row) {
   if (norm.rows == nullptr) return 1.0f;
@@ -142,6 +280,13 @@ __device__ __forceinline__ float BlockRowScale(const RowRmsView& norm, int row) 
   }
   __syncthreads();
   return row_scale;
+}
+
+// silu(s gate) * (s up) in f32: every SiLU kernel here computes it so, so that the bf16 and the
+// quantized outputs are of the same values.
+__device__ __forceinline__ float SiluProduct(float gate, float up, float s) {
+  const float g = gate * s;
+  return g / (1.0f + __expf(-g)) * (up * s);
 }
 
 // SiluMulKernel over 16-byte vectors (width % 8 == 0, aligned rows).
@@ -163,10 +308,7 @@ __global__ void SiluMulVectorKernel(const bf16* __restrict__ gate_up, int64_t in
     Unpack8(gate[index], g);
     Unpack8(up[index], u);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float gate = g[i] * s;
-      g[i] = gate / (1.0f + __expf(-gate)) * (u[i] * s);
-    }
+    for (int i = 0; i < 8; ++i) g[i] = SiluProduct(g[i], u[i], s);
     dst[index] = Pack8(g);
   }
 }
@@ -182,8 +324,84 @@ __global__ void SiluMulKernel(const bf16* __restrict__ gate_up, int64_t in_strid
   bf16* dst = out + static_cast<int64_t>(row) * out_stride;
   for (int index = blockIdx.x * blockDim.x + threadIdx.x; index < width;
        index += gridDim.x * blockDim.x) {
-    const float g = __bfloat162float(gate[index]) * s;
-    dst[index] = __float2bfloat16(g / (1.0f + __expf(-g)) * (__bfloat162float(up[index]) * s));
+    dst[index] = __float2bfloat16(
+        SiluProduct(__bfloat162float(gate[index]), __bfloat162float(up[index]), s));
+  }
+}
+
+// SiLU x mul into a quantized activation, a block of kSiluE4m3Threads a row (the row's amax
+// before any code), over 16-byte vectors (width % 8 == 0, aligned rows, width <= 8 *
+// kSiluE4m3Threads * kVectors; `wide`: 8-byte code stores): each product rounded to bf16 as
+// SiluMulVectorKernel stores it, held packed in registers until the row's scale is known. 512
+// threads hold a 14336-wide row at 4 vectors a thread in 64 registers, 2 blocks an SM; at 256
+// threads, 8 vectors a thread took 101 registers (ptxas), 2 blocks of 256 an SM.
+constexpr int kSiluE4m3Threads = 512;
+
+template <int kVectors>
+__global__ void __launch_bounds__(kSiluE4m3Threads, 2)
+    SiluMulE4m3VectorKernel(const bf16* __restrict__ gate_up, int64_t in_stride, int width,
+                            E4m3Rows out, RowRmsView norm, bool wide) {
+  PdlWait();
+  PdlLaunchDependents();
+  const int row = blockIdx.x;
+  const float s = BlockRowScale(norm, row);
+  const auto* gate =
+      reinterpret_cast<const uint4*>(gate_up + static_cast<int64_t>(row) * in_stride);
+  const auto* up =
+      reinterpret_cast<const uint4*>(gate_up + static_cast<int64_t>(row) * in_stride + width);
+  const int vectors = width / 8;
+  uint4 products[kVectors];  // bf16 x 8 each
+  float amax = 0.0f;
+#pragma unroll
+  for (int v = 0; v < kVectors; ++v) {
+    const int index = static_cast<int>(threadIdx.x) + v * kSiluE4m3Threads;
+    if (index >= vectors) continue;
+    float g[8], u[8];
+    Unpack8(gate[index], g);
+    Unpack8(up[index], u);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) g[i] = SiluProduct(g[i], u[i], s);
+    products[v] = Pack8(g);
+    Unpack8(products[v], g);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(g[i]));
+  }
+  const E4m3RowScale scale = E4m3ScaleForAmax(BlockMax(amax));
+  if (threadIdx.x == 0) out.scales[row] = scale.scale;
+  uint8_t* codes = out.codes + static_cast<int64_t>(row) * out.ldc;
+#pragma unroll
+  for (int v = 0; v < kVectors; ++v) {
+    const int index = static_cast<int>(threadIdx.x) + v * kSiluE4m3Threads;
+    if (index >= vectors) continue;
+    float values[8];
+    Unpack8(products[v], values);
+    StoreE4m3x8(values, scale.inverse, codes + 8 * index, wide);
+  }
+}
+
+// SiluMulE4m3VectorKernel for any width and alignment: the row's products computed twice, once
+// for its amax and once for its codes (the same operations give the same values).
+__global__ void SiluMulE4m3Kernel(const bf16* __restrict__ gate_up, int64_t in_stride, int width,
+                                  E4m3Rows out, RowRmsView norm) {
+  PdlWait();
+  PdlLaunchDependents();
+  const int row = blockIdx.x;
+  const float s = BlockRowScale(norm, row);
+  const bf16* gate = gate_up + static_cast<int64_t>(row) * in_stride;
+  const bf16* up = gate + width;
+  const auto product = [&](int index) {
+    return __bfloat162float(__float2bfloat16(
+        SiluProduct(__bfloat162float(gate[index]), __bfloat162float(up[index]), s)));
+  };
+  float amax = 0.0f;
+  for (int index = threadIdx.x; index < width; index += blockDim.x) {
+    amax = fmaxf(amax, fabsf(product(index)));
+  }
+  const E4m3RowScale scale = E4m3ScaleForAmax(BlockMax(amax));
+  if (threadIdx.x == 0) out.scales[row] = scale.scale;
+  uint8_t* codes = out.codes + static_cast<int64_t>(row) * out.ldc;
+  for (int index = threadIdx.x; index < width; index += blockDim.x) {
+    codes[index] = ToE4m3(product(index), scale.inverse);
   }
 }
 
@@ -309,6 +527,48 @@ void SiluMul(const bf16* gate_up, int64_t in_stride, int rows, int width, bf16* 
   const dim3 grid((width + kThreads - 1) / kThreads, rows);
   LaunchWithPdl(SiluMulKernel, grid, kThreads, 0, stream, gate_up, in_stride, width, out,
                 out_stride, norm);
+}
+
+void RmsNormE4m3(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int rows,
+                 int width, const E4m3Rows& out, cudaStream_t stream) {
+  if (rows == 0) return;
+  // The bf16 RmsNorm's choice of kernel (its sum of squares in that kernel's order), with the
+  // output's conditions left out: a bf16 output of the same rows would be aligned.
+  const bool vector = width % 8 == 0 && x_stride % 8 == 0 && Aligned16(x) && Aligned16(weight);
+  const int vectors_per_thread = (width / 8 + kThreads - 1) / kThreads;
+  if (vector && vectors_per_thread <= 4) {
+    const bool wide = out.ldc % 8 == 0 && reinterpret_cast<uintptr_t>(out.codes) % 8 == 0;
+    const auto kernel = vectors_per_thread <= 1   ? RmsNormE4m3VectorKernel<1>
+                        : vectors_per_thread <= 2 ? RmsNormE4m3VectorKernel<2>
+                                                  : RmsNormE4m3VectorKernel<4>;
+    LaunchWithPdl(kernel, rows, kThreads, 0, stream, x, x_stride, weight, eps, width, out, wide);
+  } else {
+    LaunchWithPdl(RmsNormE4m3Kernel, rows, kThreads, width * sizeof(float), stream, x, x_stride,
+                  weight, eps, width, out);
+  }
+}
+
+void SiluMulE4m3(const bf16* gate_up, int64_t in_stride, int rows, int width, const E4m3Rows& out,
+                 const RowRmsView& norm, cudaStream_t stream) {
+  if (rows == 0) return;
+  SIEVE_CHECK(norm.rows == nullptr ||
+              (norm.width % 8 == 0 && norm.stride % 8 == 0 && Aligned16(norm.rows)))
+      << "a folded RMSNorm's rows must be 16-byte aligned, width and stride multiples of 8";
+  // A block a row: its amax is needed before its first code. At decode sizes that is fewer
+  // blocks than the bf16 kernel spreads the rows over, each with all its loads in flight at once;
+  // rows over 16384 wide (kSiluE4m3Threads x 4 vectors) take the kernel that computes twice.
+  const int vectors_per_thread = (width / 8 + kSiluE4m3Threads - 1) / kSiluE4m3Threads;
+  if (width % 8 == 0 && in_stride % 8 == 0 && Aligned16(gate_up) && vectors_per_thread <= 4) {
+    const bool wide = out.ldc % 8 == 0 && reinterpret_cast<uintptr_t>(out.codes) % 8 == 0;
+    const auto kernel = vectors_per_thread <= 1   ? SiluMulE4m3VectorKernel<1>
+                        : vectors_per_thread <= 2 ? SiluMulE4m3VectorKernel<2>
+                                                  : SiluMulE4m3VectorKernel<4>;
+    LaunchWithPdl(kernel, rows, kSiluE4m3Threads, 0, stream, gate_up, in_stride, width, out, norm,
+                  wide);
+    return;
+  }
+  LaunchWithPdl(SiluMulE4m3Kernel, rows, kSiluE4m3Threads, 0, stream, gate_up, in_stride, width,
+                out, norm);
 }
 
 void ScaleColumns(bf16* w, int64_t w_stride, int rows, int cols, const bf16* scale,

@@ -68,6 +68,20 @@ void RmsNorm(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int
 // out = silu(s gate) * (s up), s of each row from `norm` (1 without rows).
 void SiluMul(const bf16* gate_up, int64_t in_stride, int rows, int width, bf16* out,
              int64_t out_stride, const RowRmsView& norm, cudaStream_t stream);
+// A quantized activation (backend.h: the FP8 GEMM's input, quantized by the op that makes it):
+// codes [rows][ldc] e4m3, scales [rows] f32.
+struct E4m3Rows {
+  uint8_t* codes;
+  int64_t ldc;  // elements (bytes)
+  float* scales;
+};
+// RmsNorm and SiluMul into a quantized activation: each row as the bf16 op computes it (rounded
+// to bf16), quantized as fp8_gemm.h's QuantizeRowsE4m3 quantizes a bf16 row; the codes and
+// scales are those of the bf16 op followed by QuantizeRowsE4m3, bit for bit. A block a row.
+void RmsNormE4m3(const bf16* x, int64_t x_stride, const bf16* weight, float eps, int rows,
+                 int width, const E4m3Rows& out, cudaStream_t stream);
+void SiluMulE4m3(const bf16* gate_up, int64_t in_stride, int rows, int width, const E4m3Rows& out,
+                 const RowRmsView& norm, cudaStream_t stream);
 // w[n][k] *= scale[k], rounded to bf16.
 void ScaleColumns(bf16* w, int64_t w_stride, int rows, int cols, const bf16* scale,
                   cudaStream_t stream);
