@@ -168,9 +168,15 @@ RowRms LlamaModel::FoldedNorm(const Tensor& rows) const {
   return norms_folded_ ? RowRms{&rows, config_.rms_norm_eps} : RowRms{};
 }
 
-Tensor LlamaModel::NormedInput(const Tensor& x, const Tensor& weight, ForwardWorkspace& ws) const {
+Tensor GemmInput(const Tensor& weight, const Tensor& plain, const Tensor& quantized, int64_t rows) {
+  const bool e4m3 = weight.dtype() == DType::kF8E4M3 && quantized.defined();
+  return (e4m3 ? quantized : plain).Rows(0, rows);
+}
+
+Tensor LlamaModel::NormedInput(const Tensor& x, const Tensor& weight, const Tensor& gemm_weight,
+                               ForwardWorkspace& ws) const {
   if (norms_folded_) return x;
-  Tensor normed = ws.normed.Rows(0, x.dim(0));
+  Tensor normed = GemmInput(gemm_weight, ws.normed, ws.normed_e4m3, x.dim(0));
   backend_.RmsNorm(x, weight, config_.rms_norm_eps, normed);
   return normed;
 }
@@ -448,14 +454,12 @@ void LlamaModel::EnsureWorkspace(ForwardWorkspace& ws, int max_tokens, int64_t m
   const int64_t hd = config_.head_dim;
   const int64_t heads = layout_.num_q_heads;
   const int64_t kv_heads = layout_.num_kv_heads;
-  if (quantization_ != WeightQuantization::kNone) {
-    // Every FP8 GEMM's input (the residual stream, the attention output or the MLP's activation)
-    // and output (qkv, the residual stream, gate_up).
-    backend_.ReserveQuantizedInputs(
-        std::max(max_tokens, max_sample_rows),
-        std::max({d, heads * hd, static_cast<int64_t>(layout_.ffn_size)}),
-        std::max({d, (heads + 2 * kv_heads) * hd, 2 * static_cast<int64_t>(layout_.ffn_size)}));
-  }
+  // The MLP's activation in the activation dtype, for the layers whose down weight is not e4m3
+  // (all of them unquantized, a checkpoint's unquantized layers); the others' SiLU writes
+  // `act_e4m3`.
+  const bool plain_act =
+      std::any_of(weights_.layers.begin(), weights_.layers.end(),
+                  [](const LlamaLayerWeights& w) { return w.down.dtype() != DType::kF8E4M3; });
   if (max_tokens > ws.max_tokens) {
     ws.max_tokens = max_tokens;
     ws.hidden = backend_.Allocate({max_tokens, d}, act);
@@ -463,8 +467,27 @@ void LlamaModel::EnsureWorkspace(ForwardWorkspace& ws, int max_tokens, int64_t m
     ws.qkv = backend_.Allocate({max_tokens, (heads + 2 * kv_heads) * hd}, act);
     ws.attn = backend_.Allocate({max_tokens, heads * hd}, act);
     ws.gate_up = backend_.Allocate({max_tokens, 2 * layout_.ffn_size}, act);
-    ws.act = backend_.Allocate({max_tokens, layout_.ffn_size}, act);
+    ws.act = Tensor();
     ws.lse = backend_.Allocate({max_tokens, heads}, DType::kF32);
+    ws.act_e4m3 = Tensor();
+    ws.normed_e4m3 = Tensor();
+  }
+  if (plain_act && !ws.act.defined()) {
+    ws.act = backend_.Allocate({ws.max_tokens, layout_.ffn_size}, act);
+  }
+  if (quantization_ != WeightQuantization::kNone) {
+    // The quantized activations (README.md "FP8 weights"), allocated here, outside any capture.
+    const auto quantized_activation = [&](int64_t cols) {
+      return backend_.Allocate({ws.max_tokens, cols}, DType::kF8E4M3)
+          .WithRowScales(backend_.Allocate({ws.max_tokens}, DType::kF32));
+    };
+    if (!ws.act_e4m3.defined()) ws.act_e4m3 = quantized_activation(layout_.ffn_size);
+    if (!norms_folded_ && !ws.normed_e4m3.defined()) ws.normed_e4m3 = quantized_activation(d);
+    // The inputs the FP8 GEMMs quantize themselves (the residual stream of folded norms, the
+    // attention output), and the outputs (qkv, the residual stream, gate_up).
+    backend_.ReserveQuantizedInputs(
+        std::max(max_tokens, max_sample_rows), std::max(d, heads * hd),
+        std::max({d, (heads + 2 * kv_heads) * hd, 2 * static_cast<int64_t>(layout_.ffn_size)}));
   }
   if (max_prefill_keys > ws.max_prefill_keys) {
     ws.max_prefill_keys = max_prefill_keys;
@@ -511,12 +534,13 @@ void LlamaModel::OutputAndMlp(const LlamaLayerWeights& w, const Tensor& attn, Te
                               ? attn.Columns(out_offset, out_offset + layout_.num_out_heads * hd)
                               : attn;
   Tensor gate_up = ws.gate_up.Rows(0, rows);
-  Tensor act = ws.act.Rows(0, rows);
+  // Before an e4m3 down GEMM, SiLU writes its input quantized.
+  Tensor act = GemmInput(w.down, ws.act, ws.act_e4m3, rows);
   RowParallelAdd(attn_out, w.o, residual);
   // Folded norm: LinearSiluMul reads `residual` raw and scales by its rows' inverse RMS; it does
   // not write `residual`, so the scale is that of the GEMM's input. Unfolded: it reads the normed
   // rows and scales nothing.
-  backend_.LinearSiluMul(NormedInput(residual, w.mlp_norm, ws), w.gate_up, gate_up, act,
+  backend_.LinearSiluMul(NormedInput(residual, w.mlp_norm, w.gate_up, ws), w.gate_up, gate_up, act,
                          FoldedNorm(residual));
   RowParallelAdd(act, w.down, residual);
 }
@@ -562,7 +586,7 @@ void LlamaModel::Forward(const StepMeta& step, KvPool& pool, ForwardWorkspace& w
   const int last_layer = config_.num_layers - 1;
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     const LlamaLayerWeights& w = weights_.layers[layer];
-    backend_.Linear(NormedInput(hidden, w.attn_norm, ws), w.qkv, qkv);
+    backend_.Linear(NormedInput(hidden, w.attn_norm, w.qkv, ws), w.qkv, qkv);
     // Decode tokens are rotated and written by RopeDecodeAttention below; nothing in between
     // reads them (the prefill ops touch prefill sequences only).
     if (prefill_tokens > 0) {

@@ -53,8 +53,10 @@ struct LlamaLayerWeights {
 // head stay in the activation dtype (as vLLM's --quantization fp8 keeps lm_head bf16).
 enum class WeightQuantization {
   kNone,  // the activation dtype (bf16 on the GPU, f32 on the CPU)
-  // e4m3 with one f32 scale per output channel, inputs quantized per token as each GEMM runs
-  // (Backend::QuantizeWeightE4m3): vLLM's --quantization fp8 for a bf16 checkpoint.
+  // e4m3 with one f32 scale per output channel, inputs quantized per token (dynamic;
+  // Backend::QuantizeWeightE4m3): vLLM's --quantization fp8 for a bf16 checkpoint. The down
+  // GEMM's input is quantized by SiluMul and, with the norms unfolded, the qkv and gate_up GEMMs'
+  // by RmsNorm (README.md "FP8 weights"); the other inputs by the GEMM.
   kFp8,
 };
 // Bytes `weight` takes as held: its elements, plus an e4m3 matrix's f32 row scales.
@@ -92,7 +94,17 @@ struct ForwardWorkspace {
   Tensor kept;       // [max_kept] i32
   Tensor last;  // [max_sample_rows][D]: the sampled rows (normed, or the last layer's residual)
   Tensor last_attn;  // [max_sample_rows][H_q hd]: their attention output in the last layer
+  // Quantized activations (Backend: e4m3 with row scales [max_tokens] f32), defined when the
+  // model's linear weights are FP8: the MLP's activation before an e4m3 down GEMM, and the
+  // unfolded norms' output before e4m3 qkv and gate_up GEMMs (GemmInput).
+  Tensor act_e4m3;     // [max_tokens][F_r]
+  Tensor normed_e4m3;  // [max_tokens][D], only where the norms are not folded
 };
+
+// The buffer a GEMM over `weight` reads its `rows` input rows from, for the op before it to
+// write: the quantized activation `quantized` where the weight is e4m3 and `quantized` is
+// defined (the op quantizes as it writes), else `plain`.
+Tensor GemmInput(const Tensor& weight, const Tensor& plain, const Tensor& quantized, int64_t rows);
 
 class LlamaModel {
  public:
@@ -135,7 +147,8 @@ class LlamaModel {
   WeightQuantization quantization() const { return quantization_; }
   // Whether the layers' norms are folded into the qkv and gate_up weights (top of this file);
   // false for an FP8 checkpoint, whose weights folding would requantize: then each layer runs
-  // RmsNorm into the workspace's `normed` before those GEMMs, and no op scales by RowRms.
+  // RmsNorm into the workspace's `normed` (`normed_e4m3` before e4m3 weights) before those
+  // GEMMs, and no op scales by RowRms.
   bool norms_folded() const { return norms_folded_; }
   // An FP8 checkpoint's K and V scales, {k_scale, v_scale} per layer (stored K = K / k_scale),
   // as model/fp8_checkpoint.h reads them; empty when the checkpoint has none.
@@ -192,9 +205,11 @@ class LlamaModel {
   // The RowRms of the ops after a GEMM that read `rows`: its rows' inverse RMS when the norms are
   // folded, none otherwise.
   RowRms FoldedNorm(const Tensor& rows) const;
-  // The input of the GEMM after a norm: `x` itself when folded, else RmsNorm(x, weight) written
-  // into the first rows of the workspace's `normed`.
-  Tensor NormedInput(const Tensor& x, const Tensor& weight, ForwardWorkspace& ws) const;
+  // The input of the GEMM over `gemm_weight` after a norm: `x` itself when folded, else
+  // RmsNorm(x, weight) written into the first rows of the workspace's `normed` (`normed_e4m3`
+  // before an e4m3 weight: GemmInput).
+  Tensor NormedInput(const Tensor& x, const Tensor& weight, const Tensor& gemm_weight,
+                     ForwardWorkspace& ws) const;
 
   ModelConfig config_;
   Backend& backend_;

@@ -75,7 +75,8 @@ std::vector<DecodeStepPart> TimeParts(Backend& backend, const LlamaModel& model,
   Tensor qkv = workspace.qkv.Rows(0, batch);
   Tensor attn = workspace.attn.Rows(0, batch);
   Tensor gate_up = workspace.gate_up.Rows(0, batch);
-  Tensor act = workspace.act.Rows(0, batch);
+  // The MLP's activation as the model's forward writes it: quantized before an e4m3 down GEMM.
+  Tensor act = GemmInput(weights.layers[0].down, workspace.act, workspace.act_e4m3, batch);
   Tensor last = workspace.last.Rows(0, batch);
   const auto bytes_of = [](const Tensor& weight) { return static_cast<double>(HeldBytes(weight)); };
   const double kv_bytes = static_cast<double>(batch) * length * config.num_kv_heads *
@@ -108,7 +109,7 @@ std::vector<DecodeStepPart> TimeParts(Backend& backend, const LlamaModel& model,
       // One op, as the model calls it (one kernel at one row): its weights, the row read and the
       // output written.
       {"gate_up GEMM + SiLU x mul",
-       bytes_of(weights.layers[0].gate_up) + static_cast<double>(act.numel()) * elem + activations,
+       bytes_of(weights.layers[0].gate_up) + static_cast<double>(HeldBytes(act)) + activations,
        [&](int l) { backend.LinearSiluMul(hidden, weights.layers[l].gate_up, gate_up, act, norm); },
        layers},
       {"down GEMM (+ residual)", bytes_of(weights.layers[0].down) + 2 * activations,
