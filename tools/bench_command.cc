@@ -103,6 +103,21 @@ void AddBoundFlags(CLI::App& app, bench::BoundConfig& bound) {
       ->capture_default_str();
   app.add_option("--bound-gemm-tflops", bound.gemm_tflops,
                  "Bound: bf16 GEMM rate at prefill sizes (sieve bench kernels --prefill-step)");
+  app.add_option("--bound-fp8-gemm-tflops", bound.fp8_gemm_tflops,
+                 "Bound: FP8 GEMM rate at prefill sizes, for FP8 weights (sieve bench kernels "
+                 "--prefill-step --quantization fp8)");
+  app.add_option(
+         "--bound-quantization", bound.quantization,
+         "Bound: the server's --quantization, none | fp8 (fp8: decode reads the layers' "
+         "weights as e4m3, the embeddings and LM head bf16, and prefill runs their GEMMs at "
+         "--bound-fp8-gemm-tflops; default: the server's, from its GET /server_info, else "
+         "none)")
+      ->check(CLI::IsMember({"none", "fp8"}));
+  app.add_option("--bound-kv-cache-dtype", bound.kv_cache_dtype,
+                 "Bound: the server's --kv-cache-dtype, auto | bf16 | fp8 (fp8: 1 byte a K or V "
+                 "element; default: the server's, from its GET /server_info or its KV pool's "
+                 "bytes an entry, else bf16)")
+      ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   app.add_option("--bound-attention-tflops", bound.attention_tflops,
                  "Bound: causal prefill attention rate (scripts/sdpa_bench.py's cuDNN; 0: not "
                  "counted)")

@@ -282,6 +282,11 @@ Result<RunBound> BoundOfRun(const BoundConfig& config, const std::vector<BenchPr
               {"kv_budget", config.kv_budget},
               {"kv_window", config.kv_window},
               {"gemm_tflops", config.gemm_tflops},
+              {"fp8_gemm_tflops", config.fp8_gemm_tflops},
+              {"quantization", bound.quantization},
+              {"kv_cache_dtype", bound.kv_cache_dtype},
+              {"weight_bytes", bound.weight_bytes},
+              {"kv_bytes_read", bound.kv_bytes_read},
               {"attention_tflops", config.attention_tflops},
               {"copy_gbs", config.copy_gbs},
               {"tensor_parallel_size", config.tensor_parallel_size},
@@ -310,13 +315,20 @@ Result<RunBound> BoundOfRun(const BoundConfig& config, const std::vector<BenchPr
 
 std::string BoundLine(const BoundConfig& config, const ServingBound& bound, double measured) {
   std::string line = fmt::format(
-      "Bound: {:.1f} output tok/s (prefill {:.1f} s at {:.4g} TFLOP/s GEMM{}, decode {:.1f} s at "
-      "{:.4g} GB/s{}{}; {} on {}): measured {:.0f}% of it\n",
+      "Bound: {:.1f} output tok/s (prefill {:.1f} s at {:.4g} TFLOP/s GEMM{}{}, decode {:.1f} s at "
+      "{:.4g} GB/s{}{}{}; {} on {}): measured {:.0f}% of it\n",
       bound.output_tokens_per_s, bound.prefill_s, config.gemm_tflops,
+      bound.quantization == "fp8"
+          ? fmt::format(" ({:.4g} TFLOP/s the layers' FP8 GEMMs)", config.fp8_gemm_tflops)
+          : std::string(),
       config.attention_tflops > 0
           ? fmt::format(" + {:.4g} TFLOP/s attention", config.attention_tflops)
           : std::string(", attention not counted"),
       bound.decode_s, config.copy_gbs,
+      bound.quantization == "fp8" || bound.kv_cache_dtype == "fp8"
+          ? fmt::format(", {:.1f} GB of weights a step, {} KV", bound.weight_bytes / 1e9,
+                        bound.kv_cache_dtype)
+          : std::string(),
       config.tensor_parallel_size > 1 ? fmt::format("; {} ranks, {:.2f} s of all-reduces",
                                                     config.tensor_parallel_size, bound.all_reduce_s)
                                       : std::string(),

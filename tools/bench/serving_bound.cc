@@ -42,6 +42,21 @@ Status ValidateBoundConfig(const BoundConfig& config) {
         "the bound needs --bound-kv-pool-pages >= 0 (or -1: the server's) and --bound-page-size "
         "> 0");
   }
+  if (config.quantization != "" && config.quantization != "none" && config.quantization != "fp8") {
+    return InvalidArgumentError("--bound-quantization is none or fp8, not '" + config.quantization +
+                                "'");
+  }
+  if (config.kv_cache_dtype != "" && config.kv_cache_dtype != "auto" &&
+      config.kv_cache_dtype != "bf16" && config.kv_cache_dtype != "fp8") {
+    return InvalidArgumentError("--bound-kv-cache-dtype is auto, bf16 or fp8, not '" +
+                                config.kv_cache_dtype + "'");
+  }
+  if (config.fp8_gemm_tflops < 0 ||
+      (config.quantization == "fp8" && !(config.fp8_gemm_tflops > 0))) {
+    return InvalidArgumentError(
+        "FP8 weights need --bound-fp8-gemm-tflops (positive): the FP8 GEMM rate at prefill sizes "
+        "(sieve bench kernels --prefill-step --quantization fp8)");
+  }
   if (!(config.gemm_tflops > 0) || !(config.copy_gbs > 0) || config.attention_tflops < 0) {
     return InvalidArgumentError(
         "the bound needs --bound-gemm-tflops and --bound-copy-gbs (positive) and "
@@ -72,6 +87,76 @@ std::string ResolvePool(const nlohmann::json& server_info, BoundConfig& config) 
                      pool->pages, pool->page_size);
 }
 
+// The server's string field `key`, or empty.
+std::string ServerString(const nlohmann::json& server_info, const std::string& key) {
+  const nlohmann::json* field = ServerInfoField(server_info, key);
+  return field != nullptr && field->is_string() ? field->get<std::string>() : std::string();
+}
+
+// "auto" is the activation dtype, bf16 on the GPU.
+std::string KvDtypeName(const std::string& dtype) { return dtype == "fp8" ? "fp8" : "bf16"; }
+
+// The KV dtype the server's pool shows: its bytes over its pages' K and V elements (one rank's
+// heads), about 1 for FP8 (plus its scales) and 2 for bf16; empty when it does not say.
+std::string KvDtypeOfPool(const nlohmann::json& server_info, const ModelConfig& model,
+                          int tensor_parallel_size) {
+  const std::optional<ServerKvPool> pool = KvPoolOf(server_info);
+  const nlohmann::json* bytes = ServerInfoField(server_info, "kv_cache_bytes");
+  if (!pool || bytes == nullptr || !bytes->is_number() || pool->pages <= 0) return {};
+  auto shard = MakeShardLayout(model, {0, tensor_parallel_size});
+  if (!shard.ok()) return {};
+  const double elements =
+      static_cast<double>(pool->pages) * pool->page_size * 2 * shard->num_kv_heads * model.head_dim;
+  const double per_element = bytes->get<double>() / elements;
+  if (per_element > 0.9 && per_element < 1.5) return "fp8";
+  if (per_element >= 1.5 && per_element < 2.5) return "bf16";
+  return {};
+}
+
+// Settles config.quantization and config.kv_cache_dtype from the server when not given; the log's
+// lines, with a warning where the bound's are not the server's.
+std::string ResolvePrecision(const nlohmann::json& server_info, const ModelConfig& model,
+                             BoundConfig& config) {
+  std::string log;
+  const std::string served_quantization = ServerString(server_info, "quantization");
+  if (config.quantization.empty()) {
+    if (!served_quantization.empty()) {
+      config.quantization = served_quantization;
+      log += "bound: weights " + served_quantization + " (the server's GET /server_info)\n";
+    } else {
+      config.quantization = "none";
+      log +=
+          "bound: the server does not give its weights' quantization (GET /server_info): the "
+          "bound takes bf16 weights (--bound-quantization sets it)\n";
+    }
+  } else if (!served_quantization.empty() && served_quantization != config.quantization) {
+    log += "warning: the bound's weights (" + config.quantization + ") are not the server's (" +
+           served_quantization + "): --bound-quantization\n";
+  }
+  std::string served_kv = ServerString(server_info, "kv_cache_dtype");
+  std::string how = "the server's GET /server_info";
+  if (served_kv.empty()) {
+    served_kv = KvDtypeOfPool(server_info, model, config.tensor_parallel_size);
+    how = "the bytes an entry of the server's KV pool, GET /server_info";
+  }
+  if (config.kv_cache_dtype.empty()) {
+    if (!served_kv.empty()) {
+      config.kv_cache_dtype = KvDtypeName(served_kv);
+      log += "bound: KV cache " + config.kv_cache_dtype + " (" + how + ")\n";
+    } else {
+      config.kv_cache_dtype = "bf16";
+      log +=
+          "bound: the server does not give its KV cache dtype (GET /server_info): the bound takes "
+          "bf16 (--bound-kv-cache-dtype sets it)\n";
+    }
+  } else if (!served_kv.empty() && KvDtypeName(served_kv) != KvDtypeName(config.kv_cache_dtype)) {
+    log += "warning: the bound's KV cache dtype (" + KvDtypeName(config.kv_cache_dtype) +
+           ") is not the server's (" + KvDtypeName(served_kv) + ", " + how +
+           "): --bound-kv-cache-dtype\n";
+  }
+  return log;
+}
+
 }  // namespace
 
 std::string ResolveFromServer(const nlohmann::json& server_info, BoundConfig& config) {
@@ -91,6 +176,7 @@ std::string ResolveFromServer(const nlohmann::json& server_info, BoundConfig& co
   }
   auto model = LoadModelConfig(config.model_config);
   if (!model.ok()) return log;  // ValidateBoundConfig says so
+  log += ResolvePrecision(server_info, *model, config);
   auto bounded = PolicyFor(config, model->num_layers);
   if (!bounded.ok()) return log;
   if (!given && server) {
@@ -136,20 +222,31 @@ Result<ServingBound> ComputeServingBound(const BoundConfig& config,
   // token; the LM head is replicated.
   const double past_attention_weights = out_heads * hd * d + 3 * units * d;  // o and the MLP
   const double layer_weights = d * (q_heads + 2 * kv_heads) * hd + past_attention_weights;
-  const double bytes_per_weight = 2;  // bf16
+  // Their output channels (q, k, v, o, gate, up, down), each with an f32 scale in FP8.
+  const double layer_channels = (q_heads + 2 * kv_heads) * hd + d + 2 * units + d;
+  const bool fp8_weights = config.quantization == "fp8";
+  const bool fp8_kv = config.kv_cache_dtype == "fp8";
+  const double activation_bytes = 2;  // bf16
+  const double layer_weight_bytes =
+      fp8_weights ? layer_weights + 4 * layer_channels : activation_bytes * layer_weights;
+  // The layers' GEMMs run at the FP8 rate with FP8 weights; the LM head is bf16 either way.
+  const double layer_flops_per_s =
+      (fp8_weights ? config.fp8_gemm_tflops : config.gemm_tflops) * 1e12;
   const double lm_head = v * d;
   ServingBound bound;
   bound.kv_policy = policy.ToString();
+  bound.quantization = fp8_weights ? "fp8" : "none";
+  bound.kv_cache_dtype = fp8_kv ? "fp8" : "bf16";
   // A decode step reads every layer's weights and the lm_head (the embedding only its rows).
-  bound.weight_bytes = bytes_per_weight * (layers * layer_weights + lm_head);
-  // K and V of one entry in one layer on one rank, bf16.
-  const double entry_bytes = 2.0 * kv_heads * hd * bytes_per_weight;
+  bound.weight_bytes = layers * layer_weight_bytes + activation_bytes * lm_head;
+  // K and V of one entry in one layer on one rank.
+  const double entry_bytes = 2.0 * kv_heads * hd * (fp8_kv ? 1 : activation_bytes);
   // One all-reduce of `rows` residual rows (bf16): ring, 2 (N - 1) / N of it over each rank's
   // links, plus the fixed latency.
   const auto all_reduce_s = [&](double rows) {
     if (ranks == 1) return 0.0;
     return config.allreduce_latency_us * 1e-6 + 2.0 * (ranks - 1) / ranks * rows * d *
-                                                    bytes_per_weight /
+                                                    activation_bytes /
                                                     (config.allreduce_bus_gbs * 1e9);
   };
 
@@ -164,14 +261,18 @@ Result<ServingBound> ComputeServingBound(const BoundConfig& config,
     // Past its attention the last layer computes only the sampled row, as does the LM head: no
     // other row's output is read (LlamaModel::Forward runs them so).
     if (n > 0) {
-      bound.prefill_gemm_flops +=
-          2 * (n * layers * layer_weights - (n - 1) * past_attention_weights + lm_head);
+      const double layer_flops =
+          2 * (n * layers * layer_weights - (n - 1) * past_attention_weights);
+      bound.prefill_gemm_flops += layer_flops + 2 * lm_head;
+      if (fp8_weights) bound.prefill_fp8_gemm_flops += layer_flops;
     }
     // Causal: query i sees i + 1 keys; QK^T and PV, 2 FLOPs a multiply-add, the rank's heads.
     bound.prefill_attention_flops += 4 * q_heads * hd * (n * (n + 1) / 2) * layers;
     bound.all_reduce_s += 2 * layers * all_reduce_s(n);
   }
-  bound.prefill_s = bound.prefill_gemm_flops / (config.gemm_tflops * 1e12) + bound.all_reduce_s;
+  bound.prefill_s =
+      (bound.prefill_gemm_flops - bound.prefill_fp8_gemm_flops) / (config.gemm_tflops * 1e12) +
+      bound.prefill_fp8_gemm_flops / layer_flops_per_s + bound.all_reduce_s;
   if (config.attention_tflops > 0) {
     bound.prefill_s += bound.prefill_attention_flops / (config.attention_tflops * 1e12);
   }
@@ -182,14 +283,12 @@ Result<ServingBound> ComputeServingBound(const BoundConfig& config,
   // over its decode steps) over the pool's pages also bound its steps from below.
   const size_t wave = concurrency > 0 ? static_cast<size_t>(concurrency) : requests.size();
   const double copy_bytes_per_s = config.copy_gbs * 1e9;
-  const double gemm_flops_per_s = config.gemm_tflops * 1e12;
-  const double weights = bound.weight_bytes / bytes_per_weight;
   const double weights_s = bound.weight_bytes / copy_bytes_per_s;  // a step's weights read
+  // A row's GEMM time at the FLOP rates: the layers' at theirs, the LM head's at the bf16 one.
+  const double row_flops_s =
+      2 * layers * layer_weights / layer_flops_per_s + 2 * lm_head / (config.gemm_tflops * 1e12);
   // A step of `rows` rows: its GEMMs at the longer of their bytes and their FLOPs.
-  const auto roofline_gemm_s = [&](double rows) {
-    const double flops_s = 2 * rows * weights / gemm_flops_per_s;
-    return std::max(weights_s, flops_s);
-  };
+  const auto roofline_gemm_s = [&](double rows) { return std::max(weights_s, rows * row_flops_s); };
   double decode_bytes = 0;
   double roofline_gemm_total_s = 0;
   double decode_all_reduce_s = 0;

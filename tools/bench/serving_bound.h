@@ -10,7 +10,12 @@
 // one are read (at most 1/L of the attention FLOPs). With the server's KV pool given, a wave also
 // runs at least as many steps as its sequences' pages over the decode (each step's running
 // sequences share the pool) take in pool-fulls: past the concurrency at which the pool holds every
-// sequence (dense KV of long prompts), fewer decode together.
+// sequence (dense KV of long prompts), fewer decode together. With FP8 weights (the server's
+// --quantization fp8) a decode step reads the layers' linear weights as e4m3 (1 byte a weight, an
+// f32 scale an output channel; the embeddings and LM head stay bf16) and a prefill runs the
+// layers' GEMMs at the FP8 GEMM rate; with an FP8 KV cache (--kv-cache-dtype fp8) a step reads 1
+// byte a K or V element (the per-head scales are not counted), and the server's pool, which it
+// gives in its own pages, holds twice the entries in the same memory.
 #pragma once
 
 #include <string>
@@ -35,6 +40,16 @@ struct BoundConfig {
   double gemm_tflops = 0;             // bf16 GEMM rate at prefill sizes (bench kernels)
   double attention_tflops = 0;        // causal prefill attention rate (cuDNN SDPA); 0: not counted
   double copy_gbs = 0;                // device copy rate, read + write (bench kernels)
+  // FP8 GEMM rate at prefill sizes (bench kernels --prefill-step --quantization fp8): the layers'
+  // GEMMs with FP8 weights; needed when the weights are FP8.
+  double fp8_gemm_tflops = 0;
+  // The server's --quantization, "none" or "fp8"; empty: the server's (ResolveFromServer), else
+  // none.
+  std::string quantization;
+  // The server's --kv-cache-dtype, "auto" or "bf16" (2 bytes an element) or "fp8" (1); empty: the
+  // server's (ResolveFromServer: what its GET /server_info says, else its pool's bytes an entry),
+  // else bf16.
+  std::string kv_cache_dtype;
   // Tensor parallelism: the server's --tensor-parallel-size. Each rank computes 1/N of every
   // prefill's FLOPs and reads its share of the weights and KV in every decode step
   // (model/tensor_parallel.h), and all its ranks all-reduce 2 times a layer: a step's rows at
@@ -44,8 +59,9 @@ struct BoundConfig {
   double allreduce_bus_gbs = 370;
   double allreduce_latency_us = 8;
   // The server's KV pool: pages of page_size entries of one layer (one rank's share of the KV
-  // heads). 0: not limited; kPoolFromServer: what the server's GET /server_info says (sieve
-  // bench resolves it, with ResolveFromServer, before computing).
+  // heads, in the KV dtype: an FP8 pool has twice the pages of a bf16 one of the same bytes). 0:
+  // not limited; kPoolFromServer: what the server's GET /server_info says (sieve bench resolves it,
+  // with ResolveFromServer, before computing).
   static constexpr int64_t kPoolFromServer = -1;
   int64_t kv_pool_pages = kPoolFromServer;
   int page_size = 16;
@@ -63,6 +79,7 @@ struct ServingBound {
   double output_tokens_per_s = 0;
   double weight_bytes = 0;             // read by every decode step (one rank's)
   double prefill_gemm_flops = 0;       // over every prompt (one rank's)
+  double prefill_fp8_gemm_flops = 0;   // of them, those at the FP8 rate (FP8 weights' layers)
   double prefill_attention_flops = 0;  // over every prompt (one rank's)
   double kv_bytes_read = 0;            // over every decode step, one rank's
   // The roofline of decode: decode_s counts a step's weights at the copy rate whatever its rows,
@@ -75,6 +92,8 @@ struct ServingBound {
   double roofline_output_tokens_per_s = 0;  // prefill_s + decode_roofline_s
   double all_reduce_s = 0;                  // in prefill_s and decode_s: the ranks' all-reduces
   std::string kv_policy;                    // KvPolicy::ToString of the policy bounded
+  std::string quantization;                 // of the weights bounded: "none" or "fp8"
+  std::string kv_cache_dtype;               // of the KV bounded: "bf16" or "fp8"
   int64_t decode_steps = 0;                 // in every wave
   int64_t pool_limited_steps = 0;  // of them, those the KV pool adds (0: it holds every wave)
 };
@@ -84,9 +103,12 @@ Status ValidateBoundConfig(const BoundConfig& config);
 
 // What the server's GET /server_info (`server_info` as FetchServerInfo gives it) settles: an
 // empty kv_policy becomes the server's policy and knobs (full when it does not say), a
-// kPoolFromServer pool the server's pool (not limited when it does not say). Returns lines for
-// the log saying which, and a warning when the policy bounded is not the one the server runs or
-// the tensor-parallel size not the server's.
+// kPoolFromServer pool the server's pool (not limited when it does not say), an empty
+// quantization the server's "quantization" (none when it does not say), an empty kv_cache_dtype
+// the server's "kv_cache_dtype", else the one its pool's bytes an entry ("kv_cache_bytes" over its
+// pages' entries) show, else bf16. Returns lines for the log saying which, and a warning when the
+// policy, weights or KV dtype bounded are not the ones the server runs or the tensor-parallel
+// size not the server's.
 // Needs a valid config with a model.
 std::string ResolveFromServer(const nlohmann::json& server_info, BoundConfig& config);
 

@@ -350,6 +350,185 @@ TEST(ServingBoundTest, KvPolicyComesFromTheServerUnlessGiven) {
   }
 }
 
+// FP8 weights (--quantization fp8): a decode step reads the layers' linear weights as e4m3, 1 byte
+// a weight plus an f32 scale an output channel, and the LM head as bf16 (Llama-3-8B: 218,103,808
+// weights and 43,008 output channels a layer); prefill runs the layers' GEMMs at the FP8 rate and
+// the LM head's at the bf16 one.
+TEST(ServingBoundTest, Fp8WeightsHalveTheLayersBytesAndRunPrefillAtTheFp8Rate) {
+  auto rng = ::sieve::testing::MakeRng();
+  const int prompt = 1000 + static_cast<int>(rng() % 4000);
+  const int output = 50 + static_cast<int>(rng() % 450);
+  const int count = 8 + static_cast<int>(rng() % 56);
+  const auto requests = Requests(count, prompt, output);
+  BoundConfig bf16 = Llama3Bound("full");
+  bf16.attention_tflops = 555;
+  BoundConfig fp8 = bf16;
+  fp8.quantization = "fp8";
+  fp8.fp8_gemm_tflops = 1.2 * bf16.gemm_tflops + static_cast<double>(rng() % 700);
+  const auto dense = ComputeServingBound(bf16, requests, count);
+  const auto quantized = ComputeServingBound(fp8, requests, count);
+  ASSERT_TRUE(dense.ok() && quantized.ok()) << quantized.status().ToString();
+  EXPECT_EQ(dense->quantization, "none");
+  EXPECT_EQ(quantized->quantization, "fp8");
+  const double layer_weights = 218103808, channels = 43008, lm_head = 128256.0 * 4096;
+  EXPECT_DOUBLE_EQ(dense->weight_bytes, 2 * (32 * layer_weights + lm_head));
+  EXPECT_DOUBLE_EQ(quantized->weight_bytes, 32 * (layer_weights + 4 * channels) + 2 * lm_head);
+  EXPECT_LT(quantized->weight_bytes, 0.54 * dense->weight_bytes);
+  // The same KV and steps: decode is shorter by the weight bytes no longer read.
+  EXPECT_DOUBLE_EQ(quantized->kv_bytes_read, dense->kv_bytes_read);
+  EXPECT_EQ(quantized->decode_steps, dense->decode_steps);
+  EXPECT_NEAR(dense->decode_s - quantized->decode_s,
+              output * (dense->weight_bytes - quantized->weight_bytes) / (bf16.copy_gbs * 1e9),
+              1e-9);
+  // The same FLOPs, the layers' at the FP8 rate; attention unchanged.
+  EXPECT_DOUBLE_EQ(quantized->prefill_gemm_flops, dense->prefill_gemm_flops);
+  EXPECT_EQ(dense->prefill_fp8_gemm_flops, 0);
+  const double lm_head_flops = count * 2 * lm_head;
+  EXPECT_NEAR(quantized->prefill_fp8_gemm_flops, dense->prefill_gemm_flops - lm_head_flops,
+              1e-12 * dense->prefill_gemm_flops);
+  const double attention_s = dense->prefill_attention_flops / 555e12;
+  EXPECT_NEAR(dense->prefill_s, dense->prefill_gemm_flops / 790e12 + attention_s, 1e-9);
+  EXPECT_NEAR(quantized->prefill_s,
+              quantized->prefill_fp8_gemm_flops / (fp8.fp8_gemm_tflops * 1e12) +
+                  lm_head_flops / 790e12 + attention_s,
+              1e-9);
+  EXPECT_GT(quantized->output_tokens_per_s, dense->output_tokens_per_s);
+  // FP8 weights need the FP8 rate.
+  BoundConfig no_rate = fp8;
+  no_rate.fp8_gemm_tflops = 0;
+  const auto refused = ComputeServingBound(no_rate, requests, count);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("--bound-fp8-gemm-tflops"), std::string::npos);
+  BoundConfig odd = fp8;
+  odd.quantization = "int4";
+  EXPECT_FALSE(ValidateBoundConfig(odd).ok());
+}
+
+// The roofline with FP8 weights: a step's row costs the layers' FLOPs at the FP8 rate and the LM
+// head's at the bf16 one, against the step's (FP8) weight bytes at the copy rate.
+TEST(ServingBoundTest, Fp8RooflineTakesTheLayersAtTheFp8Rate) {
+  BoundConfig fp8 = Llama3Bound("full:0-2,pyramidkv:3-31");
+  fp8.quantization = "fp8";
+  fp8.fp8_gemm_tflops = 1300;
+  const int rows = 256, output = 100;
+  const auto bound = ComputeServingBound(fp8, Requests(rows, 2000, output), rows);
+  ASSERT_TRUE(bound.ok()) << bound.status().ToString();
+  const double layer_weights = 218103808, lm_head = 128256.0 * 4096;
+  const double flops_s = rows * (2 * 32 * layer_weights / 1300e12 + 2 * lm_head / 790e12);
+  const double bytes_s = bound->weight_bytes / 4194e9;
+  ASSERT_GT(flops_s, bytes_s);
+  EXPECT_EQ(bound->compute_bound_steps, output);
+  EXPECT_NEAR(bound->decode_roofline_s - bound->decode_s, output * (flops_s - bytes_s), 1e-9);
+}
+
+// An FP8 KV cache (--kv-cache-dtype fp8): 1 byte a K or V element, so a step reads half the KV
+// bytes, and the same memory holds twice the pages: a pool that limits bf16 KV decodes twice the
+// sequences in FP8 in the same steps.
+TEST(ServingBoundTest, Fp8KvHalvesKvBytesAndTheSameMemoryHoldsTwiceTheSequences) {
+  auto rng = ::sieve::testing::MakeRng();
+  const int prompt = 3000 + static_cast<int>(rng() % 2000);
+  const int output = 100 + static_cast<int>(rng() % 400);
+  const int count = 32;
+  BoundConfig bf16 = Llama3Bound("full");
+  bf16.kv_pool_pages = 0;
+  BoundConfig fp8 = bf16;
+  fp8.kv_cache_dtype = "fp8";
+  const auto requests = Requests(count, prompt, output);
+  const auto wide = ComputeServingBound(bf16, requests, count);
+  const auto narrow = ComputeServingBound(fp8, requests, count);
+  ASSERT_TRUE(wide.ok() && narrow.ok()) << narrow.status().ToString();
+  EXPECT_EQ(wide->kv_cache_dtype, "bf16");
+  EXPECT_EQ(narrow->kv_cache_dtype, "fp8");
+  EXPECT_DOUBLE_EQ(narrow->kv_bytes_read, wide->kv_bytes_read / 2);
+  EXPECT_DOUBLE_EQ(narrow->weight_bytes, wide->weight_bytes);
+  EXPECT_NEAR(wide->decode_s - narrow->decode_s, wide->kv_bytes_read / 2 / 4194e9, 1e-9);
+  // "auto" is the activation dtype, bf16.
+  BoundConfig automatic = bf16;
+  automatic.kv_cache_dtype = "auto";
+  EXPECT_DOUBLE_EQ(ComputeServingBound(automatic, requests, count)->kv_bytes_read,
+                   wide->kv_bytes_read);
+  // A pool whose memory holds half the bf16 sequences at their longest (in pages of bf16 entries)
+  // holds all of them in FP8 pages, and twice the sequences in the steps bf16 takes for half.
+  const int64_t last_pages = 32 * ((prompt + output + 15) / 16);
+  BoundConfig bf16_pool = bf16;
+  bf16_pool.kv_pool_pages = last_pages * count / 2;
+  BoundConfig fp8_pool = fp8;
+  fp8_pool.kv_pool_pages = 2 * bf16_pool.kv_pool_pages;  // the same bytes
+  const auto limited = ComputeServingBound(bf16_pool, requests, count);
+  const auto roomy = ComputeServingBound(fp8_pool, requests, count);
+  ASSERT_TRUE(limited.ok() && roomy.ok());
+  EXPECT_GT(limited->pool_limited_steps, 0);
+  EXPECT_EQ(roomy->pool_limited_steps, 0);
+  EXPECT_EQ(roomy->decode_steps, output);
+  const auto doubled =
+      ComputeServingBound(fp8_pool, Requests(2 * count, prompt, output), 2 * count);
+  ASSERT_TRUE(doubled.ok());
+  EXPECT_EQ(doubled->decode_steps, limited->decode_steps);
+  EXPECT_EQ(doubled->pool_limited_steps, limited->pool_limited_steps);
+}
+
+// The weights' and the KV cache's dtypes come from the server's GET /server_info unless given:
+// its "quantization" and "kv_cache_dtype" fields, else (the KV) its pool's bytes an entry; a
+// flag that is not the server's gets a warning.
+TEST(ServingBoundTest, PrecisionComesFromTheServerUnlessGiven) {
+  auto rng = ::sieve::testing::MakeRng();
+  const int64_t pages = 1000 + static_cast<int64_t>(rng() % 1000000);
+  // A page: 16 entries of one layer, K and V of 8 heads of 128.
+  const double elements = static_cast<double>(pages) * 16 * 2 * 8 * 128;
+  const auto server = [&](double bytes_per_element, const nlohmann::json& fields) {
+    nlohmann::json info = {{"kv_cache_pages", pages},
+                           {"page_size", 16},
+                           {"kv_cache_bytes", static_cast<int64_t>(elements * bytes_per_element)}};
+    info.update(fields);
+    return nlohmann::json{{"server_info", info}};
+  };
+  const auto resolve = [](const nlohmann::json& info, BoundConfig& config) {
+    return ResolveFromServer(info, config);
+  };
+  // Said by the server.
+  BoundConfig said = Llama3Bound("full");
+  said.fp8_gemm_tflops = 1000;
+  std::string log =
+      resolve(server(1.00002, {{"quantization", "fp8"}, {"kv_cache_dtype", "fp8"}}), said);
+  EXPECT_EQ(said.quantization, "fp8");
+  EXPECT_EQ(said.kv_cache_dtype, "fp8");
+  EXPECT_EQ(log.find("warning"), std::string::npos) << log;
+  EXPECT_NE(log.find("weights fp8 (the server's GET /server_info)"), std::string::npos) << log;
+  // The KV dtype from the pool's bytes an entry (FP8 with its scales, bf16); the weights not said.
+  for (const auto& [bytes, dtype] : {std::pair{1.00002, "fp8"}, std::pair{2.0, "bf16"}}) {
+    BoundConfig config = Llama3Bound("full");
+    log = resolve(server(bytes, nlohmann::json::object()), config);
+    EXPECT_EQ(config.kv_cache_dtype, dtype) << log;
+    EXPECT_NE(log.find("bytes an entry"), std::string::npos) << log;
+    EXPECT_EQ(config.quantization, "none");
+    EXPECT_NE(log.find("does not give its weights' quantization"), std::string::npos) << log;
+  }
+  // Nothing said, and no pool: bf16 both, and the log says.
+  BoundConfig silent = Llama3Bound("full");
+  log = resolve(nlohmann::json::object(), silent);
+  EXPECT_EQ(silent.quantization, "none");
+  EXPECT_EQ(silent.kv_cache_dtype, "bf16");
+  EXPECT_NE(log.find("does not give its KV cache dtype"), std::string::npos) << log;
+  // Given: kept; a warning where the server says otherwise ("auto" is bf16).
+  BoundConfig given = Llama3Bound("full");
+  given.quantization = "fp8";
+  given.fp8_gemm_tflops = 1000;
+  given.kv_cache_dtype = "auto";
+  log = resolve(server(2.0, {{"quantization", "none"}}), given);
+  EXPECT_EQ(given.quantization, "fp8");
+  EXPECT_EQ(given.kv_cache_dtype, "auto");
+  EXPECT_NE(log.find("warning: the bound's weights (fp8) are not the server's (none)"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("KV cache dtype (bf16) is not"), std::string::npos) << log;
+  BoundConfig wrong_kv = Llama3Bound("full");
+  wrong_kv.kv_cache_dtype = "bf16";
+  log = resolve(server(1.00002, nlohmann::json::object()), wrong_kv);
+  EXPECT_NE(log.find("warning: the bound's KV cache dtype (bf16) is not the server's (fp8"),
+            std::string::npos)
+      << log;
+}
+
 TEST(ServingBoundTest, BadConfigsAreClearErrors) {
   BoundConfig missing = Llama3Bound("full");
   missing.model_config = "/nonexistent/model";
