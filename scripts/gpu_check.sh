@@ -8,7 +8,8 @@
 #                                        soak
 #                                        serve serve_ab warm prefill headline accuracy tp
 #                                        sampling attention large_batch profile_attention
-#                                        chunk_ab serve_timeline fp8 kv_fp8 serve_fp8 arch_sm90
+#                                        chunk_ab serve_timeline fp8 kv_fp8 serve_fp8
+#                                        fp8_headline arch_sm90
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
@@ -723,6 +724,99 @@ PY
       note "headline $name $kind ($policy, budget $budget):"
       grep -E "^\|" "$LOGS/headline_${name}_$kind.log" | tee -a "$summary"
     done
+  done
+fi
+
+# The FP8 headline (issue 58 item 6): the Llama-3.1-8B shape (dummy weights) served by `sieve
+# serve` in each configuration FP8_HEADLINE_RUNS names, default "bf16-dense fp8-dense fp8-sparse
+# fp8-fp8kv-sparse", each WEIGHTS[-fp8kv]-KV: bf16 or fp8 weights (--quantization fp8), fp8kv an
+# FP8 KV cache (--kv-cache-dtype fp8), dense (--kv-policy full) or sparse
+# (full:0-2,pyramidkv:3-31, budget 400, window 32); each on a fresh warmed-up server, each level
+# beside its bound (`sieve bench sweep --bound-*`, the weights' and KV's dtypes the server's).
+# FP8_HEADLINE=5k (default): trtllm-bench throughput's workload, 5000/500 with 1500 requests
+# (FP8_HEADLINE_PROMPTS) sent at once (one level of concurrency 1500); 4k: the headline's
+# 4000/500 levels (C = 1, 20, 64, 128, 256). The ceilings come first, in the same call: the copy
+# rate and the FP8 prefill GEMMs' rate (bench kernels --prefill-step --quantization fp8), the bf16
+# prefill GEMMs' (--quantization none, when a bf16 run is asked; else the LM head's bf16 GEMMs,
+# one row a prompt, take bench kernels' bf16 8192^3 rate), cuDNN SDPA's at 4k (for 5000 tokens
+# too). Time: the ceilings about 1-2 min, a server's start about 1 min, then a 5k configuration's
+# 750k output tokens at 85% of its bound, the bound on an H100 at record
+# 2026-12-07-h100-fp8-weights's rates (copy 3,015 GB/s, GEMMs 687 bf16 / 839 FP8 TFLOP/s):
+# bf16-dense 1,990 tok/s, 7.4 min; fp8-dense 2,280, 6.5 min (a KV pool of about 100 sequences of
+# 5,500 bf16 entries: pool-limited); fp8-fp8kv-dense 3,210, 4.6 min; fp8-sparse 4,230, 3.5 min;
+# fp8-fp8kv-sparse 4,760, 3.1 min. So one device call (10 min) runs one configuration, or
+# fp8-sparse and fp8-fp8kv-sparse together; bf16-dense fits with FP8_HEADLINE_PROMPTS=1000 (its
+# row says so). 4k: about 4 min a configuration. Files: fp8_headline_<5k|4k>_<run>.json.
+if has fp8_headline; then
+  ensure_sieve
+  tok=testdata/tokenizers/llama3/tokenizer.model
+  runs="${FP8_HEADLINE_RUNS:-bf16-dense fp8-dense fp8-sparse fp8-fp8kv-sparse}"
+  workload="${FP8_HEADLINE:-5k}"
+  case "$workload" in
+    5k) input=5000; max_len=5600; levels=1500; prompts="${FP8_HEADLINE_PROMPTS:-1500}" ;;
+    4k) input=4000; max_len=4600; levels=1,20,64,128,256; prompts=4,40,128,256,256 ;;
+    *) note "fp8_headline: FP8_HEADLINE is 5k or 4k, not $workload"; exit 1 ;;
+  esac
+  start=$(date +%s)
+  [ -f "$OUT/sdpa.json" ] || python3 scripts/sdpa_bench.py > "$OUT/sdpa.json" 2> "$LOGS/sdpa.log"
+  quantizations=fp8
+  [[ " $runs " == *" bf16-"* ]] && quantizations="none fp8"
+  for q in $quantizations; do
+    timeout 300 ./build/gpu/sieve bench kernels --skip-attention --skip-sparsity --skip-gemm \
+      --skip-decode-step --prefill-step --quantization "$q" --result-json "$OUT/kernels_$q.json" \
+      > "$LOGS/fp8_headline_ceilings_$q.log" 2>&1 \
+      || note "fp8_headline ceilings ($q) FAILED: $(tail -3 "$LOGS/fp8_headline_ceilings_$q.log")"
+  done
+  read -r copy gemm fp8_gemm att < <(python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+def rate(kernels):  # the prefill GEMMs' alone rate, TFLOP/s
+    p = kernels["prefill_step_dense"]
+    return p["gemm_flops"] / (p["gemm_bound_ms"] * 1e-3) / 1e12
+fp8 = json.load(open(f"{out}/kernels_fp8.json"))
+bf16 = (rate(json.load(open(f"{out}/kernels_none.json"))) if os.path.exists(f"{out}/kernels_none.json")
+        else fp8["gemm_tflops"])
+sdpa = {r["n"]: r.get("tflops", 0) for r in json.load(open(f"{out}/sdpa.json"))["results"]
+        if r["backend"] == "cudnn" and r.get("d", 128) == 128}
+print(round(fp8["copy_bandwidth_gbs"]), round(bf16), round(rate(fp8)), round(sdpa.get(4096, 0)))
+PY
+)
+  note "fp8_headline ceilings ($(( $(date +%s) - start )) s): copy $copy GB/s, prefill GEMMs bf16 $gemm / FP8 $fp8_gemm TFLOP/s, cuDNN SDPA $att TFLOP/s (4k)"
+  model=configs/llama-3.1-8b
+  for run in $runs; do
+    [[ "$run" =~ ^(bf16|fp8)(-fp8kv)?-(dense|sparse)$ ]] \
+      || { note "fp8_headline: no such run $run (bf16|fp8, then -fp8kv or not, then -dense|-sparse)"; continue; }
+    q=$( [[ "$run" == fp8-* ]] && echo fp8 || echo none )
+    kv_dtype=$( [[ "$run" == *-fp8kv-* ]] && echo fp8 || echo auto )
+    policy=$( [[ "$run" == *-dense ]] && echo full || echo "full:0-2,pyramidkv:3-31" )
+    start=$(date +%s)
+    ./build/gpu/sieve serve --model "$model" --load-format dummy --tokenizer "$tok" \
+      --port 8123 --max-model-len "$max_len" --max-num-batched-tokens 8192 --no-progress \
+      --quantization "$q" --kv-cache-dtype "$kv_dtype" --kv-policy "$policy" --kv-budget 400 \
+      --kv-window 32 > "$LOGS/fp8_headline_serve_${workload}_$run.log" 2>&1 &
+    pid=$!
+    wait_for_server $pid
+    if ! kill -0 $pid 2>/dev/null; then
+      note "fp8_headline $workload $run: serve FAILED: $(tail -1 "$LOGS/fp8_headline_serve_${workload}_$run.log")"
+      continue
+    fi
+    ready=$(( $(date +%s) - start ))
+    ./build/gpu/sieve bench sweep --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
+      --input-len "$input" --output-len 500 --concurrency "$levels" \
+      --num-prompts-per-level "$prompts" --ignore-eos --warmup 2 --no-progress \
+      --label "$run $workload" --metadata run="$run" quantization="$q" kv_cache_dtype="$kv_dtype" \
+      policy="$policy" budget=400 \
+      --bound-model-config "$model" --bound-kv-policy "$policy" --bound-kv-budget 400 \
+      --bound-kv-window 32 --bound-quantization "$q" --bound-kv-cache-dtype "$kv_dtype" \
+      --bound-gemm-tflops "$gemm" --bound-fp8-gemm-tflops "$fp8_gemm" \
+      --bound-attention-tflops "$att" --bound-copy-gbs "$copy" \
+      --result-json "$OUT/fp8_headline_${workload}_$run.json" \
+      > "$LOGS/fp8_headline_${workload}_$run.log" 2>&1 \
+      || note "fp8_headline $workload $run FAILED: $(tail -3 "$LOGS/fp8_headline_${workload}_$run.log")"
+    kill -TERM $pid; wait $pid
+    note "fp8_headline $workload $run ($policy, --quantization $q, --kv-cache-dtype $kv_dtype; server ready in $ready s, $(( $(date +%s) - start )) s in all):"
+    grep -E "^\|" "$LOGS/fp8_headline_${workload}_$run.log" | tee -a "$summary"
+    grep -hE "^(bound|warning)" "$LOGS/fp8_headline_${workload}_$run.log" | sort -u | tee -a "$summary"
   done
 fi
 

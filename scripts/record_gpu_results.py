@@ -4,8 +4,8 @@
     scripts/record_gpu_results.py FILES_DIR NAME --commit SHA --command "..." [--results-dir DIR]
 
 FILES_DIR holds the run's kernels.json, kernels_tpN.json, kernels_{none,fp8}.json,
-kernels_fp8_kv_{auto,fp8}.json, sdpa.json, summary.txt, serve_*.json, prefill_*.json and
-sweep_*.json (any may be missing). docs/benchmarks.md is rendered from these files by scripts/render_benchmarks.py; numbers
+kernels_fp8_kv_{auto,fp8}.json, sdpa.json, summary.txt, serve_*.json, prefill_*.json,
+sweep_*.json and fp8_headline_*.json (any may be missing). docs/benchmarks.md is rendered from these files by scripts/render_benchmarks.py; numbers
 are never typed by hand.
 """
 import argparse
@@ -81,6 +81,19 @@ def main():
             sweeps[match.group(1)] = result
     if sweeps:
         record["sweeps"] = sweeps
+    # scripts/gpu_check.sh fp8_headline: fp8_headline_WORKLOAD_RUN.json, WORKLOAD 5k or 4k, RUN
+    # e.g. fp8-fp8kv-sparse; keyed WORKLOAD_RUN.
+    fp8_sweeps = {}
+    for file in sorted(os.listdir(args.files_dir)):
+        match = re.match(r"fp8_headline_(\w+_[\w-]+)\.json$", file)
+        if match:
+            result = load(file)
+            for level in (result or {}).get("levels", []):
+                for request in level.get("requests", []):
+                    request.pop("itl_ms", None)
+            fp8_sweeps[match.group(1)] = result
+    if fp8_sweeps:
+        record["fp8_headline"] = fp8_sweeps
     # Anything else a command wrote as text (e.g. a GPU test's own output).
     for file in sorted(os.listdir(args.files_dir)):
         if file.endswith(".txt") and file != "summary.txt":

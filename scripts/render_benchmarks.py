@@ -5,8 +5,8 @@ Every number on the page comes from a record (bench/results/NAME.json, written b
 scripts/record_gpu_results.py or scripts/bench_cpu.sh); nothing is typed by hand. headline.txt
 names one record per benchmark kind (headline, serve, warm-start, prefill-step, decode-step,
 tensor-parallel, sampling, kernels, cpu; the headline may take one record per workload and
-GPU, the sweeps of one GPU, model shape and tensor-parallel size rendered as one section) and the
-command that reproduces it;
+GPU, the sweeps of one GPU, model shape and tensor-parallel size rendered as one section; fp8 any
+number of records, rendered as one section) and the command that reproduces it;
 bench/results/headline_methods.md, hand-written, follows the tables verbatim. The charts are SVG
 files in docs/benchmarks/ (scripts/svg_bars.py). Every other record in bench/results/ is the
 history of experiments: kept there, not rendered.
@@ -18,6 +18,7 @@ history of experiments: kept there, not rendered.
 import argparse
 import difflib
 import json
+import math
 import os
 import re
 import sys
@@ -29,8 +30,8 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 RESULTS = os.path.join(ROOT, "bench", "results")
 PAGE = os.path.join("docs", "benchmarks.md")
 CHARTS = os.path.join("docs", "benchmarks")
-KINDS = ("headline", "serve", "warm-start", "prefill-step", "decode-step", "tensor-parallel",
-         "sampling", "kernels", "cpu")
+KINDS = ("headline", "fp8", "serve", "warm-start", "prefill-step", "decode-step",
+         "tensor-parallel", "sampling", "kernels", "cpu")
 
 
 def fmt(value, digits=0):
@@ -40,7 +41,9 @@ def fmt(value, digits=0):
 def read_headline():
     """[(kind, record name, command)] in the file's order; exits on an unknown kind or record."""
     entries = []
-    for number, line in enumerate(open(os.path.join(RESULTS, "headline.txt")), 1):
+    with open(os.path.join(RESULTS, "headline.txt")) as f:
+        lines = f.readlines()
+    for number, line in enumerate(lines, 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -243,6 +246,240 @@ def headline_section(record, charts, model, first, shape="8b", tp=1):
     if targets:
         out += ["Targets:", ""] + [f"- {target}" for target in targets] + [""]
     return out
+
+# Issue 58's FP8 results: TensorRT-LLM's published Llama-3.1-8B FP8 throughput at 5000/500
+# (`trtllm-bench throughput`, 1,500 requests at once), output tok/s, by the card's gpu_tag.
+TRTLLM_FP8_5K = {"h200": 3902, "h100": 3459}
+# The configurations of scripts/gpu_check.sh fp8_headline, in table order, and what each runs.
+FP8_RUNS = {"bf16-dense": "bf16 weights, bf16 KV, dense",
+            "fp8-dense": "FP8 weights, bf16 KV, dense",
+            "fp8-fp8kv-dense": "FP8 weights, FP8 KV, dense",
+            "fp8-sparse": "FP8 weights, bf16 KV, sparse",
+            "fp8-fp8kv-sparse": "FP8 weights, FP8 KV, sparse"}
+FP8_WORKLOADS = {"5k": 5000, "4k": 4000}
+# scripts/gpu_check.sh serve_fp8's runs (record key fp8_WEIGHTS[_fp8kv]_KV_cC): no bound computed.
+SERVE_FP8 = re.compile(r"fp8_(none|fp8)(_fp8kv)?_(dense|sparse)_c(\d+)$")
+
+
+def run_order(run):
+    return list(FP8_RUNS).index(run) if run in FP8_RUNS else len(FP8_RUNS)
+
+
+def of_bound(bound):
+    """A level's fraction of its bound, † where the KV pool limits it, and its fraction of the
+    roofline in brackets where that is lower."""
+    mark = "†" if bound.get("pool_limited_steps", 0) > 0 else ""
+    roofline = f" ({bound['roofline_fraction']:.0%})" if below_roofline(bound) else ""
+    return f"{bound['fraction']:.0%}{mark}{roofline}"
+
+
+def fp8_headline_part(runs, model, charts):
+    """The fp8_headline sweeps of one GPU: {WORKLOAD_RUN: sweep}. The table of each workload, its
+    chart, and issue 58's targets (the 5000/500 ones on the card the run used)."""
+    tag = gpu_tag(model)
+    out, targets = [], []
+    some_bound = next((level["bound"] for sweep in runs.values() for level in sweep["levels"]
+                       if level.get("bound")), {})
+    if some_bound:
+        out += [f"Ceilings measured in the same run: copy {fmt(some_bound['copy_gbs'])} GB/s, "
+                f"prefill GEMMs bf16 {fmt(some_bound['gemm_tflops'])} and FP8 "
+                f"{fmt(some_bound.get('fp8_gemm_tflops', 0))} TFLOP/s, causal attention "
+                f"{fmt(some_bound['attention_tflops'])} TFLOP/s (cuDNN SDPA).", ""]
+    fp8_fractions = []
+    for workload, input_len in FP8_WORKLOADS.items():
+        here = sorted(((name.partition("_")[2], sweep) for name, sweep in runs.items()
+                       if name.partition("_")[0] == workload), key=lambda item: run_order(item[0]))
+        if not here:
+            continue
+        out += [f"### {input_len} in / 500 out on {model}" + (
+                    ", as `trtllm-bench throughput` runs it" if workload == "5k" else ""), "",
+                "| configuration | requests | concurrency | output tok/s | bound | of bound | "
+                "TTFT P50 | TPOT P50 |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        labels, values = [], []
+        for run, sweep in here:
+            for level in sweep["levels"]:
+                m, bound = level["metrics"], level.get("bound") or {}
+                tok = m["output_throughput"]
+                out.append(f"| {run} ({FP8_RUNS.get(run, run)}) | {level['num_prompts']} | "
+                           f"{level['concurrency']} | {fmt(tok)} | "
+                           f"{fmt(bound.get('output_throughput', '—'))} | "
+                           f"{of_bound(bound) if bound else '—'} | {fmt(m['median_ttft_ms'])} ms | "
+                           f"{m['median_tpot_ms']:.1f} ms |")
+                if run.startswith("fp8") and bound:
+                    fp8_fractions.append((bound["fraction"], f"{run} at {input_len}/500, "
+                                          f"C={level['concurrency']}"))
+                if len(sweep["levels"]) == 1:
+                    labels.append(run)
+                else:
+                    labels.append(f"{run} C={level['concurrency']}")
+                values.append([tok, bound.get("output_throughput", 0)])
+            if workload != "5k" or len(sweep["levels"]) != 1:
+                continue
+            tok = sweep["levels"][0]["metrics"]["output_throughput"]
+            bound = sweep["levels"][0].get("bound") or {}
+            anchor = TRTLLM_FP8_5K.get(tag)
+            for target_run, factor, what in (("fp8-dense", 1, "TensorRT-LLM's"),
+                                             ("fp8-fp8kv-sparse", 1.5, "1.5x TensorRT-LLM's")):
+                if run != target_run:
+                    continue
+                if anchor is None:
+                    targets.append(f"{run} at 5000/500: {fmt(tok)} output tok/s (no TensorRT-LLM "
+                                   f"figure for {model})")
+                    continue
+                goal = factor * anchor
+                shown = fmt(math.ceil(goal))
+                share = (f"; {shown} is {goal / bound['output_throughput']:.0%} of this row's "
+                         f"bound, {fmt(bound['output_throughput'])}") if bound else ""
+                targets.append(f"{run} at 5000/500: {fmt(tok)} output tok/s (target >= "
+                               f"{shown}, {what} {fmt(anchor)} on this card: "
+                               f"{'met' if tok >= goal else 'missed'}{share})")
+        charts[f"fp8_{tag}_{workload}.svg"] = svg_bars.bar_chart(
+            f"{input_len} in / 500 out on {model}: output tokens/s", "output tokens/s", labels,
+            ["measured", "bound"], values)
+        out += ["", f"![output tokens/s and bound, {input_len}/500, {model}](benchmarks/"
+                f"fp8_{tag}_{workload}.svg)", ""]
+    for workload, run in (("5k", "fp8-dense"), ("5k", "fp8-fp8kv-sparse")):
+        if f"{workload}_{run}" not in runs:
+            targets.append(f"{run} at 5000/500: not in these records")
+    if fp8_fractions:
+        worst, where = min(fp8_fractions)
+        targets.append(f"every FP8 row at 85% of its bound or better: lowest {worst:.0%} "
+                       f"({where}; {'met' if worst >= 0.85 else 'missed'})")
+    return out, targets
+
+
+def fp8_serve_part(serve):
+    """scripts/gpu_check.sh serve_fp8's runs (no bound: that stage passes no --bound-* flags)."""
+    rows = []
+    for name, result in serve.items():
+        match = SERVE_FP8.match(name)
+        if match and result:
+            weights, fp8kv, kv, concurrency = match.groups()
+            run = f"{'fp8' if weights == 'fp8' else 'bf16'}{'-fp8kv' if fp8kv else ''}-{kv}"
+            rows.append((run_order(run), int(concurrency), run, result))
+    if not rows:
+        return []
+    dataset = rows[0][3]["config"]["dataset"]
+    out = [f"`sieve bench serve` at {dataset['input_len']}/{dataset['output_len']} "
+           "(`scripts/gpu_check.sh serve_fp8`, 2C prompts a level, one warm-up request). That "
+           "stage computes no bound: these rows have none; `fp8_headline` runs the same "
+           "configurations beside their bounds.", "",
+           "| configuration | concurrency | requests | output tok/s | TTFT P50 | TPOT P50 |",
+           "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for _, concurrency, run, result in sorted(rows):
+        m = result["metrics"]
+        out.append(f"| {run} ({FP8_RUNS.get(run, run)}) | {concurrency} | {m.get('completed')} | "
+                   f"{fmt(m['output_throughput'])} | {fmt(m['median_ttft_ms'])} ms | "
+                   f"{m['median_tpot_ms']:.1f} ms |")
+    return out + [""]
+
+
+def fp8_decode_step_part(kernels_kv_cache, targets):
+    """The decode step with FP8 weights, bf16 against FP8 KV (scripts/gpu_check.sh kv_fp8)."""
+    out = ["The decode step (`sieve bench kernels`, batch 64 x 4096 context, dense or 1/10 of the "
+           "context kept, CUDA graph, device time) with FP8 weights, beside its byte bound (the "
+           "weights and KV entries it must read at the copy rate measured in the same run):", "",
+           "| weights | KV | kept | step | bound | step / bound | tok/s |",
+           "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    for dtype in ("auto", "fp8"):
+        kernels = kernels_kv_cache.get(dtype)
+        if not kernels:
+            continue
+        weights = "FP8" if kernels.get("quantization") == "fp8" else "bf16"
+        kv = "FP8" if dtype == "fp8" else "bf16"
+        for key in ("decode_step_dense", "decode_step_sparse"):
+            step = kernels.get(key)
+            if not step:
+                continue
+            kept = "all" if step["kept_fraction"] == 1.0 else f"{step['kept_fraction']:.0%}"
+            out.append(f"| {weights} | {kv} | {kept} | {step['step_ms']:.2f} ms | "
+                       f"{step['bound_ms']:.2f} ms ({step['bytes'] / 1e9:.1f} GB) | "
+                       f"{step['ratio']:.2f}x | {fmt(step['tokens_per_second'])} |")
+            if weights == "FP8" and kv == "FP8" and step["kept_fraction"] < 1.0:
+                targets.append(f"the batch-64 x 4k decode step with FP8 weights and FP8 KV, "
+                               f"{kept} kept: {step['ratio']:.2f}x its byte bound (target <= "
+                               f"1.2x: {'met' if step['ratio'] <= 1.2 else 'missed'})")
+    return out + [""]
+
+
+def fp8_weights_part(kernels):
+    """The prefill step with FP8 weights and the layer's GEMMs bf16 against FP8 by rows
+    (scripts/gpu_check.sh fp8)."""
+    out = []
+    dense = kernels.get("prefill_step_dense")
+    if dense:
+        rate = dense["gemm_flops"] / (dense["gemm_bound_ms"] * 1e-3) / 1e12
+        out += [f"The prefill step with FP8 weights ({dense['num_seqs']} x {dense['prompt_len']} "
+                "tokens, `--prefill-step --quantization fp8`): "
+                f"{dense['step_ms']:.1f} ms against {dense['gemm_bound_ms']:.1f} ms of its GEMMs "
+                f"alone ({dense['fraction_of_bound']:.0%}; attention not counted), the GEMMs at "
+                f"{fmt(rate)} TFLOP/s: the FP8 rate the serving bound takes.", ""]
+    gemms = kernels.get("fp8_gemm") or []
+    by_rows = {}
+    for gemm in gemms:
+        totals = by_rows.setdefault(gemm["m"], [0.0, 0.0])
+        totals[0] += gemm["bf16_ms"]
+        totals[1] += gemm["fp8_ms"]
+    if by_rows:
+        out += ["One layer's GEMMs (qkv, o, gate_up, down), bf16 against FP8 weights (activations "
+                "quantized per token as they run), by rows:", "",
+                "| rows | bf16 | FP8 | bf16 / FP8 |", "| ---: | ---: | ---: | ---: |"]
+        for rows, (bf16, fp8) in sorted(by_rows.items()):
+            out.append(f"| {rows} | {bf16 * 1e3:.1f} us | {fp8 * 1e3:.1f} us | {bf16 / fp8:.2f}x |")
+        out.append("")
+    return out
+
+
+def fp8_section(sources, charts):
+    """Issue 58's results from every `fp8` record: [(record, name, command)]. The fp8_headline
+    sweeps of each GPU beside their bounds with the targets, then what the other FP8 records hold
+    (serve_fp8 runs, the decode step, the prefill step and GEMMs), each under its provenance."""
+    out = ["## FP8 weights and KV cache: serving beside its bound (issue 58)", "",
+           "`sieve serve --quantization fp8` quantizes the layers' linear weights to e4m3 (a scale "
+           "an output channel; embeddings and LM head bf16) and `--kv-cache-dtype fp8` stores the "
+           "KV cache as e4m3. The headline runs (`scripts/gpu_check.sh fp8_headline`) serve the "
+           "Llama-3.1-8B shape (dummy weights, `--max-num-batched-tokens 8192`, `--ignore-eos`, "
+           "two warm-up requests) in each configuration: dense `--kv-policy full`, sparse "
+           "`full:0-2,pyramidkv:3-31` (budget 400, window 32). Each row's bound "
+           "(tools/bench/serving_bound.h) counts the FP8 weights at 1 byte (plus their scales) "
+           "in every decode step, the layers' prefill GEMMs at the FP8 GEMM rate measured in the "
+           "same run, and FP8 KV at 1 byte an element; † marks a row whose bound the KV pool "
+           "limits, and the roofline's fraction follows in brackets where decode GEMMs' FLOPs "
+           "outlast their bytes.", ""]
+    targets = []
+    groups = {}  # GPU model -> {WORKLOAD_RUN: sweep}, and its sources
+    for record, name, command in sources:
+        if record.get("fp8_headline"):
+            group = groups.setdefault(gpu_model(record), {"runs": {}, "sources": []})
+            group["runs"].update(record["fp8_headline"])
+            group["sources"].append((record, name, command))
+    for model, group in groups.items():
+        out += [f"### {model}", ""]
+        for record, name, command in group["sources"]:
+            out += provenance(record, name, command)
+        part, found = fp8_headline_part(group["runs"], model, charts)
+        out += part
+        targets += [f"{model}: {target}" for target in found]
+    for record, name, command in sources:
+        if record.get("fp8_headline"):
+            continue
+        parts = fp8_serve_part(record.get("serve") or {})
+        if record.get("kernels_kv_cache"):
+            parts += fp8_decode_step_part(record["kernels_kv_cache"], targets)
+        quantized = (record.get("kernels_quantization") or {}).get("fp8")
+        if quantized:
+            parts += fp8_weights_part(quantized)
+        if parts:
+            out += [f"### {gpu_model(record)}: `{name}`", ""] + provenance(record, name, command)
+            out += parts
+    if not groups:
+        targets.append("FP8 dense and FP8 + FP8-KV sparse at 5000/500 (`scripts/gpu_check.sh "
+                       "fp8_headline`): no record yet")
+    if targets:
+        out += ["Targets (issue 58), on the card each run used:", ""]
+        out += [f"- {target}" for target in targets] + [""]
+    return out
+
 
 
 def tensor_parallel_section(record, charts):
@@ -534,8 +771,15 @@ def render():
              "the command that reproduces it. The other records there are the history of "
              "experiments; code comments cite them by file name.", ""]
     entries = read_headline()
-    headline_done = False
+    headline_done = fp8_done = False
     for kind, name, command in entries:
+        if kind == "fp8":
+            # Every fp8 record makes one section, at the first one's place.
+            if not fp8_done:
+                fp8_done = True
+                lines += fp8_section([(load_record(n), n, c) for k, n, c in entries if k == "fp8"],
+                                     charts)
+            continue
         if kind == "headline":
             # The headline records of one GPU, model shape and tensor-parallel size (one run for
             # 4000/500, another for 16000/500) make one section: their sweeps together, each
