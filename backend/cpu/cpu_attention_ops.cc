@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/cpu_kv_pool.h"
 #include "backend/cpu/cpu_math.h"
 
@@ -136,43 +137,65 @@ void CpuBackend::PrefillAttention(const Tensor& q, const Tensor& k, const Tensor
   const int32_t* query_start = I32(step.query_start);
   const int32_t* key_start = I32(step.key_start);
   const int32_t* context = I32(step.context_lens);
-  // One work item per (token, head): rows are independent.
-  const int64_t items = static_cast<int64_t>(step.num_prefill_tokens) * num_heads;
-  pool_.ParallelFor(items, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    int seq = 0;
-    for (int64_t item = begin; item < end; ++item) {
-      const int token = static_cast<int>(item / num_heads);
-      const int head = static_cast<int>(item % num_heads);
-      while (query_start[seq + 1] <= token) ++seq;
-      const int visible = context[seq] + (token - query_start[seq]) + 1;
-      const int kv_head = head / group;
-      const float* q_row = q.data_as<float>() + token * q.stride(0) + head * head_dim;
-      const float* k_base = k.data_as<float>() +
-                            (static_cast<int64_t>(key_start[seq]) * kv_heads + kv_head) * head_dim;
-      const float* v_base = v.data_as<float>() +
-                            (static_cast<int64_t>(key_start[seq]) * kv_heads + kv_head) * head_dim;
-      const int64_t key_stride = static_cast<int64_t>(kv_heads) * head_dim;
-      scores.resize(visible);
-      float max_score = -std::numeric_limits<float>::infinity();
-      for (int key = 0; key < visible; ++key) {
-        scores[key] = scale * cpu::Dot(q_row, k_base + key * key_stride, head_dim);
-        max_score = std::max(max_score, scores[key]);
-      }
-      float sum = 0.0f;
-      for (int key = 0; key < visible; ++key) {
-        scores[key] = std::exp(scores[key] - max_score);
-        sum += scores[key];
-      }
-      float* dst = out.data_as<float>() + token * out.stride(0) + head * head_dim;
-      std::memset(dst, 0, head_dim * sizeof(float));
-      const float inv_sum = 1.0f / sum;
-      for (int key = 0; key < visible; ++key) {
-        cpu::Axpy(scores[key] * inv_sum, v_base + key * key_stride, dst, head_dim);
-      }
-      lse.data_as<float>()[token * lse.stride(0) + head] = max_score + std::log(sum);
+  const cpu::Isa isa = cpu::BestIsa();
+  // A query row's attention is the same arithmetic in prefill and decode (so that a token
+  // recomputed by a prefill, after a preemption, gets the bits its decode step got): the scores'
+  // dot products, cpu::SoftmaxRow (which scales them), then the weighted sum of the value rows.
+  // Work items: a tile of up to kQueryTile consecutive query rows of one sequence, one head. The
+  // tile's rows share each key and value row they read; each row's arithmetic is its own.
+  constexpr int kQueryTile = 4;
+  struct Tile {
+    int seq;
+    int first_token;
+  };
+  std::vector<Tile> tiles;
+  for (int seq = 0; seq < step.num_prefill_seqs; ++seq) {
+    for (int token = query_start[seq]; token < query_start[seq + 1]; token += kQueryTile) {
+      tiles.push_back({seq, token});
     }
-  });
+  }
+  const int64_t key_stride = static_cast<int64_t>(kv_heads) * head_dim;
+  pool_.ParallelFor(
+      static_cast<int64_t>(tiles.size()) * num_heads, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> weights;
+        for (int64_t item = begin; item < end; ++item) {
+          const Tile& tile = tiles[item / num_heads];
+          const int head = static_cast<int>(item % num_heads);
+          const int seq = tile.seq;
+          const int rows = std::min(kQueryTile, query_start[seq + 1] - tile.first_token);
+          // Row r sees the sequence's first `first_visible + r` keys.
+          const int first_visible = context[seq] + (tile.first_token - query_start[seq]) + 1;
+          const int max_visible = first_visible + rows - 1;
+          const int64_t kv_offset = static_cast<int64_t>(key_start[seq]) * key_stride +
+                                    static_cast<int64_t>(head / group) * head_dim;
+          const float* q_rows =
+              q.data_as<float>() + tile.first_token * q.stride(0) + head * head_dim;
+          float* out_rows =
+              out.data_as<float>() + tile.first_token * out.stride(0) + head * head_dim;
+          const auto keys = cpu::Rows::Strided(k.data_as<float>() + kv_offset, key_stride);
+          const auto values = cpu::Rows::Strided(v.data_as<float>() + kv_offset, key_stride);
+          weights.resize(static_cast<size_t>(rows) * max_visible);
+          // Every row's dot products with the tile's keys (a row's past its own are not read).
+          cpu::DotTable(isa, cpu::Rows::Strided(q_rows, q.stride(0)), rows, keys, max_visible,
+                        head_dim, weights.data(), max_visible, /*accumulate=*/false);
+          for (int r = 0; r < rows; ++r) {
+            const int token = tile.first_token + r;
+            lse.data_as<float>()[token * lse.stride(0) + head] =
+                cpu::SoftmaxRow(isa, weights.data() + r * max_visible, first_visible + r, scale);
+            std::memset(out_rows + r * out.stride(0), 0, head_dim * sizeof(float));
+          }
+          // The keys every row sees, for all rows at once; then each row's own last ones.
+          cpu::WeightedSumRows(isa, weights.data(), max_visible, rows, values, first_visible,
+                               head_dim, out_rows, out.stride(0));
+          const auto later_values = cpu::Rows::Strided(
+              v.data_as<float>() + kv_offset + first_visible * key_stride, key_stride);
+          for (int r = 1; r < rows; ++r) {
+            cpu::WeightedSumRows(isa, weights.data() + r * max_visible + first_visible, max_visible,
+                                 1, later_values, r, head_dim, out_rows + r * out.stride(0),
+                                 out.stride(0));
+          }
+        }
+      });
 }
 
 void CpuBackend::DecodeAttention(const Tensor& q, int num_heads, const StepMeta& step, int layer,
@@ -185,6 +208,7 @@ void CpuBackend::DecodeAttention(const Tensor& q, int num_heads, const StepMeta&
   const int32_t* query_start = I32(step.query_start);
   const int32_t* slots = I32(step.seq_slots);
   const int32_t* lens = I32(pool.kv_lens) + static_cast<int64_t>(layer) * pool.max_seqs;
+  const cpu::Isa isa = cpu::BestIsa();
   // One work item per (decode sequence, KV head): the group's query heads share the K/V reads,
   // and the side pool's per-entry scores are owned by exactly one item.
   pool_.ParallelFor(
@@ -194,7 +218,7 @@ void CpuBackend::DecodeAttention(const Tensor& q, int num_heads, const StepMeta&
         // into `dequantized` ([length][2][d]).
         std::vector<const float*> keys, values;
         std::vector<float> dequantized;
-        std::vector<float> probs;
+        std::vector<float> probs, weights;
         for (int64_t item = begin; item < end; ++item) {
           const int seq = step.num_prefill_seqs + static_cast<int>(item / kv_heads);
           const int kv_head = static_cast<int>(item % kv_heads);
@@ -219,28 +243,25 @@ void CpuBackend::DecodeAttention(const Tensor& q, int num_heads, const StepMeta&
             keys[entry] = k_row;
             values[entry] = k_row + head_dim;
           }
+          // The group's query heads as the rows of one table (consecutive heads of the token).
+          const int first_head = kv_head * group;
+          const float* q_rows = q.data_as<float>() + token * q.stride(0) + first_head * head_dim;
+          float* out_rows = out.data_as<float>() + token * out.stride(0) + first_head * head_dim;
+          weights.resize(static_cast<size_t>(group) * length);
+          cpu::DotTable(isa, cpu::Rows::Strided(q_rows, head_dim), group,
+                        cpu::Rows::Pointers(keys.data()), length, head_dim, weights.data(), length,
+                        /*accumulate=*/false);
+          for (int r = 0; r < group; ++r) {
+            cpu::SoftmaxRow(isa, weights.data() + r * length, length, scale);
+          }
+          std::memset(out_rows, 0, static_cast<size_t>(group) * head_dim * sizeof(float));
+          cpu::WeightedSumRows(isa, weights.data(), length, group,
+                               cpu::Rows::Pointers(values.data()), length, head_dim, out_rows,
+                               head_dim);
           probs.assign(length, 0.0f);
-          std::vector<float> scores(length);
-          for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
-            const float* q_row = q.data_as<float>() + token * q.stride(0) + head * head_dim;
-            float max_score = -std::numeric_limits<float>::infinity();
-            for (int entry = 0; entry < length; ++entry) {
-              scores[entry] = scale * cpu::Dot(q_row, keys[entry], head_dim);
-              max_score = std::max(max_score, scores[entry]);
-            }
-            float sum = 0.0f;
-            for (int entry = 0; entry < length; ++entry) {
-              scores[entry] = std::exp(scores[entry] - max_score);
-              sum += scores[entry];
-            }
-            float* dst = out.data_as<float>() + token * out.stride(0) + head * head_dim;
-            std::memset(dst, 0, head_dim * sizeof(float));
-            const float inv_sum = 1.0f / sum;
-            for (int entry = 0; entry < length; ++entry) {
-              const float p = scores[entry] * inv_sum;
-              cpu::Axpy(p, values[entry], dst, head_dim);
-              probs[entry] += p;
-            }
+          for (int r = 0; r < group; ++r) {
+            for (int entry = 0; entry < length; ++entry)
+              probs[entry] += weights[r * length + entry];
           }
           if (pool.scores.defined()) {
             float* acc = pool.scores.data_as<float>();

@@ -138,25 +138,23 @@ void CpuBackend::Gemm(const Tensor& x, const Tensor& w, Tensor& out, bool accumu
   const int64_t inner = x.dim(1);
   const int64_t cols = w.dim(0);
   // Blocks of weight rows stay in cache while every input row passes over them. Each output
-  // element is one Dot over `inner`, whatever the batch: results don't depend on batch size.
+  // element is one cpu::Dot over `inner`, whatever the batch and the block it fell in: results
+  // don't depend on batch size.
   constexpr int64_t kColBlock = 32;
   constexpr int64_t kRowBlock = 64;
   const int64_t col_blocks = (cols + kColBlock - 1) / kColBlock;
   const int64_t row_blocks = (rows + kRowBlock - 1) / kRowBlock;
+  const cpu::Isa isa = cpu::BestIsa();
   pool_.ParallelFor(col_blocks * row_blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
       const int64_t col_begin = (block % col_blocks) * kColBlock;
-      const int64_t col_end = std::min(cols, col_begin + kColBlock);
       const int64_t row_begin = (block / col_blocks) * kRowBlock;
-      const int64_t row_end = std::min(rows, row_begin + kRowBlock);
-      for (int64_t row = row_begin; row < row_end; ++row) {
-        const float* in = x.data_as<float>() + row * x.stride(0);
-        float* dst = out.data_as<float>() + row * out.stride(0);
-        for (int64_t col = col_begin; col < col_end; ++col) {
-          const float product = cpu::Dot(in, w.data_as<float>() + col * w.stride(0), inner);
-          dst[col] = accumulate ? dst[col] + product : product;
-        }
-      }
+      cpu::DotTable(
+          isa, cpu::Rows::Strided(x.data_as<float>() + row_begin * x.stride(0), x.stride(0)),
+          std::min(kRowBlock, rows - row_begin),
+          cpu::Rows::Strided(w.data_as<float>() + col_begin * w.stride(0), w.stride(0)),
+          std::min(kColBlock, cols - col_begin), inner,
+          out.data_as<float>() + row_begin * out.stride(0) + col_begin, out.stride(0), accumulate);
     }
   });
 }
