@@ -817,6 +817,9 @@ PY
     note "fp8_headline $workload $run ($policy, --quantization $q, --kv-cache-dtype $kv_dtype; server ready in $ready s, $(( $(date +%s) - start )) s in all):"
     grep -E "^\|" "$LOGS/fp8_headline_${workload}_$run.log" | tee -a "$summary"
     grep -hE "^(bound|warning)" "$LOGS/fp8_headline_${workload}_$run.log" | sort -u | tee -a "$summary"
+    # 1500 requests' records come to about 19 MB, past what the device tool brings back: gzipped
+    # (record_gpu_results.py reads NAME.json.gz).
+    [ -f "$OUT/fp8_headline_${workload}_$run.json" ] && gzip -9f "$OUT/fp8_headline_${workload}_$run.json"
   done
 fi
 

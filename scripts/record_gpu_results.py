@@ -10,6 +10,7 @@ are never typed by hand.
 """
 import argparse
 import datetime
+import gzip
 import json
 import os
 import re
@@ -29,7 +30,9 @@ def main():
               "recorded": datetime.date.today().isoformat()}
     def load(file):
         path = os.path.join(args.files_dir, file)
-        return json.load(open(path)) if os.path.exists(path) else None
+        if not os.path.exists(path):
+            return None
+        return json.load(gzip.open(path, "rt") if file.endswith(".gz") else open(path))
     record["kernels"] = load("kernels.json")
     record["sdpa"] = load("sdpa.json")
     # scripts/gpu_check.sh tp: kernels_tpN.json, bench kernels --tensor-parallel-size N.
@@ -85,7 +88,7 @@ def main():
     # e.g. fp8-fp8kv-sparse; keyed WORKLOAD_RUN.
     fp8_sweeps = {}
     for file in sorted(os.listdir(args.files_dir)):
-        match = re.match(r"fp8_headline_(\w+_[\w-]+)\.json$", file)
+        match = re.match(r"fp8_headline_(\w+_[\w-]+)\.json(?:\.gz)?$", file)
         if match:
             result = load(file)
             for level in (result or {}).get("levels", []):

@@ -1041,7 +1041,10 @@ TEST_F(CudaE4m3ActivationTest, Fp8MlpOverAQuantizedActivationIsTheUnfusedMlp) {
     cpu_->LinearSiluMul(cpu_x, cpu_gate_up_w, cpu_gate_up, cpu_act, RowRms{&cpu_x, eps});
     Tensor cpu_out = Cpu(base, {rows, d});
     cpu_->LinearAdd(cpu_act, cpu_down_w, cpu_out);
-    EXPECT_LE(RelL2(got, Values(cpu_out)), kBf16Tolerance);
+    // The CPU quantizes its f32 activation, the GPU the bf16 one: codes a step apart at rounding
+    // boundaries, as in the quantized rows' test above (its 3e-2); 0.013-0.017 in record
+    // 2026-12-07-h100-fp8-fused-activations-tests.
+    EXPECT_LE(RelL2(got, Values(cpu_out)), 3e-2);
   }
 }
 
