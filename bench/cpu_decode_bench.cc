@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/cpu_ceilings.h"
 #include "bench/memory_usage.h"
 #include "core/thread_pool.h"
 #include "runtime/engine.h"
@@ -14,32 +15,6 @@
 
 namespace sieve {
 namespace {
-
-// Read bandwidth of this machine: every thread sums its share of a 512 MB array with independent
-// partial sums (so the adds are not the bottleneck). Best of 3, bytes/s.
-double MeasureReadBandwidth() {
-  std::vector<float> data(128 << 20, 1.0f);
-  double best = 0;
-  volatile float sink = 0;
-  for (int trial = 0; trial < 3; ++trial) {
-    const auto start = std::chrono::steady_clock::now();
-    ThreadPool::Default().ParallelFor(static_cast<int64_t>(data.size()), 1 << 20,
-                                      [&](int64_t b, int64_t e) {
-                                        float partial[16] = {};
-                                        for (int64_t i = b; i + 16 <= e; i += 16) {
-                                          for (int lane = 0; lane < 16; ++lane)
-                                            partial[lane] += data[i + lane];
-                                        }
-                                        float sum = 0;
-                                        for (const float p : partial) sum += p;
-                                        sink = sink + sum;
-                                      });
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    best = std::max(best, data.size() * sizeof(float) / seconds);
-  }
-  return best;
-}
 
 void Run(const char* name, const ModelConfig& config, float init_std, double bandwidth) {
   const int64_t rss_before = ProcStatusKb("VmRSS");
@@ -91,7 +66,7 @@ void Run(const char* name, const ModelConfig& config, float init_std, double ban
 
 int main() {
   using namespace sieve;
-  const double bandwidth = MeasureReadBandwidth();
+  const double bandwidth = cpu::MeasureReadBandwidth(ThreadPool::Default());
   std::printf(
       "CPU decode, %d threads, measured read bandwidth %.1f GB/s (the bound streams the "
       "f32 weights once per token)\n",

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Runs the CPU benchmarks (decode speed of the reference backend, scheduler overhead per step)
-# and records their output in bench/results/NAME.json; name that record in bench/results/headline.txt
-# (kind cpu) to show it on docs/benchmarks.md.
-#   scripts/bench_cpu.sh [NAME]       (needs a release build)
+# Runs the CPU benchmarks (`sieve bench cpu`: the default model's prefill and decode beside the
+# machine's measured fp32 FMA peak, GEMM rate and read bandwidth; decode speed of the reference
+# backend on random models; scheduler overhead per step) and records their output in
+# bench/results/NAME.json; name that record in bench/results/headline.txt (kind cpu) to show it on
+# docs/benchmarks.md.
+#   scripts/bench_cpu.sh [NAME]       (needs a release build; SIEVE_BUILD=build/ci for another)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name="${1:-$(date +%F)-cpu}"
-out=$( { ./build/release/bench/cpu_decode_bench; ./build/release/bench/scheduler_bench 1000; } 2>&1 )
+build="${SIEVE_BUILD:-build/release}"
+out=$( { "$build/sieve" bench cpu --log-level warn; "$build/bench/cpu_decode_bench";
+         "$build/bench/scheduler_bench" 1000; } 2>&1 )
 echo "$out"
 python3 - "$name" "$out" <<'PY'
 import datetime, json, os, platform, subprocess, sys
@@ -19,8 +23,8 @@ for line in open("/proc/cpuinfo"):
         break
 record = {"name": name, "commit": commit, "recorded": datetime.date.today().isoformat(),
           "gpu": f"none (CPU: {cpu}, {os.cpu_count()} cores)",
-          "command": "scripts/bench_cpu.sh (build/release/bench/cpu_decode_bench; "
-                     "build/release/bench/scheduler_bench 1000)",
+          "command": "scripts/bench_cpu.sh (sieve bench cpu; bench/cpu_decode_bench; "
+                     "bench/scheduler_bench 1000)",
           "cpu": text}
 json.dump(record, open(os.path.join("bench", "results", name + ".json"), "w"), indent=1)
 print("wrote bench/results/" + name + ".json")

@@ -246,6 +246,10 @@ const BenchSubcommand kBenchSubcommands[] = {
      "GPU kernels and a whole decode step, each beside PERF.md's bound (copy bandwidth, GEMM, "
      "attention, score/select/compact)",
      AddBenchKernelsCommand},
+    {"cpu",
+     "The CPU backend's prefill and decode rates beside this machine's measured ceilings (fp32 "
+     "FMA peak, fp32 GEMM rate, read bandwidth)",
+     AddBenchCpuCommand},
 };
 
 }  // namespace

@@ -76,6 +76,21 @@ expect_fail "bad kv policy" "unknown policy|policy" gen --prompt hi --kv-policy 
 
 expect_fail "bench kernels unknown step variant" "step-variant: bogus not in" \
   "$sieve" bench kernels --step-variant no_pdl,bogus
+# sieve bench cpu on a fixture model, small: every measurement positive and the target judged.
+expect_ok "bench cpu" "$sieve" bench cpu --model "$model" --log-level warn --prompts 2 \
+  --prompt-len 48 --decode-batch 2 --decode-context 16 --decode-tokens 4 --gemm-size 64 \
+  --result-json "$work/cpu.json"
+python3 - "$work/cpu.json" <<'PY' || { echo "FAIL bench cpu: its JSON"; failures=$((failures + 1)); }
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["fma_peak_gflops"] > 0 and r["gemm_gflops"] > 0 and r["read_bandwidth_gbs"] > 0, r
+assert r["prefill"]["gflops"] > 0 and r["prefill"]["met"] in (True, False), r
+assert r["decode"]["tokens_per_s"] > 0 and r["decode"]["bound_tokens_per_s"] > 0, r
+PY
+grep -q "target >= 50% of the GEMM rate: \(MET\|MISSED\)" "$work/out" \
+  || { echo "FAIL bench cpu: no prefill target line"; failures=$((failures + 1)); }
+expect_fail "bench cpu on a GPU" "runs on the CPU" "$sieve" bench cpu --device cuda
+expect_fail "bench cpu with no prompts" "positive" "$sieve" bench cpu --prompts 0
 expect_fail "bench kernels step variants with none" "no-step-variants excludes --step-variant" \
   "$sieve" bench kernels --no-step-variants --step-variant no_pdl
 

@@ -20,5 +20,7 @@ CommandRunner AddEvalCommand(CLI::App& app);
 CommandRunner AddBenchCommand(CLI::App& app);
 // `sieve bench kernels` (GPU kernels and the decode step against PERF.md's bounds).
 CommandRunner AddBenchKernelsCommand(CLI::App& app);
+// sieve bench cpu: the CPU backend against the machine's ceilings (tools/cpu_bench_command.cc).
+CommandRunner AddBenchCpuCommand(CLI::App& app);
 
 }  // namespace sieve
