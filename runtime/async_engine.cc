@@ -18,7 +18,8 @@ AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, AsyncEngineOptions opti
       kv_policy_description_(engine_->default_policy().ToString()),
       num_kv_pages_(engine_->Stats().num_pages),
       kv_pool_bytes_(engine_->kv_pool_bytes()),
-      tensor_parallel_size_(engine_->tensor_parallel_size()) {
+      tensor_parallel_size_(engine_->tensor_parallel_size()),
+      weight_quantization_(engine_->model().quantization()) {
   stats_ = engine_->Stats();
   ready_.store(!options_.warm_up);
   thread_ = std::thread([this] { Loop(); });

@@ -107,6 +107,9 @@ class AsyncEngine {
   int num_kv_pages() const { return num_kv_pages_; }
   int64_t kv_pool_bytes() const { return kv_pool_bytes_; }
   int tensor_parallel_size() const { return tensor_parallel_size_; }
+  // How the model's linear weights are held as loaded: kFp8 for --quantization fp8 and for an FP8
+  // checkpoint alike (LlamaModel::quantization).
+  WeightQuantization weight_quantization() const { return weight_quantization_; }
 
  private:
   struct Pending {
@@ -145,6 +148,7 @@ class AsyncEngine {
   const int num_kv_pages_;
   const int64_t kv_pool_bytes_;
   const int tensor_parallel_size_;
+  const WeightQuantization weight_quantization_;
 
   // Engine-thread state.
   std::map<RequestId, Active> active_;

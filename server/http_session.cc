@@ -307,10 +307,9 @@ void HttpSession::Route(const Request& request) {
     return SendResponse(200, "text/plain", "");  // vLLM's: 200 and no body
   }
   if (path == "/metrics") {
-    const ServerMetrics::CacheConfig cache{context_.engine.engine_options().page_size,
-                                           context_.engine.num_kv_pages()};
     return SendResponse(200, "text/plain; version=0.0.4; charset=utf-8",
-                        context_.metrics.Render(context_.engine.Stats(), cache));
+                        context_.metrics.Render(context_.engine.Stats(),
+                                                ServerMetrics::CacheConfigOf(context_.engine)));
   }
   if (path == "/version") {
     return SendResponse(200, "application/json", R"({"version":"0.1.0"})");
@@ -357,7 +356,8 @@ void HttpSession::Route(const Request& request) {
   }
   if (path == "/server_info") {
     // The engine's configuration, as vLLM's /server_info gives its own: benchmarks store it
-    // beside their numbers, and `sieve bench` takes its bound's KV policy and pool from it.
+    // beside their numbers, and `sieve bench` takes its bound's KV policy, pool and precision
+    // (quantization: the weights as loaded, an FP8 checkpoint's included) from it.
     const AsyncEngine& engine = context_.engine;
     const EngineOptions& options = engine.engine_options();
     return SendResponse(
@@ -373,6 +373,8 @@ void HttpSession::Route(const Request& request) {
                   {"page_size", options.page_size},
                   {"kv_cache_pages", engine.num_kv_pages()},
                   {"kv_cache_bytes", engine.kv_pool_bytes()},
+                  {"kv_cache_dtype", options.kv_cache_dtype},
+                  {"quantization", WeightQuantizationName(engine.weight_quantization())},
                   {"tensor_parallel_size", engine.tensor_parallel_size()},
                   {"enforce_eager", !options.cuda_graphs},
                   {"overlap_steps", options.overlap_steps}}));

@@ -46,6 +46,14 @@ ServerMetrics::ServerMetrics(std::string model_name) : model_name_(std::move(mod
   }
 }
 
+ServerMetrics::CacheConfig ServerMetrics::CacheConfigOf(const AsyncEngine& engine) {
+  const EngineOptions& options = engine.engine_options();
+  // The engine refused any other --kv-cache-dtype, and bf16 where it is not the activation dtype.
+  return {.page_size = options.page_size,
+          .num_pages = engine.num_kv_pages(),
+          .cache_dtype = options.kv_cache_dtype == "fp8" ? "fp8" : "auto"};
+}
+
 MetricLabels ServerMetrics::Labels(MetricLabels extra) const {
   MetricLabels labels = {{"model_name", model_name_}};
   labels.insert(labels.end(), extra.begin(), extra.end());
@@ -148,11 +156,11 @@ std::string ServerMetrics::Render(const AsyncEngineStats& stats, const CacheConf
         engine.kv_usage());
   gauge("vllm:cache_config_info",
         "The KV cache's configuration, in its labels (value 1): block_size entries a page, "
-        "num_gpu_blocks pages.",
+        "num_gpu_blocks pages, cache_dtype auto (the activation dtype) or fp8.",
         1.0,
         {{"block_size", std::to_string(cache.page_size)},
          {"num_gpu_blocks", std::to_string(cache.num_pages)},
-         {"cache_dtype", "auto"},
+         {"cache_dtype", cache.cache_dtype},
          {"enable_prefix_caching", "False"}});
   return registry_.Render();
 }

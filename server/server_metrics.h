@@ -22,11 +22,15 @@ class ServerMetrics {
                               int generation_tokens);
   void CountHttpResponse(std::string_view endpoint, int status);
 
-  // The KV cache's shape as vLLM's vllm:cache_config_info states it (block = page).
+  // The KV cache as vLLM's vllm:cache_config_info states it (block = page).
   struct CacheConfig {
     int page_size = 0;
     int num_pages = 0;
+    // vLLM's cache_dtype: "auto" where the pool holds the activation dtype (--kv-cache-dtype
+    // auto, or bf16 where that is it), "fp8" for e4m3 (--kv-cache-dtype fp8, as vLLM's flag).
+    std::string cache_dtype = "auto";
   };
+  static CacheConfig CacheConfigOf(const AsyncEngine& engine);
   // Updates the engine-derived metrics from `stats`, then renders everything.
   std::string Render(const AsyncEngineStats& stats, const CacheConfig& cache);
 

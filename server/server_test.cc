@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <functional>
 #include <future>
+#include <map>
 #include <regex>
 #include <thread>
 
@@ -30,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "core/fixtures.h"
 #include "core/testing.h"
 #include "runtime/async_engine.h"
 #include "runtime/model_loader.h"
@@ -50,6 +52,12 @@ constexpr char kModel[] = "sieve-embedded";
 
 struct ServerConfig {
   ServerOptions server;
+  // The model: the tiny random-weight one (fast; these tests check the protocol, not the text),
+  // else `model_dir` ("" : the default model, sieve-tiny-10m).
+  bool tiny_random = true;
+  std::string model_dir;
+  std::string quantization = "none";    // --quantization
+  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype
   int max_model_len = 512;
   int max_num_seqs = 64;
   int max_queue = 0;
@@ -65,7 +73,9 @@ class TestServer {
   explicit TestServer(ServerConfig config = {}) {
     backend_ = MakeCpuBackend();
     LoadModelOptions load;
-    load.tiny_random = true;  // fast; these tests check the protocol, not the text
+    load.tiny_random = config.tiny_random;
+    load.model_dir = config.model_dir;
+    load.quantization = config.quantization;
     load.max_model_len = config.max_model_len;
     auto loaded = LoadModel(load, *backend_);
     SIEVE_CHECK(loaded.ok()) << loaded.status().ToString();
@@ -76,6 +86,7 @@ class TestServer {
     options.kv_memory_bytes = int64_t{32} << 20;
     options.kv_policy = config.kv_policy;
     options.kv_policy_options = config.kv_policy_options;
+    options.kv_cache_dtype = config.kv_cache_dtype;
     auto engine =
         Engine::Create(std::move(loaded_.model), loaded_.tokenizer.get(), loaded_.eos_ids, options);
     SIEVE_CHECK(engine.ok()) << engine.status().ToString();
@@ -1005,7 +1016,62 @@ TEST(ServerTest, ServerInfoDescribesTheEngine) {
   // The pool is what the server was given (TestServer: 32 MiB), or a little less.
   EXPECT_GT(json["kv_cache_bytes"].get<int64_t>(), 0);
   EXPECT_LE(json["kv_cache_bytes"].get<int64_t>(), int64_t{32} << 20);
+  // Unquantized weights, the KV pool in the activation dtype: what a bare server runs.
+  EXPECT_EQ(json["quantization"], "none");
+  EXPECT_EQ(json["kv_cache_dtype"], "auto");
   ExpectError(Send(port, http::verb::post, "/server_info", "{}"), 405, "GET");
+}
+
+// The precision the engine runs at, in GET /server_info (`sieve bench` takes its bound's weight
+// and KV bytes from them: tools/bench/serving_bound.cc) and in vllm:cache_config_info's
+// cache_dtype label (vLLM's: auto, or fp8 as --kv-cache-dtype fp8 names it), on sieve-tiny-10m
+// with and without --quantization fp8 and --kv-cache-dtype fp8, and on an FP8 checkpoint loaded
+// without --quantization: its weights are FP8 as loaded, and the server says so.
+TEST(ServerTest, ServerInfoAndMetricsGiveThePrecision) {
+  struct Case {
+    std::string model_dir;  // "" : sieve-tiny-10m
+    std::string quantization;
+    std::string kv_cache_dtype;
+    std::string served_quantization;
+    std::string cache_dtype_label;
+  };
+  const std::string fp8_checkpoint = TestDataDir() + "/models/llama_fp8_compressed";
+  const Case kCases[] = {
+      {"", "none", "auto", "none", "auto"},
+      {"", "fp8", "auto", "fp8", "auto"},
+      {"", "none", "fp8", "none", "fp8"},
+      {"", "fp8", "fp8", "fp8", "fp8"},
+      {fp8_checkpoint, "none", "auto", "fp8", "auto"},
+      {fp8_checkpoint, "none", "fp8", "fp8", "fp8"},
+  };
+  std::map<std::string, std::map<std::string, int>> pages;  // [model_dir][kv_cache_dtype]
+  for (const Case& test : kCases) {
+    SCOPED_TRACE("model '" + test.model_dir + "' --quantization " + test.quantization +
+                 " --kv-cache-dtype " + test.kv_cache_dtype);
+    ServerConfig config;
+    config.tiny_random = false;
+    config.model_dir = test.model_dir;
+    config.quantization = test.quantization;
+    config.kv_cache_dtype = test.kv_cache_dtype;
+    config.max_model_len = 256;  // the FP8 fixture's positions
+    TestServer server(config);
+    const int port = server.port();
+    const Response info = Get(port, "/server_info");
+    ASSERT_EQ(info.status, 200) << info.body;
+    const json engine = info.Json();
+    EXPECT_EQ(engine["quantization"], test.served_quantization) << info.body;
+    EXPECT_EQ(engine["kv_cache_dtype"], test.kv_cache_dtype) << info.body;
+    pages[test.model_dir][test.kv_cache_dtype] = engine["kv_cache_pages"].get<int>();
+
+    ASSERT_EQ(Post(port, "/v1/completions", Completion("Hello", 2)).status, 200);
+    const Response metrics = Get(port, "/metrics");
+    ASSERT_EQ(metrics.status, 200);
+    const std::string label = "cache_dtype=\"" + test.cache_dtype_label + "\"";
+    EXPECT_EQ(Metric(metrics.body, "vllm:cache_config_info", label), 1.0) << metrics.body;
+  }
+  // The pool is what the dtype says: 32 MiB of e4m3 entries hold four times the pages of f32
+  // ones (the FP8 fixture's pool is capped by its sequences' most pages either way).
+  EXPECT_GE(pages[""]["fp8"], 3 * pages[""]["auto"]);
 }
 
 // Warm start: the server listens while the engine warms up; /health answers 503 until the warm-up
