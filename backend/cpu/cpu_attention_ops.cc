@@ -1,5 +1,6 @@
 // Attention ops of the CPU backend: RoPE (+ the folded RMSNorm's row scaling) + cache write, K/V
 // gather, prefill and decode attention.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -154,6 +155,12 @@ void CpuBackend::PrefillAttention(const Tensor& q, const Tensor& k, const Tensor
       tiles.push_back({seq, token});
     }
   }
+  // Longest first (a tile's work grows with the keys it sees): the threads' last chunks are then
+  // the short ones, and they finish together.
+  std::stable_sort(tiles.begin(), tiles.end(), [&](const Tile& a, const Tile& b) {
+    return context[a.seq] + a.first_token - query_start[a.seq] >
+           context[b.seq] + b.first_token - query_start[b.seq];
+  });
   const int64_t key_stride = static_cast<int64_t>(kv_heads) * head_dim;
   pool_.ParallelFor(
       static_cast<int64_t>(tiles.size()) * num_heads, 1, [&](int64_t begin, int64_t end) {
