@@ -746,9 +746,13 @@ def sampling_section(record, charts):
 
 def cpu_section(record, charts):
     return ["## CPU: `scripts/bench_cpu.sh`", "",
-            "The reference backend's decode speed beside the bound of streaming its f32 weights "
-            "once per token, and the host time of one engine step (scheduling + building the "
-            "step's metadata) with 256 decoding sequences x 32 layers.", "",
+            "`sieve bench cpu`: the machine's measured ceilings (fp32 FMA peak, the CPU "
+            "backend's best fp32 GEMM rate, read bandwidth), then the default model's prefill "
+            "(a batch of prompts in one engine, as `sieve eval` runs them, beside the GEMM rate: "
+            "target half of it) and decode (beside its roofline). Then the reference backend's "
+            "decode speed on random models beside the bound of streaming its f32 weights once "
+            "per token, and the host time of one engine step (scheduling + building the step's "
+            "metadata) with 256 decoding sequences x 32 layers.", "",
             "```", record["cpu"].strip(), "```", ""]
 
 
