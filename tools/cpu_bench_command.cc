@@ -94,8 +94,8 @@ std::vector<int32_t> RandomPrompt(std::mt19937& rng, int len, int vocab) {
 }
 
 // Adds the requests and steps the engine until they finish: seconds.
-double RunBatch(Engine& engine, const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
-                double* decode_seconds, int64_t* decode_tokens) {
+Result<double> RunBatch(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                        int max_tokens, double* decode_seconds, int64_t* decode_tokens) {
   for (const auto& prompt : prompts) {
     Request request;
     request.prompt = prompt;
@@ -103,7 +103,11 @@ double RunBatch(Engine& engine, const std::vector<std::vector<int32_t>>& prompts
     request.sampling.max_tokens = max_tokens;
     request.sampling.ignore_eos = true;
     auto id = engine.Add(std::move(request));
-    SIEVE_CHECK(id.ok()) << id.status().ToString();
+    if (!id.ok()) {
+      // Requests already added would still run: finish them before reporting.
+      while (engine.HasWork()) engine.Step();
+      return id.status();
+    }
   }
   const auto start = std::chrono::steady_clock::now();
   // Decode is timed from the step after the last prompt's first token on.
@@ -169,9 +173,15 @@ int Run(CpuBenchFlags& flags) {
     for (int i = 0; i < count; ++i) batch.push_back(RandomPrompt(rng, len, config.vocab_size));
     return batch;
   };
-  RunBatch(engine, prompt_batch(flags.prompts, flags.prompt_len), 1, nullptr, nullptr);
-  const double prefill_s =
-      RunBatch(engine, prompt_batch(flags.prompts, flags.prompt_len), 1, nullptr, nullptr);
+  auto timed = RunBatch(engine, prompt_batch(flags.prompts, flags.prompt_len), 1, nullptr, nullptr);
+  if (timed.ok()) {
+    timed = RunBatch(engine, prompt_batch(flags.prompts, flags.prompt_len), 1, nullptr, nullptr);
+  }
+  if (!timed.ok()) {
+    std::fprintf(stderr, "error: prefill: %s\n", timed.status().message().c_str());
+    return 1;
+  }
+  const double prefill_s = *timed;
   const double prefill_flops = flags.prompts * PrefillFlops(config, flags.prompt_len);
   const double prefill_rate = prefill_flops / prefill_s;
   const bool prefill_met = prefill_rate >= flags.prefill_target * gemm;
@@ -186,8 +196,12 @@ int Run(CpuBenchFlags& flags) {
   // Decode: the batch's steps after every prompt's first token.
   double decode_s = 0;
   int64_t decode_tokens = 0;
-  RunBatch(engine, prompt_batch(flags.decode_batch, flags.decode_context), flags.decode_tokens + 1,
-           &decode_s, &decode_tokens);
+  auto decoded = RunBatch(engine, prompt_batch(flags.decode_batch, flags.decode_context),
+                          flags.decode_tokens + 1, &decode_s, &decode_tokens);
+  if (!decoded.ok()) {
+    std::fprintf(stderr, "error: decode: %s\n", decoded.status().message().c_str());
+    return 1;
+  }
   const double decode_rate = decode_tokens / decode_s;
   // A step reads every weight but the embedding table (one row a token) and each sequence's KV
   // (f32, both halves, every layer) at its mean context; its GEMMs do 2 FLOPs a weight a row.

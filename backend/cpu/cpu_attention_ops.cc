@@ -265,12 +265,13 @@ void CpuBackend::DecodeAttention(const Tensor& q, int num_heads, const StepMeta&
           cpu::WeightedSumRows(isa, weights.data(), length, group,
                                cpu::Rows::Pointers(values.data()), length, head_dim, out_rows,
                                head_dim);
-          probs.assign(length, 0.0f);
-          for (int r = 0; r < group; ++r) {
-            for (int entry = 0; entry < length; ++entry)
-              probs[entry] += weights[r * length + entry];
-          }
           if (pool.scores.defined()) {
+            // H2O's accumulated attention: the group's probabilities, summed in head order.
+            probs.assign(length, 0.0f);
+            for (int r = 0; r < group; ++r) {
+              for (int entry = 0; entry < length; ++entry)
+                probs[entry] += weights[r * length + entry];
+            }
             float* acc = pool.scores.data_as<float>();
             for (int entry = 0; entry < length; ++entry) {
               acc[entries[entry] * kv_heads + kv_head] += probs[entry] / static_cast<float>(group);

@@ -140,14 +140,13 @@ __global__ void RmsNormKernel(const bf16* __restrict__ x, int64_t x_stride,
   }
 }
 
-// RmsNormKernel for rows of whole 16-byte vectors (width % 8 == 0, aligned rows, width <=
-// 8 * kThreads * kVectors): the row stays in registers, every access is 16 bytes wide. Same
-// arithmetic as RmsNormKernel, so both give identical results.
+// RmsNormVectorKernel's row (and RmsNormE4m3VectorKernel's): thread t's 16-byte vectors t,
+// t + kThreads, ... of the row, x * inv_rms * weight in f32 (`values[v]` of vector index
+// threadIdx.x + v * kThreads, where that is below width / 8).
 template <int kVectors>
-__global__ void __launch_bounds__(kThreads)
-    RmsNormVectorKernel(const bf16* __restrict__ x, int64_t x_stride,
-                        const bf16* __restrict__ weight, float eps, int width,
-                        bf16* __restrict__ out, int64_t out_stride) {
+__device__ __forceinline__ void NormedRowVectors(const bf16* __restrict__ x, int64_t x_stride,
+                                                 const bf16* __restrict__ weight, float eps,
+                                                 int width, float (&values)[kVectors][8]) {
   const int row = blockIdx.x;
   const int vectors = width / 8;
   // The norm's weight depends on no kernel: its loads leave before PdlWait, off the critical path.
@@ -161,7 +160,6 @@ __global__ void __launch_bounds__(kThreads)
   PdlWait();
   PdlLaunchDependents();
   const auto* in = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(row) * x_stride);
-  float values[kVectors][8];
   float sum_squares = 0.0f;
 #pragma unroll
   for (int v = 0; v < kVectors; ++v) {
@@ -172,7 +170,6 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < 8; ++i) sum_squares += values[v][i] * values[v][i];
   }
   const float inv_rms = rsqrtf(BlockSum(sum_squares) / static_cast<float>(width) + eps);
-  auto* dst = reinterpret_cast<uint4*>(out + static_cast<int64_t>(row) * out_stride);
 #pragma unroll
   for (int v = 0; v < kVectors; ++v) {
     const int index = static_cast<int>(threadIdx.x) + v * kThreads;
@@ -181,7 +178,24 @@ __global__ void __launch_bounds__(kThreads)
     Unpack8(scale_bits[v], scale);
 #pragma unroll
     for (int i = 0; i < 8; ++i) values[v][i] = values[v][i] * inv_rms * scale[i];
-    dst[index] = Pack8(values[v]);
+  }
+}
+
+// RmsNormKernel for rows of whole 16-byte vectors (width % 8 == 0, aligned rows, width <=
+// 8 * kThreads * kVectors): the row stays in registers, every access is 16 bytes wide. Same
+// arithmetic as RmsNormKernel, so both give identical results.
+template <int kVectors>
+__global__ void __launch_bounds__(kThreads)
+    RmsNormVectorKernel(const bf16* __restrict__ x, int64_t x_stride,
+                        const bf16* __restrict__ weight, float eps, int width,
+                        bf16* __restrict__ out, int64_t out_stride) {
+  float values[kVectors][8];
+  NormedRowVectors<kVectors>(x, x_stride, weight, eps, width, values);
+  auto* dst = reinterpret_cast<uint4*>(out + static_cast<int64_t>(blockIdx.x) * out_stride);
+#pragma unroll
+  for (int v = 0; v < kVectors; ++v) {
+    const int index = static_cast<int>(threadIdx.x) + v * kThreads;
+    if (index < width / 8) dst[index] = Pack8(values[v]);
   }
 }
 
@@ -226,36 +240,13 @@ __global__ void __launch_bounds__(kThreads)
                             bool wide) {
   const int row = blockIdx.x;
   const int vectors = width / 8;
-  const auto* w = reinterpret_cast<const uint4*>(weight);
-  uint4 scale_bits[kVectors];
-#pragma unroll
-  for (int v = 0; v < kVectors; ++v) {
-    const int index = static_cast<int>(threadIdx.x) + v * kThreads;
-    if (index < vectors) scale_bits[v] = w[index];
-  }
-  PdlWait();
-  PdlLaunchDependents();
-  const auto* in = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(row) * x_stride);
   float values[kVectors][8];
-  float sum_squares = 0.0f;
-#pragma unroll
-  for (int v = 0; v < kVectors; ++v) {
-    const int index = static_cast<int>(threadIdx.x) + v * kThreads;
-    if (index >= vectors) continue;
-    Unpack8(in[index], values[v]);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) sum_squares += values[v][i] * values[v][i];
-  }
-  const float inv_rms = rsqrtf(BlockSum(sum_squares) / static_cast<float>(width) + eps);
+  NormedRowVectors<kVectors>(x, x_stride, weight, eps, width, values);
   float amax = 0.0f;
 #pragma unroll
   for (int v = 0; v < kVectors; ++v) {
     const int index = static_cast<int>(threadIdx.x) + v * kThreads;
     if (index >= vectors) continue;
-    float scale[8];
-    Unpack8(scale_bits[v], scale);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) values[v][i] = values[v][i] * inv_rms * scale[i];
     Unpack8(Pack8(values[v]), values[v]);  // rounded to bf16, as the bf16 kernel stores them
 #pragma unroll
     for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(values[v][i]));
