@@ -809,6 +809,69 @@ TEST_F(CudaDenseTest, SkinnyE4m3MatchesTheCpuAtEverySplit) {
   }
 }
 
+// Every candidate of the FP8 GEMM runner (cuBLASLt with the scales in its epilogue, cuBLASLt's
+// unscaled product rescaled by our kernel, the skinny kernel at each split), plain into bf16 and
+// f32 and accumulating into bf16, against the CPU twin (same quantization; f32 sums in another
+// order). At least the scaled form must exist on sm_90 (the prefill GEMMs' path), and the rescaled
+// one at decode sizes.
+TEST_F(CudaDenseTest, Fp8GemmCandidatesMatchTheCpu) {
+  if (!cuda::Fp8GemmRunner::DeviceSupportsFp8()) GTEST_SKIP() << "no FP8 on this GPU";
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  cuda::Fp8GemmRunner runner(nullptr);
+  for (const auto& [rows, inner, cols] : std::vector<std::tuple<int, int, int>>{{7, 1024, 384},
+                                                                                {64, 4096, 512},
+                                                                                {256, 1024, 1000},
+                                                                                {300, 2048, 768},
+                                                                                {1500, 512, 256}}) {
+    const auto x = Random(static_cast<size_t>(rows) * inner, 2.0f);
+    const auto w = Random(static_cast<size_t>(cols) * inner, 0.05f);
+    const Tensor gpu_w = gpu_->QuantizeWeightE4m3(Gpu(w, {cols, inner}));
+    const Tensor cpu_w = cpu_->QuantizeWeightE4m3(Cpu(w, {cols, inner}));
+    Tensor gpu_x = Gpu(x, {rows, inner});
+    cuda::testing::DeviceBuffer<uint8_t> codes(static_cast<size_t>(rows) * inner);
+    cuda::testing::DeviceBuffer<float> scales(rows);
+    gpu_->Synchronize();
+    cuda::QuantizeRowsE4m3(static_cast<const __nv_bfloat16*>(gpu_x.data()), inner, rows, inner,
+                           codes.get(), inner, scales.get(), nullptr);
+    Tensor cpu_out = Tensor::Empty({rows, cols}, DType::kF32);
+    cpu_->Linear(Cpu(x, {rows, inner}), cpu_w, cpu_out);
+    const auto base = Random(static_cast<size_t>(rows) * cols);
+    Tensor cpu_sum = Cpu(base, {rows, cols});
+    cpu_->LinearAdd(Cpu(x, {rows, inner}), cpu_w, cpu_sum);
+    const auto* weight = gpu_w.data_as<uint8_t>();
+    const auto* weight_scales = gpu_w.row_scales().data_as<float>();
+    for (const auto& [out_f32, accumulate] :
+         std::vector<std::pair<bool, bool>>{{false, false}, {true, false}, {false, true}}) {
+      const std::vector<int> candidates = runner.Candidates(
+          rows, cols, inner, weight, inner, codes.get(), inner, cols, out_f32, accumulate);
+      const auto offers = [&](int candidate) {
+        return std::find(candidates.begin(), candidates.end(), candidate) != candidates.end();
+      };
+      if (major == 9 && !out_f32) {
+        EXPECT_TRUE(offers(cuda::Fp8GemmRunner::kScaled)) << rows << " rows";
+        EXPECT_EQ(offers(cuda::Fp8GemmRunner::kRescaled),
+                  rows <= cuda::Fp8GemmRunner::kRescaleMaxRows)
+            << rows << " rows";
+      }
+      for (const int candidate : candidates) {
+        SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(inner) + " x " +
+                     std::to_string(cols) + (out_f32 ? " f32" : "") + (accumulate ? " +=" : "") +
+                     ", candidate " + std::to_string(candidate));
+        Tensor out = accumulate
+                         ? Gpu(base, {rows, cols})
+                         : gpu_->Allocate({rows, cols}, out_f32 ? DType::kF32 : DType::kBF16);
+        gpu_->Synchronize();
+        runner.RunCandidate(candidate, rows, cols, inner, weight, inner, weight_scales, codes.get(),
+                            inner, scales.get(), out.data(), cols, out_f32, accumulate);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_LE(RelL2(Download(out), Values(accumulate ? cpu_sum : cpu_out)), kBf16Tolerance)
+            << runner.last_plan();
+      }
+    }
+  }
+}
+
 // ---- Quantized activations (backend.h): RmsNorm and SiluMul into e4m3 with row scales ----
 
 // Codes and row scales of a quantized activation on the host.

@@ -94,6 +94,10 @@ void QuantizeRowsE4m3(const bf16* x, int64_t ldx, int64_t rows, int64_t cols, ui
 Fp8GemmRunner::Fp8GemmRunner(cudaStream_t stream) : stream_(stream) {
   SIEVE_CUBLAS_CHECK(cublasLtCreate(&lt_));
   SIEVE_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+  // Whether this cuBLASLt has the scaled kernel at all (Reserve sizes the rescaled path's scratch
+  // by it): asked for a small shape, as PlanFor asks for each.
+  Plan& probe = PlanFor(256, 256, 256, 256, 256, 256, false, false);
+  scaled_available_ = probe.has_scaled;
 }
 
 Fp8GemmRunner::~Fp8GemmRunner() {
@@ -101,7 +105,9 @@ Fp8GemmRunner::~Fp8GemmRunner() {
     cublasLtMatrixLayoutDestroy(plan.a);
     cublasLtMatrixLayoutDestroy(plan.b);
     cublasLtMatrixLayoutDestroy(plan.c);
-    cublasLtMatmulDescDestroy(plan.op);
+    cublasLtMatrixLayoutDestroy(plan.product);
+    cublasLtMatmulDescDestroy(plan.scaled_op);
+    cublasLtMatmulDescDestroy(plan.unscaled_op);
   }
   cudaFree(workspace_);
   cudaFree(product_);
@@ -109,6 +115,10 @@ Fp8GemmRunner::~Fp8GemmRunner() {
 }
 
 void Fp8GemmRunner::Reserve(int64_t m, int64_t n) {
+  GrowProduct(scaled_available_ ? std::min(m, kRescaleMaxRows) : m, n);
+}
+
+void Fp8GemmRunner::GrowProduct(int64_t m, int64_t n) {
   const size_t bytes = static_cast<size_t>(m * n) * sizeof(float);
   if (bytes <= product_bytes_) return;
   SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -123,6 +133,23 @@ bool Fp8GemmRunner::DeviceSupportsFp8() {
   return major > 8 || (major == 8 && minor >= 9);
 }
 
+bool Fp8GemmRunner::Heuristic(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                              cublasLtMatmulAlgo_t* algo) {
+  cublasLtMatmulPreference_t preference;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  const size_t workspace = kWorkspaceBytes;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(lt_, op, a, b, c, c, preference, 1, &result, &count);
+  cublasLtMatmulPreferenceDestroy(preference);
+  *algo = result.algo;
+  return status == CUBLAS_STATUS_SUCCESS && count > 0;
+}
+
 Fp8GemmRunner::Plan& Fp8GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, int64_t ldw,
                                             int64_t ldx, int64_t ldo, bool out_f32,
                                             bool accumulate) {
@@ -131,61 +158,70 @@ Fp8GemmRunner::Plan& Fp8GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, int
   if (found != plans_.end()) return found->second;
   Plan& plan = plans_[key];
   // The "TN" layout (gemm.h): A = w' (its scale vector has n entries), B = x' (m).
-  plan.op = MakeWeightTransposedDesc();
-  const cublasLtMatmulMatrixScale_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
-                                                    &outer, sizeof(outer)));
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
-                                                    &outer, sizeof(outer)));
-  const cudaDataType_t out_type = out_f32 ? CUDA_R_32F : CUDA_R_16BF;
   SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_8F_E4M3, k, n, ldw));
   SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_8F_E4M3, k, m, ldx));
-  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, out_type, n, m, ldo));
-  const auto heuristic = [&] {
-    cublasLtMatmulPreference_t preference;
-    SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-    const size_t workspace = kWorkspaceBytes;
-    SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
-    cublasLtMatmulHeuristicResult_t result{};
-    int count = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-        lt_, plan.op, plan.a, plan.b, plan.c, plan.c, preference, 1, &result, &count);
-    cublasLtMatmulPreferenceDestroy(preference);
-    plan.has_cublas = status == CUBLAS_STATUS_SUCCESS && count > 0;
-    plan.algo = result.algo;
-  };
-  heuristic();
-  if (!plan.has_cublas) {
-    // No per-row x per-column scales here: the unscaled product into f32 [m][n], rescaled after.
-    cublasLtMatmulDescDestroy(plan.op);
-    cublasLtMatrixLayoutDestroy(plan.c);
-    plan.op = MakeWeightTransposedDesc();
-    SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_32F, n, m, n));
-    heuristic();
-    plan.rescale = plan.has_cublas;
-  }
+  SIEVE_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&plan.c, out_f32 ? CUDA_R_32F : CUDA_R_16BF, n, m, ldo));
+  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.product, CUDA_R_32F, n, m, n));
+  plan.scaled_op = MakeWeightTransposedDesc();
+  const cublasLtMatmulMatrixScale_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+      plan.scaled_op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof(outer)));
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+      plan.scaled_op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof(outer)));
+  // The heuristic refuses scale modes without scale pointers (CUBLAS_STATUS_INVALID_VALUE on
+  // CUDA 13.0): any device address stands in until Launch sets the call's own.
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+      plan.scaled_op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &workspace_, sizeof(workspace_)));
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+      plan.scaled_op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &workspace_, sizeof(workspace_)));
+  plan.has_scaled = Heuristic(plan.scaled_op, plan.a, plan.b, plan.c, &plan.scaled_algo);
+  plan.unscaled_op = MakeWeightTransposedDesc();
+  plan.has_unscaled =
+      Heuristic(plan.unscaled_op, plan.a, plan.b, plan.product, &plan.unscaled_algo);
   return plan;
 }
 
-void Fp8GemmRunner::Launch(const Plan& plan, int splits, int64_t m, int64_t n, int64_t k,
+std::vector<int> Fp8GemmRunner::Candidates(int64_t m, int64_t n, int64_t k, const uint8_t* w,
+                                           int64_t ldw, const uint8_t* x, int64_t ldx, int64_t ldo,
+                                           bool out_f32, bool accumulate) {
+  const Plan& plan = PlanFor(m, n, k, ldw, ldx, ldo, out_f32, accumulate);
+  std::vector<int> candidates;
+  if (plan.has_scaled) candidates.push_back(kScaled);
+  if (plan.has_unscaled && (m <= kRescaleMaxRows || !plan.has_scaled)) {
+    candidates.push_back(kRescaled);
+  }
+  if (SkinnyGemmE4m3Supports(m, k, w, ldw, x, ldx)) {
+    for (const int splits : SkinnyGemmE4m3Splits(k)) candidates.push_back(splits);
+  }
+  return candidates;
+}
+
+std::string Fp8GemmRunner::CandidateName(int candidate) const {
+  if (candidate == kScaled) return "cuBLASLt FP8, row x column scales";
+  if (candidate == kRescaled) return "cuBLASLt FP8 + rescale";
+  return "skinny e4m3, k split " + std::to_string(candidate);
+}
+
+void Fp8GemmRunner::Launch(const Plan& plan, int candidate, int64_t m, int64_t n, int64_t k,
                            const uint8_t* w, int64_t ldw, const float* w_scales, const uint8_t* x,
                            int64_t ldx, const float* x_scales, void* out, int64_t ldo, bool out_f32,
                            bool accumulate) {
-  if (splits > 0) {
+  if (candidate > 0) {
     SkinnyGemmE4m3(m, n, k, w, ldw, w_scales, x, ldx, x_scales, out, ldo, out_f32, accumulate,
-                   splits, stream_);
+                   candidate, stream_);
     return;
   }
-  if (plan.rescale) {
+  if (candidate == kRescaled) {
+    SIEVE_CHECK(plan.has_unscaled) << "no unscaled FP8 kernel for " << m << " x " << n;
     SIEVE_CHECK(static_cast<size_t>(m * n) * sizeof(float) <= product_bytes_)
         << "the FP8 product scratch holds " << product_bytes_ << " bytes, " << m << " x " << n
         << " needs more: Reserve was not called for it";
     const float alpha = 1.0f;
     const float beta = 0.0f;
-    SIEVE_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.op, &alpha, w, plan.a, x, plan.b, &beta, product_,
-                                      plan.c, product_, plan.c, &plan.algo, workspace_,
-                                      kWorkspaceBytes, stream_));
+    SIEVE_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.unscaled_op, &alpha, w, plan.a, x, plan.b, &beta,
+                                      product_, plan.product, product_, plan.product,
+                                      &plan.unscaled_algo, workspace_, kWorkspaceBytes, stream_));
     NoteNonTriggeringLaunch(stream_);
     const int64_t total = m * n;
     const unsigned blocks =
@@ -203,15 +239,28 @@ void Fp8GemmRunner::Launch(const Plan& plan, int splits, int64_t m, int64_t n, i
     SIEVE_CUDA_CHECK_LAUNCH();
     return;
   }
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                                    &w_scales, sizeof(w_scales)));
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                                    &x_scales, sizeof(x_scales)));
+  SIEVE_CHECK(plan.has_scaled) << "no scaled FP8 kernel for " << m << " x " << n;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+      plan.scaled_op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales)));
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+      plan.scaled_op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales, sizeof(x_scales)));
   const float alpha = 1.0f;
   const float beta = accumulate ? 1.0f : 0.0f;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.op, &alpha, w, plan.a, x, plan.b, &beta, out, plan.c,
-                                    out, plan.c, &plan.algo, workspace_, kWorkspaceBytes, stream_));
+  SIEVE_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.scaled_op, &alpha, w, plan.a, x, plan.b, &beta, out,
+                                    plan.c, out, plan.c, &plan.scaled_algo, workspace_,
+                                    kWorkspaceBytes, stream_));
   NoteNonTriggeringLaunch(stream_);  // pdl.cuh: the kernel after it launches plainly
+}
+
+void Fp8GemmRunner::RunCandidate(int candidate, int64_t m, int64_t n, int64_t k, const uint8_t* w,
+                                 int64_t ldw, const float* w_scales, const uint8_t* x, int64_t ldx,
+                                 const float* x_scales, void* out, int64_t ldo, bool out_f32,
+                                 bool accumulate) {
+  const Plan& plan = PlanFor(m, n, k, ldw, ldx, ldo, out_f32, accumulate);
+  if (candidate == kRescaled) GrowProduct(m, n);
+  Launch(plan, candidate, m, n, k, w, ldw, w_scales, x, ldx, x_scales, out, ldo, out_f32,
+         accumulate);
+  last_plan_ = CandidateName(candidate);
 }
 
 void Fp8GemmRunner::Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64_t ldw,
@@ -221,24 +270,38 @@ void Fp8GemmRunner::Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64
   SIEVE_CHECK(k % 16 == 0 && ldw % 16 == 0 && ldx % 16 == 0 && Aligned16(w) && Aligned16(x))
       << "FP8 GEMM operands: k and row strides multiples of 16, 16-byte aligned (k " << k << ")";
   Plan& plan = PlanFor(m, n, k, ldw, ldx, ldo, out_f32, accumulate);
-  if (!plan.settled && plan.rescale &&
-      static_cast<size_t>(m * n) * sizeof(float) > product_bytes_) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    SIEVE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
-    if (capture == cudaStreamCaptureStatusNone) Reserve(m, n);
-  }
   if (!plan.settled) {
-    std::vector<int> candidates;  // k splits of the skinny kernel; 0: cuBLASLt
-    if (plan.has_cublas) candidates.push_back(0);
-    if (SkinnyGemmE4m3Supports(m, k, w, ldw, x, ldx)) {
-      for (const int splits : SkinnyGemmE4m3Splits(k)) candidates.push_back(splits);
-    }
+    const std::vector<int> candidates =
+        Candidates(m, n, k, w, ldw, x, ldx, ldo, out_f32, accumulate);
     SIEVE_CHECK(!candidates.empty()) << "no FP8 GEMM kernel (cuBLASLt nor the skinny kernel) takes "
                                      << m << " x " << n << " x " << k;
+    const bool offers_rescaled =
+        std::find(candidates.begin(), candidates.end(), kRescaled) != candidates.end();
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     SIEVE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
-    int chosen = candidates.front();
-    if (candidates.size() > 1 && capture == cudaStreamCaptureStatusNone) {
+    // Reserve sized the scratch for the shapes it knew; outside capture any other may grow it.
+    if (offers_rescaled && capture == cudaStreamCaptureStatusNone) GrowProduct(m, n);
+    const bool rescaled_fits = static_cast<size_t>(m * n) * sizeof(float) <= product_bytes_;
+    int64_t bucket = 1;
+    while (bucket < m) bucket *= 2;
+    const Key bucket_key{bucket, n, k, ldw, ldx, ldo, out_f32, accumulate};
+    const auto bucket_choice = bucket_choices_.find(bucket_key);
+    const auto usable = [&](int candidate) {
+      return std::find(candidates.begin(), candidates.end(), candidate) != candidates.end() &&
+             (candidate != kRescaled || rescaled_fits);
+    };
+    int chosen = kScaled;
+    for (const int candidate : candidates) {
+      if (usable(candidate)) {
+        chosen = candidate;
+        break;
+      }
+    }
+    SIEVE_CHECK(usable(chosen)) << "the FP8 product scratch holds " << product_bytes_ << " bytes, "
+                                << m << " x " << n << " needs more";
+    if (bucket != m && bucket_choice != bucket_choices_.end() && usable(bucket_choice->second)) {
+      chosen = bucket_choice->second;
+    } else if (candidates.size() > 1 && capture == cudaStreamCaptureStatusNone) {
       // Timed on this call's operands (`out` is rewritten: an accumulating call is replayed
       // from a copy of `out` first and left as one call leaves it).
       const size_t out_bytes = static_cast<size_t>(m) * ldo * (out_f32 ? 4 : 2);
@@ -252,6 +315,7 @@ void Fp8GemmRunner::Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64
       SIEVE_CUDA_CHECK(cudaEventCreate(&stop));
       float best = 0;
       for (const int candidate : candidates) {
+        if (!usable(candidate)) continue;
         std::vector<float> times;
         for (int rep = 0; rep < 6; ++rep) {
           SIEVE_CUDA_CHECK(cudaEventRecord(start, stream_));
@@ -273,16 +337,14 @@ void Fp8GemmRunner::Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64
         SIEVE_CUDA_CHECK(cudaMemcpyAsync(out, saved, out_bytes, cudaMemcpyDeviceToDevice, stream_));
         SIEVE_CUDA_CHECK(cudaFreeAsync(saved, stream_));
       }
+      bucket_choices_[bucket_key] = chosen;
     }
-    plan.skinny_splits = chosen;
+    plan.choice = chosen;
     plan.settled = true;
-    plan.name = std::string(chosen > 0     ? "skinny e4m3, k split " + std::to_string(chosen)
-                            : plan.rescale ? "cuBLASLt FP8 + rescale"
-                                           : "cuBLASLt FP8") +
-                ", " + std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k) +
-                (accumulate ? " (+=)" : "");
+    plan.name = CandidateName(chosen) + ", " + std::to_string(m) + " x " + std::to_string(n) +
+                " x " + std::to_string(k) + (accumulate ? " (+=)" : "");
   }
-  Launch(plan, plan.skinny_splits, m, n, k, w, ldw, w_scales, x, ldx, x_scales, out, ldo, out_f32,
+  Launch(plan, plan.choice, m, n, k, w, ldw, w_scales, x, ldx, x_scales, out, ldo, out_f32,
          accumulate);
   last_plan_ = plan.name;
 }

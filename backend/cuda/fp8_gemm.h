@@ -1,8 +1,8 @@
 // FP8 weights on the GPU (Backend::QuantizeWeightE4m3): the kernel that quantizes bf16 rows to
 // e4m3 with one scale a row (weights at load, each GEMM's input as it runs), and the GEMM over
 // e4m3 operands with those scales, through cuBLASLt's FP8 kernels (per-row x per-column scales:
-// CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F). The CPU twins are core/float8.h's
-// QuantizeRowE4m3 and CpuBackend::GemmE4m3.
+// CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) or the skinny kernel. The CPU twins are
+// core/float8.h's QuantizeRowE4m3 and CpuBackend::GemmE4m3.
 #pragma once
 
 #include <cublasLt.h>
@@ -13,6 +13,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace sieve::cuda {
 
@@ -23,14 +24,27 @@ void QuantizeRowsE4m3(const __nv_bfloat16* x, int64_t ldx, int64_t rows, int64_t
                       uint8_t* codes, int64_t ldc, float* scales, cudaStream_t stream);
 
 // out[m][n] (+)= x_scales[m] w_scales[n] sum_k x[m][k] w[n][k], e4m3 operands with f32
-// accumulation, out bf16 or f32. A shape's candidates: cuBLASLt's heuristic's first configuration
-// (split-k reductions allowed; with per-row x per-column scales where cuBLASLt has them, else
-// unscaled into f32 and rescaled by a kernel of ours) and, up to kSkinnyGemmMaxRows rows, the
-// skinny kernel's e4m3 form at each k split (skinny_gemm.h). The first call of a shape outside
-// graph capture times each on that call's operands (median of 5 after a warm-up) and keeps the
-// fastest for every later call.
+// accumulation, out bf16 or f32. A shape's candidates:
+// - kScaled: cuBLASLt's FP8 kernel with per-row x per-column scales
+//   (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) applied in its epilogue;
+// - kRescaled, up to kRescaleMaxRows rows (or at any size where kScaled has no kernel): cuBLASLt's
+//   unscaled FP8 product into an f32 scratch and a kernel of ours applying both scales (and the
+//   residual add) on its way to `out`: cuBLASLt's small tiles for decode batches, which its
+//   scaled form lacks;
+// - up to kSkinnyGemmMaxRows rows, the skinny kernel's e4m3 form at each k split (skinny_gemm.h).
+// The first call of a shape outside graph capture times each on that call's operands (median of
+// 5 after a warm-up) and keeps the fastest for every later call; a shape whose m is not a power
+// of two takes the choice of its power-of-two bucket where one was timed.
 class Fp8GemmRunner {
  public:
+  // Candidate ids: kScaled, kRescaled, or a k split (>= 1) of the skinny kernel.
+  static constexpr int kScaled = -1;
+  static constexpr int kRescaled = 0;
+  // The rescaled path's largest m where the scaled kernel exists: cuBLASLt offers the scaled
+  // form one 128-wide tile, slower than the unscaled product's small tiles plus the rescale at
+  // decode sizes and faster from a few hundred rows (README_gemm.md, "FP8 weights").
+  static constexpr int64_t kRescaleMaxRows = 256;
+
   explicit Fp8GemmRunner(cudaStream_t stream);
   ~Fp8GemmRunner();
   Fp8GemmRunner(const Fp8GemmRunner&) = delete;
@@ -39,44 +53,59 @@ class Fp8GemmRunner {
   // Whether cuBLASLt has an FP8 kernel for the current device (sm_89 and newer) and this shape:
   // k a multiple of 16, row strides multiples of 16 bytes.
   static bool DeviceSupportsFp8();
-  // Sizes the f32 product scratch of the rescaling path (below) for up to m x n, outside any
-  // capture (CudaBackend::ReserveQuantizedInputs).
+  // Sizes the f32 product scratch of the rescaled path for up to m x n (m capped at
+  // kRescaleMaxRows where the scaled kernel exists), outside any capture
+  // (CudaBackend::ReserveQuantizedInputs).
   void Reserve(int64_t m, int64_t n);
   void Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64_t ldw, const float* w_scales,
            const uint8_t* x, int64_t ldx, const float* x_scales, void* out, int64_t ldo,
            bool out_f32, bool accumulate);
+  // The candidates Run chooses between for this shape, and one of them run directly (tests).
+  std::vector<int> Candidates(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64_t ldw,
+                              const uint8_t* x, int64_t ldx, int64_t ldo, bool out_f32,
+                              bool accumulate);
+  void RunCandidate(int candidate, int64_t m, int64_t n, int64_t k, const uint8_t* w, int64_t ldw,
+                    const float* w_scales, const uint8_t* x, int64_t ldx, const float* x_scales,
+                    void* out, int64_t ldo, bool out_f32, bool accumulate);
   const std::string& last_plan() const { return last_plan_; }
 
  private:
   struct Plan {
-    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatmulDesc_t scaled_op = nullptr;  // per-row x per-column scales
+    cublasLtMatmulDesc_t unscaled_op = nullptr;
     cublasLtMatrixLayout_t a = nullptr;
     cublasLtMatrixLayout_t b = nullptr;
-    cublasLtMatrixLayout_t c = nullptr;
-    cublasLtMatmulAlgo_t algo{};
-    bool has_cublas = false;
-    // cuBLASLt without per-row x per-column scales (Hopper's cuBLASLt has none: its FP8 kernels
-    // take one scale per operand): the unscaled product goes to an f32 scratch and a kernel
-    // applies both scales (and the residual add) on its way to `out`.
-    bool rescale = false;
-    int skinny_splits = 0;  // the skinny kernel at this k split is the choice; 0: cuBLASLt
+    cublasLtMatrixLayout_t c = nullptr;        // out
+    cublasLtMatrixLayout_t product = nullptr;  // the rescaled path's f32 [m][n]
+    cublasLtMatmulAlgo_t scaled_algo{};
+    cublasLtMatmulAlgo_t unscaled_algo{};
+    bool has_scaled = false;
+    bool has_unscaled = false;
+    int choice = kScaled;
     bool settled = false;
     std::string name;
   };
-  // Runs the plan's candidate: cuBLASLt (splits 0) or the skinny kernel at `splits`.
-  void Launch(const Plan& plan, int splits, int64_t m, int64_t n, int64_t k, const uint8_t* w,
+  void Launch(const Plan& plan, int candidate, int64_t m, int64_t n, int64_t k, const uint8_t* w,
               int64_t ldw, const float* w_scales, const uint8_t* x, int64_t ldx,
               const float* x_scales, void* out, int64_t ldo, bool out_f32, bool accumulate);
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
   Plan& PlanFor(int64_t m, int64_t n, int64_t k, int64_t ldw, int64_t ldx, int64_t ldo,
                 bool out_f32, bool accumulate);
+  bool Heuristic(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                 cublasLtMatrixLayout_t c, cublasLtMatmulAlgo_t* algo);
+  std::string CandidateName(int candidate) const;
+  void GrowProduct(int64_t m, int64_t n);  // outside capture
 
   cudaStream_t stream_;
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
-  float* product_ = nullptr;  // [m][n] f32 of the rescaling path
+  bool scaled_available_ = false;  // cuBLASLt has per-row x per-column FP8 scales here
+  float* product_ = nullptr;       // [m][n] f32 of the rescaled path
   size_t product_bytes_ = 0;
   std::map<Key, Plan> plans_;
+  // A timed choice per (power-of-two m bucket, n, k, strides, output): taken by the bucket's
+  // other (not power-of-two) m.
+  std::map<Key, int> bucket_choices_;
   std::string last_plan_;
 };
 
