@@ -256,6 +256,36 @@ TEST_P(GpuGoldenLogitsTest, MatchesTransformersWithinBf16) {
   EXPECT_LE(rel, 3e-2) << GetParam();
 }
 
+// An FP8_DYNAMIC checkpoint (make_golden.py's gpu_llama3_d64_fp8: per-channel e4m3 weights,
+// activations quantized per token as they run) on the GPU, and on the CPU twin, against
+// transformers on its dequantized weights in fp32 with unquantized activations. What differs is
+// the e4m3 rounding of every GEMM input, so the bound is FP8's (fp8_checkpoint_test.cc): relative
+// L2 of the logits within 0.1, the argmax the same at 85% of the positions or more.
+TEST(GpuFp8GoldenTest, Fp8CheckpointMatchesTheDequantizedTransformers) {
+  auto gpu = MakeCudaBackend(0);
+  if (!gpu.ok()) GTEST_SKIP() << "no CUDA device: " << gpu.status().message();
+  const std::string dir = TestDataDir() + "/models_gpu/gpu_llama3_d64_fp8";
+  if (!std::filesystem::exists(dir)) {
+    GTEST_SKIP() << dir << " is missing: scripts/gpu_check.sh generates it with transformers";
+  }
+  const GoldenCase golden = ReadGolden(dir);
+  const size_t vocab = golden.logits.size() / golden.ids.size();
+  auto cpu = MakeCpuBackend();
+  for (Backend* backend : {gpu->get(), cpu.get()}) {
+    const bool on_gpu = backend == gpu->get();
+    const std::vector<float> logits = ForwardAllRows(*backend, dir, golden.ids);
+    const double rel =
+        testing::RelativeL2Error(logits.data(), golden.logits.data(), golden.logits.size());
+    const int same = SameArgmaxRows(logits, golden.logits, vocab);
+    std::printf(
+        "gpu_llama3_d64_fp8 on the %s: logits rel L2 %.4f, argmax same at %d of %zu positions "
+        "vs transformers on the dequantized weights\n",
+        on_gpu ? "GPU" : "CPU", rel, same, golden.ids.size());
+    EXPECT_LE(rel, 0.1) << (on_gpu ? "GPU" : "CPU");
+    EXPECT_GE(same, static_cast<int>(golden.ids.size() * 85 / 100)) << (on_gpu ? "GPU" : "CPU");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(GpuModels, GpuGoldenLogitsTest,
                          ::testing::Values("gpu_llama3_d64", "gpu_mistral_d128",
                                            "gpu_llama_mha_d128_tied"));

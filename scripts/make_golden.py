@@ -10,7 +10,11 @@ For each tiny random-weight model below it writes, under OUT/<name>/:
 Runs where torch + transformers exist (the GPU machine). The default set is small (head_dim 16/32)
 and committed under testdata/models; `--set gpu` makes models with the head dims the CUDA kernels
 support (64, 128), which gpu_check.sh generates on the GPU machine into testdata/models_gpu
-(not committed). Usage: python3 scripts/make_golden.py OUT_DIR [--set cpu|gpu]
+(not committed). The GPU set also writes gpu_llama3_d64_fp8: an FP8_DYNAMIC checkpoint in
+compressed-tensors format (each layer linear e4m3 with per-channel scales, activations dynamic per
+token), whose golden logits are transformers' on the dequantized weights in fp32 (activations not
+quantized): the reference issue 58's GPU tests compare Sieve's FP8 path against.
+Usage: python3 scripts/make_golden.py OUT_DIR [--set cpu|gpu]
 """
 import json
 import os
@@ -130,12 +134,56 @@ def write_tokenizer(path):
                    "tokenizer_class": "PreTrainedTokenizerFast"}, f, ensure_ascii=False)
 
 
+FP8_MODEL = ("gpu_llama3_d64_fp8", GPU_MODELS["gpu_llama3_d64"])
+LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def quantize_fp8_checkpoint(model, path):
+    """Rewrites the saved bf16 checkpoint at `path` as llm-compressor's FP8_DYNAMIC scheme saves
+    one: each layer linear's weight per-channel e4m3 (scale = row amax / 448) with `weight_scale`
+    [N, 1] f32; embeddings, norms and lm_head as they are. Sets `model`'s linears to the
+    dequantized values (code x scale), the oracle's weights."""
+    tensors = {}
+    with torch.no_grad():
+        for pname, param in model.state_dict().items():
+            if any(f".{linear}.weight" in pname for linear in LAYER_LINEARS):
+                weight = param.float()
+                scale = weight.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448.0
+                codes = (weight / scale).to(torch.float8_e4m3fn)
+                tensors[pname] = codes.contiguous()
+                tensors[pname.replace(".weight", ".weight_scale")] = scale.contiguous()
+                param.copy_((codes.float() * scale).to(param.dtype))
+            else:
+                tensors[pname] = param.contiguous()
+    for name in os.listdir(path):
+        if name.startswith("model") and name.endswith(".safetensors"):
+            os.remove(os.path.join(path, name))
+    save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    fp8 = {"num_bits": 8, "type": "float", "symmetric": True}
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "float-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {"group_0": {
+            "targets": ["Linear"],
+            "weights": dict(fp8, strategy="channel", dynamic=False),
+            "input_activations": dict(fp8, strategy="token", dynamic=True)}},
+        "ignore": ["lm_head"]}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+
+
 def main():
     out_root = sys.argv[1]
     models = GPU_MODELS if "--set" in sys.argv and sys.argv[sys.argv.index("--set") + 1] == "gpu" \
         else MODELS
     print("transformers", transformers.__version__, "torch", torch.__version__)
-    for seed, (name, (cls, kwargs, save_dtype, shard)) in enumerate(models.items()):
+    entries = list(models.items())
+    if models is GPU_MODELS:
+        entries.append(FP8_MODEL)
+    for seed, (name, (cls, kwargs, save_dtype, shard)) in enumerate(entries):
+        fp8 = name == FP8_MODEL[0]
         torch.manual_seed(1234 + seed)
         config_cls = MistralConfig if cls is MistralForCausalLM else LlamaConfig
         config = config_cls(**{**COMMON, **kwargs})
@@ -158,6 +206,8 @@ def main():
         # The oracle: the saved checkpoint loaded back in fp32, as a user would load it (RoPE's
         # inv_freq is recomputed in fp32; casting the in-memory model would round it to bf16).
         model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+        if fp8:
+            quantize_fp8_checkpoint(model, path)
         gen = torch.Generator().manual_seed(99 + seed)
         ids = torch.cat([torch.tensor([BOS]), torch.randint(0, 256, (PROMPT_LEN - 1,), generator=gen)])
         with torch.no_grad():
