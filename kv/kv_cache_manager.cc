@@ -271,7 +271,49 @@ std::vector<std::pair<int32_t, int32_t>> KvCacheManager::TakePageTablePatches() 
   return out;
 }
 
+int KvCacheManager::CachedPrefixPages(std::span<const PageKey> keys) const {
+  int pages = 0;
+  while (pages < static_cast<int>(keys.size()) && pool_.Lookup(keys[pages]) >= 0) ++pages;
+  return pages;
+}
+
+void KvCacheManager::AttachCachedPages(SeqId id, int layer, std::span<const PageKey> keys) {
+  Sequence& seq = Get(id);
+  int& held = PagesHeld(seq.slot)[layer];
+  SIEVE_CHECK(held == 0) << "a cached prefix goes into an empty list (layer " << layer << ")";
+  SIEVE_CHECK(static_cast<int>(keys.size()) <= options_.max_pages_per_seq);
+  for (const PageKey& key : keys) {
+    const int32_t page = pool_.Lookup(key);
+    SIEVE_CHECK(page >= 0) << "a cached prefix page is gone (layer " << layer << ")";
+    pool_.Acquire(page);
+    WriteTable(layer, seq.slot, held++, page);
+  }
+  seq.pages_held += static_cast<int>(keys.size());
+  lengths_[static_cast<int64_t>(layer) * options_.max_seqs + seq.slot] =
+      static_cast<int32_t>(keys.size()) * options_.page_size;
+}
+
+int KvCacheManager::RegisterPages(SeqId id, int layer, std::span<const PageKey> keys) {
+  const Sequence& seq = Get(id);
+  SIEVE_CHECK(static_cast<int>(keys.size()) <= PagesHeld(seq.slot)[layer] &&
+              static_cast<int64_t>(keys.size()) * options_.page_size <= Length(id, layer))
+      << "only full pages take a key (layer " << layer << ")";
+  int registered = 0;
+  for (int index = 0; index < static_cast<int>(keys.size()); ++index) {
+    registered += pool_.Register(page_table_[TableIndex(layer, seq.slot, index)], keys[index]);
+  }
+  return registered;
+}
+
+bool KvCacheManager::PageIsShared(SeqId id, int layer, int page_index) const {
+  const Sequence& seq = Get(id);
+  SIEVE_CHECK(page_index >= 0 && page_index < PagesHeld(seq.slot)[layer]);
+  const int32_t page = page_table_[TableIndex(layer, seq.slot, page_index)];
+  return pool_.ref_count(page) > 1 || pool_.HasKey(page);
+}
+
 Status KvCacheManager::CheckInvariants() const {
+  SIEVE_RETURN_IF_ERROR(pool_.CheckInvariants());
   std::vector<int> owners(pool_.num_pages(), 0);
   std::vector<bool> slot_used(options_.max_seqs, false);
   // A slot's lists: valid page ids in each row's first `held` entries, -1 past them.
@@ -318,13 +360,12 @@ Status KvCacheManager::CheckInvariants() const {
   }
   int used = 0;
   for (int32_t page = 0; page < pool_.num_pages(); ++page) {
-    if (owners[page] > 1) return InternalError("page " + std::to_string(page) + " in two lists");
     if (owners[page] != pool_.ref_count(page)) {
       return InternalError("page " + std::to_string(page) + " ref count " +
                            std::to_string(pool_.ref_count(page)) + " but " +
                            std::to_string(owners[page]) + " owners (leak or double free)");
     }
-    used += owners[page];
+    used += owners[page] > 0;
   }
   if (used != pool_.num_used()) return InternalError("pool's used count disagrees with the lists");
   for (int slot = 0; slot < options_.max_seqs; ++slot) {

@@ -9,9 +9,9 @@
 // `pages held` entries of its row, so growing one writes the table and nothing else.
 //
 // Ownership: the engine thread. Planning queries are const; Grow/SetLength/Remove commit.
-// Invariants (CheckInvariants): every used page belongs to exactly one (sequence, layer) list;
-// a list holds ceil(capacity / page_size) pages and length <= capacity; a row is -1 past its
-// list.
+// Invariants (CheckInvariants): a used page's ref count is the number of (sequence, layer) lists
+// that hold it (more than one only for a cached prefix's pages); a list holds
+// ceil(capacity / page_size) pages and length <= capacity; a row is -1 past its list.
 #pragma once
 
 #include <cstdint>
@@ -86,8 +86,28 @@ class KvCacheManager {
   // SetLength for every layer ([L] lengths).
   void SetLengths(SeqId id, std::span<const int> lengths);
 
+  // ---- prefix cache (BlockPool's keyed pages; kv/README.md "Prefix caching") ----
+  // How many of `keys` (a layer's full-page keys of a prompt, chained) have a page, from the
+  // first: the layer's cached prefix, in pages.
+  int CachedPrefixPages(std::span<const PageKey> keys) const;
+  // Puts the pages of `keys` (each must have one: CachedPrefixPages) at the head of the layer's
+  // empty list, one reference each, and sets its length to keys.size() * page_size.
+  void AttachCachedPages(SeqId id, int layer, std::span<const PageKey> keys);
+  // Keys the layer's first keys.size() pages, which must be full (length >= keys.size() *
+  // page_size) and whose entries must not change while keyed. Returns how many took their key
+  // (a page keyed already, or a key another page holds, is left as it is).
+  int RegisterPages(SeqId id, int layer, std::span<const PageKey> keys);
+  // Whether the layer's page at `page_index` is shared with another list or keyed (its entries
+  // are read by others, or may be: writing into it would change their K/V).
+  bool PageIsShared(SeqId id, int layer, int page_index) const;
+  int num_cached_pages() const { return pool_.num_cached(); }
+  int64_t num_evicted_pages() const { return pool_.num_evicted(); }
+  // Frees every cached page and forgets every key.
+  void ClearPrefixCache() { pool_.ClearCache(); }
+
   // ---- accounting ----
-  // Pages for sequences (the padding slot's are set apart and not counted).
+  // Pages for sequences (the padding slot's are set apart and not counted). Free pages include
+  // cached ones, which Grow evicts when it needs them.
   int num_pages() const { return pool_.num_pages() - padding_pages_; }
   int num_free_pages() const { return pool_.num_free(); }
   int num_used_pages() const { return pool_.num_used() - padding_pages_; }
