@@ -271,9 +271,27 @@ std::vector<std::pair<int32_t, int32_t>> KvCacheManager::TakePageTablePatches() 
   return out;
 }
 
-int KvCacheManager::CachedPrefixPages(std::span<const PageKey> keys) const {
+int KvCacheManager::PagesFreedByRemoval(SeqId id) const {
+  const Sequence& seq = Get(id);
+  if (pool_.num_keyed() == 0) return seq.pages_held;  // nothing is shared without the cache
+  int freed = 0;
+  for (int layer = 0; layer < options_.num_layers; ++layer) {
+    const int32_t* row = &page_table_[TableIndex(layer, seq.slot, 0)];
+    for (int index = 0; index < PagesHeld(seq.slot)[layer]; ++index) {
+      freed += pool_.ref_count(row[index]) == 1;
+    }
+  }
+  return freed;
+}
+
+int KvCacheManager::CachedPrefixPages(std::span<const PageKey> keys, int* idle) const {
   int pages = 0;
-  while (pages < static_cast<int>(keys.size()) && pool_.Lookup(keys[pages]) >= 0) ++pages;
+  if (idle != nullptr) *idle = 0;
+  for (; pages < static_cast<int>(keys.size()); ++pages) {
+    const int32_t page = pool_.Lookup(keys[pages]);
+    if (page < 0) break;
+    if (idle != nullptr && pool_.ref_count(page) == 0) ++*idle;
+  }
   return pages;
 }
 
@@ -293,14 +311,17 @@ void KvCacheManager::AttachCachedPages(SeqId id, int layer, std::span<const Page
       static_cast<int32_t>(keys.size()) * options_.page_size;
 }
 
-int KvCacheManager::RegisterPages(SeqId id, int layer, std::span<const PageKey> keys) {
+int KvCacheManager::RegisterPages(SeqId id, int layer, int first_page,
+                                  std::span<const PageKey> keys) {
   const Sequence& seq = Get(id);
-  SIEVE_CHECK(static_cast<int>(keys.size()) <= PagesHeld(seq.slot)[layer] &&
-              static_cast<int64_t>(keys.size()) * options_.page_size <= Length(id, layer))
+  const int end = first_page + static_cast<int>(keys.size());
+  SIEVE_CHECK(first_page >= 0 && end <= PagesHeld(seq.slot)[layer] &&
+              static_cast<int64_t>(end) * options_.page_size <= Length(id, layer))
       << "only full pages take a key (layer " << layer << ")";
   int registered = 0;
-  for (int index = 0; index < static_cast<int>(keys.size()); ++index) {
-    registered += pool_.Register(page_table_[TableIndex(layer, seq.slot, index)], keys[index]);
+  for (int index = first_page; index < end; ++index) {
+    registered +=
+        pool_.Register(page_table_[TableIndex(layer, seq.slot, index)], keys[index - first_page]);
   }
   return registered;
 }

@@ -89,14 +89,16 @@ class KvCacheManager {
   // ---- prefix cache (BlockPool's keyed pages; kv/README.md "Prefix caching") ----
   // How many of `keys` (a layer's full-page keys of a prompt, chained) have a page, from the
   // first: the layer's cached prefix, in pages.
-  int CachedPrefixPages(std::span<const PageKey> keys) const;
+  // `idle`, when given, gets how many of those pages no list holds (cached: counted free until
+  // attached).
+  int CachedPrefixPages(std::span<const PageKey> keys, int* idle = nullptr) const;
   // Puts the pages of `keys` (each must have one: CachedPrefixPages) at the head of the layer's
   // empty list, one reference each, and sets its length to keys.size() * page_size.
   void AttachCachedPages(SeqId id, int layer, std::span<const PageKey> keys);
-  // Keys the layer's first keys.size() pages, which must be full (length >= keys.size() *
-  // page_size) and whose entries must not change while keyed. Returns how many took their key
-  // (a page keyed already, or a key another page holds, is left as it is).
-  int RegisterPages(SeqId id, int layer, std::span<const PageKey> keys);
+  // Keys the layer's pages [first_page, first_page + keys.size()), which must be full and whose
+  // entries must not change while keyed. Returns how many took their key (a page keyed already,
+  // or a key another page holds, is left as it is).
+  int RegisterPages(SeqId id, int layer, int first_page, std::span<const PageKey> keys);
   // Whether the layer's page at `page_index` is shared with another list or keyed (its entries
   // are read by others, or may be: writing into it would change their K/V).
   bool PageIsShared(SeqId id, int layer, int page_index) const;
@@ -113,6 +115,9 @@ class KvCacheManager {
   int num_used_pages() const { return pool_.num_used() - padding_pages_; }
   int PagesUsedByLayer(int layer) const;
   int PagesUsedBySequence(SeqId id) const;
+  // Pages RemoveSequence(id) would return to the free count: those no other list holds (a shared
+  // cached-prefix page stays used).
+  int PagesFreedByRemoval(SeqId id) const;
   int64_t EntriesHeldByLayer(int layer) const;
 
   // ---- device mirror ----

@@ -167,7 +167,7 @@ TEST(KvCacheManagerTest, ASecondPromptAttachesTheFirstsFullPages) {
   ASSERT_TRUE(manager.Grow(1, std::vector<int>{14, 14}));
   manager.SetLengths(1, std::vector<int>{14, 14});
   for (int layer = 0; layer < 2; ++layer) {
-    EXPECT_EQ(manager.RegisterPages(1, layer, LayerKeys(prompt, layer, 4)), 3);
+    EXPECT_EQ(manager.RegisterPages(1, layer, 0, LayerKeys(prompt, layer, 4)), 3);
   }
   // A prompt that extends the first finds its 3 full pages in each layer while the first runs...
   std::vector<int32_t> extended = prompt;
@@ -176,7 +176,9 @@ TEST(KvCacheManagerTest, ASecondPromptAttachesTheFirstsFullPages) {
   for (int layer = 0; layer < 2; ++layer) {
     const std::vector<PageKey> keys = LayerKeys(extended, layer, 4);
     ASSERT_EQ(keys.size(), 7u);
-    EXPECT_EQ(manager.CachedPrefixPages(keys), 3);
+    int idle = -1;
+    EXPECT_EQ(manager.CachedPrefixPages(keys, &idle), 3);
+    EXPECT_EQ(idle, 0);  // sequence 1 holds them
     manager.AttachCachedPages(2, layer, std::span(keys).first(3));
     EXPECT_EQ(manager.Length(2, layer), 12);
     EXPECT_TRUE(manager.PageIsShared(2, layer, 0));
@@ -199,7 +201,9 @@ TEST(KvCacheManagerTest, ASecondPromptAttachesTheFirstsFullPages) {
   ASSERT_TRUE(manager.CheckInvariants().ok()) << manager.CheckInvariants().ToString();
   // A third request hits them after its predecessors are gone.
   ASSERT_TRUE(manager.AddSequence(3).ok());
-  EXPECT_EQ(manager.CachedPrefixPages(LayerKeys(extended, 0, 4)), 3);
+  int idle = -1;
+  EXPECT_EQ(manager.CachedPrefixPages(LayerKeys(extended, 0, 4), &idle), 3);
+  EXPECT_EQ(idle, 3);  // nobody holds them: attaching takes them out of the free count
   manager.RemoveSequence(3);
 }
 
@@ -214,7 +218,7 @@ TEST(KvCacheManagerTest, CachedPagesGiveWayUnderPressure) {
     ASSERT_TRUE(manager.Grow(id, std::vector<int>{16, 16}));
     manager.SetLengths(id, std::vector<int>{16, 16});
     for (int layer = 0; layer < 2; ++layer) {
-      manager.RegisterPages(id, layer, LayerKeys(prompts.back(), layer, 4));
+      manager.RegisterPages(id, layer, 0, LayerKeys(prompts.back(), layer, 4));
     }
     manager.RemoveSequence(id);
   }

@@ -182,6 +182,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(
   sched_options.enable_chunked_prefill = options.enable_chunked_prefill;
   sched_options.max_model_len = options.max_model_len;
   sched_options.prompt_logprob_rows = options.prompt_logprob_rows;
+  sched_options.enable_prefix_caching = options.enable_prefix_caching;
   engine->scheduler_ = std::make_unique<Scheduler>(sched_options, engine->kv_.get());
   ModelRunnerOptions runner_options;
   runner_options.max_num_seqs = options.max_num_seqs;
@@ -739,6 +740,10 @@ EngineStats Engine::Stats() const {
   stats.num_pages = kv_->num_pages();
   stats.num_pages_used = kv_->num_used_pages();
   stats.num_preemptions = scheduler_->num_preemptions();
+  stats.prefix_cache_queries = scheduler_->prefix_cache_queries();
+  stats.prefix_cache_hits = scheduler_->prefix_cache_hits();
+  stats.num_cached_pages = kv_->num_cached_pages();
+  stats.num_evicted_pages = kv_->num_evicted_pages();
   stats.num_decode_graphs = runner_->num_graphs();
   stats.pages_used_by_layer.resize(kv_->num_layers());
   for (int layer = 0; layer < kv_->num_layers(); ++layer) {

@@ -70,6 +70,9 @@ struct EngineOptions {
   // chunks of at most this many tokens. A request whose policy must score more prompt rows in
   // its last chunk (KvPolicy::FinalChunkRows) is refused.
   int prompt_logprob_rows = 256;
+  // Prefix caching (SchedulerOptions::enable_prefix_caching): dense requests share the KV pages
+  // of the prompt tokens they have in common with earlier ones, computed once.
+  bool enable_prefix_caching = false;
 };
 
 // The KV pool's dtype for EngineOptions::kv_cache_dtype on a backend of `activation_dtype`;
@@ -120,6 +123,13 @@ struct EngineStats {
   int peak_pages_used = 0;
   int64_t num_preemptions = 0;
   int64_t prompt_tokens = 0;  // prompt tokens prefilled (recomputes included)
+  // Prefix cache: prompt tokens looked up at admission and those found (not prefilled), as vLLM
+  // counts prefix_cache_queries / prefix_cache_hits; the pages cached with no request holding
+  // them (counted free), and those evicted to make room.
+  int64_t prefix_cache_queries = 0;
+  int64_t prefix_cache_hits = 0;
+  int num_cached_pages = 0;
+  int64_t num_evicted_pages = 0;
   int64_t generation_tokens = 0;
   int64_t steps = 0;
   int64_t steps_launched_ahead = 0;  // launched before the step before's samples were read

@@ -728,3 +728,113 @@ TEST(EngineTest, PerRequestPolicyOptions) {
 
 }  // namespace
 }  // namespace sieve
+
+namespace sieve {
+namespace {
+
+// Prefix caching (EngineOptions::enable_prefix_caching): requests that share a prompt prefix with
+// earlier ones attach its cached pages and prefill only the rest, and answer bitwise as on a cold
+// cache (the CPU's kernels give a row the same bits whatever else is in its step). A sparse
+// request in the mix neither reuses nor leaves pages. Runs one request first (it leaves the
+// prefix), then the rest together, in chunks of 48 tokens, with 4-entry pages.
+TEST(EngineTest, PrefixCacheHitsAnswerAsOnAColdCache) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  const std::vector<int32_t> prefix = RandomPrompt(rng, 61);
+  std::vector<Request> requests;
+  for (int index = 0; index < 7; ++index) {
+    std::vector<int32_t> prompt = prefix;
+    const std::vector<int32_t> suffix = RandomPrompt(rng, 1 + static_cast<int>(rng() % 30));
+    // Request 5 repeats request 0's prompt exactly; request 6 is sparse.
+    if (index != 5) prompt.insert(prompt.end(), suffix.begin(), suffix.end());
+    requests.push_back({prompt, Greedy(6 + index), index == 6 ? "snapkv" : ""});
+  }
+  requests[5].prompt = requests[0].prompt;
+  const auto run = [&](bool caching, EngineStats* stats) {
+    EngineOptions options = TightPolicyOptions("full");
+    options.max_num_batched_tokens = 48;
+    options.enable_prefix_caching = caching;
+    TestEngine t = MakeEngine(config, options);
+    std::vector<Completion> out;
+    const RequestId first = *t.engine->Add(requests[0]);
+    out.push_back(RunToEnd(*t.engine).at(first));
+    std::vector<RequestId> ids;
+    for (size_t index = 1; index < requests.size(); ++index) {
+      const auto id = t.engine->Add(requests[index]);
+      EXPECT_TRUE(id.ok()) << id.status().ToString();
+      ids.push_back(*id);
+    }
+    const auto done = RunToEnd(*t.engine);
+    for (const RequestId id : ids) out.push_back(done.at(id));
+    *stats = t.engine->Stats();
+    EXPECT_EQ(stats->num_pages_used, 0);
+    return out;
+  };
+  EngineStats cold_stats, cached_stats;
+  const auto cold = run(false, &cold_stats);
+  const auto cached = run(true, &cached_stats);
+  ASSERT_EQ(cold.size(), cached.size());
+  for (size_t index = 0; index < cold.size(); ++index) {
+    EXPECT_EQ(cached[index].tokens, cold[index].tokens) << "request " << index;
+    EXPECT_EQ(cached[index].logprobs, cold[index].logprobs) << "request " << index;
+  }
+  EXPECT_EQ(cold_stats.prefix_cache_hits, 0);
+  EXPECT_EQ(cold_stats.prefix_cache_queries, 0);
+  // Requests 1-4 each find the prefix's 15 whole pages (60 tokens); request 5 (request 0's prompt)
+  // finds every whole page of it that leaves its last token to compute.
+  const int64_t hits = 4 * 60 + (static_cast<int64_t>(requests[0].prompt.size()) - 1) / 4 * 4;
+  EXPECT_EQ(cached_stats.prefix_cache_hits, hits);
+  int64_t dense_prompt_tokens = 0;
+  for (size_t index = 0; index < 6; ++index) dense_prompt_tokens += requests[index].prompt.size();
+  EXPECT_EQ(cached_stats.prefix_cache_queries, dense_prompt_tokens);
+  EXPECT_EQ(cached_stats.prompt_tokens, cold_stats.prompt_tokens - hits);
+  EXPECT_GT(cached_stats.num_cached_pages, 0);
+}
+
+// A pool that forces preemptions: with the cache on, dense requests sharing a prefix answer as with
+// it off, preempted ones find their own prompt's pages again, cached pages give way to running
+// requests (nothing is refused), and no page leaks.
+TEST(EngineTest, PrefixCacheUnderPreemptionAnswersAsOnAColdCache) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  const std::vector<int32_t> prefix = RandomPrompt(rng, 40);
+  std::vector<Request> requests;
+  for (int index = 0; index < 12; ++index) {
+    std::vector<int32_t> prompt = index % 3 == 0 ? RandomPrompt(rng, 20) : prefix;
+    const std::vector<int32_t> suffix = RandomPrompt(rng, 1 + static_cast<int>(rng() % 20));
+    prompt.insert(prompt.end(), suffix.begin(), suffix.end());
+    requests.push_back({prompt, Greedy(20 + static_cast<int>(rng() % 30)), ""});
+  }
+  const auto run = [&](bool caching, EngineStats* stats) {
+    EngineOptions options = TightPolicyOptions("full");
+    options.enable_prefix_caching = caching;
+    options.kv_memory_bytes = 70 * config.num_layers * PageBytes(config, 4);
+    TestEngine t = MakeEngine(config, options);
+    std::vector<RequestId> ids;
+    for (const Request& request : requests) {
+      const auto id = t.engine->Add(request);
+      EXPECT_TRUE(id.ok()) << id.status().ToString();
+      ids.push_back(*id);
+    }
+    const auto done = RunToEnd(*t.engine);
+    std::vector<Completion> out;
+    for (const RequestId id : ids) out.push_back(done.at(id));
+    *stats = t.engine->Stats();
+    EXPECT_EQ(stats->num_pages_used, 0);
+    return out;
+  };
+  EngineStats cold_stats, cached_stats;
+  const auto cold = run(false, &cold_stats);
+  const auto cached = run(true, &cached_stats);
+  for (size_t index = 0; index < cold.size(); ++index) {
+    EXPECT_EQ(cached[index].tokens, cold[index].tokens) << "request " << index;
+    EXPECT_EQ(cached[index].logprobs, cold[index].logprobs) << "request " << index;
+  }
+  EXPECT_GT(cold_stats.num_preemptions, 0) << "the pool is meant to preempt";
+  EXPECT_GT(cached_stats.num_preemptions, 0) << "the pool is meant to preempt";
+  EXPECT_GT(cached_stats.prefix_cache_hits, 0);
+  EXPECT_LE(cached_stats.num_cached_pages, cached_stats.num_pages);
+}
+
+}  // namespace
+}  // namespace sieve

@@ -49,6 +49,10 @@ void Scheduler::Add(Sequence sequence) {
   sequence.state = SequenceState::kWaiting;
   sequence.num_computed = 0;
   sequence.prefill_target = static_cast<int>(sequence.tokens.size());
+  sequence.uses_prefix_cache =
+      options_.enable_prefix_caching && sequence.policy->IsDense() && !sequence.prompt_logprobs;
+  sequence.cache_extra = MixExtraKey(0, sequence.policy->ToString());
+  sequence.prompt_pages_keyed = 0;
   const SeqId id = sequence.id;
   SIEVE_CHECK(seqs_.count(id) == 0) << "sequence " << id << " added twice";
   waiting_.push_back(id);
@@ -83,8 +87,53 @@ const Sequence* Scheduler::Find(SeqId id) const {
   return it == seqs_.end() ? nullptr : &it->second;
 }
 
-int Scheduler::ChunkSize(const Sequence& seq, int token_budget) const {
-  const int remaining = seq.prefill_target - seq.num_computed;
+std::vector<PageKey> Scheduler::PromptKeys(const Sequence& seq, int layer, int first, int end,
+                                           uint64_t parent) const {
+  const int page_size = kv_->page_size();
+  const uint64_t extra = MixExtraKey(seq.cache_extra, static_cast<uint64_t>(layer));
+  std::vector<PageKey> keys;
+  keys.reserve(std::max(0, end - first));
+  for (int page = first; page < end; ++page) {
+    keys.push_back(MakePageKey(
+        parent, extra, std::span<const int32_t>(seq.tokens).subspan(page * page_size, page_size)));
+    parent = keys.back().hash;
+  }
+  return keys;
+}
+
+int Scheduler::CachedPrefixPages(const Sequence& seq, int* idle) const {
+  *idle = 0;
+  if (!seq.uses_prefix_cache || seq.num_computed != 0) return 0;
+  // Whole prompt pages, leaving at least one token to compute (its logits give the next token).
+  int pages = std::min(seq.num_prompt_tokens, seq.prefill_target - 1) / kv_->page_size();
+  for (int layer = 0; layer < kv_->num_layers() && pages > 0; ++layer) {
+    pages = kv_->CachedPrefixPages(PromptKeys(seq, layer, 0, pages, 0));
+  }
+  if (pages == 0) return 0;
+  for (int layer = 0; layer < kv_->num_layers(); ++layer) {
+    int layer_idle = 0;
+    kv_->CachedPrefixPages(PromptKeys(seq, layer, 0, pages, 0), &layer_idle);
+    *idle += layer_idle;
+  }
+  return pages;
+}
+
+void Scheduler::KeyComputedPages(Sequence& seq) {
+  const int full = std::min(seq.num_computed, seq.num_prompt_tokens) / kv_->page_size();
+  if (full <= seq.prompt_pages_keyed) return;
+  const int layers = kv_->num_layers();
+  seq.key_chain_tail.resize(layers, 0);
+  for (int layer = 0; layer < layers; ++layer) {
+    const std::vector<PageKey> keys =
+        PromptKeys(seq, layer, seq.prompt_pages_keyed, full, seq.key_chain_tail[layer]);
+    kv_->RegisterPages(seq.id, layer, seq.prompt_pages_keyed, keys);
+    seq.key_chain_tail[layer] = keys.back().hash;
+  }
+  seq.prompt_pages_keyed = full;
+}
+
+int Scheduler::ChunkSize(const Sequence& seq, int token_budget, int start) const {
+  const int remaining = seq.prefill_target - start;
   if (remaining <= token_budget) return remaining;
   if (!options_.enable_chunked_prefill) return 0;
   // The rows the policy scores must all be in the final chunk (their queries are not kept).
@@ -94,19 +143,20 @@ int Scheduler::ChunkSize(const Sequence& seq, int token_budget) const {
   return std::max(chunk, 0);
 }
 
-ScheduledSequence Scheduler::PlanPrefill(const Sequence& seq, int chunk, StepPlan& plan) const {
+ScheduledSequence Scheduler::PlanPrefill(const Sequence& seq, int chunk, int start,
+                                         StepPlan& plan) const {
   const int layers = kv_->num_layers();
   ScheduledSequence out;
   out.id = seq.id;
-  out.context_len = seq.num_computed;
+  out.context_len = start;
   out.num_tokens = chunk;
-  out.final_chunk = seq.num_computed + chunk == seq.prefill_target;
+  out.final_chunk = start + chunk == seq.prefill_target;
   // A request of max_tokens 0 (prompt logprobs only) samples nothing after its prompt.
   out.sample = out.final_chunk && seq.max_total_tokens > seq.num_prompt_tokens;
   out.layer_rows = plan.AddLayerRows();
   int* capacities = plan.capacities.data() + out.layer_rows;
   int* lengths_after = plan.lengths_after.data() + out.layer_rows;
-  const int end = seq.num_computed + chunk;
+  const int end = start + chunk;
   if (!out.final_chunk) {
     std::fill(capacities, capacities + layers, end);
     std::fill(lengths_after, lengths_after + layers, end);
@@ -118,7 +168,7 @@ ScheduledSequence Scheduler::PlanPrefill(const Sequence& seq, int chunk, StepPla
     if (layer_plan.compress) {
       // Earlier chunks' entries stay in the pages until gathered; the kept ones are then written
       // over the head of the same list.
-      capacities[layer] = std::max(seq.num_computed, layer_plan.budget);
+      capacities[layer] = std::max(start, layer_plan.budget);
       lengths_after[layer] = layer_plan.budget;
     } else {
       capacities[layer] = end;
@@ -218,9 +268,9 @@ void Scheduler::Plan(StepPlan& plan) const {
     if (seq.finishing) continue;
     ScheduledSequence scheduled;
     if (seq.in_prefill()) {
-      const int chunk = ChunkSize(seq, chunk_budget(seq));
+      const int chunk = ChunkSize(seq, chunk_budget(seq), seq.num_computed);
       if (chunk == 0) continue;
-      scheduled = PlanPrefill(seq, chunk, plan);
+      scheduled = PlanPrefill(seq, chunk, seq.num_computed, plan);
     } else {
       if (token_budget < 1) continue;
       if (seq.policy != caps.policy) caps.Load(*seq.policy, kv_->num_layers());
@@ -233,7 +283,7 @@ void Scheduler::Plan(StepPlan& plan) const {
     while (needed > free_pages) {
       const SeqId victim = newest_running();
       preempted.push_back(victim);
-      free_pages += kv_->PagesUsedBySequence(victim);
+      free_pages += kv_->PagesFreedByRemoval(victim);
       if (victim == id) {
         self_preempted = true;
         break;
@@ -268,10 +318,16 @@ void Scheduler::Plan(StepPlan& plan) const {
     for (const SeqId id : waiting_) {
       if (running >= options_.max_num_seqs || free_slots == 0 || token_budget == 0) break;
       const Sequence& seq = seqs_.at(id);
-      const int chunk = ChunkSize(seq, chunk_budget(seq));
+      // A cached prefix is attached, not allocated: its pages that no list holds leave the free
+      // count, and the prefill starts after it.
+      int idle_cached = 0;
+      const int cached_pages = CachedPrefixPages(seq, &idle_cached);
+      const int cached_tokens = cached_pages * kv_->page_size();
+      const int chunk = ChunkSize(seq, chunk_budget(seq), cached_tokens);
       if (chunk == 0) break;
-      ScheduledSequence scheduled = PlanPrefill(seq, chunk, plan);
-      const int needed = kv_->PagesToGrow(-1, plan.Capacities(scheduled));
+      ScheduledSequence scheduled = PlanPrefill(seq, chunk, cached_tokens, plan);
+      const int needed = kv_->PagesToGrow(-1, plan.Capacities(scheduled)) -
+                         cached_pages * kv_->num_layers() + idle_cached;
       const int after = PagesAfterCompression(seq);
       if (needed > free_pages || pages_after + after > kv_->num_pages()) break;
       free_pages -= needed;
@@ -282,6 +338,7 @@ void Scheduler::Plan(StepPlan& plan) const {
       ++running;
       --free_slots;
       plan.admitted.push_back(id);
+      plan.admitted_cached_tokens.push_back(cached_tokens);
       plan.prefills.push_back(std::move(scheduled));
     }
   }
@@ -297,6 +354,7 @@ void Scheduler::Commit(const StepPlan& plan) {
     // Dense: everything at once. Sparse: the prompt, then the generated tokens replayed.
     seq.prefill_target =
         seq.policy->IsDense() ? static_cast<int>(seq.tokens.size()) : seq.num_prompt_tokens;
+    seq.prompt_pages_keyed = 0;  // its keyed pages stay cached: readmission may attach them
     ++seq.num_preemptions;
     ++num_preemptions_;
     // Back to the queue in arrival order: it goes before everything that came after it.
@@ -305,10 +363,30 @@ void Scheduler::Commit(const StepPlan& plan) {
     });
     waiting_.insert(position, id);
   }
-  for (const SeqId id : plan.admitted) {
+  for (size_t index = 0; index < plan.admitted.size(); ++index) {
+    const SeqId id = plan.admitted[index];
     Sequence& seq = seqs_.at(id);
     const auto slot = kv_->AddSequence(id);
     SIEVE_CHECK(slot.ok()) << slot.status().ToString();
+    // Attached before any growth of this step, which could evict them.
+    const int cached_tokens = plan.admitted_cached_tokens[index];
+    if (seq.uses_prefix_cache) {
+      prefix_cache_queries_ += seq.prefill_target;
+      prefix_cache_hits_ += cached_tokens;
+    }
+    if (cached_tokens > 0) {
+      const int pages = cached_tokens / kv_->page_size();
+      seq.key_chain_tail.assign(kv_->num_layers(), 0);
+      for (int layer = 0; layer < kv_->num_layers(); ++layer) {
+        const std::vector<PageKey> keys = PromptKeys(seq, layer, 0, pages, 0);
+        SIEVE_CHECK(kv_->CachedPrefixPages(keys) == pages)
+            << "a planned cached prefix of sequence " << id << " is gone";
+        kv_->AttachCachedPages(id, layer, keys);
+        seq.key_chain_tail[layer] = keys.back().hash;
+      }
+      seq.num_computed = cached_tokens;
+      seq.prompt_pages_keyed = pages;
+    }
     seq.state = SequenceState::kRunning;
     std::erase(waiting_, id);
     const auto position = std::find_if(running_.begin(), running_.end(), [&](SeqId other) {
@@ -332,6 +410,7 @@ void Scheduler::Complete(const StepPlan& plan) {
       Sequence& seq = seqs_.at(scheduled.id);
       seq.num_computed += scheduled.num_tokens;
       kv_->SetLengths(scheduled.id, plan.LengthsAfter(scheduled));
+      if (seq.uses_prefix_cache && !scheduled.is_decode) KeyComputedPages(seq);
     }
   }
 }

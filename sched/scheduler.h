@@ -38,6 +38,12 @@ struct SchedulerOptions {
   // Most prefill tokens of sequences that need prompt logprobs (Sequence::prompt_logprobs) in one
   // step: each of their rows gets logits, and the logits buffer holds this many such rows.
   int prompt_logprob_rows = 256;
+  // Prefix caching (kv/README.md "Prefix caching"): a dense sequence's full prompt pages are
+  // keyed once computed and stay, cached, after it is gone; a new (or preempted) dense sequence
+  // whose prompt starts with cached pages attaches them and prefills only the rest. Sequences
+  // with a sparse layer, or asking for prompt logprobs (every prompt row's logits), neither look
+  // up nor key pages.
+  bool enable_prefix_caching = false;
 };
 
 class Scheduler {
@@ -70,6 +76,10 @@ class Scheduler {
   int num_running() const { return static_cast<int>(running_.size()); }
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int64_t num_preemptions() const { return num_preemptions_; }
+  // Prompt tokens looked up in the prefix cache at admission, and those found (vLLM's
+  // prefix_cache_queries / prefix_cache_hits).
+  int64_t prefix_cache_queries() const { return prefix_cache_queries_; }
+  int64_t prefix_cache_hits() const { return prefix_cache_hits_; }
   bool HasWork() const { return !running_.empty() || !waiting_.empty(); }
   // Whether a next step could schedule anything: a waiting sequence or a running one that is
   // not finishing (Sequence::finishing).
@@ -77,9 +87,17 @@ class Scheduler {
   const std::vector<SeqId>& running() const { return running_; }
 
  private:
-  // Tokens of this sequence's prefill that fit in `token_budget` this step (0: none).
-  int ChunkSize(const Sequence& seq, int token_budget) const;
-  ScheduledSequence PlanPrefill(const Sequence& seq, int chunk, StepPlan& plan) const;
+  // Tokens of this sequence's prefill from `start` that fit in `token_budget` this step (0: none).
+  int ChunkSize(const Sequence& seq, int token_budget, int start) const;
+  ScheduledSequence PlanPrefill(const Sequence& seq, int chunk, int start, StepPlan& plan) const;
+  // One layer's keys of the sequence's prompt pages [first, end), chained from `parent`.
+  std::vector<PageKey> PromptKeys(const Sequence& seq, int layer, int first, int end,
+                                  uint64_t parent) const;
+  // Leading prompt pages every layer has cached for this waiting sequence (at most what leaves
+  // one token to compute), and how many of all layers' such pages no list holds.
+  int CachedPrefixPages(const Sequence& seq, int* idle) const;
+  // Keys the prompt pages that the sequence's progress has made full.
+  void KeyComputedPages(Sequence& seq);
   // Each layer's decode cap (DecodeLimit::max_entries, 0: none) under one policy, so that Plan()
   // reads them once per policy rather than once per (sequence, layer).
   struct DecodeCaps {
@@ -99,6 +117,8 @@ class Scheduler {
   std::vector<SeqId> running_;  // arrival order
   std::vector<SeqId> waiting_;  // arrival order
   int64_t num_preemptions_ = 0;
+  int64_t prefix_cache_queries_ = 0;
+  int64_t prefix_cache_hits_ = 0;
 };
 
 }  // namespace sieve

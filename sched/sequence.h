@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kv/kv_cache_manager.h"
+#include "kv/page_key.h"
 #include "sparsity/kv_policy.h"
 
 namespace sieve {
@@ -37,6 +38,14 @@ struct Sequence {
   // Its last token has been sampled by a step whose results the engine has not read yet
   // (Engine's overlapped steps): no further step is planned for it.
   bool finishing = false;
+  // Prefix caching (Scheduler, kv/README.md "Prefix caching"): whether this sequence looks up
+  // and keys its prompt's full pages, the extra key its pages carry (policy and knobs; the layer
+  // is mixed in per layer), how many of its prompt pages are keyed or attached, and each layer's
+  // last such page's hash (the next key's parent).
+  bool uses_prefix_cache = false;
+  uint64_t cache_extra = 0;
+  int prompt_pages_keyed = 0;
+  std::vector<uint64_t> key_chain_tail;  // [L]
 
   int num_generated() const { return static_cast<int>(tokens.size()) - num_prompt_tokens; }
   // Generated tokens whose values the host knows (the unknown ones are the last).

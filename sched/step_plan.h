@@ -33,6 +33,9 @@ struct StepPlan {
   std::vector<ScheduledSequence> decodes;
   std::vector<SeqId> preempted;  // give back their pages and go back to waiting, in this order
   std::vector<SeqId> admitted;   // waiting -> running this step
+  // [admitted]: leading prompt tokens each admitted sequence takes from the prefix cache (whole
+  // pages; its prefill starts after them).
+  std::vector<int> admitted_cached_tokens;
   int num_tokens = 0;
   int num_layers = 0;
   std::vector<int> capacities;     // [rows][L] entries each layer must hold during the step
@@ -46,6 +49,7 @@ struct StepPlan {
     decodes.clear();
     preempted.clear();
     admitted.clear();
+    admitted_cached_tokens.clear();
     num_tokens = 0;
     num_layers = layers;
     capacities.clear();

@@ -367,6 +367,7 @@ void HttpSession::Route(const Request& request) {
                   {"max_num_seqs", options.max_num_seqs},
                   {"max_num_batched_tokens", options.max_num_batched_tokens},
                   {"enable_chunked_prefill", options.enable_chunked_prefill},
+                  {"enable_prefix_caching", options.enable_prefix_caching},
                   {"kv_policy", engine.kv_policy_spec()},
                   {"kv_policy_options", KvPolicyOptionsToJson(options.kv_policy_options)},
                   {"kv_policy_description", engine.kv_policy_description()},

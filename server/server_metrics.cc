@@ -51,7 +51,8 @@ ServerMetrics::CacheConfig ServerMetrics::CacheConfigOf(const AsyncEngine& engin
   // The engine refused any other --kv-cache-dtype, and bf16 where it is not the activation dtype.
   return {.page_size = options.page_size,
           .num_pages = engine.num_kv_pages(),
-          .cache_dtype = options.kv_cache_dtype == "fp8" ? "fp8" : "auto"};
+          .cache_dtype = options.kv_cache_dtype == "fp8" ? "fp8" : "auto",
+          .enable_prefix_caching = options.enable_prefix_caching};
 }
 
 MetricLabels ServerMetrics::Labels(MetricLabels extra) const {
@@ -112,6 +113,19 @@ std::string ServerMetrics::Render(const AsyncEngineStats& stats, const CacheConf
   }
   counter("sieve:num_preemptions_total", "Requests preempted (their KV freed, recomputed later).",
           static_cast<double>(engine.num_preemptions));
+  counter("sieve:prefix_cache_queries_total",
+          "Prompt tokens of dense requests looked up in the prefix cache at admission.",
+          static_cast<double>(engine.prefix_cache_queries));
+  counter("sieve:prefix_cache_hits_total",
+          "Prompt tokens found in the prefix cache at admission (their KV pages attached, not "
+          "prefilled).",
+          static_cast<double>(engine.prefix_cache_hits));
+  gauge("sieve:kv_cache_pages_cached",
+        "KV-cache pages of earlier prompts kept for reuse that no request holds (counted free).",
+        engine.num_cached_pages);
+  counter("sieve:prefix_cache_evicted_pages_total",
+          "Cached KV pages evicted (least recently released first) to make room.",
+          static_cast<double>(engine.num_evicted_pages));
   counter("sieve:prompt_tokens_total",
           "Prompt tokens prefilled (recomputation after preemption included).",
           static_cast<double>(engine.prompt_tokens));
@@ -161,7 +175,14 @@ std::string ServerMetrics::Render(const AsyncEngineStats& stats, const CacheConf
         {{"block_size", std::to_string(cache.page_size)},
          {"num_gpu_blocks", std::to_string(cache.num_pages)},
          {"cache_dtype", cache.cache_dtype},
-         {"enable_prefix_caching", "False"}});
+         {"enable_prefix_caching", cache.enable_prefix_caching ? "True" : "False"}});
+  counter("vllm:prefix_cache_queries_total",
+          "Prompt tokens looked up in the prefix cache at admission "
+          "(sieve:prefix_cache_queries_total).",
+          static_cast<double>(engine.prefix_cache_queries));
+  counter("vllm:prefix_cache_hits_total",
+          "Prompt tokens found in the prefix cache, not prefilled (sieve:prefix_cache_hits_total).",
+          static_cast<double>(engine.prefix_cache_hits));
   return registry_.Render();
 }
 

@@ -29,6 +29,7 @@ class ServerMetrics {
     // vLLM's cache_dtype: "auto" where the pool holds the activation dtype (--kv-cache-dtype
     // auto, or bf16 where that is it), "fp8" for e4m3 (--kv-cache-dtype fp8, as vLLM's flag).
     std::string cache_dtype = "auto";
+    bool enable_prefix_caching = false;
   };
   static CacheConfig CacheConfigOf(const AsyncEngine& engine);
   // Updates the engine-derived metrics from `stats`, then renders everything.

@@ -63,6 +63,7 @@ struct ServerConfig {
   int max_queue = 0;
   std::string kv_policy = "full";  // the engine's --kv-policy and knobs
   KvPolicyOptions kv_policy_options;
+  bool enable_prefix_caching = false;  // --enable-prefix-caching
   // An engine-thread warm-up before serving (CPU: its prefill steps), reporting to this.
   std::function<void(int done, int total)> warm_up_progress;
 };
@@ -87,6 +88,7 @@ class TestServer {
     options.kv_policy = config.kv_policy;
     options.kv_policy_options = config.kv_policy_options;
     options.kv_cache_dtype = config.kv_cache_dtype;
+    options.enable_prefix_caching = config.enable_prefix_caching;
     auto engine =
         Engine::Create(std::move(loaded_.model), loaded_.tokenizer.get(), loaded_.eos_ids, options);
     SIEVE_CHECK(engine.ok()) << engine.status().ToString();
@@ -1072,6 +1074,41 @@ TEST(ServerTest, ServerInfoAndMetricsGiveThePrecision) {
   // The pool is what the dtype says: 32 MiB of e4m3 entries hold four times the pages of f32
   // ones (the FP8 fixture's pool is capped by its sequences' most pages either way).
   EXPECT_GE(pages[""]["fp8"], 3 * pages[""]["auto"]);
+}
+
+// Prefix caching as the server reports it: /server_info's enable_prefix_caching, vLLM's
+// cache_config_info label, and its prefix_cache_queries / prefix_cache_hits counters (and Sieve's
+// own): a prompt sent twice is looked up twice and its second admission finds every whole page
+// that leaves its last token to compute; the answers are equal (greedy). Off: nothing counted.
+TEST(ServerTest, PrefixCacheIsReportedAsVllmReportsIt) {
+  for (const bool caching : {true, false}) {
+    SCOPED_TRACE(caching ? "cache on" : "cache off");
+    ServerConfig config;
+    config.enable_prefix_caching = caching;
+    TestServer server(config);
+    const int port = server.port();
+    const Response info = Get(port, "/server_info");
+    ASSERT_EQ(info.status, 200) << info.body;
+    EXPECT_EQ(info.Json()["enable_prefix_caching"], caching) << info.body;
+    const std::string prompt(100, 'x');  // 100 bytes: the tiny model's tokens are bytes (+ BOS)
+    const Response first = Post(port, "/v1/completions", Completion(prompt, 4));
+    const Response second = Post(port, "/v1/completions", Completion(prompt, 4));
+    ASSERT_EQ(first.status, 200) << first.body;
+    ASSERT_EQ(second.status, 200) << second.body;
+    EXPECT_EQ(first.Json()["choices"][0]["text"], second.Json()["choices"][0]["text"]);
+    const int prompt_tokens = first.Json()["usage"]["prompt_tokens"].get<int>();
+    const int page_size = info.Json()["page_size"].get<int>();
+    const Response metrics = Get(port, "/metrics");
+    ASSERT_EQ(metrics.status, 200);
+    const double queries = caching ? 2.0 * prompt_tokens : 0.0;
+    const double hits = caching ? (prompt_tokens - 1) / page_size * page_size : 0.0;
+    EXPECT_EQ(Metric(metrics.body, "vllm:prefix_cache_queries_total"), queries) << metrics.body;
+    EXPECT_EQ(Metric(metrics.body, "vllm:prefix_cache_hits_total"), hits) << metrics.body;
+    EXPECT_EQ(Metric(metrics.body, "sieve:prefix_cache_hits_total"), hits) << metrics.body;
+    const std::string label =
+        std::string("enable_prefix_caching=\"") + (caching ? "True" : "False") + "\"";
+    EXPECT_EQ(Metric(metrics.body, "vllm:cache_config_info", label), 1.0) << metrics.body;
+  }
 }
 
 // Warm start: the server listens while the engine warms up; /health answers 503 until the warm-up

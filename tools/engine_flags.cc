@@ -64,6 +64,12 @@ void AddEngineFlags(CLI::App& app, EngineFlags& flags, bool policy_flags) {
       ->capture_default_str();
   app.add_flag("--no-chunked-prefill", flags.no_chunked_prefill,
                "Prefill each prompt in one step (it must fit --max-num-batched-tokens)");
+  app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", flags.enable_prefix_caching,
+               "Share the KV pages of prompt tokens a request has in common with earlier ones "
+               "(whole pages from the prompt's start): computed once, kept after their requests "
+               "end until the pool needs the room (default on, as in vLLM). Requests whose "
+               "policy drops entries, or that ask for prompt logprobs, neither reuse nor leave "
+               "pages (kv/README.md \"Prefix caching\")");
   app.add_option("--page-size", flags.engine.page_size, "KV entries per page")
       ->capture_default_str();
   app.add_option("--kv-memory", flags.kv_memory,
@@ -231,6 +237,7 @@ Result<EngineBundle> BuildEngine(EngineFlags& flags) {
   }
   flags.engine.kv_policy_options.decode_cap_by_score = flags.kv_decode_cap_by == "score";
   flags.engine.enable_chunked_prefill = !flags.no_chunked_prefill;
+  flags.engine.enable_prefix_caching = flags.enable_prefix_caching;
   flags.engine.cuda_graphs = !flags.enforce_eager;
   flags.engine.step_tuning = !flags.no_step_tuning;
   flags.load.max_model_len = flags.engine.max_model_len;

@@ -24,6 +24,7 @@ struct EngineFlags {
   std::string kv_pool = "max";
   std::string kv_group_reduce = "mean";
   bool no_chunked_prefill = false;
+  bool enable_prefix_caching = true;
   std::string kv_decode_cap_by = "score";
   int threads = 0;
   bool enforce_eager = false;
