@@ -71,7 +71,8 @@ Continuations Greedy(Engine& engine, const std::vector<std::vector<int32_t>>& pr
 Continuations Generate(Backend& backend, const std::string& model_dir,
                        const ModelConfig* random_config, const std::string& policy,
                        const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
-                       const std::string& kv_cache_dtype = "auto") {
+                       const std::string& kv_cache_dtype = "auto",
+                       const std::vector<int32_t>* first_prompt = nullptr) {
   std::unique_ptr<LlamaModel> model;
   std::vector<int32_t> eos;
   if (random_config) {
@@ -94,8 +95,17 @@ Continuations Generate(Backend& backend, const std::string& model_dir,
   options.kv_policy_options.recent = 32;
   options.max_num_batched_tokens = 512;
   options.kv_cache_dtype = kv_cache_dtype;
+  // With a first prompt: the prefix cache on, and that prompt run to its end first, so that the
+  // compared prompts (which share its prefix) find its pages cached.
+  options.enable_prefix_caching = first_prompt != nullptr;
   auto engine = Engine::Create(std::move(model), nullptr, eos, options);
   SIEVE_CHECK(engine.ok()) << engine.status().ToString();
+  if (first_prompt != nullptr) {
+    Greedy(**engine, {*first_prompt}, max_tokens);
+    const Continuations run = Greedy(**engine, prompts, max_tokens);
+    EXPECT_GT((*engine)->Stats().prefix_cache_hits, 0) << "the compared prompts hit no page";
+    return run;
+  }
   return Greedy(**engine, prompts, max_tokens);
 }
 
@@ -241,6 +251,34 @@ TEST_F(GpuEngineTest, Fp8KvCacheGreedyMatchesCpu) {
     }
     EXPECT_LE(wide, 3) << name << ": " << wide
                        << " of 20 FP8-KV sequences flipped where the CPU's gap was wide";
+  }
+}
+
+// Prefix caching on the GPU (issue 60): prompts that share a 150-token prefix with a prompt run
+// before them attach its cached pages and prefill only their suffixes (paged prefill attention
+// over the cached prefix), and their greedy tokens equal a cold CPU run's up to near-ties.
+TEST_F(GpuEngineTest, PrefixCacheHitsGreedyMatchesCpu) {
+  auto rng = testing::MakeRng();
+  for (const char* name : {"gpu_llama3_d64", "gpu_mistral_d128"}) {
+    const std::string dir = TestDataDir() + "/models_gpu/" + name;
+    if (!std::filesystem::exists(dir)) {
+      GTEST_SKIP() << dir << " is missing: scripts/gpu_check.sh generates it with transformers";
+    }
+    std::vector<int32_t> prefix(150);
+    for (int32_t& t : prefix) t = static_cast<int32_t>(rng() % 256);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 4; ++i) {
+      std::vector<int32_t> prompt = prefix;
+      for (int t = 0; t < 5 + static_cast<int>(rng() % 40); ++t) {
+        prompt.push_back(static_cast<int32_t>(rng() % 256));
+      }
+      prompts.push_back(prompt);
+    }
+    std::vector<int32_t> first = prefix;
+    first.push_back(7);
+    ExpectSameUpToNearTies(Generate(*cpu_, dir, nullptr, "full", prompts, 16),
+                           Generate(*gpu_, dir, nullptr, "full", prompts, 16, "auto", &first),
+                           std::string(name) + " prefix cache");
   }
 }
 
