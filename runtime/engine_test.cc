@@ -791,6 +791,44 @@ TEST(EngineTest, PrefixCacheHitsAnswerAsOnAColdCache) {
   EXPECT_GT(cached_stats.num_cached_pages, 0);
 }
 
+// A conversation: turn 2's prompt is turn 1's prompt, its answer and a new question. Turn 1's
+// pages of generated tokens are keyed too, so turn 2 prefills only its question and the page tails;
+// its answer is bitwise the cold cache's (the CPU's decode and prefill give a token's K/V the same
+// bits).
+TEST(EngineTest, PrefixCacheCarriesAConversationsAnswerIntoItsNextTurn) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  const std::vector<int32_t> turn1 = RandomPrompt(rng, 30 + static_cast<int>(rng() % 20));
+  const int answer_tokens = 17 + static_cast<int>(rng() % 10);
+  const auto run = [&](bool caching, EngineStats* stats) {
+    EngineOptions options = TightPolicyOptions("full");
+    options.enable_prefix_caching = caching;
+    TestEngine t = MakeEngine(config, options);
+    const RequestId first = *t.engine->Add({turn1, Greedy(answer_tokens), ""});
+    const Completion answer = RunToEnd(*t.engine).at(first);
+    std::vector<int32_t> turn2 = turn1;
+    turn2.insert(turn2.end(), answer.tokens.begin(), answer.tokens.end());
+    const std::vector<int32_t> question = RandomPrompt(rng, 9);
+    turn2.insert(turn2.end(), question.begin(), question.end());
+    const RequestId second = *t.engine->Add({turn2, Greedy(12), ""});
+    const Completion reply = RunToEnd(*t.engine).at(second);
+    *stats = t.engine->Stats();
+    return std::make_pair(answer, reply);
+  };
+  const auto state = rng();
+  EngineStats cold_stats, cached_stats;
+  rng.seed(state);
+  const auto cold = run(false, &cold_stats);
+  rng.seed(state);
+  const auto cached = run(true, &cached_stats);
+  EXPECT_EQ(cached.first.tokens, cold.first.tokens);
+  EXPECT_EQ(cached.second.tokens, cold.second.tokens);
+  EXPECT_EQ(cached.second.logprobs, cold.second.logprobs);
+  // Turn 1 computed its prompt and every answer token but the last: those whole pages.
+  const int computed = static_cast<int>(turn1.size()) + answer_tokens - 1;
+  EXPECT_EQ(cached_stats.prefix_cache_hits, computed / 4 * 4);
+}
+
 // A pool that forces preemptions: with the cache on, dense requests sharing a prefix answer as with
 // it off, preempted ones find their own prompt's pages again, cached pages give way to running
 // requests (nothing is refused), and no page leaks.

@@ -52,7 +52,7 @@ void Scheduler::Add(Sequence sequence) {
   sequence.uses_prefix_cache =
       options_.enable_prefix_caching && sequence.policy->IsDense() && !sequence.prompt_logprobs;
   sequence.cache_extra = MixExtraKey(0, sequence.policy->ToString());
-  sequence.prompt_pages_keyed = 0;
+  sequence.pages_keyed = 0;
   const SeqId id = sequence.id;
   SIEVE_CHECK(seqs_.count(id) == 0) << "sequence " << id << " added twice";
   waiting_.push_back(id);
@@ -62,7 +62,12 @@ void Scheduler::Add(Sequence sequence) {
 bool Scheduler::Remove(SeqId id) {
   const auto it = seqs_.find(id);
   if (it == seqs_.end()) return false;
-  if (kv_->HasSequence(id)) kv_->RemoveSequence(id);
+  if (kv_->HasSequence(id)) {
+    // Its last page may have filled in a step whose input token the host read only after it (a
+    // sample fed on the device): key what is computed now that the tokens are known.
+    if (it->second.uses_prefix_cache) KeyComputedPages(it->second);
+    kv_->RemoveSequence(id);
+  }
   std::erase(running_, id);
   std::erase(waiting_, id);
   seqs_.erase(it);
@@ -87,8 +92,8 @@ const Sequence* Scheduler::Find(SeqId id) const {
   return it == seqs_.end() ? nullptr : &it->second;
 }
 
-std::vector<PageKey> Scheduler::PromptKeys(const Sequence& seq, int layer, int first, int end,
-                                           uint64_t parent) const {
+std::vector<PageKey> Scheduler::SequenceKeys(const Sequence& seq, int layer, int first, int end,
+                                             uint64_t parent) const {
   const int page_size = kv_->page_size();
   const uint64_t extra = MixExtraKey(seq.cache_extra, static_cast<uint64_t>(layer));
   std::vector<PageKey> keys;
@@ -104,32 +109,35 @@ std::vector<PageKey> Scheduler::PromptKeys(const Sequence& seq, int layer, int f
 int Scheduler::CachedPrefixPages(const Sequence& seq, int* idle) const {
   *idle = 0;
   if (!seq.uses_prefix_cache || seq.num_computed != 0) return 0;
-  // Whole prompt pages, leaving at least one token to compute (its logits give the next token).
-  int pages = std::min(seq.num_prompt_tokens, seq.prefill_target - 1) / kv_->page_size();
+  // Whole pages of known tokens (a preempted dense sequence's generated ones too), leaving at
+  // least one token to compute (its logits give the next token).
+  int pages = std::min(seq.num_known_tokens(), seq.prefill_target - 1) / kv_->page_size();
   for (int layer = 0; layer < kv_->num_layers() && pages > 0; ++layer) {
-    pages = kv_->CachedPrefixPages(PromptKeys(seq, layer, 0, pages, 0));
+    pages = kv_->CachedPrefixPages(SequenceKeys(seq, layer, 0, pages, 0));
   }
   if (pages == 0) return 0;
   for (int layer = 0; layer < kv_->num_layers(); ++layer) {
     int layer_idle = 0;
-    kv_->CachedPrefixPages(PromptKeys(seq, layer, 0, pages, 0), &layer_idle);
+    kv_->CachedPrefixPages(SequenceKeys(seq, layer, 0, pages, 0), &layer_idle);
     *idle += layer_idle;
   }
   return pages;
 }
 
 void Scheduler::KeyComputedPages(Sequence& seq) {
-  const int full = std::min(seq.num_computed, seq.num_prompt_tokens) / kv_->page_size();
-  if (full <= seq.prompt_pages_keyed) return;
+  // Generated tokens' pages too (the next turn of a conversation extends this prompt and its
+  // answer), once the host knows their tokens (Remove keys the last ones).
+  const int full = std::min(seq.num_computed, seq.num_known_tokens()) / kv_->page_size();
+  if (full <= seq.pages_keyed) return;
   const int layers = kv_->num_layers();
   seq.key_chain_tail.resize(layers, 0);
   for (int layer = 0; layer < layers; ++layer) {
     const std::vector<PageKey> keys =
-        PromptKeys(seq, layer, seq.prompt_pages_keyed, full, seq.key_chain_tail[layer]);
-    kv_->RegisterPages(seq.id, layer, seq.prompt_pages_keyed, keys);
+        SequenceKeys(seq, layer, seq.pages_keyed, full, seq.key_chain_tail[layer]);
+    kv_->RegisterPages(seq.id, layer, seq.pages_keyed, keys);
     seq.key_chain_tail[layer] = keys.back().hash;
   }
-  seq.prompt_pages_keyed = full;
+  seq.pages_keyed = full;
 }
 
 int Scheduler::ChunkSize(const Sequence& seq, int token_budget, int start) const {
@@ -347,6 +355,7 @@ void Scheduler::Plan(StepPlan& plan) const {
 void Scheduler::Commit(const StepPlan& plan) {
   for (const SeqId id : plan.preempted) {
     Sequence& seq = seqs_.at(id);
+    if (seq.uses_prefix_cache) KeyComputedPages(seq);
     kv_->RemoveSequence(id);
     std::erase(running_, id);
     seq.state = SequenceState::kWaiting;
@@ -354,7 +363,7 @@ void Scheduler::Commit(const StepPlan& plan) {
     // Dense: everything at once. Sparse: the prompt, then the generated tokens replayed.
     seq.prefill_target =
         seq.policy->IsDense() ? static_cast<int>(seq.tokens.size()) : seq.num_prompt_tokens;
-    seq.prompt_pages_keyed = 0;  // its keyed pages stay cached: readmission may attach them
+    seq.pages_keyed = 0;  // its keyed pages stay cached: readmission may attach them
     ++seq.num_preemptions;
     ++num_preemptions_;
     // Back to the queue in arrival order: it goes before everything that came after it.
@@ -378,14 +387,14 @@ void Scheduler::Commit(const StepPlan& plan) {
       const int pages = cached_tokens / kv_->page_size();
       seq.key_chain_tail.assign(kv_->num_layers(), 0);
       for (int layer = 0; layer < kv_->num_layers(); ++layer) {
-        const std::vector<PageKey> keys = PromptKeys(seq, layer, 0, pages, 0);
+        const std::vector<PageKey> keys = SequenceKeys(seq, layer, 0, pages, 0);
         SIEVE_CHECK(kv_->CachedPrefixPages(keys) == pages)
             << "a planned cached prefix of sequence " << id << " is gone";
         kv_->AttachCachedPages(id, layer, keys);
         seq.key_chain_tail[layer] = keys.back().hash;
       }
       seq.num_computed = cached_tokens;
-      seq.prompt_pages_keyed = pages;
+      seq.pages_keyed = pages;
     }
     seq.state = SequenceState::kRunning;
     std::erase(waiting_, id);
@@ -410,7 +419,9 @@ void Scheduler::Complete(const StepPlan& plan) {
       Sequence& seq = seqs_.at(scheduled.id);
       seq.num_computed += scheduled.num_tokens;
       kv_->SetLengths(scheduled.id, plan.LengthsAfter(scheduled));
-      if (seq.uses_prefix_cache && !scheduled.is_decode) KeyComputedPages(seq);
+      if (seq.uses_prefix_cache && seq.num_computed / kv_->page_size() > seq.pages_keyed) {
+        KeyComputedPages(seq);
+      }
     }
   }
 }

@@ -38,9 +38,10 @@ struct SchedulerOptions {
   // Most prefill tokens of sequences that need prompt logprobs (Sequence::prompt_logprobs) in one
   // step: each of their rows gets logits, and the logits buffer holds this many such rows.
   int prompt_logprob_rows = 256;
-  // Prefix caching (kv/README.md "Prefix caching"): a dense sequence's full prompt pages are
-  // keyed once computed and stay, cached, after it is gone; a new (or preempted) dense sequence
-  // whose prompt starts with cached pages attaches them and prefills only the rest. Sequences
+  // Prefix caching (kv/README.md "Prefix caching"): a dense sequence's full pages (prompt and
+  // generated tokens) are keyed once computed and stay, cached, after it is gone; a new (or
+  // preempted) dense sequence whose tokens start with cached pages attaches them and prefills
+  // only the rest. Sequences
   // with a sparse layer, or asking for prompt logprobs (every prompt row's logits), neither look
   // up nor key pages.
   bool enable_prefix_caching = false;
@@ -90,13 +91,13 @@ class Scheduler {
   // Tokens of this sequence's prefill from `start` that fit in `token_budget` this step (0: none).
   int ChunkSize(const Sequence& seq, int token_budget, int start) const;
   ScheduledSequence PlanPrefill(const Sequence& seq, int chunk, int start, StepPlan& plan) const;
-  // One layer's keys of the sequence's prompt pages [first, end), chained from `parent`.
-  std::vector<PageKey> PromptKeys(const Sequence& seq, int layer, int first, int end,
-                                  uint64_t parent) const;
-  // Leading prompt pages every layer has cached for this waiting sequence (at most what leaves
-  // one token to compute), and how many of all layers' such pages no list holds.
+  // One layer's keys of the sequence's pages [first, end), chained from `parent`.
+  std::vector<PageKey> SequenceKeys(const Sequence& seq, int layer, int first, int end,
+                                    uint64_t parent) const;
+  // Leading pages every layer has cached for this waiting sequence (at most what leaves one token
+  // to compute), and how many of all layers' such pages no list holds.
   int CachedPrefixPages(const Sequence& seq, int* idle) const;
-  // Keys the prompt pages that the sequence's progress has made full.
+  // Keys the pages that the sequence's progress has made full (of known tokens).
   void KeyComputedPages(Sequence& seq);
   // Each layer's decode cap (DecodeLimit::max_entries, 0: none) under one policy, so that Plan()
   // reads them once per policy rather than once per (sequence, layer).

@@ -39,15 +39,17 @@ struct Sequence {
   // (Engine's overlapped steps): no further step is planned for it.
   bool finishing = false;
   // Prefix caching (Scheduler, kv/README.md "Prefix caching"): whether this sequence looks up
-  // and keys its prompt's full pages, the extra key its pages carry (policy and knobs; the layer
-  // is mixed in per layer), how many of its prompt pages are keyed or attached, and each layer's
-  // last such page's hash (the next key's parent).
+  // and keys its full pages (prompt and generated tokens), the extra key its pages carry (policy
+  // and knobs; the layer is mixed in per layer), how many of its pages are keyed or attached,
+  // and each layer's last such page's hash (the next key's parent).
   bool uses_prefix_cache = false;
   uint64_t cache_extra = 0;
-  int prompt_pages_keyed = 0;
+  int pages_keyed = 0;
   std::vector<uint64_t> key_chain_tail;  // [L]
 
   int num_generated() const { return static_cast<int>(tokens.size()) - num_prompt_tokens; }
+  // Leading tokens whose values the host knows (all but the unknown last ones).
+  int num_known_tokens() const { return num_prompt_tokens + num_known_generated(); }
   // Generated tokens whose values the host knows (the unknown ones are the last).
   int num_known_generated() const {
     int known = num_generated();
