@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -20,8 +21,10 @@ using bench::DatasetConfig;
 
 void AddDatasetFlags(CLI::App& app, DatasetConfig& dataset, bool with_num_prompts) {
   app.add_option("--dataset-name", dataset.name,
-                 "random: random token ids decoded to text (vLLM's RandomDataset); jsonl: "
-                 "--dataset-path")
+                 "random: random token ids decoded to text (vLLM's RandomDataset); "
+                 "prefix-repetition (or prefix_repetition): random prompts that share a few "
+                 "random prefixes, to load a prefix cache (vLLM's PrefixRepetitionRandomDataset; "
+                 "the --prefix-repetition-* flags); jsonl: --dataset-path")
       ->capture_default_str();
   app.add_option("--dataset-path", dataset.path,
                  "JSONL file, one {\"prompt\": \"...\", \"output_len\": N} per line (output_len "
@@ -33,10 +36,27 @@ void AddDatasetFlags(CLI::App& app, DatasetConfig& dataset, bool with_num_prompt
   app.add_option("--input-len", dataset.input_len, "Random dataset: prompt tokens")
       ->capture_default_str();
   app.add_option("--output-len", dataset.output_len,
-                 "Tokens to generate per request (max_tokens; add --ignore-eos to force them)")
+                 "Random and jsonl datasets: tokens to generate per request (max_tokens; add "
+                 "--ignore-eos to force them)")
       ->capture_default_str();
   app.add_option("--range-ratio", dataset.range_ratio,
                  "Random dataset: lengths uniform in [len x (1 - r), len x (1 + r)], 0 <= r < 1")
+      ->capture_default_str();
+  app.add_option("--prefix-repetition-prefix-len", dataset.prefix_len,
+                 "Prefix-repetition dataset: tokens of each shared prefix")
+      ->capture_default_str();
+  app.add_option("--prefix-repetition-suffix-len", dataset.suffix_len,
+                 "Prefix-repetition dataset: tokens of the random suffix each prompt has of its "
+                 "own after its prefix")
+      ->capture_default_str();
+  app.add_option("--prefix-repetition-num-prefixes", dataset.num_prefixes,
+                 "Prefix-repetition dataset: distinct prefixes; the prompts are split evenly "
+                 "among them (the first num-prompts % N get one more) and shuffled; at most the "
+                 "number of prompts")
+      ->capture_default_str();
+  app.add_option("--prefix-repetition-output-len", dataset.prefix_output_len,
+                 "Prefix-repetition dataset: tokens to generate per request (max_tokens; "
+                 "--output-len is the other datasets')")
       ->capture_default_str();
   if (with_num_prompts) {
     app.add_option("--num-prompts", dataset.num_prompts,
@@ -170,6 +190,40 @@ void ApplyJsonlDefaults(DatasetConfig& dataset, const CLI::App& app, bool with_n
   }
 }
 
+// The length flags of one dataset given with another (--input-len with prefix-repetition,
+// --prefix-repetition-* with random) would be silently ignored: refuse them instead.
+Status CheckDatasetFlags(const DatasetConfig& dataset, const CLI::App& app) {
+  const bool prefix_repetition = bench::IsPrefixRepetition(dataset.name);
+  for (const char* flag : {"--input-len", "--output-len", "--range-ratio"}) {
+    if (prefix_repetition && app.get_option(flag)->count() > 0) {
+      return InvalidArgumentError(std::string(flag) +
+                                  " does not apply to --dataset-name prefix-repetition: its "
+                                  "prompts are --prefix-repetition-prefix-len + "
+                                  "--prefix-repetition-suffix-len tokens and it generates "
+                                  "--prefix-repetition-output-len");
+    }
+  }
+  for (const char* flag : {"--prefix-repetition-prefix-len", "--prefix-repetition-suffix-len",
+                           "--prefix-repetition-num-prefixes", "--prefix-repetition-output-len"}) {
+    if (!prefix_repetition && app.get_option(flag)->count() > 0) {
+      return InvalidArgumentError(std::string(flag) + " needs --dataset-name prefix-repetition");
+    }
+  }
+  return Status::Ok();
+}
+
+// ApplyJsonlDefaults and CheckDatasetFlags, then `run`.
+template <typename Config>
+int RunWithDataset(std::shared_ptr<Config> config, const CLI::App& app, bool with_num_prompts,
+                   Status (*run)(const Config&)) {
+  ApplyJsonlDefaults(config->dataset, app, with_num_prompts);
+  if (const Status status = CheckDatasetFlags(config->dataset, app); !status.ok()) {
+    std::fprintf(stderr, "error: %s\n", status.message().c_str());
+    return 1;
+  }
+  return Runner<Config>(config, run)();
+}
+
 CommandRunner AddServeBenchmark(CLI::App& app) {
   auto config = std::make_shared<bench::ServeConfig>();
   AddClientFlags(app, config->client);
@@ -186,8 +240,8 @@ CommandRunner AddServeBenchmark(CLI::App& app) {
   AddBoundFlags(app, config->bound);
   CLI::App* parsed = &app;
   return [config, parsed] {
-    ApplyJsonlDefaults(config->dataset, *parsed, /*with_num_prompts=*/true);
-    return Runner<bench::ServeConfig>(config, bench::RunBenchServe)();
+    return RunWithDataset<bench::ServeConfig>(config, *parsed, /*with_num_prompts=*/true,
+                                              bench::RunBenchServe);
   };
 }
 
@@ -209,8 +263,8 @@ CommandRunner AddSweepBenchmark(CLI::App& app) {
   AddBoundFlags(app, config->bound);
   CLI::App* parsed = &app;
   return [config, parsed] {
-    ApplyJsonlDefaults(config->dataset, *parsed, /*with_num_prompts=*/false);
-    return Runner<bench::SweepConfig>(config, bench::RunBenchSweep)();
+    return RunWithDataset<bench::SweepConfig>(config, *parsed, /*with_num_prompts=*/false,
+                                              bench::RunBenchSweep);
   };
 }
 

@@ -5,6 +5,7 @@
 
 #include <boost/asio/ip/tcp.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +13,9 @@
 #include <fstream>
 #include <numeric>
 #include <random>
+#include <set>
+
+#include <fmt/format.h>
 
 #include "core/testing.h"
 #include "tokenizer/tokenizer_loader.h"
@@ -24,6 +28,7 @@
 #include "tools/bench/openai_protocol.h"
 #include "tools/bench/plot.h"
 #include "tools/bench/report.h"
+#include "tools/bench/server_info.h"
 #include "tools/bench/serving_benchmark.h"
 #include "tools/bench/sse_parser.h"
 #include "tools/bench/svg_writer.h"
@@ -404,6 +409,202 @@ TEST(RandomDatasetTest, BpeTokenizerLengthsAreReTokenised) {
   }
 }
 
+// The bytes two strings share at their start.
+size_t CommonPrefix(const std::string& a, const std::string& b) {
+  return static_cast<size_t>(std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first -
+                             a.begin());
+}
+
+// Checks what MakePrefixRepetitionDataset promises with any tokenizer: exactly num_prompts,
+// split among the prefixes as documented, every prompt of a group starting with the same prefix
+// text and its tokens with the prefix's tokens, the groups' prefixes different, the suffixes of
+// a group different, the lengths re-tokenised. Returns the prompts by group.
+std::vector<std::vector<BenchPrompt>> CheckPrefixRepetition(const Tokenizer& tokenizer,
+                                                            const PrefixRepetitionOptions& options,
+                                                            const std::vector<BenchPrompt>& prompts,
+                                                            int length_tolerance) {
+  std::vector<std::vector<BenchPrompt>> groups(static_cast<size_t>(options.num_prefixes));
+  EXPECT_EQ(prompts.size(), static_cast<size_t>(options.num_prompts));
+  for (const BenchPrompt& prompt : prompts) {
+    EXPECT_GE(prompt.prefix_group, 0);
+    EXPECT_LT(prompt.prefix_group, options.num_prefixes);
+    if (prompt.prefix_group < 0 || prompt.prefix_group >= options.num_prefixes) continue;
+    groups[static_cast<size_t>(prompt.prefix_group)].push_back(prompt);
+    EXPECT_EQ(prompt.output_len, options.output_len);
+    const auto ids = tokenizer.Encode(prompt.prompt, false);
+    EXPECT_TRUE(ids.ok());
+    if (!ids.ok()) continue;
+    EXPECT_EQ(static_cast<int>(ids->size()), prompt.prompt_len);  // re-tokenised
+    EXPECT_NEAR(prompt.prompt_len, options.prefix_len + options.suffix_len, length_tolerance);
+    // The seam: the whole prompt's tokens begin with the prefix's own.
+    EXPECT_GT(prompt.prefix_bytes, 0);
+    const auto prefix_ids = tokenizer.Encode(prompt.prompt.substr(0, prompt.prefix_bytes), false);
+    EXPECT_TRUE(prefix_ids.ok());
+    if (!prefix_ids.ok()) continue;
+    EXPECT_NEAR(static_cast<int>(prefix_ids->size()), options.prefix_len, length_tolerance);
+    EXPECT_TRUE(ids->size() > prefix_ids->size() &&
+                std::equal(prefix_ids->begin(), prefix_ids->end(), ids->begin()))
+        << "the prefix's tokens merged with its suffix's in prompt of group "
+        << prompt.prefix_group;
+  }
+  const int per_prefix = options.num_prompts / options.num_prefixes;
+  const int remainder = options.num_prompts % options.num_prefixes;
+  for (size_t group = 0; group < groups.size(); ++group) {
+    const std::vector<BenchPrompt>& members = groups[group];
+    EXPECT_EQ(static_cast<int>(members.size()),
+              per_prefix + (static_cast<int>(group) < remainder ? 1 : 0))
+        << "group " << group;
+    if (members.empty()) continue;
+    const std::string prefix = members[0].prompt.substr(0, members[0].prefix_bytes);
+    for (size_t a = 0; a < members.size(); ++a) {
+      EXPECT_EQ(members[a].prefix_bytes, members[0].prefix_bytes);
+      EXPECT_EQ(members[a].prompt.substr(0, members[a].prefix_bytes), prefix) << "group " << group;
+      for (size_t b = a + 1; b < members.size(); ++b) {
+        // Each suffix is fresh: the two differ soon after the prefix.
+        EXPECT_NE(members[a].prompt, members[b].prompt);
+        EXPECT_LT(CommonPrefix(members[a].prompt, members[b].prompt), prefix.size() + 16);
+      }
+    }
+    for (size_t other = 0; other < group; ++other) {
+      if (groups[other].empty()) continue;
+      // Different random prefixes part within a few bytes.
+      EXPECT_LT(CommonPrefix(groups[other][0].prompt, members[0].prompt), 16u)
+          << "groups " << other << " and " << group;
+    }
+  }
+  return groups;
+}
+
+TEST(PrefixRepetitionDatasetTest, GroupsShareExactlyTheirPrefixWithTheByteTokenizer) {
+  const auto tokenizer = MakeEmbeddedByteTokenizer();
+  auto rng = ::sieve::testing::MakeRng();
+  for (int trial = 0; trial < 8; ++trial) {
+    PrefixRepetitionOptions options;
+    options.num_prefixes = 1 + static_cast<int>(rng() % 6);
+    options.num_prompts = options.num_prefixes + static_cast<int>(rng() % 40);
+    options.prefix_len = 16 + static_cast<int>(rng() % 100);
+    options.suffix_len = 16 + static_cast<int>(rng() % 100);
+    options.output_len = 1 + static_cast<int>(rng() % 200);
+    options.seed = rng();
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << ": " << options.num_prompts
+                                      << " prompts, " << options.num_prefixes << " prefixes of "
+                                      << options.prefix_len << " + " << options.suffix_len);
+    auto prompts = MakePrefixRepetitionDataset(*tokenizer, options);
+    ASSERT_TRUE(prompts.ok()) << prompts.status().ToString();
+    // One token a byte: every length is exact.
+    const auto groups = CheckPrefixRepetition(*tokenizer, options, *prompts, 0);
+    for (const BenchPrompt& prompt : *prompts) {
+      EXPECT_EQ(prompt.prefix_bytes, options.prefix_len);
+      EXPECT_EQ(prompt.prompt_len, options.prefix_len + options.suffix_len);
+    }
+    // Shuffled: the prompts do not come group by group (2 groups of 20 or more keep their order
+    // with odds of 1 in C(40, 20)).
+    if (options.num_prefixes >= 2 && options.num_prompts >= 20) {
+      EXPECT_FALSE(std::is_sorted(prompts->begin(), prompts->end(),
+                                  [](const BenchPrompt& a, const BenchPrompt& b) {
+                                    return a.prefix_group < b.prefix_group;
+                                  }));
+    }
+    // Seeded: the same seed, the same prompts; another seed, other prefixes.
+    auto again = MakePrefixRepetitionDataset(*tokenizer, options);
+    ASSERT_TRUE(again.ok());
+    for (size_t index = 0; index < prompts->size(); ++index) {
+      EXPECT_EQ((*again)[index].prompt, (*prompts)[index].prompt);
+    }
+    options.seed += 1;
+    auto other = MakePrefixRepetitionDataset(*tokenizer, options);
+    ASSERT_TRUE(other.ok());
+    for (const BenchPrompt& a : *other) {
+      for (const auto& group : groups) {
+        EXPECT_LT(CommonPrefix(a.prompt, group[0].prompt), 16u);
+      }
+    }
+  }
+}
+
+TEST(PrefixRepetitionDatasetTest, BpeTokenizersKeepThePrefixTokensAcrossTheSeam) {
+  const std::string fixtures = TestDataDir();
+  auto rng = ::sieve::testing::MakeRng();
+  int tested = 0;
+  for (const char* name : {"llama3/tokenizer.json", "llama2/tokenizer.model"}) {
+    const std::string path = fixtures + "/tokenizers/" + std::string(name);
+    if (!std::filesystem::exists(path)) continue;
+    auto tokenizer = LoadTokenizer(path);
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+    PrefixRepetitionOptions options;
+    options.num_prefixes = 3;
+    options.num_prompts = 14;
+    options.prefix_len = 48 + static_cast<int>(rng() % 32);
+    options.suffix_len = 48 + static_cast<int>(rng() % 32);
+    options.seed = rng();
+    SCOPED_TRACE(name);
+    auto prompts = MakePrefixRepetitionDataset(**tokenizer, options);
+    ASSERT_TRUE(prompts.ok()) << prompts.status().ToString();
+    CheckPrefixRepetition(**tokenizer, options, *prompts, /*length_tolerance=*/4);
+    ++tested;
+  }
+  if (tested == 0) GTEST_SKIP() << "no BPE tokenizer fixture under " << fixtures;
+}
+
+TEST(PrefixRepetitionDatasetTest, BadOptionsAreNamed) {
+  const auto tokenizer = MakeEmbeddedByteTokenizer();
+  const auto expect_error = [&](const PrefixRepetitionOptions& options, const std::string& flag) {
+    auto prompts = MakePrefixRepetitionDataset(*tokenizer, options);
+    ASSERT_FALSE(prompts.ok()) << flag;
+    EXPECT_EQ(prompts.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(prompts.status().message().find(flag), std::string::npos)
+        << prompts.status().message();
+  };
+  PrefixRepetitionOptions options;
+  options.num_prompts = 20;
+  options.prefix_len = 8;
+  options.suffix_len = 8;
+  ASSERT_TRUE(MakePrefixRepetitionDataset(*tokenizer, options).ok());
+  for (int bad : {0, -3}) {
+    PrefixRepetitionOptions broken = options;
+    broken.prefix_len = bad;
+    expect_error(broken, "--prefix-repetition-prefix-len");
+    broken = options;
+    broken.suffix_len = bad;
+    expect_error(broken, "--prefix-repetition-suffix-len");
+    broken = options;
+    broken.output_len = bad;
+    expect_error(broken, "--prefix-repetition-output-len");
+    broken = options;
+    broken.num_prefixes = bad;
+    expect_error(broken, "--prefix-repetition-num-prefixes");
+    broken = options;
+    broken.num_prompts = bad;
+    expect_error(broken, "--num-prompts");
+  }
+  options.num_prefixes = 21;  // more prefixes than prompts
+  expect_error(options, "--prefix-repetition-num-prefixes (21)");
+  options.num_prefixes = 20;  // one prompt each
+  auto one_each = MakePrefixRepetitionDataset(*tokenizer, options);
+  ASSERT_TRUE(one_each.ok());
+  std::set<int> groups;
+  for (const BenchPrompt& prompt : *one_each) groups.insert(prompt.prefix_group);
+  EXPECT_EQ(groups.size(), 20u);
+}
+
+// The random dataset's prompts share no prefix: no prefix cache hit between two of them.
+TEST(RandomDatasetTest, PromptsShareNoPrefix) {
+  const auto tokenizer = MakeEmbeddedByteTokenizer();
+  auto rng = ::sieve::testing::MakeRng();
+  RandomDatasetOptions options;
+  options.num_prompts = 50;
+  options.input_len = 64;
+  options.seed = rng();
+  auto prompts = MakeRandomDataset(*tokenizer, options);
+  ASSERT_TRUE(prompts.ok());
+  for (size_t a = 0; a < prompts->size(); ++a) {
+    EXPECT_EQ((*prompts)[a].prefix_group, -1);
+    for (size_t b = a + 1; b < prompts->size(); ++b) {
+      EXPECT_LT(CommonPrefix((*prompts)[a].prompt, (*prompts)[b].prompt), 8u);
+    }
+  }
+}
+
 std::string TempPath(const std::string& name) {
   return (std::filesystem::temp_directory_path() /
           ("sieve_bench_test_" + std::to_string(getpid()) + "_" + name))
@@ -780,7 +981,224 @@ TEST(BenchServeTest, WritesTheResultJson) {
   EXPECT_EQ((*json)["requests"][0]["itl_ms"].size(), 4u);
   EXPECT_EQ((*json)["requests"][0]["generated_text"], "tok0 tok1 tok2 tok3 tok4 ");
   EXPECT_TRUE((*json)["errors"].empty());
+  // The fake server exposes no prefix-cache counters here.
+  ASSERT_TRUE(json->contains("prefix_cache"));
+  EXPECT_TRUE((*json)["prefix_cache"].is_null());
   std::filesystem::remove(config.client.result_json);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The prefix cache's hit rate
+
+TEST(PrefixCacheTest, CountersAreSummedOverSeriesVllmsFirst) {
+  auto rng = ::sieve::testing::MakeRng();
+  const int64_t q0 = static_cast<int64_t>(rng() % 100000);
+  const int64_t q1 = static_cast<int64_t>(rng() % 100000);
+  const int64_t h0 = static_cast<int64_t>(rng() % 1000);
+  const std::string text =
+      "# HELP vllm:prefix_cache_queries_total Prefix cache queries.\n"
+      "# TYPE vllm:prefix_cache_queries_total counter\n"
+      "vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} " +
+      std::to_string(q0) + ".0\n" +
+      "vllm:prefix_cache_queries_total{engine=\"1\",model_name=\"m\"} " + std::to_string(q1) +
+      "\n" +
+      "vllm:prefix_cache_queries_created{engine=\"0\",model_name=\"m\"} 1.7e+09\n"
+      "vllm:prefix_cache_queries_total_other 5\n"  // another name that starts with the same
+      "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} " +
+      std::to_string(h0) + "\r\n" +
+      "vllm:prefix_cache_hits_total{engine=\"1\",model_name=\"m\"} 2.5e+01 1700000000\n" +
+      "sieve:prefix_cache_queries_total 1\nsieve:prefix_cache_hits_total 1\n";
+  const auto counters = ParsePrefixCacheCounters(text);
+  ASSERT_TRUE(counters.has_value());
+  EXPECT_EQ(counters->family, "vllm");
+  EXPECT_DOUBLE_EQ(counters->queries, static_cast<double>(q0 + q1));
+  EXPECT_DOUBLE_EQ(counters->hits, static_cast<double>(h0) + 25);
+  // Only Sieve's own names: those.
+  const auto sieve_only = ParsePrefixCacheCounters(
+      "sieve:prefix_cache_queries_total{model_name=\"m\"} 40\n"
+      "sieve:prefix_cache_hits_total{model_name=\"m\"} 10\n");
+  ASSERT_TRUE(sieve_only.has_value());
+  EXPECT_EQ(sieve_only->family, "sieve");
+  EXPECT_DOUBLE_EQ(sieve_only->queries, 40);
+  EXPECT_DOUBLE_EQ(sieve_only->hits, 10);
+  // Half a pair, none, or a value that is no number: not reported.
+  EXPECT_FALSE(ParsePrefixCacheCounters("vllm:prefix_cache_queries_total 40\n").has_value());
+  EXPECT_FALSE(ParsePrefixCacheCounters("fake_requests_total 3\n").has_value());
+  EXPECT_FALSE(ParsePrefixCacheCounters("vllm:prefix_cache_queries_total NaN\n"
+                                        "vllm:prefix_cache_hits_total 1\n")
+                   .has_value());
+}
+
+TEST(PrefixCacheTest, HitRateIsTheRunsDeltas) {
+  auto rng = ::sieve::testing::MakeRng();
+  const double queries_before = static_cast<double>(rng() % 1000000);
+  const double hits_before = static_cast<double>(rng() % 1000);
+  const double queries = 1 + static_cast<double>(rng() % 100000);
+  const double hits = std::floor(queries * static_cast<double>(rng() % 1001) / 1000);
+  const PrefixCacheCounters before{queries_before, hits_before, "vllm"};
+  const PrefixCacheCounters after{queries_before + queries, hits_before + hits, "vllm"};
+  const PrefixCacheRun run = PrefixCacheOfRun(before, after);
+  ASSERT_TRUE(run.reported);
+  EXPECT_DOUBLE_EQ(run.queries, queries);
+  EXPECT_DOUBLE_EQ(run.hits, hits);
+  ASSERT_TRUE(run.hit_rate.has_value());
+  EXPECT_DOUBLE_EQ(*run.hit_rate, hits / queries);
+  const std::string line = FormatPrefixCacheLine(run);
+  EXPECT_NE(line.find(fmt::format("Prefix cache hit rate: {:.2f}%", 100 * hits / queries)),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find(fmt::format("{:.0f} of {:.0f} prompt tokens", hits, queries)),
+            std::string::npos)
+      << line;
+  const nlohmann::json json = PrefixCacheJson(run);
+  EXPECT_DOUBLE_EQ(json["hit_rate"].get<double>(), hits / queries);
+  EXPECT_DOUBLE_EQ(json["queries"].get<double>(), queries);
+  EXPECT_EQ(json["metrics"][0], "vllm:prefix_cache_hits_total");
+  // Not exposed before or after: said so, and null in the JSON.
+  for (const PrefixCacheRun& missing :
+       {PrefixCacheOfRun(std::nullopt, after), PrefixCacheOfRun(before, std::nullopt)}) {
+    EXPECT_FALSE(missing.reported);
+    EXPECT_EQ(FormatPrefixCacheLine(missing), "prefix cache: not reported by the server\n");
+    EXPECT_TRUE(PrefixCacheJson(missing).is_null());
+  }
+  // No lookups, or counters that fell (a restart): reported, but no rate.
+  const PrefixCacheRun idle = PrefixCacheOfRun(before, before);
+  EXPECT_TRUE(idle.reported);
+  EXPECT_FALSE(idle.hit_rate.has_value());
+  EXPECT_NE(FormatPrefixCacheLine(idle).find("no lookups"), std::string::npos);
+  EXPECT_TRUE(PrefixCacheJson(idle)["hit_rate"].is_null());
+  const PrefixCacheRun restarted = PrefixCacheOfRun(after, PrefixCacheCounters{5, 1, "vllm"});
+  EXPECT_TRUE(restarted.reported);
+  EXPECT_FALSE(restarted.hit_rate.has_value());
+}
+
+// The hits a prefix cache of whole prompts scores on `prompts` in order (the fake server's rule,
+// computed apart from it): each prompt's longest common prefix with any before it.
+int64_t LongestPrefixHits(const std::vector<std::string>& prompts, size_t from) {
+  int64_t hits = 0;
+  for (size_t index = from; index < prompts.size(); ++index) {
+    size_t longest = 0;
+    for (size_t earlier = 0; earlier < index; ++earlier) {
+      longest = std::max(longest, CommonPrefix(prompts[index], prompts[earlier]));
+    }
+    hits += static_cast<int64_t>(longest);
+  }
+  return hits;
+}
+
+TEST(BenchServeTest, PrefixRepetitionRunReportsTheServersHitRate) {
+  auto rng = ::sieve::testing::MakeRng();
+  FakeServerOptions server_options;
+  server_options.max_tokens_cap = 2;
+  server_options.first_token_delay = std::chrono::milliseconds(1);
+  server_options.token_delay = std::chrono::milliseconds(1);
+  server_options.prefix_cache_metrics = true;
+  // A server that served before the benchmark: the run's share is the counters' difference.
+  server_options.prefix_cache_initial_queries = 100000 + static_cast<int64_t>(rng() % 100000);
+  server_options.prefix_cache_initial_hits = static_cast<int64_t>(rng() % 50000);
+  FakeOpenAiServer server(server_options);
+  ServeConfig config;
+  config.client.base_url = server.base_url();
+  config.client.progress = false;
+  config.client.warmup = 3;
+  config.client.result_json = TempPath("prefix.json");
+  config.dataset.name = "prefix_repetition";  // vLLM's spelling
+  config.dataset.num_prompts = 24;
+  config.dataset.num_prefixes = 4;
+  config.dataset.prefix_len = 48 + static_cast<int>(rng() % 64);
+  config.dataset.suffix_len = 16 + static_cast<int>(rng() % 64);
+  config.dataset.prefix_output_len = 2;
+  config.dataset.seed = rng();
+  config.max_concurrency = 4;
+  ASSERT_TRUE(RunBenchServe(config).ok());
+  const std::vector<std::string> prompts = server.prompts();
+  ASSERT_EQ(prompts.size(), 1u + 3u + 24u);  // the test request, the warm-up, the run
+  const size_t first_measured = 4;
+  auto json = ReadJsonFile(config.client.result_json);
+  ASSERT_TRUE(json.ok());
+  const nlohmann::json& metrics = (*json)["metrics"];
+  EXPECT_EQ(metrics["completed"], 24);
+  EXPECT_EQ(metrics["total_input_tokens"],
+            24 * (config.dataset.prefix_len + config.dataset.suffix_len));
+  EXPECT_EQ((*json)["config"]["dataset"]["name"], "prefix-repetition");
+  EXPECT_EQ((*json)["config"]["dataset"]["num_prefixes"], 4);
+  EXPECT_EQ((*json)["config"]["dataset"]["prefix_len"], config.dataset.prefix_len);
+  const nlohmann::json& cache = (*json)["prefix_cache"];
+  ASSERT_TRUE(cache.is_object()) << json->dump();
+  // One byte a token on both sides: the run looked up its own prompts' tokens, no more.
+  EXPECT_EQ(cache["queries"].get<double>(), metrics["total_input_tokens"].get<double>());
+  const int64_t hits = LongestPrefixHits(prompts, first_measured);
+  EXPECT_EQ(cache["hits"].get<double>(), static_cast<double>(hits));
+  EXPECT_DOUBLE_EQ(cache["hit_rate"].get<double>(),
+                   static_cast<double>(hits) / cache["queries"].get<double>());
+  // All but the first prompt of each of the 4 prefixes finds its prefix cached (the warm-up had
+  // prefixes of its own); the random suffixes add a few bytes at most.
+  const double prompt_len = config.dataset.prefix_len + config.dataset.suffix_len;
+  const double expected = 20.0 * config.dataset.prefix_len / (24 * prompt_len);
+  EXPECT_GE(cache["hit_rate"].get<double>(), expected);
+  EXPECT_LE(cache["hit_rate"].get<double>(), expected + 0.05);
+  // The measured prompts share nothing long with the test request's and the warm-up's.
+  for (size_t index = first_measured; index < prompts.size(); ++index) {
+    for (size_t earlier = 0; earlier < first_measured; ++earlier) {
+      EXPECT_LT(CommonPrefix(prompts[index], prompts[earlier]), 16u);
+    }
+  }
+  std::filesystem::remove(config.client.result_json);
+}
+
+// The existing rule for every dataset: the test request and the warm-up hold no measured prompt
+// in a prefix cache, and each sweep level draws prompts of its own.
+TEST(BenchSweepTest, LevelsAndWarmupDrawApartForEveryDataset) {
+  auto rng = ::sieve::testing::MakeRng();
+  for (const char* name : {"random", "prefix-repetition"}) {
+    SCOPED_TRACE(name);
+    FakeServerOptions server_options;
+    server_options.max_tokens_cap = 1;
+    server_options.first_token_delay = std::chrono::milliseconds(1);
+    server_options.prefix_cache_metrics = true;
+    FakeOpenAiServer server(server_options);
+    SweepConfig config;
+    config.client.base_url = server.base_url();
+    config.client.progress = false;
+    config.client.warmup = 2;
+    config.client.result_json = TempPath("apart.json");
+    config.concurrency = {1, 2};
+    config.num_prompts_per_level = {6};
+    config.dataset.name = name;
+    config.dataset.input_len = 40;
+    config.dataset.output_len = 1;
+    config.dataset.num_prefixes = 2;
+    config.dataset.prefix_len = 32;
+    config.dataset.suffix_len = 8;
+    config.dataset.prefix_output_len = 1;
+    config.dataset.seed = rng();
+    ASSERT_TRUE(RunBenchSweep(config).ok());
+    // Test request, warm-up (2), level 1 (6), warm-up again (2), level 2 (6).
+    const std::vector<std::string> prompts = server.prompts();
+    ASSERT_EQ(prompts.size(), 17u);
+    const std::vector<std::pair<size_t, size_t>> levels = {{3, 9}, {11, 17}};
+    for (const auto& [begin, end] : levels) {
+      for (size_t index = begin; index < end; ++index) {
+        for (size_t earlier = 0; earlier < begin; ++earlier) {
+          EXPECT_LT(CommonPrefix(prompts[index], prompts[earlier]), 16u)
+              << "prompt " << index << " and " << earlier;
+        }
+      }
+    }
+    auto json = ReadJsonFile(config.client.result_json);
+    ASSERT_TRUE(json.ok());
+    for (const nlohmann::json& level : (*json)["levels"]) {
+      const nlohmann::json& cache = level["prefix_cache"];
+      ASSERT_TRUE(cache.is_object());
+      // random: nothing shared; prefix-repetition: 2 prefixes of 32 bytes, 3 prompts each.
+      if (std::string(name) == "random") {
+        EXPECT_LT(cache["hit_rate"].get<double>(), 0.1);
+      } else {
+        EXPECT_GE(cache["hit_rate"].get<double>(), 4.0 * 32 / (6 * 40));
+      }
+    }
+    std::filesystem::remove(config.client.result_json);
+  }
 }
 
 // The sweep table's bound columns: the fraction of the bound on every level with one, and a

@@ -135,19 +135,45 @@ Result<std::vector<BenchPrompt>> MakePrompts(const DatasetConfig& dataset,
     options.seed = seed;
     return MakeRandomDataset(tokenizer, options);
   }
+  if (IsPrefixRepetition(dataset.name)) {
+    if (!dataset.path.empty()) {
+      return InvalidArgumentError("--dataset-path needs --dataset-name jsonl");
+    }
+    PrefixRepetitionOptions options;
+    options.num_prompts = num_prompts;
+    options.prefix_len = dataset.prefix_len;
+    options.suffix_len = dataset.suffix_len;
+    options.num_prefixes = dataset.num_prefixes;
+    options.output_len = dataset.prefix_output_len;
+    options.seed = seed;
+    return MakePrefixRepetitionDataset(tokenizer, options);
+  }
   if (dataset.name == "jsonl") {
     if (dataset.path.empty())
       return InvalidArgumentError("--dataset-name jsonl needs --dataset-path");
     return LoadJsonlDataset(dataset.path, tokenizer, dataset.output_len, num_prompts);
   }
-  return InvalidArgumentError("--dataset-name must be random or jsonl, not '" + dataset.name + "'");
+  return InvalidArgumentError("--dataset-name must be random, prefix-repetition or jsonl, not '" +
+                              dataset.name + "'");
 }
 
-// Prompts for the test request and the warm-up, drawn apart from the measured ones: a server
-// with a prefix cache (vLLM's is on by default) must not find a measured prompt already cached.
+// Prompts for the test request and the warm-up, drawn apart from the measured ones (their own
+// seed; for prefix-repetition, prefixes of their own): a server with a prefix cache (vLLM's is on
+// by default) must not find a measured prompt, or a measured prefix, already cached.
 Result<std::vector<BenchPrompt>> MakeWarmupPrompts(const DatasetConfig& dataset,
                                                    const Tokenizer& tokenizer, int warmup) {
-  return MakePrompts(dataset, tokenizer, std::max(1, warmup), dataset.seed + kWarmupSeedOffset);
+  const int count = std::max(1, warmup);
+  DatasetConfig config = dataset;
+  // Fewer warm-up requests than prefixes: as many prefixes as requests.
+  config.num_prefixes = std::min(dataset.num_prefixes, count);
+  return MakePrompts(config, tokenizer, count, dataset.seed + kWarmupSeedOffset);
+}
+
+// The server's prefix-cache counters now (server_info.h), or nothing when it does not expose them.
+std::optional<PrefixCacheCounters> ReadPrefixCache(const BenchSetup& setup) {
+  return FetchPrefixCacheCounters(
+      setup.load.base_url, setup.load.api_key,
+      std::chrono::duration_cast<std::chrono::milliseconds>(kProbeTimeout));
 }
 
 // One short request first, so that a wrong endpoint, model or API key is one clear error and not
@@ -184,14 +210,25 @@ Status Warmup(const BenchSetup& setup, const std::vector<BenchPrompt>& prompts, 
 }
 
 nlohmann::json DatasetJson(const DatasetConfig& dataset, int num_prompts) {
-  return {{"name", dataset.name},
-          {"path", dataset.path},
-          {"tokenizer", dataset.tokenizer.empty() ? "embedded-byte" : dataset.tokenizer},
-          {"input_len", dataset.input_len},
-          {"output_len", dataset.output_len},
-          {"range_ratio", dataset.range_ratio},
-          {"num_prompts", num_prompts},
-          {"seed", dataset.seed}};
+  nlohmann::json json = {
+      {"name", IsPrefixRepetition(dataset.name) ? std::string("prefix-repetition") : dataset.name},
+      {"path", dataset.path},
+      {"tokenizer", dataset.tokenizer.empty() ? "embedded-byte" : dataset.tokenizer},
+      {"input_len", dataset.input_len},
+      {"output_len", dataset.output_len},
+      {"range_ratio", dataset.range_ratio},
+      {"num_prompts", num_prompts},
+      {"seed", dataset.seed}};
+  if (IsPrefixRepetition(dataset.name)) {
+    // What the prompts were made of: --input-len, --output-len and --range-ratio play no part.
+    json["input_len"] = dataset.prefix_len + dataset.suffix_len;
+    json["output_len"] = dataset.prefix_output_len;
+    json["range_ratio"] = 0.0;
+    json["prefix_len"] = dataset.prefix_len;
+    json["suffix_len"] = dataset.suffix_len;
+    json["num_prefixes"] = dataset.num_prefixes;
+  }
+  return json;
 }
 
 nlohmann::json ClientJson(const ClientConfig& client, const BenchSetup& setup) {
@@ -232,13 +269,22 @@ void PrintErrors(const nlohmann::json& errors, int failed) {
   }
 }
 
-// "4000 in / 500 out tokens" from a sweep result's dataset settings.
-std::string WorkloadTitle(const nlohmann::json& sweep) {
-  const nlohmann::json dataset =
-      sweep.value("config", nlohmann::json::object()).value("dataset", nlohmann::json::object());
+// "4000 in / 500 out tokens" (prefix-repetition: "256 shared of 512 in (10 prefixes) / 128 out
+// tokens") from a result's dataset settings (DatasetJson).
+std::string DatasetTitle(const nlohmann::json& dataset) {
   if (dataset.value("name", std::string()) == "jsonl") return dataset.value("path", std::string());
+  if (dataset.contains("num_prefixes")) {
+    return fmt::format("{} shared of {} in ({} prefixes) / {} out tokens",
+                       dataset.value("prefix_len", 0), dataset.value("input_len", 0),
+                       dataset.value("num_prefixes", 0), dataset.value("output_len", 0));
+  }
   return fmt::format("{} in / {} out tokens", dataset.value("input_len", 0),
                      dataset.value("output_len", 0));
+}
+
+std::string WorkloadTitle(const nlohmann::json& sweep) {
+  return DatasetTitle(
+      sweep.value("config", nlohmann::json::object()).value("dataset", nlohmann::json::object()));
 }
 
 // --plot writes SVG; a name ending in anything else (an old script's .png) is refused before the
@@ -350,6 +396,10 @@ std::string BoundLine(const BoundConfig& config, const ServingBound& bound, doub
   return line;
 }
 
+bool IsPrefixRepetition(const std::string& name) {
+  return name == "prefix-repetition" || name == "prefix_repetition";
+}
+
 int PromptsForLevel(const SweepConfig& config, size_t level) {
   const std::vector<int>& counts = config.num_prompts_per_level;
   const int count = counts.size() == 1 ? counts[0] : level < counts.size() ? counts[level] : 0;
@@ -379,10 +429,13 @@ Status RunBenchServe(const ServeConfig& config) {
   SIEVE_RETURN_IF_ERROR(Warmup(setup, warmup_prompts, config.client.warmup, config.max_concurrency,
                                config.client.progress));
   ProgressBar bar("benchmark", static_cast<int>(prompts.size()), config.client.progress);
+  const std::optional<PrefixCacheCounters> cache_before = ReadPrefixCache(setup);
   SIEVE_ASSIGN_OR_RETURN(ServingLoadResult result,
                          RunServingLoad(setup.load, prompts, *setup.tokenizer, &bar));
+  const PrefixCacheRun prefix_cache = PrefixCacheOfRun(cache_before, ReadPrefixCache(setup));
   const BenchMetrics metrics = ComputeMetrics(result.records, result.duration_s);
   std::printf("%s", FormatServingTable(metrics, config.max_concurrency, request_rate).c_str());
+  std::printf("%s", FormatPrefixCacheLine(prefix_cache).c_str());
   std::optional<RunBound> bound;
   if (!bound_config.model_config.empty()) {
     SIEVE_ASSIGN_OR_RETURN(bound, BoundOfRun(bound_config, prompts, config.max_concurrency,
@@ -400,6 +453,7 @@ Status RunBenchServe(const ServeConfig& config) {
                       {"request_rate", config.request_rate},
                       {"burstiness", config.burstiness}};
     json["metrics"] = MetricsToJson(metrics);
+    json["prefix_cache"] = PrefixCacheJson(prefix_cache);
     if (bound) json["bound"] = bound->json;
     json["errors"] = errors;
     json["requests"] = RecordsJson(result.records, config.client.save_texts);
@@ -454,8 +508,10 @@ Status RunBenchSweep(const SweepConfig& config) {
     setup.load.max_concurrency = concurrency;
     ProgressBar bar(fmt::format("concurrency {}", concurrency), static_cast<int>(prompts.size()),
                     config.client.progress);
+    const std::optional<PrefixCacheCounters> cache_before = ReadPrefixCache(setup);
     SIEVE_ASSIGN_OR_RETURN(ServingLoadResult result,
                            RunServingLoad(setup.load, prompts, *setup.tokenizer, &bar));
+    const PrefixCacheRun prefix_cache = PrefixCacheOfRun(cache_before, ReadPrefixCache(setup));
     SweepLevel level;
     level.concurrency = concurrency;
     level.num_prompts = static_cast<int>(prompts.size());
@@ -466,10 +522,13 @@ Status RunBenchSweep(const SweepConfig& config) {
                  "failed\n",
                  concurrency, level.metrics.output_throughput, level.metrics.ttft_ms.median,
                  level.metrics.tpot_ms.median, level.metrics.failed);
+    std::fprintf(stderr, "concurrency %d: %s", concurrency,
+                 FormatPrefixCacheLine(prefix_cache).c_str());
     nlohmann::json level_json = {
         {"concurrency", concurrency},
         {"num_prompts", level.num_prompts},
         {"metrics", MetricsToJson(level.metrics)},
+        {"prefix_cache", PrefixCacheJson(prefix_cache)},
         {"errors", errors},
         {"requests", RecordsJson(result.records, config.client.save_texts)}};
     if (!bound_config.model_config.empty()) {
@@ -494,9 +553,8 @@ Status RunBenchSweep(const SweepConfig& config) {
     std::fprintf(stderr, "wrote %s\n", config.client.result_json.c_str());
   }
   if (!config.plot.empty()) {
-    const std::string title = fmt::format(
-        "{}{} in / {} out tokens", config.client.label.empty() ? "" : config.client.label + ": ",
-        config.dataset.input_len, config.dataset.output_len);
+    const std::string title = (config.client.label.empty() ? "" : config.client.label + ": ") +
+                              DatasetTitle(DatasetJson(config.dataset, 0));
     SIEVE_RETURN_IF_ERROR(WriteSvg(config.plot, SweepChartSvg({{"", levels}}, title)));
   }
   const bool any_completed = std::any_of(

@@ -14,7 +14,7 @@ namespace sieve::bench {
 
 // Which prompts to send.
 struct DatasetConfig {
-  std::string name = "random";  // random | jsonl
+  std::string name = "random";  // random | prefix-repetition (or prefix_repetition) | jsonl
   std::string path;             // the JSONL file
   std::string tokenizer;        // "" : Sieve's embedded byte-level tokenizer
   int input_len = 1024;
@@ -22,7 +22,15 @@ struct DatasetConfig {
   double range_ratio = 0.0;
   int num_prompts = 1000;  // for jsonl, 0 takes every line
   uint64_t seed = 0;
+  // prefix-repetition (dataset.h's PrefixRepetitionOptions; vLLM's flags and defaults)
+  int prefix_len = 256;
+  int suffix_len = 256;
+  int num_prefixes = 10;
+  int prefix_output_len = 128;
 };
+
+// Whether `name` is the prefix-repetition dataset, in either spelling.
+bool IsPrefixRepetition(const std::string& name);
 
 // How to talk to the server, and what to record.
 struct ClientConfig {

@@ -1,4 +1,5 @@
-// The prompts a benchmark sends: random token sequences (vLLM's RandomDataset) or a JSONL file.
+// The prompts a benchmark sends: random token sequences (vLLM's RandomDataset), random prompts
+// that share a few random prefixes (vLLM's PrefixRepetitionRandomDataset), or a JSONL file.
 //
 // Prompt lengths are counted with the benchmark's tokenizer, without BOS or other special tokens,
 // as vLLM counts them; pass the served model's tokenizer (--tokenizer) for lengths that match the
@@ -18,6 +19,10 @@ struct BenchPrompt {
   std::string prompt;
   int prompt_len = 0;  // tokens of `prompt` by the benchmark's tokenizer
   int output_len = 0;  // max_tokens to ask for
+  // prefix-repetition: the index of the prefix it starts with, and that prefix's bytes at the
+  // start of `prompt`; else -1 and 0
+  int prefix_group = -1;
+  int prefix_bytes = 0;
 };
 
 struct RandomDatasetOptions {
@@ -37,6 +42,30 @@ struct RandomDatasetOptions {
 // InvalidArgument for bad options or a tokenizer with no such token.
 Result<std::vector<BenchPrompt>> MakeRandomDataset(const Tokenizer& tokenizer,
                                                    const RandomDatasetOptions& options);
+
+// vLLM's --prefix-repetition-* knobs and defaults.
+struct PrefixRepetitionOptions {
+  int num_prompts = 1000;
+  int prefix_len = 256;
+  int suffix_len = 256;
+  int num_prefixes = 10;
+  int output_len = 128;
+  uint64_t seed = 0;
+};
+
+// vLLM's PrefixRepetitionRandomDataset: `num_prefixes` random prefixes of `prefix_len` tokens,
+// and `num_prompts` prompts, each one of the prefixes followed by a random suffix of its own of
+// `suffix_len` tokens, in a seeded random order. Prefix i starts num_prompts / num_prefixes
+// prompts, one more for i < num_prompts % num_prefixes, so that exactly num_prompts are made
+// (vLLM makes num_prefixes x floor(num_prompts / num_prefixes), dropping the remainder). Random
+// text as MakeRandomDataset makes it; each suffix is fitted after its prefix, so the prompt's
+// tokens begin with the prefix's own tokens (a BPE merge across the seam is redrawn, a few rounds
+// at most, and a prefix that no suffix follows intact, such as one ending in spaces, is drawn
+// again) and a prefix cache sees the whole prefix repeat. Every prompt of a group starts with
+// the same prefix text, byte for byte. prompt_len is the whole prompt's re-tokenised length.
+// InvalidArgument for a length or count below 1, or more prefixes than prompts.
+Result<std::vector<BenchPrompt>> MakePrefixRepetitionDataset(
+    const Tokenizer& tokenizer, const PrefixRepetitionOptions& options);
 
 // One JSON object per line: {"prompt": "...", "output_len": 128}; "output_len" may be left out
 // (then `default_output_len`); blank lines are skipped. `num_prompts` > 0 takes that many,

@@ -6,6 +6,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <algorithm>
 #include <sstream>
 
 namespace sieve::bench::testing {
@@ -42,7 +43,10 @@ struct FakeOpenAiServer::Impl {
 };
 
 FakeOpenAiServer::FakeOpenAiServer(FakeServerOptions options)
-    : options_(options), impl_(std::make_unique<Impl>()) {
+    : options_(options),
+      impl_(std::make_unique<Impl>()),
+      prefix_cache_queries_(options.prefix_cache_initial_queries),
+      prefix_cache_hits_(options.prefix_cache_initial_hits) {
   const tcp::endpoint endpoint(asio::ip::make_address("127.0.0.1"), 0);
   impl_->acceptor.open(endpoint.protocol());
   impl_->acceptor.set_option(tcp::acceptor::reuse_address(true));
@@ -77,6 +81,11 @@ nlohmann::json FakeOpenAiServer::last_request_body() const {
   return last_request_body_;
 }
 
+std::vector<std::string> FakeOpenAiServer::prompts() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return prompts_;
+}
+
 std::string FakeOpenAiServer::TokenText(int index) { return "tok" + std::to_string(index) + " "; }
 
 void FakeOpenAiServer::AcceptLoop() {
@@ -108,10 +117,24 @@ void FakeOpenAiServer::Serve(int socket_fd) {
     } else if (target == "/version") {
       WriteSimple(socket, http::status::ok, "application/json", R"({"version": "fake-1.0"})");
     } else if (target == "/metrics") {
-      WriteSimple(socket, http::status::ok, "text/plain",
-                  "# HELP fake_server_info Server flags.\n# TYPE fake_server_info gauge\n"
-                  "fake_server_info{kv_policy=\"snapkv\",max_num_seqs=\"64\"} 1\n"
-                  "fake_requests_total 3\n");
+      std::string text =
+          "# HELP fake_server_info Server flags.\n# TYPE fake_server_info gauge\n"
+          "fake_server_info{kv_policy=\"snapkv\",max_num_seqs=\"64\"} 1\n"
+          "fake_requests_total 3\n";
+      if (options_.prefix_cache_metrics) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        // As vLLM writes them: a counter of floats, labelled by engine and model.
+        text +=
+            "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number "
+            "of queried tokens.\n# TYPE vllm:prefix_cache_queries_total counter\n"
+            "vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"fake-model\"} " +
+            std::to_string(prefix_cache_queries_) +
+            ".0\n# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of "
+            "cached tokens.\n# TYPE vllm:prefix_cache_hits_total counter\n"
+            "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"fake-model\"} " +
+            std::to_string(prefix_cache_hits_) + ".0\n";
+      }
+      WriteSimple(socket, http::status::ok, "text/plain", text);
     } else {
       WriteSimple(socket, http::status::not_found, "application/json",
                   R"({"error": {"message": "no such route"}})");
@@ -125,9 +148,25 @@ void FakeOpenAiServer::Serve(int socket_fd) {
     return;
   }
   nlohmann::json body = nlohmann::json::parse(request.body(), nullptr, false);
+  std::string prompt;
+  if (chat && body.contains("messages") && body["messages"].is_array() &&
+      !body["messages"].empty()) {
+    prompt = body["messages"][0].value("content", std::string());
+  } else if (!chat && body.contains("prompt") && body["prompt"].is_string()) {
+    prompt = body["prompt"].get<std::string>();
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     last_request_body_ = body;
+    size_t longest = 0;  // the longest common prefix with a prompt cached before
+    for (const std::string& earlier : prompts_) {
+      const auto differ =
+          std::mismatch(prompt.begin(), prompt.end(), earlier.begin(), earlier.end()).first;
+      longest = std::max(longest, static_cast<size_t>(differ - prompt.begin()));
+    }
+    prefix_cache_queries_ += static_cast<int64_t>(prompt.size());
+    prefix_cache_hits_ += static_cast<int64_t>(longest);
+    prompts_.push_back(prompt);
   }
   const int sequence = ++generation_requests_;
   if (options_.fail_every > 0 && sequence % options_.fail_every == 0) {

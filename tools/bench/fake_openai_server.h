@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,6 +24,14 @@ struct FakeServerOptions {
   bool send_usage = true;     // answer stream_options.include_usage with a usage chunk
   bool split_events = false;  // write every event in 3-byte HTTP chunks
   int fail_every = 0;         // every n-th generation request (1-based) gets HTTP 500; 0: never
+  // GET /metrics also exposes vLLM's prefix-cache counters, kept as a prefix cache of whole
+  // prompts would keep them, one token a byte (the embedded byte tokenizer's count): each
+  // generation request looks up its prompt's bytes (queries) and hits as many as its longest
+  // common prefix with any prompt received before it. They start at these values, as a server's
+  // that ran before the benchmark.
+  bool prefix_cache_metrics = false;
+  int64_t prefix_cache_initial_queries = 0;
+  int64_t prefix_cache_initial_hits = 0;
 };
 
 class FakeOpenAiServer {
@@ -36,6 +45,8 @@ class FakeOpenAiServer {
   std::string base_url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   int generation_requests() const { return generation_requests_.load(); }
   nlohmann::json last_request_body() const;
+  // The prompt of every generation request (a chat request's first message), in arrival order.
+  std::vector<std::string> prompts() const;
   // The text of the i-th token: what a client should reassemble.
   static std::string TokenText(int index);
 
@@ -51,6 +62,9 @@ class FakeOpenAiServer {
   std::atomic<int> generation_requests_{0};
   mutable std::mutex mutex_;
   nlohmann::json last_request_body_;
+  std::vector<std::string> prompts_;  // guarded by mutex_
+  int64_t prefix_cache_queries_ = 0;  // guarded by mutex_
+  int64_t prefix_cache_hits_ = 0;     // guarded by mutex_
   std::thread accept_thread_;
   std::vector<std::thread> connection_threads_;  // guarded by mutex_
 };

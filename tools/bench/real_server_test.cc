@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/fixtures.h"
+#include "tools/bench/fake_openai_server.h"
 #include "tools/bench/http_client.h"
 #include "tools/bench/report.h"
 
@@ -113,10 +114,29 @@ class ServerProcess {
 TEST(BenchCliTest, HelpExplainsEveryFlag) {
   const CommandResult serve = RunCommand("bench serve --help");
   ASSERT_EQ(serve.exit_code, 0) << serve.output;
-  for (const char* flag : {"--base-url", "--endpoint", "--model", "--tokenizer", "--input-len",
-                           "--output-len", "--range-ratio", "--num-prompts", "--seed",
-                           "--dataset-path", "--max-concurrency", "--request-rate", "--burstiness",
-                           "--ignore-eos", "--warmup", "--result-json", "--label", "--metadata"}) {
+  for (const char* flag : {"--base-url",
+                           "--endpoint",
+                           "--model",
+                           "--tokenizer",
+                           "--input-len",
+                           "--output-len",
+                           "--range-ratio",
+                           "--num-prompts",
+                           "--seed",
+                           "--dataset-path",
+                           "--max-concurrency",
+                           "--request-rate",
+                           "--burstiness",
+                           "--ignore-eos",
+                           "--warmup",
+                           "--result-json",
+                           "--label",
+                           "--metadata",
+                           "prefix-repetition",
+                           "--prefix-repetition-prefix-len",
+                           "--prefix-repetition-suffix-len",
+                           "--prefix-repetition-num-prefixes",
+                           "--prefix-repetition-output-len"}) {
     EXPECT_NE(serve.output.find(flag), std::string::npos) << flag;
   }
   const CommandResult sweep = RunCommand("bench sweep --help");
@@ -137,6 +157,55 @@ TEST(BenchCliTest, UnreachableServerExitsNonZeroWithAMessage) {
   const CommandResult bad_url = RunCommand("bench serve --base-url https://example.com");
   EXPECT_EQ(bad_url.exit_code, 1);
   EXPECT_NE(bad_url.output.find("only http://"), std::string::npos) << bad_url.output;
+}
+
+// The prefix-repetition dataset from the command line: either spelling, its own flags only, and
+// the prefix cache's line in the report, or the note that the server has no such counters.
+TEST(BenchCliTest, PrefixRepetitionDatasetAndThePrefixCacheLine) {
+  const CommandResult mixed = RunCommand(
+      "bench serve --no-progress --dataset-name prefix-repetition --input-len 100 --base-url "
+      "http://127.0.0.1:" +
+      std::to_string(FreePort()));
+  EXPECT_EQ(mixed.exit_code, 1);
+  EXPECT_NE(mixed.output.find("--input-len does not apply to --dataset-name prefix-repetition"),
+            std::string::npos)
+      << mixed.output;
+  const CommandResult stray = RunCommand(
+      "bench sweep --no-progress --prefix-repetition-num-prefixes 3 --base-url http://127.0.0.1:" +
+      std::to_string(FreePort()));
+  EXPECT_EQ(stray.exit_code, 1);
+  EXPECT_NE(
+      stray.output.find("--prefix-repetition-num-prefixes needs --dataset-name prefix-repetition"),
+      std::string::npos)
+      << stray.output;
+  for (const bool counters : {true, false}) {
+    testing::FakeServerOptions options;
+    options.max_tokens_cap = 2;
+    options.first_token_delay = std::chrono::milliseconds(1);
+    options.token_delay = std::chrono::milliseconds(1);
+    options.prefix_cache_metrics = counters;
+    testing::FakeOpenAiServer server(options);
+    const CommandResult run = RunCommand(
+        "bench serve --no-progress --base-url " + server.base_url() +
+        " --dataset-name prefix_repetition --num-prompts 9 --prefix-repetition-num-prefixes 2 "
+        "--prefix-repetition-prefix-len 40 --prefix-repetition-suffix-len 8 "
+        "--prefix-repetition-output-len 2");
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_EQ(server.generation_requests(), 1 + 9);
+    if (!counters) {
+      EXPECT_NE(run.output.find("prefix cache: not reported by the server"), std::string::npos)
+          << run.output;
+      continue;
+    }
+    const std::string line = "Prefix cache hit rate: ";
+    const size_t at = run.output.find(line);
+    ASSERT_NE(at, std::string::npos) << run.output;
+    // 7 of the 9 prompts find their 40-byte prefix cached: 280 of 432 bytes (64.8%), and the
+    // random suffixes a few bytes more by chance.
+    const double percent = std::stod(run.output.substr(at + line.size()));
+    EXPECT_GE(percent, 64.8) << run.output;
+    EXPECT_LT(percent, 70.0) << run.output;
+  }
 }
 
 TEST(RealServerTest, BenchServeAgainstSieveServe) {

@@ -70,6 +70,50 @@ std::string FormatServingTable(const BenchMetrics& metrics, int max_concurrency,
   return text;
 }
 
+PrefixCacheRun PrefixCacheOfRun(const std::optional<PrefixCacheCounters>& before,
+                                const std::optional<PrefixCacheCounters>& after) {
+  PrefixCacheRun run;
+  if (!before || !after || before->family != after->family) return run;
+  run.reported = true;
+  run.family = after->family;
+  run.queries = after->queries - before->queries;
+  run.hits = after->hits - before->hits;
+  // Counters that fell (a server restarted mid-run) or hits past the lookups give no rate.
+  if (run.queries > 0 && run.hits >= 0 && run.hits <= run.queries) {
+    run.hit_rate = run.hits / run.queries;
+  }
+  return run;
+}
+
+std::string FormatPrefixCacheLine(const PrefixCacheRun& run) {
+  if (!run.reported) return "prefix cache: not reported by the server\n";
+  const std::string names =
+      run.family + ":prefix_cache_hits_total / " + run.family + ":prefix_cache_queries_total";
+  if (run.hit_rate) {
+    return fmt::format(
+        "Prefix cache hit rate: {:.2f}% ({:.0f} of {:.0f} prompt tokens looked up; {})\n",
+        100 * *run.hit_rate, run.hits, run.queries, names);
+  }
+  if (run.queries == 0 && run.hits == 0) {
+    return fmt::format("Prefix cache hit rate: none (no lookups during the run; {})\n", names);
+  }
+  return fmt::format(
+      "Prefix cache hit rate: none (the counters moved by {:.0f} hits of {:.0f} lookups during the "
+      "run: restarted?; {})\n",
+      run.hits, run.queries, names);
+}
+
+nlohmann::json PrefixCacheJson(const PrefixCacheRun& run) {
+  if (!run.reported) return nullptr;
+  nlohmann::json json;
+  json["hit_rate"] = run.hit_rate ? nlohmann::json(*run.hit_rate) : nlohmann::json(nullptr);
+  json["hits"] = run.hits;
+  json["queries"] = run.queries;
+  json["metrics"] = {run.family + ":prefix_cache_hits_total",
+                     run.family + ":prefix_cache_queries_total"};
+  return json;
+}
+
 std::string FormatSweepTable(const std::vector<SweepLevel>& levels) {
   const bool bounds = std::any_of(levels.begin(), levels.end(), [](const SweepLevel& level) {
     return level.bound_output_throughput > 0;

@@ -3,6 +3,7 @@
 // summaries, and the JSON file helpers.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 
 #include "core/status.h"
 #include "tools/bench/metrics.h"
+#include "tools/bench/server_info.h"
 
 namespace sieve::bench {
 
@@ -17,6 +19,24 @@ namespace sieve::bench {
 // 0 and a non-finite `request_rate` print as vLLM prints them (no line / "inf").
 std::string FormatServingTable(const BenchMetrics& metrics, int max_concurrency,
                                double request_rate);
+
+// The server's prefix cache over one run: what its counters (server_info.h) moved by between a
+// read just before the measured requests and one just after (the test request and the warm-up
+// are before it). Other clients of the same server in that time count too.
+struct PrefixCacheRun {
+  bool reported = false;           // the server exposed the counters both times
+  double queries = 0;              // prompt tokens looked up during the run
+  double hits = 0;                 // of them, found cached
+  std::optional<double> hit_rate;  // hits / queries; none with no lookups or counters that fell
+  std::string family;              // "vllm" or "sieve": whose metric names
+};
+PrefixCacheRun PrefixCacheOfRun(const std::optional<PrefixCacheCounters>& before,
+                                const std::optional<PrefixCacheCounters>& after);
+// One line: "Prefix cache hit rate: 49.61% (...)", or "prefix cache: not reported by the server".
+std::string FormatPrefixCacheLine(const PrefixCacheRun& run);
+// {"hit_rate", "hits", "queries", "metrics"}, hit_rate null when there is none; null when the
+// server did not report the counters.
+nlohmann::json PrefixCacheJson(const PrefixCacheRun& run);
 
 struct SweepLevel {
   int concurrency = 0;

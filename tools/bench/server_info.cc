@@ -1,5 +1,7 @@
 #include "tools/bench/server_info.h"
 
+#include <cmath>
+#include <cstdlib>
 #include <sstream>
 
 #include "sparsity/kv_policy_json.h"
@@ -27,7 +29,55 @@ nlohmann::json Payload(const HttpResponse& response) {
   return response.body.substr(0, kMaxTextBytes);
 }
 
+// The sum of the samples of metric `name` in Prometheus text exposition (`name{labels} value
+// [timestamp]` or `name value`), or nothing when it has none (or a value is not a finite number).
+std::optional<double> SumOfMetric(std::string_view text, std::string_view name) {
+  std::optional<double> sum;
+  while (!text.empty()) {
+    const size_t end = text.find('\n');
+    std::string_view line = text.substr(0, end);
+    text = end == std::string_view::npos ? std::string_view() : text.substr(end + 1);
+    if (!line.starts_with(name)) continue;
+    std::string_view rest = line.substr(name.size());
+    if (rest.starts_with('{')) {
+      const size_t close = rest.rfind('}');
+      if (close == std::string_view::npos) continue;
+      rest = rest.substr(close + 1);
+    } else if (!rest.starts_with(' ') && !rest.starts_with('\t')) {
+      continue;  // a longer name that starts with this one
+    }
+    const size_t start = rest.find_first_not_of(" \t");
+    if (start == std::string_view::npos) continue;
+    const std::string value_text(rest.substr(start, rest.find_first_of(" \t\r", start) - start));
+    char* parsed_end = nullptr;
+    const double value = std::strtod(value_text.c_str(), &parsed_end);
+    if (parsed_end != value_text.c_str() + value_text.size() || !std::isfinite(value)) {
+      return std::nullopt;
+    }
+    sum = sum.value_or(0.0) + value;
+  }
+  return sum;
+}
+
 }  // namespace
+
+std::optional<PrefixCacheCounters> ParsePrefixCacheCounters(std::string_view metrics_text) {
+  for (const char* family : {"vllm", "sieve"}) {
+    const std::string head = std::string(family) + ":prefix_cache_";
+    const std::optional<double> queries = SumOfMetric(metrics_text, head + "queries_total");
+    const std::optional<double> hits = SumOfMetric(metrics_text, head + "hits_total");
+    if (queries && hits) return PrefixCacheCounters{*queries, *hits, family};
+  }
+  return std::nullopt;
+}
+
+std::optional<PrefixCacheCounters> FetchPrefixCacheCounters(const HttpUrl& base_url,
+                                                            const std::string& api_key,
+                                                            std::chrono::milliseconds timeout) {
+  auto metrics = Get(base_url, "/metrics", api_key, timeout);
+  if (!metrics.ok() || metrics->status != 200) return std::nullopt;
+  return ParsePrefixCacheCounters(metrics->body);
+}
 
 Result<nlohmann::json> FetchServerInfo(const HttpUrl& base_url, const std::string& api_key,
                                        std::chrono::milliseconds timeout) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -50,5 +51,21 @@ struct ServerKvPolicy {
   KvPolicyOptions options;
 };
 std::optional<ServerKvPolicy> KvPolicyOf(const nlohmann::json& server_info);
+
+// The server's prefix-cache counters, from its GET /metrics: vLLM's
+// vllm:prefix_cache_queries_total (prompt tokens looked up in the prefix cache since the server
+// started) and vllm:prefix_cache_hits_total (of them, the tokens found cached), each summed over
+// its series (one an engine); else the same counters named sieve:prefix_cache_*. Nothing when the
+// server exposes neither pair.
+struct PrefixCacheCounters {
+  double queries = 0;
+  double hits = 0;
+  std::string family;  // "vllm" or "sieve": the names they were read under
+};
+std::optional<PrefixCacheCounters> ParsePrefixCacheCounters(std::string_view metrics_text);
+// GET /metrics and ParsePrefixCacheCounters; nothing when the request fails or is not 200.
+std::optional<PrefixCacheCounters> FetchPrefixCacheCounters(const HttpUrl& base_url,
+                                                            const std::string& api_key,
+                                                            std::chrono::milliseconds timeout);
 
 }  // namespace sieve::bench
