@@ -12,6 +12,7 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <span>
 
 #include "core/testing.h"
 #include "model/full_prefill.h"
@@ -732,6 +733,31 @@ TEST(EngineTest, PerRequestPolicyOptions) {
 namespace sieve {
 namespace {
 
+// Adds `requests` to the engine, runs them to their end and returns their completions in order;
+// no page stays in use.
+std::vector<Completion> RunAll(Engine& engine, std::span<const Request> requests) {
+  std::vector<RequestId> ids;
+  for (const Request& request : requests) {
+    const auto id = engine.Add(request);
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    ids.push_back(id.ok() ? *id : -1);
+  }
+  const auto done = RunToEnd(engine);
+  std::vector<Completion> out;
+  for (const RequestId id : ids) out.push_back(done.at(id));
+  EXPECT_EQ(engine.Stats().num_pages_used, 0);
+  return out;
+}
+
+void ExpectBitwiseEqual(const std::vector<Completion>& cached,
+                        const std::vector<Completion>& cold) {
+  ASSERT_EQ(cached.size(), cold.size());
+  for (size_t index = 0; index < cold.size(); ++index) {
+    EXPECT_EQ(cached[index].tokens, cold[index].tokens) << "request " << index;
+    EXPECT_EQ(cached[index].logprobs, cold[index].logprobs) << "request " << index;
+  }
+}
+
 // Prefix caching (EngineOptions::enable_prefix_caching): requests that share a prompt prefix with
 // earlier ones attach its cached pages and prefill only the rest, and answer bitwise as on a cold
 // cache (the CPU's kernels give a row the same bits whatever else is in its step). A sparse
@@ -755,29 +781,16 @@ TEST(EngineTest, PrefixCacheHitsAnswerAsOnAColdCache) {
     options.max_num_batched_tokens = 48;
     options.enable_prefix_caching = caching;
     TestEngine t = MakeEngine(config, options);
-    std::vector<Completion> out;
-    const RequestId first = *t.engine->Add(requests[0]);
-    out.push_back(RunToEnd(*t.engine).at(first));
-    std::vector<RequestId> ids;
-    for (size_t index = 1; index < requests.size(); ++index) {
-      const auto id = t.engine->Add(requests[index]);
-      EXPECT_TRUE(id.ok()) << id.status().ToString();
-      ids.push_back(*id);
-    }
-    const auto done = RunToEnd(*t.engine);
-    for (const RequestId id : ids) out.push_back(done.at(id));
+    std::vector<Completion> out = RunAll(*t.engine, std::span(requests).first(1));
+    const std::vector<Completion> rest = RunAll(*t.engine, std::span(requests).subspan(1));
+    out.insert(out.end(), rest.begin(), rest.end());
     *stats = t.engine->Stats();
-    EXPECT_EQ(stats->num_pages_used, 0);
     return out;
   };
   EngineStats cold_stats, cached_stats;
   const auto cold = run(false, &cold_stats);
   const auto cached = run(true, &cached_stats);
-  ASSERT_EQ(cold.size(), cached.size());
-  for (size_t index = 0; index < cold.size(); ++index) {
-    EXPECT_EQ(cached[index].tokens, cold[index].tokens) << "request " << index;
-    EXPECT_EQ(cached[index].logprobs, cold[index].logprobs) << "request " << index;
-  }
+  ExpectBitwiseEqual(cached, cold);
   EXPECT_EQ(cold_stats.prefix_cache_hits, 0);
   EXPECT_EQ(cold_stats.prefix_cache_queries, 0);
   // Requests 1-4 each find the prefix's 15 whole pages (60 tokens); request 5 (request 0's prompt)
@@ -848,26 +861,14 @@ TEST(EngineTest, PrefixCacheUnderPreemptionAnswersAsOnAColdCache) {
     options.enable_prefix_caching = caching;
     options.kv_memory_bytes = 70 * config.num_layers * PageBytes(config, 4);
     TestEngine t = MakeEngine(config, options);
-    std::vector<RequestId> ids;
-    for (const Request& request : requests) {
-      const auto id = t.engine->Add(request);
-      EXPECT_TRUE(id.ok()) << id.status().ToString();
-      ids.push_back(*id);
-    }
-    const auto done = RunToEnd(*t.engine);
-    std::vector<Completion> out;
-    for (const RequestId id : ids) out.push_back(done.at(id));
+    const std::vector<Completion> out = RunAll(*t.engine, requests);
     *stats = t.engine->Stats();
-    EXPECT_EQ(stats->num_pages_used, 0);
     return out;
   };
   EngineStats cold_stats, cached_stats;
   const auto cold = run(false, &cold_stats);
   const auto cached = run(true, &cached_stats);
-  for (size_t index = 0; index < cold.size(); ++index) {
-    EXPECT_EQ(cached[index].tokens, cold[index].tokens) << "request " << index;
-    EXPECT_EQ(cached[index].logprobs, cold[index].logprobs) << "request " << index;
-  }
+  ExpectBitwiseEqual(cached, cold);
   EXPECT_GT(cold_stats.num_preemptions, 0) << "the pool is meant to preempt";
   EXPECT_GT(cached_stats.num_preemptions, 0) << "the pool is meant to preempt";
   EXPECT_GT(cached_stats.prefix_cache_hits, 0);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -26,6 +27,17 @@ namespace {
 using cuda::testing::HaveGpu;
 
 constexpr double kBf16Tolerance = 1e-2;
+
+// An FP8 GEMM case (CudaDenseTest::MakeQuantizedGemmCase): w quantized on the GPU, x's rows
+// quantized on the GPU (codes, scales), and the CPU twin's out = x w^T and base + x w^T.
+struct QuantizedGemmCase {
+  QuantizedGemmCase(int rows, int inner) : codes(static_cast<size_t>(rows) * inner), scales(rows) {}
+  Tensor gpu_w;
+  cuda::testing::DeviceBuffer<uint8_t> codes;
+  cuda::testing::DeviceBuffer<float> scales;
+  std::vector<float> base;
+  Tensor cpu_out, cpu_sum;
+};
 
 class CudaDenseTest : public ::testing::Test {
  protected:
@@ -60,6 +72,25 @@ class CudaDenseTest : public ::testing::Test {
     Tensor tensor = gpu_->Allocate(std::move(shape), DType::kI32);
     gpu_->CopyFromHost(values.data(), values.size() * 4, tensor);
     return tensor;
+  }
+  // Random x [rows][inner] and w [cols][inner], quantized as the FP8 GEMM's operands.
+  std::unique_ptr<QuantizedGemmCase> MakeQuantizedGemmCase(int rows, int inner, int cols) {
+    auto test = std::make_unique<QuantizedGemmCase>(rows, inner);
+    const auto x = Random(static_cast<size_t>(rows) * inner, 2.0f);
+    const auto w = Random(static_cast<size_t>(cols) * inner, 0.05f);
+    test->gpu_w = gpu_->QuantizeWeightE4m3(Gpu(w, {cols, inner}));
+    const Tensor cpu_w = cpu_->QuantizeWeightE4m3(Cpu(w, {cols, inner}));
+    Tensor gpu_x = Gpu(x, {rows, inner});
+    gpu_->Synchronize();
+    cuda::QuantizeRowsE4m3(static_cast<const __nv_bfloat16*>(gpu_x.data()), inner, rows, inner,
+                           test->codes.get(), inner, test->scales.get(), nullptr);
+    test->cpu_out = Tensor::Empty({rows, cols}, DType::kF32);
+    cpu_->Linear(Cpu(x, {rows, inner}), cpu_w, test->cpu_out);
+    test->base = Random(static_cast<size_t>(rows) * cols);
+    test->cpu_sum = Cpu(test->base, {rows, cols});
+    cpu_->LinearAdd(Cpu(x, {rows, inner}), cpu_w, test->cpu_sum);
+    SIEVE_CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    return test;
   }
   std::vector<float> Download(const Tensor& tensor) {
     if (tensor.dtype() == DType::kF32) {
@@ -773,21 +804,13 @@ TEST_F(CudaDenseTest, SkinnyE4m3MatchesTheCpuAtEverySplit) {
   if (!cuda::Fp8GemmRunner::DeviceSupportsFp8()) GTEST_SKIP() << "no FP8 on this GPU";
   for (const auto& [rows, inner, cols] : std::vector<std::tuple<int, int, int>>{
            {1, 4096, 1000}, {5, 2048, 512}, {16, 1024, 768}, {32, 14336, 256}}) {
-    const auto x = Random(static_cast<size_t>(rows) * inner, 2.0f);
-    const auto w = Random(static_cast<size_t>(cols) * inner, 0.05f);
-    const Tensor gpu_w = gpu_->QuantizeWeightE4m3(Gpu(w, {cols, inner}));
-    const Tensor cpu_w = cpu_->QuantizeWeightE4m3(Cpu(w, {cols, inner}));
-    Tensor gpu_x = Gpu(x, {rows, inner});
-    cuda::testing::DeviceBuffer<uint8_t> codes(static_cast<size_t>(rows) * inner);
-    cuda::testing::DeviceBuffer<float> scales(rows);
-    gpu_->Synchronize();
-    cuda::QuantizeRowsE4m3(static_cast<const __nv_bfloat16*>(gpu_x.data()), inner, rows, inner,
-                           codes.get(), inner, scales.get(), nullptr);
-    Tensor cpu_out = Tensor::Empty({rows, cols}, DType::kF32);
-    cpu_->Linear(Cpu(x, {rows, inner}), cpu_w, cpu_out);
-    const auto base = Random(static_cast<size_t>(rows) * cols);
-    Tensor cpu_sum = Cpu(base, {rows, cols});
-    cpu_->LinearAdd(Cpu(x, {rows, inner}), cpu_w, cpu_sum);
+    const std::unique_ptr<QuantizedGemmCase> test = MakeQuantizedGemmCase(rows, inner, cols);
+    const Tensor& gpu_w = test->gpu_w;
+    const auto& codes = test->codes;
+    const auto& scales = test->scales;
+    const Tensor& cpu_out = test->cpu_out;
+    const Tensor& cpu_sum = test->cpu_sum;
+    const std::vector<float>& base = test->base;
     ASSERT_TRUE(cuda::SkinnyGemmE4m3Supports(rows, inner, gpu_w.data_as<uint8_t>(), inner,
                                              codes.get(), inner));
     for (const int splits : cuda::SkinnyGemmE4m3Splits(inner)) {
@@ -824,21 +847,13 @@ TEST_F(CudaDenseTest, Fp8GemmCandidatesMatchTheCpu) {
                                                                                 {256, 1024, 1000},
                                                                                 {300, 2048, 768},
                                                                                 {1500, 512, 256}}) {
-    const auto x = Random(static_cast<size_t>(rows) * inner, 2.0f);
-    const auto w = Random(static_cast<size_t>(cols) * inner, 0.05f);
-    const Tensor gpu_w = gpu_->QuantizeWeightE4m3(Gpu(w, {cols, inner}));
-    const Tensor cpu_w = cpu_->QuantizeWeightE4m3(Cpu(w, {cols, inner}));
-    Tensor gpu_x = Gpu(x, {rows, inner});
-    cuda::testing::DeviceBuffer<uint8_t> codes(static_cast<size_t>(rows) * inner);
-    cuda::testing::DeviceBuffer<float> scales(rows);
-    gpu_->Synchronize();
-    cuda::QuantizeRowsE4m3(static_cast<const __nv_bfloat16*>(gpu_x.data()), inner, rows, inner,
-                           codes.get(), inner, scales.get(), nullptr);
-    Tensor cpu_out = Tensor::Empty({rows, cols}, DType::kF32);
-    cpu_->Linear(Cpu(x, {rows, inner}), cpu_w, cpu_out);
-    const auto base = Random(static_cast<size_t>(rows) * cols);
-    Tensor cpu_sum = Cpu(base, {rows, cols});
-    cpu_->LinearAdd(Cpu(x, {rows, inner}), cpu_w, cpu_sum);
+    const std::unique_ptr<QuantizedGemmCase> test = MakeQuantizedGemmCase(rows, inner, cols);
+    const Tensor& gpu_w = test->gpu_w;
+    const auto& codes = test->codes;
+    const auto& scales = test->scales;
+    const Tensor& cpu_out = test->cpu_out;
+    const Tensor& cpu_sum = test->cpu_sum;
+    const std::vector<float>& base = test->base;
     const auto* weight = gpu_w.data_as<uint8_t>();
     const auto* weight_scales = gpu_w.row_scales().data_as<float>();
     for (const auto& [out_f32, accumulate] :
