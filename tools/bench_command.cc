@@ -24,7 +24,10 @@ void AddDatasetFlags(CLI::App& app, DatasetConfig& dataset, bool with_num_prompt
                  "random: random token ids decoded to text (vLLM's RandomDataset); "
                  "prefix-repetition (or prefix_repetition): random prompts that share a few "
                  "random prefixes, to load a prefix cache (vLLM's PrefixRepetitionRandomDataset; "
-                 "the --prefix-repetition-* flags); jsonl: --dataset-path")
+                 "the --prefix-repetition-* flags); multi-turn (or multi_turn, bench serve "
+                 "only): --num-prompts conversations, each turn's prompt the last turn's prompt + "
+                 "the server's answer + a new random message, sent when the last turn's answer "
+                 "is complete (the --multi-turn-* flags); jsonl: --dataset-path")
       ->capture_default_str();
   app.add_option("--dataset-path", dataset.path,
                  "JSONL file, one {\"prompt\": \"...\", \"output_len\": N} per line (output_len "
@@ -58,9 +61,24 @@ void AddDatasetFlags(CLI::App& app, DatasetConfig& dataset, bool with_num_prompt
                  "Prefix-repetition dataset: tokens to generate per request (max_tokens; "
                  "--output-len is the other datasets')")
       ->capture_default_str();
+  app.add_option("--multi-turn-num-turns", dataset.num_turns,
+                 "Multi-turn dataset: turns (requests) of each conversation")
+      ->capture_default_str();
+  app.add_option("--multi-turn-first-len", dataset.first_len,
+                 "Multi-turn dataset: tokens of each conversation's first user message")
+      ->capture_default_str();
+  app.add_option("--multi-turn-message-len", dataset.message_len,
+                 "Multi-turn dataset: tokens of each later user message (appended after the "
+                 "last turn's prompt and answer)")
+      ->capture_default_str();
+  app.add_option("--multi-turn-output-len", dataset.multi_turn_output_len,
+                 "Multi-turn dataset: tokens to generate per turn (max_tokens; --output-len is "
+                 "the random and jsonl datasets')")
+      ->capture_default_str();
   if (with_num_prompts) {
     app.add_option("--num-prompts", dataset.num_prompts,
-                   "Requests to send (jsonl: default every line; more repeats the file)")
+                   "Requests to send (jsonl: default every line; more repeats the file; "
+                   "multi-turn: conversations, of --multi-turn-num-turns requests each)")
         ->capture_default_str();
   }
   app.add_option("--seed", dataset.seed, "Seed of the random prompts and of the arrival times")
@@ -194,6 +212,22 @@ void ApplyJsonlDefaults(DatasetConfig& dataset, const CLI::App& app, bool with_n
 // --prefix-repetition-* with random) would be silently ignored: refuse them instead.
 Status CheckDatasetFlags(const DatasetConfig& dataset, const CLI::App& app) {
   const bool prefix_repetition = bench::IsPrefixRepetition(dataset.name);
+  const bool multi_turn = bench::IsMultiTurn(dataset.name);
+  for (const char* flag : {"--input-len", "--output-len", "--range-ratio"}) {
+    if (multi_turn && app.get_option(flag)->count() > 0) {
+      return InvalidArgumentError(std::string(flag) +
+                                  " does not apply to --dataset-name multi-turn: its turns are "
+                                  "--multi-turn-first-len, then --multi-turn-message-len tokens "
+                                  "more than the last turn's prompt and answer, and each "
+                                  "generates --multi-turn-output-len");
+    }
+  }
+  for (const char* flag : {"--multi-turn-num-turns", "--multi-turn-first-len",
+                           "--multi-turn-message-len", "--multi-turn-output-len"}) {
+    if (!multi_turn && app.get_option(flag)->count() > 0) {
+      return InvalidArgumentError(std::string(flag) + " needs --dataset-name multi-turn");
+    }
+  }
   for (const char* flag : {"--input-len", "--output-len", "--range-ratio"}) {
     if (prefix_repetition && app.get_option(flag)->count() > 0) {
       return InvalidArgumentError(std::string(flag) +

@@ -1288,5 +1288,286 @@ TEST(BenchSweepTest, TableJsonAndPlot) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The multi-turn dataset and conversations
+
+TEST(MultiTurnDatasetTest, ExactLengthsSeededDistinctAndNamedErrors) {
+  auto rng = ::sieve::testing::MakeRng();
+  const auto tokenizer = MakeEmbeddedByteTokenizer();
+  MultiTurnOptions options;
+  options.num_conversations = 5;
+  options.num_turns = 4;
+  options.first_len = 30 + static_cast<int>(rng() % 40);
+  options.message_len = 5 + static_cast<int>(rng() % 20);
+  options.output_len = 7;
+  options.seed = rng();
+  auto conversations = MakeMultiTurnDataset(*tokenizer, options);
+  ASSERT_TRUE(conversations.ok()) << conversations.status().ToString();
+  ASSERT_EQ(conversations->size(), 5u);
+  std::set<std::string> messages;
+  for (const BenchConversation& conversation : *conversations) {
+    ASSERT_EQ(conversation.messages.size(), 4u);
+    ASSERT_EQ(conversation.message_lens.size(), 4u);
+    EXPECT_EQ(conversation.output_len, 7);
+    for (size_t turn = 0; turn < 4; ++turn) {
+      const int expected = turn == 0 ? options.first_len : options.message_len;
+      // One token a byte: exact.
+      EXPECT_EQ(conversation.message_lens[turn], expected);
+      EXPECT_EQ(conversation.messages[turn].size(), static_cast<size_t>(expected));
+      messages.insert(conversation.messages[turn]);
+    }
+  }
+  EXPECT_EQ(messages.size(), 20u);  // every message its own
+  auto again = MakeMultiTurnDataset(*tokenizer, options);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->front().messages, conversations->front().messages);
+  options.seed += 1;
+  auto other = MakeMultiTurnDataset(*tokenizer, options);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->front().messages, conversations->front().messages);
+
+  const auto expect_error = [&](const MultiTurnOptions& broken, const std::string& flag) {
+    auto result = MakeMultiTurnDataset(*tokenizer, broken);
+    ASSERT_FALSE(result.ok()) << flag;
+    EXPECT_EQ(result.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(result.status().message().find(flag), std::string::npos) << result.status().message();
+  };
+  for (int bad : {0, -2}) {
+    MultiTurnOptions broken = options;
+    broken.num_turns = bad;
+    expect_error(broken, "--multi-turn-num-turns");
+    broken = options;
+    broken.first_len = bad;
+    expect_error(broken, "--multi-turn-first-len");
+    broken = options;
+    broken.message_len = bad;
+    expect_error(broken, "--multi-turn-message-len");
+    broken = options;
+    broken.output_len = bad;
+    expect_error(broken, "--multi-turn-output-len");
+    broken = options;
+    broken.num_conversations = bad;
+    expect_error(broken, "--num-prompts");
+  }
+}
+
+// Conversations of made-up messages: turn t's text is "c<conversation> t<turn> ".
+std::vector<BenchConversation> Conversations(int count, int turns, int output_len) {
+  std::vector<BenchConversation> conversations(static_cast<size_t>(count));
+  for (int index = 0; index < count; ++index) {
+    BenchConversation& conversation = conversations[static_cast<size_t>(index)];
+    conversation.output_len = output_len;
+    for (int turn = 0; turn < turns; ++turn) {
+      conversation.messages.push_back(fmt::format("c{} t{} ", index, turn));
+      conversation.message_lens.push_back(static_cast<int>(conversation.messages.back().size()));
+    }
+  }
+  return conversations;
+}
+
+TEST(ConversationLoadTest, EachTurnIsTheLastPromptAndAnswerPlusAMessageSentInTurn) {
+  FakeServerOptions server_options;
+  server_options.max_tokens_cap = 3;
+  server_options.first_token_delay = std::chrono::milliseconds(15);
+  server_options.token_delay = std::chrono::milliseconds(5);
+  FakeOpenAiServer server(server_options);
+  ServingLoadOptions options = LoadOptions(server, "/v1/completions");
+  options.max_concurrency = 2;
+  const auto tokenizer = MakeEmbeddedByteTokenizer();
+  const int kConversations = 3;
+  const int kTurns = 4;
+  const std::vector<BenchConversation> conversations = Conversations(kConversations, kTurns, 9);
+  auto result = RunConversationLoad(options, conversations, *tokenizer, nullptr);
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  ASSERT_EQ(result->records.size(), static_cast<size_t>(kConversations * kTurns));
+  ASSERT_EQ(result->prompts.size(), result->records.size());
+  EXPECT_EQ(server.generation_requests(), kConversations * kTurns);
+  const std::string answer = FakeOpenAiServer::TokenText(0) + FakeOpenAiServer::TokenText(1) +
+                             FakeOpenAiServer::TokenText(2);
+  const std::vector<std::string> received = server.prompts();
+  for (int c = 0; c < kConversations; ++c) {
+    for (int t = 0; t < kTurns; ++t) {
+      const size_t index = static_cast<size_t>(c * kTurns + t);
+      const RequestRecord& record = result->records[index];
+      ASSERT_TRUE(record.success) << record.error;
+      EXPECT_EQ(record.conversation, c);
+      EXPECT_EQ(record.turn, t);
+      EXPECT_EQ(record.generated_text, answer);
+      EXPECT_EQ(record.output_len_requested, 9);
+      const std::string& prompt = result->prompts[index];
+      EXPECT_EQ(record.prompt_len, static_cast<int>(prompt.size()));  // one token a byte
+      // The server got exactly this prompt, once.
+      EXPECT_EQ(std::count(received.begin(), received.end(), prompt), 1) << prompt;
+      if (t == 0) {
+        EXPECT_EQ(prompt, conversations[static_cast<size_t>(c)].messages[0]);
+        continue;
+      }
+      const RequestRecord& before = result->records[index - 1];
+      EXPECT_EQ(prompt, result->prompts[index - 1] + answer +
+                            conversations[static_cast<size_t>(c)].messages[static_cast<size_t>(t)]);
+      // Sent after the turn before had its whole answer, and in that order at the server.
+      EXPECT_GE(record.start_s, before.start_s + before.e2e_s);
+      EXPECT_GE(record.arrival_s, before.start_s + before.e2e_s);
+      const auto at = std::find(received.begin(), received.end(), prompt);
+      const auto before_at =
+          std::find(received.begin(), received.end(), result->prompts[index - 1]);
+      EXPECT_LT(before_at, at);
+    }
+  }
+  const BenchMetrics metrics = ComputeMetrics(result->records, result->duration_s);
+  EXPECT_EQ(metrics.completed, kConversations * kTurns);
+  EXPECT_LE(metrics.peak_concurrent_requests, 2);
+  // A conversation keeps its slot: the third starts only when one of the first two has ended.
+  const auto end_of = [&](size_t index) {
+    return result->records[index].start_s + result->records[index].e2e_s;
+  };
+  const double first_free = std::min(end_of(kTurns - 1), end_of(2 * kTurns - 1));
+  EXPECT_GE(result->records[static_cast<size_t>(2 * kTurns)].start_s, first_free);
+  const TurnSplit split = SplitTurns(result->records);
+  EXPECT_EQ(split.first_turns, kConversations);
+  EXPECT_EQ(split.later_turns, kConversations * (kTurns - 1));
+  EXPECT_GT(split.first_ttft_ms.median, 0);
+  EXPECT_NE(FormatTurnSplitLine(split).find("(n = 9)"), std::string::npos)
+      << FormatTurnSplitLine(split);
+  EXPECT_EQ(TurnSplitJson(split)["later_turns"], 9);
+}
+
+TEST(ConversationLoadTest, AFailedTurnEndsItsConversation) {
+  FakeServerOptions server_options;
+  server_options.max_tokens_cap = 2;
+  server_options.first_token_delay = std::chrono::milliseconds(1);
+  server_options.token_delay = std::chrono::milliseconds(1);
+  server_options.fail_every = 2;  // the second request: turn 1
+  FakeOpenAiServer server(server_options);
+  ServingLoadOptions options = LoadOptions(server, "/v1/completions");
+  options.max_concurrency = 1;
+  const auto tokenizer = MakeEmbeddedByteTokenizer();
+  auto result = RunConversationLoad(options, Conversations(1, 4, 2), *tokenizer, nullptr);
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  ASSERT_EQ(result->records.size(), 4u);
+  EXPECT_EQ(server.generation_requests(), 2);
+  EXPECT_TRUE(result->records[0].success);
+  EXPECT_FALSE(result->records[1].success);
+  EXPECT_NE(result->records[1].error.find("HTTP 500"), std::string::npos);
+  for (size_t turn = 2; turn < 4; ++turn) {
+    EXPECT_FALSE(result->records[turn].success);
+    EXPECT_EQ(result->records[turn].error, "not sent: turn 1 of its conversation failed");
+    EXPECT_TRUE(result->prompts[turn].empty());
+  }
+  const BenchMetrics metrics = ComputeMetrics(result->records, result->duration_s);
+  EXPECT_EQ(metrics.completed, 1);
+  EXPECT_EQ(metrics.failed, 3);
+}
+
+TEST(BenchServeTest, MultiTurnRunCountsEveryTurnAndHitsTheAnswers) {
+  auto rng = ::sieve::testing::MakeRng();
+  FakeServerOptions server_options;
+  server_options.max_tokens_cap = 2;
+  server_options.first_token_delay = std::chrono::milliseconds(1);
+  server_options.token_delay = std::chrono::milliseconds(1);
+  server_options.prefix_cache_metrics = true;
+  FakeOpenAiServer server(server_options);
+  ServeConfig config;
+  config.client.base_url = server.base_url();
+  config.client.progress = false;
+  config.client.warmup = 2;
+  config.client.result_json = TempPath("multi_turn.json");
+  config.dataset.name = "multi_turn";  // either spelling
+  config.dataset.num_prompts = 3;
+  config.dataset.num_turns = 3;
+  config.dataset.first_len = 40 + static_cast<int>(rng() % 40);
+  config.dataset.message_len = 8 + static_cast<int>(rng() % 8);
+  config.dataset.multi_turn_output_len = 2;
+  config.dataset.seed = rng();
+  config.max_concurrency = 2;
+  ASSERT_TRUE(RunBenchServe(config).ok());
+  const std::vector<std::string> prompts = server.prompts();
+  ASSERT_EQ(prompts.size(), 1u + 2u + 9u);  // the test request, the warm-up, 3 x 3 turns
+  const size_t first_measured = 3;
+  auto json = ReadJsonFile(config.client.result_json);
+  ASSERT_TRUE(json.ok());
+  const nlohmann::json& metrics = (*json)["metrics"];
+  EXPECT_EQ(metrics["completed"], 9);
+  EXPECT_EQ(metrics["failed"], 0);
+  const nlohmann::json& dataset = (*json)["config"]["dataset"];
+  EXPECT_EQ(dataset["name"], "multi-turn");
+  EXPECT_EQ(dataset["num_prompts"], 3);
+  EXPECT_EQ(dataset["num_turns"], 3);
+  EXPECT_EQ(dataset["first_len"], config.dataset.first_len);
+  EXPECT_EQ(dataset["message_len"], config.dataset.message_len);
+  EXPECT_EQ((*json)["multi_turn"]["first_turns"], 3);
+  EXPECT_EQ((*json)["multi_turn"]["later_turns"], 6);
+  ASSERT_EQ((*json)["requests"].size(), 9u);
+  // Input tokens (bytes): turn t's prompt is the first message, t answers and t messages.
+  const int answer =
+      static_cast<int>((FakeOpenAiServer::TokenText(0) + FakeOpenAiServer::TokenText(1)).size());
+  int64_t input = 0;
+  for (int turn = 0; turn < 3; ++turn) {
+    input += config.dataset.first_len + turn * (answer + config.dataset.message_len);
+  }
+  EXPECT_EQ(metrics["total_input_tokens"], 3 * input);
+  for (const nlohmann::json& request : (*json)["requests"]) {
+    EXPECT_TRUE(request.contains("conversation"));
+    EXPECT_EQ(request["prompt_len"],
+              config.dataset.first_len +
+                  request["turn"].get<int>() * (answer + config.dataset.message_len));
+  }
+  // A later turn finds the turn before's prompt and answer cached: all but its new message.
+  const nlohmann::json& cache = (*json)["prefix_cache"];
+  ASSERT_TRUE(cache.is_object()) << json->dump();
+  EXPECT_EQ(cache["queries"].get<double>(), static_cast<double>(3 * input));
+  EXPECT_EQ(cache["hits"].get<double>(),
+            static_cast<double>(LongestPrefixHits(prompts, first_measured)));
+  // Each conversation's turns 1 and 2 find turns 0's and 1's whole prompts: all but the last
+  // turn's prompt, first_len + 2 x (answer + message_len); random bytes match a few more by chance.
+  const double owed =
+      3.0 * static_cast<double>(
+                input - (config.dataset.first_len + 2 * (answer + config.dataset.message_len)));
+  EXPECT_GE(cache["hits"].get<double>(), owed);
+  EXPECT_LE(cache["hits"].get<double>(), owed + 9 * 16);
+  // The measured conversations share nothing long with the test request's and the warm-up's.
+  for (size_t index = first_measured; index < prompts.size(); ++index) {
+    for (size_t earlier = 0; earlier < first_measured; ++earlier) {
+      EXPECT_LT(CommonPrefix(prompts[index], prompts[earlier]), 16u);
+    }
+  }
+  std::filesystem::remove(config.client.result_json);
+}
+
+TEST(BenchServeTest, MultiTurnBadFlagsAreNamedAndSweepRefusesIt) {
+  FakeServerOptions server_options;
+  server_options.max_tokens_cap = 2;
+  server_options.first_token_delay = std::chrono::milliseconds(1);
+  server_options.token_delay = std::chrono::milliseconds(1);
+  FakeOpenAiServer server(server_options);
+  ServeConfig config;
+  config.client.base_url = server.base_url();
+  config.client.progress = false;
+  config.dataset.name = "multi-turn";
+  config.dataset.num_prompts = 2;
+  config.dataset.first_len = 8;
+  config.dataset.message_len = 4;
+  config.dataset.multi_turn_output_len = 2;
+  config.dataset.num_turns = 0;
+  Status status = RunBenchServe(config);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("--multi-turn-num-turns"), std::string::npos) << status.message();
+  config.dataset.num_turns = 2;
+  config.dataset.message_len = -1;
+  status = RunBenchServe(config);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("--multi-turn-message-len"), std::string::npos)
+      << status.message();
+  EXPECT_EQ(server.generation_requests(), 0);  // refused before anything was sent
+  SweepConfig sweep;
+  sweep.client.base_url = server.base_url();
+  sweep.client.progress = false;
+  sweep.dataset.name = "multi_turn";
+  status = RunBenchSweep(sweep);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("multi-turn is for `sieve bench serve`"), std::string::npos)
+      << status.message();
+}
+
 }  // namespace
 }  // namespace sieve::bench

@@ -119,6 +119,23 @@ Result<BenchSetup> Prepare(const ClientConfig& client, const DatasetConfig& data
   return setup;
 }
 
+// The multi-turn dataset's conversations (`num_conversations` of them, drawn with `seed`).
+Result<std::vector<BenchConversation>> MakeConversations(const DatasetConfig& dataset,
+                                                         const Tokenizer& tokenizer,
+                                                         int num_conversations, uint64_t seed) {
+  if (!dataset.path.empty()) {
+    return InvalidArgumentError("--dataset-path needs --dataset-name jsonl");
+  }
+  MultiTurnOptions options;
+  options.num_conversations = num_conversations;
+  options.num_turns = dataset.num_turns;
+  options.first_len = dataset.first_len;
+  options.message_len = dataset.message_len;
+  options.output_len = dataset.multi_turn_output_len;
+  options.seed = seed;
+  return MakeMultiTurnDataset(tokenizer, options);
+}
+
 // `seed` rather than dataset.seed: each sweep level and the warm-up draw their own prompts.
 Result<std::vector<BenchPrompt>> MakePrompts(const DatasetConfig& dataset,
                                              const Tokenizer& tokenizer, int num_prompts,
@@ -148,18 +165,34 @@ Result<std::vector<BenchPrompt>> MakePrompts(const DatasetConfig& dataset,
     options.seed = seed;
     return MakePrefixRepetitionDataset(tokenizer, options);
   }
+  if (IsMultiTurn(dataset.name)) {
+    // Single requests: each conversation's first turn (the warm-up's prompts).
+    SIEVE_ASSIGN_OR_RETURN(std::vector<BenchConversation> conversations,
+                           MakeConversations(dataset, tokenizer, num_prompts, seed));
+    std::vector<BenchPrompt> prompts;
+    for (const BenchConversation& conversation : conversations) {
+      BenchPrompt prompt;
+      prompt.prompt = conversation.messages.front();
+      prompt.prompt_len = conversation.message_lens.front();
+      prompt.output_len = conversation.output_len;
+      prompts.push_back(std::move(prompt));
+    }
+    return prompts;
+  }
   if (dataset.name == "jsonl") {
     if (dataset.path.empty())
       return InvalidArgumentError("--dataset-name jsonl needs --dataset-path");
     return LoadJsonlDataset(dataset.path, tokenizer, dataset.output_len, num_prompts);
   }
-  return InvalidArgumentError("--dataset-name must be random, prefix-repetition or jsonl, not '" +
-                              dataset.name + "'");
+  return InvalidArgumentError(
+      "--dataset-name must be random, prefix-repetition, multi-turn or jsonl, not '" +
+      dataset.name + "'");
 }
 
 // Prompts for the test request and the warm-up, drawn apart from the measured ones (their own
-// seed; for prefix-repetition, prefixes of their own): a server with a prefix cache (vLLM's is on
-// by default) must not find a measured prompt, or a measured prefix, already cached.
+// seed; for prefix-repetition, prefixes of their own; for multi-turn, first turns of conversations
+// of their own, sent as single requests): a server with a prefix cache (vLLM's is on by default)
+// must not find a measured prompt, or a measured prefix, already cached.
 Result<std::vector<BenchPrompt>> MakeWarmupPrompts(const DatasetConfig& dataset,
                                                    const Tokenizer& tokenizer, int warmup) {
   const int count = std::max(1, warmup);
@@ -219,6 +252,16 @@ nlohmann::json DatasetJson(const DatasetConfig& dataset, int num_prompts) {
       {"range_ratio", dataset.range_ratio},
       {"num_prompts", num_prompts},
       {"seed", dataset.seed}};
+  if (IsMultiTurn(dataset.name)) {
+    // num_prompts: conversations. input_len: the first message; --range-ratio plays no part.
+    json["name"] = "multi-turn";
+    json["input_len"] = dataset.first_len;
+    json["output_len"] = dataset.multi_turn_output_len;
+    json["range_ratio"] = 0.0;
+    json["num_turns"] = dataset.num_turns;
+    json["first_len"] = dataset.first_len;
+    json["message_len"] = dataset.message_len;
+  }
   if (IsPrefixRepetition(dataset.name)) {
     // What the prompts were made of: --input-len, --output-len and --range-ratio play no part.
     json["input_len"] = dataset.prefix_len + dataset.suffix_len;
@@ -400,6 +443,8 @@ bool IsPrefixRepetition(const std::string& name) {
   return name == "prefix-repetition" || name == "prefix_repetition";
 }
 
+bool IsMultiTurn(const std::string& name) { return name == "multi-turn" || name == "multi_turn"; }
+
 int PromptsForLevel(const SweepConfig& config, size_t level) {
   const std::vector<int>& counts = config.num_prompts_per_level;
   const int count = counts.size() == 1 ? counts[0] : level < counts.size() ? counts[level] : 0;
@@ -420,22 +465,44 @@ Status RunBenchServe(const ServeConfig& config) {
   setup.load.max_concurrency = config.max_concurrency;
   setup.load.request_rate = request_rate;
   setup.load.burstiness = config.burstiness;
-  SIEVE_ASSIGN_OR_RETURN(std::vector<BenchPrompt> prompts,
-                         MakePrompts(config.dataset, *setup.tokenizer, config.dataset.num_prompts,
-                                     config.dataset.seed));
+  const bool multi_turn = IsMultiTurn(config.dataset.name);
+  std::vector<BenchPrompt> prompts;
+  std::vector<BenchConversation> conversations;
+  if (multi_turn) {
+    SIEVE_ASSIGN_OR_RETURN(conversations,
+                           MakeConversations(config.dataset, *setup.tokenizer,
+                                             config.dataset.num_prompts, config.dataset.seed));
+  } else {
+    SIEVE_ASSIGN_OR_RETURN(prompts, MakePrompts(config.dataset, *setup.tokenizer,
+                                                config.dataset.num_prompts, config.dataset.seed));
+  }
   SIEVE_ASSIGN_OR_RETURN(std::vector<BenchPrompt> warmup_prompts,
                          MakeWarmupPrompts(config.dataset, *setup.tokenizer, config.client.warmup));
   SIEVE_RETURN_IF_ERROR(SendTestRequest(setup, warmup_prompts.front()));
   SIEVE_RETURN_IF_ERROR(Warmup(setup, warmup_prompts, config.client.warmup, config.max_concurrency,
                                config.client.progress));
-  ProgressBar bar("benchmark", static_cast<int>(prompts.size()), config.client.progress);
+  const int num_requests = multi_turn
+                               ? static_cast<int>(conversations.size()) * config.dataset.num_turns
+                               : static_cast<int>(prompts.size());
+  ProgressBar bar("benchmark", num_requests, config.client.progress);
   const std::optional<PrefixCacheCounters> cache_before = ReadPrefixCache(setup);
-  SIEVE_ASSIGN_OR_RETURN(ServingLoadResult result,
-                         RunServingLoad(setup.load, prompts, *setup.tokenizer, &bar));
+  SIEVE_ASSIGN_OR_RETURN(
+      ServingLoadResult result,
+      multi_turn ? RunConversationLoad(setup.load, conversations, *setup.tokenizer, &bar)
+                 : RunServingLoad(setup.load, prompts, *setup.tokenizer, &bar));
   const PrefixCacheRun prefix_cache = PrefixCacheOfRun(cache_before, ReadPrefixCache(setup));
   const BenchMetrics metrics = ComputeMetrics(result.records, result.duration_s);
   std::printf("%s", FormatServingTable(metrics, config.max_concurrency, request_rate).c_str());
   std::printf("%s", FormatPrefixCacheLine(prefix_cache).c_str());
+  std::optional<TurnSplit> turns;
+  if (multi_turn) {
+    turns = SplitTurns(result.records);
+    std::printf("%s", FormatTurnSplitLine(*turns).c_str());
+    // The bound's requests: every turn as it was sent (its whole prompt, re-tokenised).
+    for (const RequestRecord& record : result.records) {
+      prompts.push_back({std::string(), record.prompt_len, record.output_len_requested});
+    }
+  }
   std::optional<RunBound> bound;
   if (!bound_config.model_config.empty()) {
     SIEVE_ASSIGN_OR_RETURN(bound, BoundOfRun(bound_config, prompts, config.max_concurrency,
@@ -447,13 +514,16 @@ Status RunBenchServe(const ServeConfig& config) {
   std::fflush(stdout);
   if (!config.client.result_json.empty()) {
     nlohmann::json json = ResultHeader("sieve_bench_serve", config.client, setup);
-    json["config"] = {{"dataset", DatasetJson(config.dataset, static_cast<int>(prompts.size()))},
-                      {"client", ClientJson(config.client, setup)},
-                      {"max_concurrency", config.max_concurrency},
-                      {"request_rate", config.request_rate},
-                      {"burstiness", config.burstiness}};
+    json["config"] = {
+        {"dataset", DatasetJson(config.dataset, multi_turn ? static_cast<int>(conversations.size())
+                                                           : static_cast<int>(prompts.size()))},
+        {"client", ClientJson(config.client, setup)},
+        {"max_concurrency", config.max_concurrency},
+        {"request_rate", config.request_rate},
+        {"burstiness", config.burstiness}};
     json["metrics"] = MetricsToJson(metrics);
     json["prefix_cache"] = PrefixCacheJson(prefix_cache);
+    if (turns) json["multi_turn"] = TurnSplitJson(*turns);
     if (bound) json["bound"] = bound->json;
     json["errors"] = errors;
     json["requests"] = RecordsJson(result.records, config.client.save_texts);
@@ -468,6 +538,11 @@ Status RunBenchServe(const ServeConfig& config) {
 
 Status RunBenchSweep(const SweepConfig& config) {
   if (config.concurrency.empty()) return InvalidArgumentError("--concurrency needs a level");
+  if (IsMultiTurn(config.dataset.name)) {
+    return InvalidArgumentError(
+        "--dataset-name multi-turn is for `sieve bench serve` (bench sweep does not run "
+        "conversations yet)");
+  }
   for (int level : config.concurrency) {
     if (level <= 0) return InvalidArgumentError("--concurrency levels must be positive");
   }

@@ -14,9 +14,10 @@ namespace sieve::bench {
 
 // Which prompts to send.
 struct DatasetConfig {
-  std::string name = "random";  // random | prefix-repetition (or prefix_repetition) | jsonl
-  std::string path;             // the JSONL file
-  std::string tokenizer;        // "" : Sieve's embedded byte-level tokenizer
+  // random | prefix-repetition (or prefix_repetition) | multi-turn (or multi_turn) | jsonl
+  std::string name = "random";
+  std::string path;       // the JSONL file
+  std::string tokenizer;  // "" : Sieve's embedded byte-level tokenizer
   int input_len = 1024;
   int output_len = 128;
   double range_ratio = 0.0;
@@ -27,10 +28,17 @@ struct DatasetConfig {
   int suffix_len = 256;
   int num_prefixes = 10;
   int prefix_output_len = 128;
+  // multi-turn (dataset.h's MultiTurnOptions; num_prompts is the number of conversations)
+  int num_turns = 10;
+  int first_len = 256;
+  int message_len = 64;
+  int multi_turn_output_len = 64;
 };
 
 // Whether `name` is the prefix-repetition dataset, in either spelling.
 bool IsPrefixRepetition(const std::string& name);
+// Whether `name` is the multi-turn dataset, in either spelling.
+bool IsMultiTurn(const std::string& name);
 
 // How to talk to the server, and what to record.
 struct ClientConfig {

@@ -200,6 +200,39 @@ Result<std::vector<BenchPrompt>> MakePrefixRepetitionDataset(
   return prompts;
 }
 
+Result<std::vector<BenchConversation>> MakeMultiTurnDataset(const Tokenizer& tokenizer,
+                                                            const MultiTurnOptions& options) {
+  if (options.num_conversations <= 0) {
+    return InvalidArgumentError("--num-prompts (conversations) must be positive");
+  }
+  if (options.num_turns <= 0)
+    return InvalidArgumentError("--multi-turn-num-turns must be positive");
+  if (options.first_len <= 0)
+    return InvalidArgumentError("--multi-turn-first-len must be positive");
+  if (options.message_len <= 0) {
+    return InvalidArgumentError("--multi-turn-message-len must be positive");
+  }
+  if (options.output_len <= 0) {
+    return InvalidArgumentError("--multi-turn-output-len must be positive");
+  }
+  SIEVE_ASSIGN_OR_RETURN(PlainTokens plain, PlainTokens::Of(tokenizer));
+  std::mt19937_64 rng(options.seed);
+  std::vector<BenchConversation> conversations(static_cast<size_t>(options.num_conversations));
+  for (BenchConversation& conversation : conversations) {
+    conversation.output_len = options.output_len;
+    for (int turn = 0; turn < options.num_turns; ++turn) {
+      const size_t target =
+          static_cast<size_t>(turn == 0 ? options.first_len : options.message_len);
+      SIEVE_ASSIGN_OR_RETURN(TextAfter text,
+                             RandomTextAfter(tokenizer, plain, rng, target, std::string(), {}));
+      SIEVE_ASSIGN_OR_RETURN(const int length, CountTokens(tokenizer, text.text));
+      conversation.messages.push_back(std::move(text.text));
+      conversation.message_lens.push_back(length);
+    }
+  }
+  return conversations;
+}
+
 Result<std::vector<BenchPrompt>> LoadJsonlDataset(const std::string& path,
                                                   const Tokenizer& tokenizer,
                                                   int default_output_len, int num_prompts) {

@@ -67,6 +67,34 @@ struct PrefixRepetitionOptions {
 Result<std::vector<BenchPrompt>> MakePrefixRepetitionDataset(
     const Tokenizer& tokenizer, const PrefixRepetitionOptions& options);
 
+// --dataset-name multi-turn: conversations whose every turn's prompt is the last turn's prompt,
+// the server's answer to it and a new user message, so a prefix cache that keeps prompt and
+// generated tokens serves all but the new message from cache.
+struct MultiTurnOptions {
+  int num_conversations = 1000;  // --num-prompts
+  int num_turns = 10;
+  int first_len = 256;   // tokens of the first user message
+  int message_len = 64;  // tokens of each later user message
+  int output_len = 64;   // max_tokens of every turn
+  uint64_t seed = 0;
+};
+
+// One conversation's user messages, fixed in advance; the answers come from the server at run
+// time (RunConversationLoad).
+struct BenchConversation {
+  std::vector<std::string> messages;  // [num_turns] messages[0] is the first turn's whole prompt
+  std::vector<int> message_lens;      // [num_turns] tokens of each message on its own
+  int output_len = 0;                 // max_tokens of every turn
+};
+
+// `num_conversations` conversations of `num_turns` random messages each: the first of
+// `first_len` tokens, the others of `message_len`, as MakeRandomDataset makes random text (each
+// message on its own: the answer it follows is not known in advance, so a BPE merge across the
+// seam can change a token or two there). InvalidArgument, naming the flag, for a length or count
+// below 1.
+Result<std::vector<BenchConversation>> MakeMultiTurnDataset(const Tokenizer& tokenizer,
+                                                            const MultiTurnOptions& options);
+
 // One JSON object per line: {"prompt": "...", "output_len": 128}; "output_len" may be left out
 // (then `default_output_len`); blank lines are skipped. `num_prompts` > 0 takes that many,
 // repeating the file from the top if it is shorter; 0 takes every line. Errors name the line.

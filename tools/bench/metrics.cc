@@ -192,6 +192,10 @@ nlohmann::json RecordToJson(const RequestRecord& record, bool with_text) {
   json["ttft_ms"] = record.ttft_s * kMsPerS;
   json["e2el_ms"] = record.e2e_s * kMsPerS;
   json["itl_ms"] = ToMs(record.itl_s);
+  if (record.conversation >= 0) {
+    json["conversation"] = record.conversation;
+    json["turn"] = record.turn;
+  }
   if (with_text) json["generated_text"] = record.generated_text;
   return json;
 }

@@ -29,6 +29,9 @@ struct RequestRecord {
   int64_t output_tokens = 0;
   bool output_tokens_from_usage = false;  // else counted by re-tokenising generated_text
   std::string generated_text;
+  // --dataset-name multi-turn: the conversation's index and the turn's (from 0); else -1
+  int conversation = -1;
+  int turn = -1;
 };
 
 // Over a set of values, all in the same unit.

@@ -17,6 +17,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/fixtures.h"
@@ -136,7 +137,12 @@ TEST(BenchCliTest, HelpExplainsEveryFlag) {
                            "--prefix-repetition-prefix-len",
                            "--prefix-repetition-suffix-len",
                            "--prefix-repetition-num-prefixes",
-                           "--prefix-repetition-output-len"}) {
+                           "--prefix-repetition-output-len",
+                           "multi-turn",
+                           "--multi-turn-num-turns",
+                           "--multi-turn-first-len",
+                           "--multi-turn-message-len",
+                           "--multi-turn-output-len"}) {
     EXPECT_NE(serve.output.find(flag), std::string::npos) << flag;
   }
   const CommandResult sweep = RunCommand("bench sweep --help");
@@ -206,6 +212,47 @@ TEST(BenchCliTest, PrefixRepetitionDatasetAndThePrefixCacheLine) {
     EXPECT_GE(percent, 64.8) << run.output;
     EXPECT_LT(percent, 70.0) << run.output;
   }
+}
+
+// The multi-turn dataset from the command line: either spelling, its own flags only, every turn
+// a request, and the first turns' TTFT beside the later turns'.
+TEST(BenchCliTest, MultiTurnDatasetRefusesOtherDatasetsFlags) {
+  const std::string unreachable = " --base-url http://127.0.0.1:" + std::to_string(FreePort());
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"bench serve --no-progress --dataset-name multi-turn --output-len 5",
+       "--output-len does not apply to --dataset-name multi-turn"},
+      {"bench serve --no-progress --dataset-name multi_turn --input-len 5",
+       "--input-len does not apply to --dataset-name multi-turn"},
+      {"bench serve --no-progress --dataset-name multi-turn --prefix-repetition-prefix-len 5",
+       "--prefix-repetition-prefix-len needs --dataset-name prefix-repetition"},
+      {"bench serve --no-progress --multi-turn-num-turns 3",
+       "--multi-turn-num-turns needs --dataset-name multi-turn"},
+      {"bench serve --no-progress --dataset-name prefix-repetition --multi-turn-output-len 3",
+       "--multi-turn-output-len needs --dataset-name multi-turn"},
+  };
+  for (const auto& [command, message] : refused) {
+    const CommandResult result = RunCommand(command + unreachable);
+    EXPECT_EQ(result.exit_code, 1) << command;
+    EXPECT_NE(result.output.find(message), std::string::npos) << command << "\n" << result.output;
+  }
+  testing::FakeServerOptions options;
+  options.max_tokens_cap = 2;
+  options.first_token_delay = std::chrono::milliseconds(1);
+  options.token_delay = std::chrono::milliseconds(1);
+  testing::FakeOpenAiServer server(options);
+  const CommandResult bad = RunCommand("bench serve --no-progress --base-url " + server.base_url() +
+                                       " --dataset-name multi-turn --multi-turn-first-len 0");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.output.find("--multi-turn-first-len must be positive"), std::string::npos)
+      << bad.output;
+  const CommandResult run =
+      RunCommand("bench serve --no-progress --base-url " + server.base_url() +
+                 " --dataset-name multi-turn --num-prompts 2 --multi-turn-num-turns 3 "
+                 "--multi-turn-first-len 20 --multi-turn-message-len 5 --multi-turn-output-len 2");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(server.generation_requests(), 1 + 2 * 3);  // the test request, 2 x 3 turns
+  EXPECT_NE(run.output.find("Multi-turn TTFT P50: first turns"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("later turns"), std::string::npos) << run.output;
 }
 
 TEST(RealServerTest, BenchServeAgainstSieveServe) {

@@ -200,4 +200,36 @@ Result<nlohmann::json> ReadJsonFile(const std::string& path) {
   return json;
 }
 
+TurnSplit SplitTurns(const std::vector<RequestRecord>& records) {
+  std::vector<double> first;
+  std::vector<double> later;
+  for (const RequestRecord& record : records) {
+    if (!record.success || record.turn < 0) continue;
+    (record.turn == 0 ? first : later).push_back(record.ttft_s * 1000);
+  }
+  TurnSplit split;
+  split.first_turns = static_cast<int>(first.size());
+  split.later_turns = static_cast<int>(later.size());
+  split.first_ttft_ms = Summarize(std::move(first));
+  split.later_ttft_ms = Summarize(std::move(later));
+  return split;
+}
+
+std::string FormatTurnSplitLine(const TurnSplit& split) {
+  return fmt::format(
+      "Multi-turn TTFT P50: first turns {:.2f} ms (n = {}), later turns {:.2f} ms (n = {})\n",
+      split.first_ttft_ms.median, split.first_turns, split.later_ttft_ms.median, split.later_turns);
+}
+
+nlohmann::json TurnSplitJson(const TurnSplit& split) {
+  return {{"first_turns", split.first_turns},
+          {"later_turns", split.later_turns},
+          {"median_ttft_ms_first_turns", split.first_ttft_ms.median},
+          {"mean_ttft_ms_first_turns", split.first_ttft_ms.mean},
+          {"p99_ttft_ms_first_turns", split.first_ttft_ms.p99},
+          {"median_ttft_ms_later_turns", split.later_ttft_ms.median},
+          {"mean_ttft_ms_later_turns", split.later_ttft_ms.mean},
+          {"p99_ttft_ms_later_turns", split.later_ttft_ms.p99}};
+}
+
 }  // namespace sieve::bench

@@ -38,6 +38,22 @@ std::string FormatPrefixCacheLine(const PrefixCacheRun& run);
 // server did not report the counters.
 nlohmann::json PrefixCacheJson(const PrefixCacheRun& run);
 
+// --dataset-name multi-turn: TTFT of the conversations' first turns (a cold prompt) against their
+// later turns' (whose prompt is mostly the turn before's prompt and answer, which a prefix cache
+// holds), over the successful turns.
+struct TurnSplit {
+  int first_turns = 0;  // successful first turns
+  int later_turns = 0;  // successful later turns
+  Distribution first_ttft_ms;
+  Distribution later_ttft_ms;
+};
+TurnSplit SplitTurns(const std::vector<RequestRecord>& records);
+// "Multi-turn TTFT P50: first turns 12.34 ms (n = 10), later turns 5.67 ms (n = 90)".
+std::string FormatTurnSplitLine(const TurnSplit& split);
+// {"first_turns", "later_turns", "median_ttft_ms_first_turns", "mean_ttft_ms_first_turns",
+//  "p99_ttft_ms_first_turns", and the same for later turns}
+nlohmann::json TurnSplitJson(const TurnSplit& split);
+
 struct SweepLevel {
   int concurrency = 0;
   int num_prompts = 0;

@@ -59,36 +59,65 @@ struct Exchange {
 // io_.run().
 class LoadRunner {
  public:
+  // One of `prompts` and `conversations` is empty: a prompt is a request, a conversation one
+  // request a turn.
   LoadRunner(const ServingLoadOptions& options, const std::vector<BenchPrompt>& prompts,
-             ProgressBar* progress)
+             const std::vector<BenchConversation>& conversations, ProgressBar* progress)
       : options_(options),
         prompts_(prompts),
+        conversations_(conversations),
         progress_(progress),
         arrival_timer_(io_),
-        tick_timer_(io_),
-        records_(prompts.size()),
-        exchanges_(prompts.size()) {}
+        tick_timer_(io_) {
+    if (conversations_.empty()) {
+      for (size_t index = 0; index < prompts_.size(); ++index) first_record_.push_back(index);
+      records_.resize(prompts_.size());
+    } else {
+      for (size_t index = 0; index < conversations_.size(); ++index) {
+        first_record_.push_back(records_.size());
+        for (size_t turn = 0; turn < conversations_[index].messages.size(); ++turn) {
+          RequestRecord record;
+          record.conversation = static_cast<int>(index);
+          record.turn = static_cast<int>(turn);
+          record.output_len_requested = conversations_[index].output_len;
+          records_.push_back(std::move(record));
+        }
+      }
+      prompt_texts_.resize(records_.size());
+    }
+    exchanges_.resize(records_.size());
+    bodies_.resize(records_.size());
+  }
 
   Result<ServingLoadResult> Run() {
     SIEVE_ASSIGN_OR_RETURN(endpoints_, ResolveHost(io_, options_.base_url));
     target_ = options_.base_url.path;
     if (options_.endpoint.empty() || options_.endpoint.front() != '/') target_ += '/';
     target_ += options_.endpoint;
-    // Bodies are built before the clock starts: JSON encoding is not the server's time.
-    bodies_.reserve(prompts_.size());
+    // Bodies are built before the clock starts: JSON encoding is not the server's time. (A
+    // conversation's later turns are built when the turn before ends, before their clock starts.)
     for (size_t index = 0; index < prompts_.size(); ++index) {
       const BenchPrompt& prompt = prompts_[index];
-      bodies_.push_back(MakeRequestBody(options_.body, prompt.prompt, prompt.output_len).dump());
+      bodies_[index] = MakeRequestBody(options_.body, prompt.prompt, prompt.output_len).dump();
       records_[index].prompt_len = prompt.prompt_len;
       records_[index].output_len_requested = prompt.output_len;
     }
-    arrivals_ = MakeArrivalTimes(static_cast<int>(prompts_.size()), options_.request_rate,
+    for (size_t index = 0; index < conversations_.size(); ++index) {
+      const BenchConversation& conversation = conversations_[index];
+      if (conversation.messages.empty()) continue;
+      const size_t first = first_record_[index];
+      prompt_texts_[first] = conversation.messages.front();
+      bodies_[first] =
+          MakeRequestBody(options_.body, prompt_texts_[first], conversation.output_len).dump();
+      records_[first].prompt_len = conversation.message_lens.front();
+    }
+    arrivals_ = MakeArrivalTimes(static_cast<int>(first_record_.size()), options_.request_rate,
                                  options_.burstiness, options_.seed);
     EnsureOpenFileLimit(options_.max_concurrency > 0 ? static_cast<size_t>(options_.max_concurrency)
-                                                     : prompts_.size());
+                                                     : first_record_.size());
     start_ = Clock::now();
     end_ = start_;
-    if (!prompts_.empty()) {
+    if (!records_.empty()) {
       ReleaseDue();
       Tick();
       io_.run();
@@ -96,6 +125,7 @@ class LoadRunner {
     ServingLoadResult result;
     result.duration_s = Seconds(end_ - start_);
     result.records = std::move(records_);
+    result.prompts = std::move(prompt_texts_);
     return result;
   }
 
@@ -106,8 +136,10 @@ class LoadRunner {
     const Clock::time_point now = Clock::now();
     while (next_release_ < arrivals_.size() &&
            start_ + FromSeconds(arrivals_[next_release_]) <= now) {
-      records_[next_release_].arrival_s = arrivals_[next_release_];
-      waiting_.push_back(next_release_++);
+      const size_t first = first_record_[next_release_];
+      records_[first].arrival_s = arrivals_[next_release_];
+      waiting_.push_back(first);
+      ++next_release_;
     }
     SendWaiting();
     if (next_release_ < arrivals_.size()) {
@@ -232,8 +264,9 @@ class LoadRunner {
     --in_flight_;
     ++num_done_;
     if (!record.success) ++num_failed_;
+    if (!conversations_.empty()) NextTurn(index, now);
     if (progress_ != nullptr) progress_->Update(num_done_, num_failed_, chunks_received_);
-    if (num_done_ == static_cast<int>(prompts_.size())) {
+    if (num_done_ == static_cast<int>(records_.size())) {
       end_ = now;
       arrival_timer_.cancel();
       tick_timer_.cancel();
@@ -242,29 +275,63 @@ class LoadRunner {
     }
   }
 
+  // After turn `index` of a conversation ended: its next turn goes to the front of the queue (the
+  // slot this turn held is free, so it is sent at once), or, when this turn failed, every later
+  // turn is recorded as failed.
+  void NextTurn(size_t index, Clock::time_point now) {
+    const RequestRecord& record = records_[index];
+    const BenchConversation& conversation =
+        conversations_[static_cast<size_t>(record.conversation)];
+    const size_t next_turn = static_cast<size_t>(record.turn) + 1;
+    if (next_turn >= conversation.messages.size()) return;
+    if (!record.success) {
+      for (size_t turn = next_turn; turn < conversation.messages.size(); ++turn) {
+        RequestRecord& skipped = records_[index + (turn - next_turn) + 1];
+        skipped.error = fmt::format("not sent: turn {} of its conversation failed", record.turn);
+        skipped.arrival_s = Seconds(now - start_);
+        skipped.start_s = skipped.arrival_s;
+        ++num_done_;
+        ++num_failed_;
+      }
+      return;
+    }
+    const size_t next = index + 1;
+    prompt_texts_[next] =
+        prompt_texts_[index] + record.generated_text + conversation.messages[next_turn];
+    bodies_[next] =
+        MakeRequestBody(options_.body, prompt_texts_[next], conversation.output_len).dump();
+    records_[next].arrival_s = Seconds(now - start_);
+    waiting_.push_front(next);
+  }
+
   // Keeps the progress display's clock moving between completions.
   void Tick() {
     if (progress_ != nullptr) progress_->Update(num_done_, num_failed_, chunks_received_);
     tick_timer_.expires_after(kTickEvery);
     tick_timer_.async_wait([this](const boost::system::error_code& error) {
-      if (!error && num_done_ < static_cast<int>(prompts_.size())) Tick();
+      if (!error && num_done_ < static_cast<int>(records_.size())) Tick();
     });
   }
 
   const ServingLoadOptions& options_;
   const std::vector<BenchPrompt>& prompts_;
+  const std::vector<BenchConversation>& conversations_;
   ProgressBar* progress_;
   asio::io_context io_;
   asio::steady_timer arrival_timer_;
   asio::steady_timer tick_timer_;
   TcpEndpoints endpoints_;
   std::string target_;
-  std::vector<std::string> bodies_;     // [num_prompts] request JSON, moved out when sent
-  std::vector<double> arrivals_;        // [num_prompts] release time, s from start_
-  std::vector<RequestRecord> records_;  // [num_prompts]
-  std::vector<Exchange> exchanges_;     // [num_prompts]
-  std::deque<size_t> waiting_;          // released, not yet sent (concurrency cap)
-  size_t next_release_ = 0;
+  // [requests]: every prompt, or every turn of every conversation (conversation by conversation)
+  std::vector<std::string> bodies_;        // [requests] request JSON, moved out when sent
+  std::vector<RequestRecord> records_;     // [requests]
+  std::vector<Exchange> exchanges_;        // [requests]
+  std::vector<std::string> prompt_texts_;  // [requests] conversations only: each turn's prompt
+  // [prompts or conversations]: what the arrival process releases
+  std::vector<size_t> first_record_;  // its first request
+  std::vector<double> arrivals_;      // release time, s from start_
+  std::deque<size_t> waiting_;        // requests released, not yet sent (concurrency cap)
+  size_t next_release_ = 0;           // into first_record_
   int in_flight_ = 0;
   int num_done_ = 0;
   int num_failed_ = 0;
@@ -273,19 +340,48 @@ class LoadRunner {
   Clock::time_point end_;
 };
 
+// Servers that send no usage chunk: count the text with the benchmark's tokenizer, as vLLM does.
+void CountUnreportedOutputTokens(const Tokenizer& tokenizer, std::vector<RequestRecord>& records) {
+  for (RequestRecord& record : records) {
+    if (!record.success || record.output_tokens_from_usage) continue;
+    auto ids = tokenizer.Encode(record.generated_text, /*add_bos=*/false);
+    record.output_tokens = ids.ok() ? static_cast<int64_t>(ids->size()) : 0;
+  }
+}
+
 }  // namespace
 
 Result<ServingLoadResult> RunServingLoad(const ServingLoadOptions& options,
                                          const std::vector<BenchPrompt>& prompts,
                                          const Tokenizer& tokenizer, ProgressBar* progress) {
-  LoadRunner runner(options, prompts, progress);
+  static const std::vector<BenchConversation> kNoConversations;
+  LoadRunner runner(options, prompts, kNoConversations, progress);
   SIEVE_ASSIGN_OR_RETURN(ServingLoadResult result, runner.Run());
   if (progress != nullptr) progress->Finish();
-  // Servers that send no usage chunk: count the text with the benchmark's tokenizer, as vLLM does.
-  for (RequestRecord& record : result.records) {
-    if (!record.success || record.output_tokens_from_usage) continue;
-    auto ids = tokenizer.Encode(record.generated_text, /*add_bos=*/false);
-    record.output_tokens = ids.ok() ? static_cast<int64_t>(ids->size()) : 0;
+  CountUnreportedOutputTokens(tokenizer, result.records);
+  return result;
+}
+
+Result<ServingLoadResult> RunConversationLoad(const ServingLoadOptions& options,
+                                              const std::vector<BenchConversation>& conversations,
+                                              const Tokenizer& tokenizer, ProgressBar* progress) {
+  for (const BenchConversation& conversation : conversations) {
+    if (conversation.messages.empty() ||
+        conversation.messages.size() != conversation.message_lens.size()) {
+      return InvalidArgumentError("a conversation needs a message and a length for every turn");
+    }
+  }
+  static const std::vector<BenchPrompt> kNoPrompts;
+  LoadRunner runner(options, kNoPrompts, conversations, progress);
+  SIEVE_ASSIGN_OR_RETURN(ServingLoadResult result, runner.Run());
+  if (progress != nullptr) progress->Finish();
+  CountUnreportedOutputTokens(tokenizer, result.records);
+  // Later turns' prompts were made at run time: their length is the whole prompt's, re-tokenised.
+  for (size_t index = 0; index < result.records.size(); ++index) {
+    RequestRecord& record = result.records[index];
+    if (record.turn <= 0 || result.prompts[index].empty()) continue;
+    auto ids = tokenizer.Encode(result.prompts[index], /*add_bos=*/false);
+    record.prompt_len = ids.ok() ? static_cast<int>(ids->size()) : 0;
   }
   return result;
 }

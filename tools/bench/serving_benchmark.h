@@ -36,6 +36,8 @@ struct ServingLoadOptions {
 struct ServingLoadResult {
   std::vector<RequestRecord> records;  // one per prompt, in prompt order
   double duration_s = 0;               // first release to last completion
+  // RunConversationLoad: every turn's prompt text, as records (empty for a turn never sent)
+  std::vector<std::string> prompts;
 };
 
 // Runs the load. Every failure of a single request is recorded in its RequestRecord; an error
@@ -44,5 +46,18 @@ struct ServingLoadResult {
 Result<ServingLoadResult> RunServingLoad(const ServingLoadOptions& options,
                                          const std::vector<BenchPrompt>& prompts,
                                          const Tokenizer& tokenizer, ProgressBar* progress);
+
+// Runs conversations (--dataset-name multi-turn): the arrival process releases conversations;
+// a released conversation sends its turns back to back, turn t + 1 (its prompt: turn t's prompt,
+// turn t's generated text and messages[t + 1]) as soon as turn t's response is complete. Under
+// --max-concurrency a conversation keeps its slot from its first turn to its last (the next turn
+// goes to the front of the queue), as a client that chats would. Records: every turn, conversation
+// by conversation, turn by turn, with their conversation and turn; a turn's arrival_s is its
+// release (the conversation's arrival for turn 0, the end of the turn before for the others).
+// A failed turn ends its conversation: its later turns are recorded as failed, never sent.
+// prompt_len: turn 0's the dataset's, the others' the tokenizer's count of the whole prompt.
+Result<ServingLoadResult> RunConversationLoad(const ServingLoadOptions& options,
+                                              const std::vector<BenchConversation>& conversations,
+                                              const Tokenizer& tokenizer, ProgressBar* progress);
 
 }  // namespace sieve::bench
