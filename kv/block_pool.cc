@@ -83,16 +83,6 @@ void BlockPool::Acquire(int32_t page) {
   ++ref_counts_[page];
 }
 
-void BlockPool::ClearCache() {
-  while (lru_head_ >= 0) {
-    const int32_t page = lru_head_;
-    LruUnlink(page);
-    DropKey(page);
-    free_list_.push_back(page);
-  }
-  while (!key_of_page_.empty()) DropKey(key_of_page_.begin()->first);
-}
-
 void BlockPool::DropKey(int32_t page) {
   const auto found = key_of_page_.find(page);
   const auto [first, last] = page_of_key_.equal_range(found->second.hash);

@@ -54,8 +54,6 @@ class BlockPool {
   // One more reference to a used or cached page (a cached page leaves the LRU).
   void Acquire(int32_t page);
   bool HasKey(int32_t page) const { return keyed_.at(page) != 0; }
-  // Drops every cached page's key (they become free) and forgets the used pages' keys.
-  void ClearCache();
 
   // OK when the states above hold for every page.
   Status CheckInvariants() const;

@@ -273,7 +273,6 @@ std::vector<std::pair<int32_t, int32_t>> KvCacheManager::TakePageTablePatches() 
 
 int KvCacheManager::PagesFreedByRemoval(SeqId id) const {
   const Sequence& seq = Get(id);
-  if (pool_.num_keyed() == 0) return seq.pages_held;  // nothing is shared without the cache
   int freed = 0;
   for (int layer = 0; layer < options_.num_layers; ++layer) {
     const int32_t* row = &page_table_[TableIndex(layer, seq.slot, 0)];
@@ -324,13 +323,6 @@ int KvCacheManager::RegisterPages(SeqId id, int layer, int first_page,
         pool_.Register(page_table_[TableIndex(layer, seq.slot, index)], keys[index - first_page]);
   }
   return registered;
-}
-
-bool KvCacheManager::PageIsShared(SeqId id, int layer, int page_index) const {
-  const Sequence& seq = Get(id);
-  SIEVE_CHECK(page_index >= 0 && page_index < PagesHeld(seq.slot)[layer]);
-  const int32_t page = page_table_[TableIndex(layer, seq.slot, page_index)];
-  return pool_.ref_count(page) > 1 || pool_.HasKey(page);
 }
 
 Status KvCacheManager::CheckInvariants() const {

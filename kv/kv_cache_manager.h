@@ -99,13 +99,8 @@ class KvCacheManager {
   // entries must not change while keyed. Returns how many took their key (a page keyed already,
   // or a key another page holds, is left as it is).
   int RegisterPages(SeqId id, int layer, int first_page, std::span<const PageKey> keys);
-  // Whether the layer's page at `page_index` is shared with another list or keyed (its entries
-  // are read by others, or may be: writing into it would change their K/V).
-  bool PageIsShared(SeqId id, int layer, int page_index) const;
   int num_cached_pages() const { return pool_.num_cached(); }
   int64_t num_evicted_pages() const { return pool_.num_evicted(); }
-  // Frees every cached page and forgets every key.
-  void ClearPrefixCache() { pool_.ClearCache(); }
 
   // ---- accounting ----
   // Pages for sequences (the padding slot's are set apart and not counted). Free pages include

@@ -83,9 +83,8 @@ TEST(BlockPoolTest, ReleasedKeyedPagesStayFindableUntilEvicted) {
   ASSERT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants().ToString();
   pool.Release(more);
   pool.Release(std::vector<int32_t>{pages[0]});
-  pool.ClearCache();
-  EXPECT_EQ(pool.num_cached(), 0);
-  EXPECT_EQ(pool.num_keyed(), 0);
+  EXPECT_EQ(pool.num_cached(), 2);  // pages[0] and pages[1] keep their keys
+  EXPECT_EQ(pool.num_keyed(), 2);
   EXPECT_EQ(pool.num_free(), 6);
   EXPECT_TRUE(pool.CheckInvariants().ok()) << pool.CheckInvariants().ToString();
 }
@@ -181,7 +180,7 @@ TEST(KvCacheManagerTest, ASecondPromptAttachesTheFirstsFullPages) {
     EXPECT_EQ(idle, 0);  // sequence 1 holds them
     manager.AttachCachedPages(2, layer, std::span(keys).first(3));
     EXPECT_EQ(manager.Length(2, layer), 12);
-    EXPECT_TRUE(manager.PageIsShared(2, layer, 0));
+    EXPECT_EQ(manager.PagesFreedByRemoval(2), 0);  // what it holds, sequence 1 holds too
     for (int page = 0; page < 3; ++page) {
       EXPECT_EQ(manager.Pages(2, layer)[page], manager.Pages(1, layer)[page]);
     }
@@ -189,7 +188,7 @@ TEST(KvCacheManagerTest, ASecondPromptAttachesTheFirstsFullPages) {
   ASSERT_TRUE(manager.CheckInvariants().ok()) << manager.CheckInvariants().ToString();
   // ...and it grows past them into pages of its own.
   ASSERT_TRUE(manager.Grow(2, std::vector<int>{30, 30}));
-  EXPECT_FALSE(manager.PageIsShared(2, 0, 3));
+  EXPECT_EQ(manager.PagesFreedByRemoval(2), 2 * 5);    // its own pages, not the shared prefix
   EXPECT_EQ(manager.num_used_pages(), 2 * 4 + 2 * 5);  // 4 pages each of sequence 1, 5 new of 2
   // Another layer's keys never match (the extra key holds the layer).
   EXPECT_EQ(manager.CachedPrefixPages(LayerKeys(prompt, 5, 4)), 0);
@@ -230,9 +229,8 @@ TEST(KvCacheManagerTest, CachedPagesGiveWayUnderPressure) {
   EXPECT_EQ(manager.CachedPrefixPages(LayerKeys(prompts[2], 0, 4)), 4);
   ASSERT_TRUE(manager.CheckInvariants().ok()) << manager.CheckInvariants().ToString();
   manager.RemoveSequence(10);
-  manager.ClearPrefixCache();
   EXPECT_EQ(manager.num_free_pages(), 24);
-  EXPECT_EQ(manager.num_cached_pages(), 0);
+  EXPECT_EQ(manager.num_cached_pages(), 8);  // prompts[2]'s pages stay cached, all free
 }
 
 }  // namespace

@@ -112,13 +112,26 @@ int Scheduler::CachedPrefixPages(const Sequence& seq, int* idle) const {
   // Whole pages of known tokens (a preempted dense sequence's generated ones too), leaving at
   // least one token to compute (its logits give the next token).
   int pages = std::min(seq.num_known_tokens(), seq.prefill_target - 1) / kv_->page_size();
+  // Each layer's chain, hashed page by page up to its first miss (a waiting sequence is planned
+  // every step until admitted: a miss costs one hash, not the prompt's).
+  const int page_size = kv_->page_size();
+  std::vector<std::vector<PageKey>> keys(kv_->num_layers());
   for (int layer = 0; layer < kv_->num_layers() && pages > 0; ++layer) {
-    pages = kv_->CachedPrefixPages(SequenceKeys(seq, layer, 0, pages, 0));
+    const uint64_t extra = MixExtraKey(seq.cache_extra, static_cast<uint64_t>(layer));
+    uint64_t parent = 0;
+    for (int page = 0; page < pages; ++page) {
+      PageKey key = MakePageKey(
+          parent, extra, std::span<const int32_t>(seq.tokens).subspan(page * page_size, page_size));
+      if (kv_->CachedPrefixPages(std::span(&key, 1)) == 0) break;
+      parent = key.hash;
+      keys[layer].push_back(std::move(key));
+    }
+    pages = static_cast<int>(keys[layer].size());
   }
   if (pages == 0) return 0;
-  for (int layer = 0; layer < kv_->num_layers(); ++layer) {
+  for (const std::vector<PageKey>& layer_keys : keys) {
     int layer_idle = 0;
-    kv_->CachedPrefixPages(SequenceKeys(seq, layer, 0, pages, 0), &layer_idle);
+    kv_->CachedPrefixPages(std::span(layer_keys).first(pages), &layer_idle);
     *idle += layer_idle;
   }
   return pages;
@@ -419,7 +432,8 @@ void Scheduler::Complete(const StepPlan& plan) {
       Sequence& seq = seqs_.at(scheduled.id);
       seq.num_computed += scheduled.num_tokens;
       kv_->SetLengths(scheduled.id, plan.LengthsAfter(scheduled));
-      if (seq.uses_prefix_cache && seq.num_computed / kv_->page_size() > seq.pages_keyed) {
+      // A page filled (no division: this runs for every decode of every step).
+      if (seq.uses_prefix_cache && seq.num_computed >= (seq.pages_keyed + 1) * kv_->page_size()) {
         KeyComputedPages(seq);
       }
     }

@@ -211,36 +211,39 @@ void ApplyJsonlDefaults(DatasetConfig& dataset, const CLI::App& app, bool with_n
 // The length flags of one dataset given with another (--input-len with prefix-repetition,
 // --prefix-repetition-* with random) would be silently ignored: refuse them instead.
 Status CheckDatasetFlags(const DatasetConfig& dataset, const CLI::App& app) {
-  const bool prefix_repetition = bench::IsPrefixRepetition(dataset.name);
-  const bool multi_turn = bench::IsMultiTurn(dataset.name);
-  for (const char* flag : {"--input-len", "--output-len", "--range-ratio"}) {
-    if (multi_turn && app.get_option(flag)->count() > 0) {
-      return InvalidArgumentError(std::string(flag) +
-                                  " does not apply to --dataset-name multi-turn: its turns are "
-                                  "--multi-turn-first-len, then --multi-turn-message-len tokens "
-                                  "more than the last turn's prompt and answer, and each "
-                                  "generates --multi-turn-output-len");
+  // Each dataset with flags of its own: those flags need it, and the random dataset's length
+  // flags do not apply to it.
+  struct OwnFlags {
+    bool selected;
+    const char* name;
+    std::vector<const char*> flags;
+    const char* lengths;  // what sets its lengths instead
+  };
+  const OwnFlags datasets[] = {
+      {bench::IsMultiTurn(dataset.name),
+       "multi-turn",
+       {"--multi-turn-num-turns", "--multi-turn-first-len", "--multi-turn-message-len",
+        "--multi-turn-output-len"},
+       "its turns are --multi-turn-first-len, then --multi-turn-message-len tokens more than the "
+       "last turn's prompt and answer, and each generates --multi-turn-output-len"},
+      {bench::IsPrefixRepetition(dataset.name),
+       "prefix-repetition",
+       {"--prefix-repetition-prefix-len", "--prefix-repetition-suffix-len",
+        "--prefix-repetition-num-prefixes", "--prefix-repetition-output-len"},
+       "its prompts are --prefix-repetition-prefix-len + --prefix-repetition-suffix-len tokens "
+       "and it generates --prefix-repetition-output-len"},
+  };
+  for (const OwnFlags& own : datasets) {
+    for (const char* flag : {"--input-len", "--output-len", "--range-ratio"}) {
+      if (own.selected && app.get_option(flag)->count() > 0) {
+        return InvalidArgumentError(std::string(flag) + " does not apply to --dataset-name " +
+                                    own.name + ": " + own.lengths);
+      }
     }
-  }
-  for (const char* flag : {"--multi-turn-num-turns", "--multi-turn-first-len",
-                           "--multi-turn-message-len", "--multi-turn-output-len"}) {
-    if (!multi_turn && app.get_option(flag)->count() > 0) {
-      return InvalidArgumentError(std::string(flag) + " needs --dataset-name multi-turn");
-    }
-  }
-  for (const char* flag : {"--input-len", "--output-len", "--range-ratio"}) {
-    if (prefix_repetition && app.get_option(flag)->count() > 0) {
-      return InvalidArgumentError(std::string(flag) +
-                                  " does not apply to --dataset-name prefix-repetition: its "
-                                  "prompts are --prefix-repetition-prefix-len + "
-                                  "--prefix-repetition-suffix-len tokens and it generates "
-                                  "--prefix-repetition-output-len");
-    }
-  }
-  for (const char* flag : {"--prefix-repetition-prefix-len", "--prefix-repetition-suffix-len",
-                           "--prefix-repetition-num-prefixes", "--prefix-repetition-output-len"}) {
-    if (!prefix_repetition && app.get_option(flag)->count() > 0) {
-      return InvalidArgumentError(std::string(flag) + " needs --dataset-name prefix-repetition");
+    for (const char* flag : own.flags) {
+      if (!own.selected && app.get_option(flag)->count() > 0) {
+        return InvalidArgumentError(std::string(flag) + " needs --dataset-name " + own.name);
+      }
     }
   }
   return Status::Ok();

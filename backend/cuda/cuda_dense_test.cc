@@ -805,29 +805,23 @@ TEST_F(CudaDenseTest, SkinnyE4m3MatchesTheCpuAtEverySplit) {
   for (const auto& [rows, inner, cols] : std::vector<std::tuple<int, int, int>>{
            {1, 4096, 1000}, {5, 2048, 512}, {16, 1024, 768}, {32, 14336, 256}}) {
     const std::unique_ptr<QuantizedGemmCase> test = MakeQuantizedGemmCase(rows, inner, cols);
-    const Tensor& gpu_w = test->gpu_w;
-    const auto& codes = test->codes;
-    const auto& scales = test->scales;
-    const Tensor& cpu_out = test->cpu_out;
-    const Tensor& cpu_sum = test->cpu_sum;
-    const std::vector<float>& base = test->base;
-    ASSERT_TRUE(cuda::SkinnyGemmE4m3Supports(rows, inner, gpu_w.data_as<uint8_t>(), inner,
-                                             codes.get(), inner));
+    ASSERT_TRUE(cuda::SkinnyGemmE4m3Supports(rows, inner, test->gpu_w.data_as<uint8_t>(), inner,
+                                             test->codes.get(), inner));
     for (const int splits : cuda::SkinnyGemmE4m3Splits(inner)) {
       SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(inner) + " x " +
                    std::to_string(cols) + ", k split " + std::to_string(splits));
       Tensor out = gpu_->Allocate({rows, cols}, DType::kBF16);
-      Tensor sum = Gpu(base, {rows, cols});
+      Tensor sum = Gpu(test->base, {rows, cols});
       gpu_->Synchronize();
       for (const bool accumulate : {false, true}) {
-        cuda::SkinnyGemmE4m3(rows, cols, inner, gpu_w.data_as<uint8_t>(), inner,
-                             gpu_w.row_scales().data_as<float>(), codes.get(), inner, scales.get(),
-                             accumulate ? sum.data() : out.data(), cols, /*out_f32=*/false,
-                             accumulate, splits, nullptr);
+        cuda::SkinnyGemmE4m3(rows, cols, inner, test->gpu_w.data_as<uint8_t>(), inner,
+                             test->gpu_w.row_scales().data_as<float>(), test->codes.get(), inner,
+                             test->scales.get(), accumulate ? sum.data() : out.data(), cols,
+                             /*out_f32=*/false, accumulate, splits, nullptr);
       }
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      EXPECT_LE(RelL2(Download(out), Values(cpu_out)), kBf16Tolerance);
-      EXPECT_LE(RelL2(Download(sum), Values(cpu_sum)), kBf16Tolerance);
+      EXPECT_LE(RelL2(Download(out), Values(test->cpu_out)), kBf16Tolerance);
+      EXPECT_LE(RelL2(Download(sum), Values(test->cpu_sum)), kBf16Tolerance);
     }
   }
 }
@@ -848,18 +842,12 @@ TEST_F(CudaDenseTest, Fp8GemmCandidatesMatchTheCpu) {
                                                                                 {300, 2048, 768},
                                                                                 {1500, 512, 256}}) {
     const std::unique_ptr<QuantizedGemmCase> test = MakeQuantizedGemmCase(rows, inner, cols);
-    const Tensor& gpu_w = test->gpu_w;
-    const auto& codes = test->codes;
-    const auto& scales = test->scales;
-    const Tensor& cpu_out = test->cpu_out;
-    const Tensor& cpu_sum = test->cpu_sum;
-    const std::vector<float>& base = test->base;
-    const auto* weight = gpu_w.data_as<uint8_t>();
-    const auto* weight_scales = gpu_w.row_scales().data_as<float>();
+    const auto* weight = test->gpu_w.data_as<uint8_t>();
+    const auto* weight_scales = test->gpu_w.row_scales().data_as<float>();
     for (const auto& [out_f32, accumulate] :
          std::vector<std::pair<bool, bool>>{{false, false}, {true, false}, {false, true}}) {
       const std::vector<int> candidates = runner.Candidates(
-          rows, cols, inner, weight, inner, codes.get(), inner, cols, out_f32, accumulate);
+          rows, cols, inner, weight, inner, test->codes.get(), inner, cols, out_f32, accumulate);
       const auto offers = [&](int candidate) {
         return std::find(candidates.begin(), candidates.end(), candidate) != candidates.end();
       };
@@ -874,13 +862,15 @@ TEST_F(CudaDenseTest, Fp8GemmCandidatesMatchTheCpu) {
                      std::to_string(cols) + (out_f32 ? " f32" : "") + (accumulate ? " +=" : "") +
                      ", candidate " + std::to_string(candidate));
         Tensor out = accumulate
-                         ? Gpu(base, {rows, cols})
+                         ? Gpu(test->base, {rows, cols})
                          : gpu_->Allocate({rows, cols}, out_f32 ? DType::kF32 : DType::kBF16);
         gpu_->Synchronize();
-        runner.RunCandidate(candidate, rows, cols, inner, weight, inner, weight_scales, codes.get(),
-                            inner, scales.get(), out.data(), cols, out_f32, accumulate);
+        runner.RunCandidate(candidate, rows, cols, inner, weight, inner, weight_scales,
+                            test->codes.get(), inner, test->scales.get(), out.data(), cols, out_f32,
+                            accumulate);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        EXPECT_LE(RelL2(Download(out), Values(accumulate ? cpu_sum : cpu_out)), kBf16Tolerance)
+        EXPECT_LE(RelL2(Download(out), Values(accumulate ? test->cpu_sum : test->cpu_out)),
+                  kBf16Tolerance)
             << runner.last_plan();
       }
     }

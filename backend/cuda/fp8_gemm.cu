@@ -271,35 +271,29 @@ void Fp8GemmRunner::Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64
       << "FP8 GEMM operands: k and row strides multiples of 16, 16-byte aligned (k " << k << ")";
   Plan& plan = PlanFor(m, n, k, ldw, ldx, ldo, out_f32, accumulate);
   if (!plan.settled) {
-    const std::vector<int> candidates =
-        Candidates(m, n, k, w, ldw, x, ldx, ldo, out_f32, accumulate);
-    SIEVE_CHECK(!candidates.empty()) << "no FP8 GEMM kernel (cuBLASLt nor the skinny kernel) takes "
-                                     << m << " x " << n << " x " << k;
-    const bool offers_rescaled =
-        std::find(candidates.begin(), candidates.end(), kRescaled) != candidates.end();
+    std::vector<int> candidates = Candidates(m, n, k, w, ldw, x, ldx, ldo, out_f32, accumulate);
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     SIEVE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
     // Reserve sized the scratch for the shapes it knew; outside capture any other may grow it.
-    if (offers_rescaled && capture == cudaStreamCaptureStatusNone) GrowProduct(m, n);
-    const bool rescaled_fits = static_cast<size_t>(m * n) * sizeof(float) <= product_bytes_;
+    // Inside one, the rescaled path is a candidate only where the scratch holds its product.
+    if (capture == cudaStreamCaptureStatusNone) {
+      if (std::find(candidates.begin(), candidates.end(), kRescaled) != candidates.end()) {
+        GrowProduct(m, n);
+      }
+    } else if (static_cast<size_t>(m * n) * sizeof(float) > product_bytes_) {
+      candidates.erase(std::remove(candidates.begin(), candidates.end(), kRescaled),
+                       candidates.end());
+    }
+    SIEVE_CHECK(!candidates.empty()) << "no FP8 GEMM kernel (cuBLASLt nor the skinny kernel) takes "
+                                     << m << " x " << n << " x " << k;
     int64_t bucket = 1;
     while (bucket < m) bucket *= 2;
     const Key bucket_key{bucket, n, k, ldw, ldx, ldo, out_f32, accumulate};
     const auto bucket_choice = bucket_choices_.find(bucket_key);
-    const auto usable = [&](int candidate) {
-      return std::find(candidates.begin(), candidates.end(), candidate) != candidates.end() &&
-             (candidate != kRescaled || rescaled_fits);
-    };
-    int chosen = kScaled;
-    for (const int candidate : candidates) {
-      if (usable(candidate)) {
-        chosen = candidate;
-        break;
-      }
-    }
-    SIEVE_CHECK(usable(chosen)) << "the FP8 product scratch holds " << product_bytes_ << " bytes, "
-                                << m << " x " << n << " needs more";
-    if (bucket != m && bucket_choice != bucket_choices_.end() && usable(bucket_choice->second)) {
+    int chosen = candidates.front();
+    if (bucket != m && bucket_choice != bucket_choices_.end() &&
+        std::find(candidates.begin(), candidates.end(), bucket_choice->second) !=
+            candidates.end()) {
       chosen = bucket_choice->second;
     } else if (candidates.size() > 1 && capture == cudaStreamCaptureStatusNone) {
       // Timed on this call's operands (`out` is rewritten: an accumulating call is replayed
@@ -315,7 +309,6 @@ void Fp8GemmRunner::Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64
       SIEVE_CUDA_CHECK(cudaEventCreate(&stop));
       float best = 0;
       for (const int candidate : candidates) {
-        if (!usable(candidate)) continue;
         std::vector<float> times;
         for (int rep = 0; rep < 6; ++rep) {
           SIEVE_CUDA_CHECK(cudaEventRecord(start, stream_));

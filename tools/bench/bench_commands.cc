@@ -140,10 +140,12 @@ Result<std::vector<BenchConversation>> MakeConversations(const DatasetConfig& da
 Result<std::vector<BenchPrompt>> MakePrompts(const DatasetConfig& dataset,
                                              const Tokenizer& tokenizer, int num_prompts,
                                              uint64_t seed) {
+  const bool generated =
+      dataset.name == "random" || IsPrefixRepetition(dataset.name) || IsMultiTurn(dataset.name);
+  if (generated && !dataset.path.empty()) {
+    return InvalidArgumentError("--dataset-path needs --dataset-name jsonl");
+  }
   if (dataset.name == "random") {
-    if (!dataset.path.empty()) {
-      return InvalidArgumentError("--dataset-path needs --dataset-name jsonl");
-    }
     RandomDatasetOptions options;
     options.num_prompts = num_prompts;
     options.input_len = dataset.input_len;
@@ -153,9 +155,6 @@ Result<std::vector<BenchPrompt>> MakePrompts(const DatasetConfig& dataset,
     return MakeRandomDataset(tokenizer, options);
   }
   if (IsPrefixRepetition(dataset.name)) {
-    if (!dataset.path.empty()) {
-      return InvalidArgumentError("--dataset-path needs --dataset-name jsonl");
-    }
     PrefixRepetitionOptions options;
     options.num_prompts = num_prompts;
     options.prefix_len = dataset.prefix_len;
