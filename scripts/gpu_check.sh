@@ -9,7 +9,7 @@
 #                                        serve serve_ab warm prefill headline accuracy tp
 #                                        sampling attention large_batch profile_attention
 #                                        chunk_ab serve_timeline fp8 kv_fp8 serve_fp8
-#                                        fp8_headline arch_sm90
+#                                        fp8_headline arch_sm90 prefix_cache
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
@@ -820,6 +820,51 @@ PY
     # 1500 requests' records come to about 19 MB, past what the device tool brings back: gzipped
     # (record_gpu_results.py reads NAME.json.gz).
     [ -f "$OUT/fp8_headline_${workload}_$run.json" ] && gzip -9f "$OUT/fp8_headline_${workload}_$run.json"
+  done
+fi
+
+if has prefix_cache; then
+  # Issue 60's measurements: prefix caching on against off (--no-enable-prefix-caching), dense and
+  # sparse (full:0-2,pyramidkv:3-31, budget 400), each on a fresh server, Llama-3-8B shape with
+  # dummy weights and bf16. Workloads (PREFIX_CACHE_WORKLOADS, default "shared turns"):
+  # - shared: one 2,000-token prefix shared by every request, a 200-token suffix of its own and
+  #   200 out (vLLM's prefix-repetition dataset), PREFIX_CACHE_PROMPTS (default 256) requests at
+  #   PREFIX_CACHE_LEVEL (default 64) in flight;
+  # - turns: PREFIX_CACHE_CONVERSATIONS (default 32) 10-turn conversations at once, a 1,000-token
+  #   first message, 200-token messages after it, 200 out a turn.
+  # Files: prefix_cache_<workload>_<dense|sparse>_<on|off>.json.
+  ensure_sieve
+  tok=testdata/tokenizers/llama3/tokenizer.model
+  for workload in ${PREFIX_CACHE_WORKLOADS:-shared turns}; do
+    case "$workload" in
+      shared) data=(--dataset-name prefix-repetition --prefix-repetition-prefix-len 2000
+                    --prefix-repetition-suffix-len 200 --prefix-repetition-num-prefixes 1
+                    --prefix-repetition-output-len 200 --num-prompts "${PREFIX_CACHE_PROMPTS:-256}"
+                    --max-concurrency "${PREFIX_CACHE_LEVEL:-64}") ;;
+      turns) data=(--dataset-name multi-turn --multi-turn-num-turns 10 --multi-turn-first-len 1000
+                   --multi-turn-message-len 200 --multi-turn-output-len 200
+                   --num-prompts "${PREFIX_CACHE_CONVERSATIONS:-32}") ;;
+      *) note "prefix_cache: no such workload $workload (shared, turns)"; continue ;;
+    esac
+    for policy in ${PREFIX_CACHE_POLICIES:-full full:0-2,pyramidkv:3-31}; do
+      kind=$( [ "$policy" = full ] && echo dense || echo sparse )
+      for cache in ${PREFIX_CACHE_RUNS:-on off}; do
+        name="${workload}_${kind}_$cache"
+        start=$(date +%s)
+        start_server ./build/gpu/sieve "$LOGS/prefix_cache_server_$name.log" \
+          --max-num-batched-tokens 8192 --kv-policy "$policy" \
+          $( [ "$cache" = off ] && echo --no-enable-prefix-caching ) \
+          || { note "prefix_cache $name: server FAILED: $(tail -1 "$LOGS/prefix_cache_server_$name.log")"; continue; }
+        ./build/gpu/sieve bench serve --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
+          "${data[@]}" --ignore-eos --no-progress --label "prefix cache $cache, $workload, $kind" \
+          --metadata workload="$workload" policy="$policy" prefix_caching="$cache" budget=400 \
+          --result-json "$OUT/prefix_cache_$name.json" > "$LOGS/prefix_cache_$name.log" 2>&1 \
+          || note "prefix_cache $name: bench FAILED: $(tail -3 "$LOGS/prefix_cache_$name.log")"
+        kill -TERM $pid; wait $pid
+        note "prefix_cache $name ($(( $(date +%s) - start )) s): $(grep -E "Output token throughput|Median TTFT|P99 TTFT|Median TPOT|hit rate|first turns|later turns" \
+          "$LOGS/prefix_cache_$name.log" | tr -s ' ' | tr '\n' ';')"
+      done
+    done
   done
 fi
 
