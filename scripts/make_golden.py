@@ -28,6 +28,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 VOCAB = 261  # 256 bytes + 5 specials, as tokenizer/MakeEmbeddedByteTokenizer
 BOS, EOS, EOT = 256, 257, 260
 PROMPT_LEN = 40
+# The FP8 model's test bounds a rate (argmax agreement at 85% of the positions): 200 positions make
+# it a measurement rather than a count that one near-tie moves.
+FP8_PROMPT_LEN = 200
 GREEDY_STEPS = 24
 
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -209,7 +212,8 @@ def main():
         if fp8:
             quantize_fp8_checkpoint(model, path)
         gen = torch.Generator().manual_seed(99 + seed)
-        ids = torch.cat([torch.tensor([BOS]), torch.randint(0, 256, (PROMPT_LEN - 1,), generator=gen)])
+        length = FP8_PROMPT_LEN if fp8 else PROMPT_LEN
+        ids = torch.cat([torch.tensor([BOS]), torch.randint(0, 256, (length - 1,), generator=gen)])
         with torch.no_grad():
             logits = model(ids[None]).logits[0].float()
             seq = ids.clone()
