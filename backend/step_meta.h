@@ -39,9 +39,13 @@ struct CompressionJob {
   int32_t score_offset;  // first float of this job's scores in the scores buffer ([G][n])
   int32_t index_offset;  // first int of this job's kept indices ([G][C_l - W])
   int32_t seq_slot;      // page-table row of the sequence
+  // First entry of the layer's page list that the kept entries go to: 0 writes them over the
+  // head of the prompt's own pages; a prefix-caching sequence's prompt pages stay as they are
+  // (other requests may read them) and its kept entries go after them (Scheduler::PlanPrefill).
+  int32_t kept_offset;
 };
-static_assert(sizeof(CompressionJob) == 13 * sizeof(int32_t));
-inline constexpr int kCompressionJobInts = 13;
+static_assert(sizeof(CompressionJob) == 14 * sizeof(int32_t));
+inline constexpr int kCompressionJobInts = 14;
 
 // One decode-time eviction of one (decode sequence, layer): after this step's attention the layer
 // holds `length` entries, one more than its cap, and drops one per KV head.

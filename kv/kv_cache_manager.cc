@@ -325,6 +325,31 @@ int KvCacheManager::RegisterPages(SeqId id, int layer, int first_page,
   return registered;
 }
 
+void KvCacheManager::ReleasePromptPages(SeqId id, int layer, int prompt_pages, int first_key_page,
+                                        std::span<const PageKey> keys, int kept_length) {
+  Sequence& seq = Get(id);
+  int& held = PagesHeld(seq.slot)[layer];
+  const int key_end = first_key_page + static_cast<int>(keys.size());
+  SIEVE_CHECK(first_key_page >= 0 && key_end <= prompt_pages && prompt_pages <= held)
+      << "layer " << layer << ": keys past the prompt's " << prompt_pages << " pages";
+  SIEVE_CHECK(kept_length >= 0 && kept_length <= (held - prompt_pages) * options_.page_size)
+      << "layer " << layer << ": " << kept_length << " kept entries past their pages";
+  int32_t* row = &page_table_[TableIndex(layer, seq.slot, 0)];
+  for (int index = first_key_page; index < key_end; ++index) {
+    pool_.Register(row[index], keys[index - first_key_page]);
+  }
+  pool_.Release(std::span<const int32_t>(row, row + prompt_pages));
+  for (int index = prompt_pages; index < held; ++index) {
+    WriteTable(layer, seq.slot, index - prompt_pages, row[index]);
+  }
+  for (int index = held - prompt_pages; index < held; ++index)
+    WriteTable(layer, seq.slot, index, -1);
+  held -= prompt_pages;
+  seq.pages_held -= prompt_pages;
+  lengths_[static_cast<int64_t>(layer) * options_.max_seqs + seq.slot] = kept_length;
+  FreePagesPast(seq, layer, kept_length);
+}
+
 Status KvCacheManager::CheckInvariants() const {
   SIEVE_RETURN_IF_ERROR(pool_.CheckInvariants());
   std::vector<int> owners(pool_.num_pages(), 0);

@@ -99,6 +99,13 @@ class KvCacheManager {
   // entries must not change while keyed. Returns how many took their key (a page keyed already,
   // or a key another page holds, is left as it is).
   int RegisterPages(SeqId id, int layer, int first_page, std::span<const PageKey> keys);
+  // The end of a prefix-caching sequence's compression in one layer: the list's first
+  // `prompt_pages` pages hold the prompt's entries as computed, the pages after them the kept
+  // entries (CompressionJob::kept_offset). Keys the prompt's pages [first_key_page,
+  // first_key_page + keys.size()) (full pages), drops the prompt's pages (one reference each: keyed
+  // ones stay cached), moves the kept pages to the head and sets the length to `kept_length`.
+  void ReleasePromptPages(SeqId id, int layer, int prompt_pages, int first_key_page,
+                          std::span<const PageKey> keys, int kept_length);
   int num_cached_pages() const { return pool_.num_cached(); }
   int64_t num_evicted_pages() const { return pool_.num_evicted(); }
 

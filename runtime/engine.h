@@ -70,8 +70,8 @@ struct EngineOptions {
   // chunks of at most this many tokens. A request whose policy must score more prompt rows in
   // its last chunk (KvPolicy::FinalChunkRows) is refused.
   int prompt_logprob_rows = 256;
-  // Prefix caching (SchedulerOptions::enable_prefix_caching): dense requests share the KV pages
-  // of the prompt tokens they have in common with earlier ones, computed once.
+  // Prefix caching (SchedulerOptions::enable_prefix_caching): requests share the KV pages of the
+  // prompt tokens they have in common with earlier ones, computed once, under any policy.
   bool enable_prefix_caching = false;
 };
 

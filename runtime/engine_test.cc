@@ -760,9 +760,9 @@ void ExpectBitwiseEqual(const std::vector<Completion>& cached,
 
 // Prefix caching (EngineOptions::enable_prefix_caching): requests that share a prompt prefix with
 // earlier ones attach its cached pages and prefill only the rest, and answer bitwise as on a cold
-// cache (the CPU's kernels give a row the same bits whatever else is in its step). A sparse
-// request in the mix neither reuses nor leaves pages. Runs one request first (it leaves the
-// prefix), then the rest together, in chunks of 48 tokens, with 4-entry pages.
+// cache (the CPU's kernels give a row the same bits whatever else is in its step). A request of
+// prompt logprobs in the mix neither reuses nor leaves pages. Runs one request first (it leaves
+// the prefix), then the rest together, in chunks of 48 tokens, with 4-entry pages.
 TEST(EngineTest, PrefixCacheHitsAnswerAsOnAColdCache) {
   auto rng = testing::MakeRng();
   const ModelConfig config = SmallConfig();
@@ -771,10 +771,11 @@ TEST(EngineTest, PrefixCacheHitsAnswerAsOnAColdCache) {
   for (int index = 0; index < 7; ++index) {
     std::vector<int32_t> prompt = prefix;
     const std::vector<int32_t> suffix = RandomPrompt(rng, 1 + static_cast<int>(rng() % 30));
-    // Request 5 repeats request 0's prompt exactly; request 6 is sparse.
+    // Request 5 repeats request 0's prompt exactly; request 6 asks for prompt logprobs.
     if (index != 5) prompt.insert(prompt.end(), suffix.begin(), suffix.end());
-    requests.push_back({prompt, Greedy(6 + index), index == 6 ? "snapkv" : ""});
+    requests.push_back({prompt, Greedy(6 + index), ""});
   }
+  requests[6].sampling.prompt_logprobs = 2;
   requests[5].prompt = requests[0].prompt;
   const auto run = [&](bool caching, EngineStats* stats) {
     EngineOptions options = TightPolicyOptions("full");
@@ -804,75 +805,145 @@ TEST(EngineTest, PrefixCacheHitsAnswerAsOnAColdCache) {
   EXPECT_GT(cached_stats.num_cached_pages, 0);
 }
 
-// A conversation: turn 2's prompt is turn 1's prompt, its answer and a new question. Turn 1's
-// pages of generated tokens are keyed too, so turn 2 prefills only its question and the page tails;
-// its answer is bitwise the cold cache's (the CPU's decode and prefill give a token's K/V the same
-// bits).
+// The same under every policy, chunked (48-token steps) and not. A sparse layer's prompt pages
+// are keyed and kept as computed, its kept entries written to pages of its own; a request that
+// hits prefills only its suffix against them and scores its own window, so its kept entries, and
+// its answer, are bitwise the cold cache's. H2O scores every prompt row: it never hits. Each
+// policy runs one request first, then the rest together (request 4 repeats request 0's prompt).
+TEST(EngineTest, PrefixCacheHitsAnswerAsOnAColdCacheUnderEveryPolicy) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  for (const std::string policy :
+       {"snapkv", "pyramidkv", "streamingllm", "h2o", "full:0,snapkv:1-2"}) {
+    for (const int step_tokens : {48, 256}) {
+      // H2O scores every prompt row in its last chunk: its prompts must fit one step.
+      if (policy == "h2o" && step_tokens == 48) continue;
+      SCOPED_TRACE(policy + ", " + std::to_string(step_tokens) + "-token steps");
+      const std::vector<int32_t> prefix = RandomPrompt(rng, 40 + static_cast<int>(rng() % 30));
+      std::vector<Request> requests;
+      for (int index = 0; index < 5; ++index) {
+        std::vector<int32_t> prompt = prefix;
+        const std::vector<int32_t> suffix = RandomPrompt(rng, 5 + static_cast<int>(rng() % 30));
+        prompt.insert(prompt.end(), suffix.begin(), suffix.end());
+        requests.push_back({prompt, Greedy(8 + index), ""});
+      }
+      requests[4].prompt = requests[0].prompt;
+      const auto run = [&](bool caching, EngineStats* stats) {
+        EngineOptions options = TightPolicyOptions(policy);
+        options.max_num_batched_tokens = step_tokens;
+        options.enable_prefix_caching = caching;
+        TestEngine t = MakeEngine(config, options);
+        std::vector<Completion> out = RunAll(*t.engine, std::span(requests).first(1));
+        const std::vector<Completion> rest = RunAll(*t.engine, std::span(requests).subspan(1));
+        out.insert(out.end(), rest.begin(), rest.end());
+        *stats = t.engine->Stats();
+        return out;
+      };
+      EngineStats cold_stats, cached_stats;
+      const auto cold = run(false, &cold_stats);
+      const auto cached = run(true, &cached_stats);
+      ExpectBitwiseEqual(cached, cold);
+      EXPECT_EQ(cached_stats.prompt_tokens,
+                cold_stats.prompt_tokens - cached_stats.prefix_cache_hits);
+      if (policy == "h2o") {
+        EXPECT_EQ(cached_stats.prefix_cache_queries, 0);
+        EXPECT_EQ(cached_stats.num_cached_pages, 0);
+      } else {
+        // Requests 1-3 find the prefix's whole pages, request 4 every whole page of its prompt
+        // that leaves the window (4 rows; streamingllm scores none: 1 row) to compute.
+        const int window = policy == "streamingllm" ? 1 : 4;
+        const int64_t hits = 3 * (static_cast<int64_t>(prefix.size()) / 4 * 4) +
+                             (static_cast<int64_t>(requests[0].prompt.size()) - window) / 4 * 4;
+        EXPECT_EQ(cached_stats.prefix_cache_hits, hits);
+        EXPECT_GT(cached_stats.num_cached_pages, 0);
+      }
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// A conversation: turn 2's prompt is turn 1's prompt, its answer and a new question. Dense, turn
+// 1's pages of generated tokens are keyed too, so turn 2 prefills only its question and the page
+// tails; sparse, turn 2 prefills turn 1's answer and its question against turn 1's prompt pages.
+// Either way its answer is bitwise the cold cache's (the CPU's decode and prefill give a token's
+// K/V the same bits).
 TEST(EngineTest, PrefixCacheCarriesAConversationsAnswerIntoItsNextTurn) {
   auto rng = testing::MakeRng();
   const ModelConfig config = SmallConfig();
-  const std::vector<int32_t> turn1 = RandomPrompt(rng, 30 + static_cast<int>(rng() % 20));
-  const int answer_tokens = 17 + static_cast<int>(rng() % 10);
-  const auto run = [&](bool caching, EngineStats* stats) {
-    EngineOptions options = TightPolicyOptions("full");
-    options.enable_prefix_caching = caching;
-    TestEngine t = MakeEngine(config, options);
-    const RequestId first = *t.engine->Add({turn1, Greedy(answer_tokens), ""});
-    const Completion answer = RunToEnd(*t.engine).at(first);
-    std::vector<int32_t> turn2 = turn1;
-    turn2.insert(turn2.end(), answer.tokens.begin(), answer.tokens.end());
-    const std::vector<int32_t> question = RandomPrompt(rng, 9);
-    turn2.insert(turn2.end(), question.begin(), question.end());
-    const RequestId second = *t.engine->Add({turn2, Greedy(12), ""});
-    const Completion reply = RunToEnd(*t.engine).at(second);
-    *stats = t.engine->Stats();
-    return std::make_pair(answer, reply);
-  };
-  const auto state = rng();
-  EngineStats cold_stats, cached_stats;
-  rng.seed(state);
-  const auto cold = run(false, &cold_stats);
-  rng.seed(state);
-  const auto cached = run(true, &cached_stats);
-  EXPECT_EQ(cached.first.tokens, cold.first.tokens);
-  EXPECT_EQ(cached.second.tokens, cold.second.tokens);
-  EXPECT_EQ(cached.second.logprobs, cold.second.logprobs);
-  // Turn 1 computed its prompt and every answer token but the last: those whole pages.
-  const int computed = static_cast<int>(turn1.size()) + answer_tokens - 1;
-  EXPECT_EQ(cached_stats.prefix_cache_hits, computed / 4 * 4);
+  for (const std::string policy : {"full", "snapkv"}) {
+    SCOPED_TRACE(policy);
+    const std::vector<int32_t> turn1 = RandomPrompt(rng, 30 + static_cast<int>(rng() % 20));
+    const int answer_tokens = 17 + static_cast<int>(rng() % 10);
+    const auto run = [&](bool caching, EngineStats* stats) {
+      EngineOptions options = TightPolicyOptions(policy);
+      options.enable_prefix_caching = caching;
+      TestEngine t = MakeEngine(config, options);
+      const RequestId first = *t.engine->Add({turn1, Greedy(answer_tokens), ""});
+      const Completion answer = RunToEnd(*t.engine).at(first);
+      std::vector<int32_t> turn2 = turn1;
+      turn2.insert(turn2.end(), answer.tokens.begin(), answer.tokens.end());
+      const std::vector<int32_t> question = RandomPrompt(rng, 9);
+      turn2.insert(turn2.end(), question.begin(), question.end());
+      const RequestId second = *t.engine->Add({turn2, Greedy(12), ""});
+      const Completion reply = RunToEnd(*t.engine).at(second);
+      *stats = t.engine->Stats();
+      return std::make_pair(answer, reply);
+    };
+    const auto state = rng();
+    EngineStats cold_stats, cached_stats;
+    rng.seed(state);
+    const auto cold = run(false, &cold_stats);
+    rng.seed(state);
+    const auto cached = run(true, &cached_stats);
+    EXPECT_EQ(cached.first.tokens, cold.first.tokens);
+    EXPECT_EQ(cached.second.tokens, cold.second.tokens);
+    EXPECT_EQ(cached.second.logprobs, cold.second.logprobs);
+    // Dense: turn 1 computed its prompt and every answer token but the last, those whole pages.
+    // Sparse: its compressed layers keyed their prompt's pages only (answer tokens were computed
+    // against the kept entries, not the whole prompt).
+    const int computed = policy == "full" ? static_cast<int>(turn1.size()) + answer_tokens - 1
+                                          : static_cast<int>(turn1.size());
+    EXPECT_EQ(cached_stats.prefix_cache_hits, computed / 4 * 4);
+  }
 }
 
 // A pool that forces preemptions: with the cache on, dense requests sharing a prefix answer as with
 // it off, preempted ones find their own prompt's pages again, cached pages give way to running
 // requests (nothing is refused), and no page leaks.
+// Dense and sparse (a sparse sequence preempted prefills its prompt again, finding its own prompt
+// pages, and replays its generated tokens).
 TEST(EngineTest, PrefixCacheUnderPreemptionAnswersAsOnAColdCache) {
   auto rng = testing::MakeRng();
   const ModelConfig config = SmallConfig();
-  const std::vector<int32_t> prefix = RandomPrompt(rng, 40);
-  std::vector<Request> requests;
-  for (int index = 0; index < 12; ++index) {
-    std::vector<int32_t> prompt = index % 3 == 0 ? RandomPrompt(rng, 20) : prefix;
-    const std::vector<int32_t> suffix = RandomPrompt(rng, 1 + static_cast<int>(rng() % 20));
-    prompt.insert(prompt.end(), suffix.begin(), suffix.end());
-    requests.push_back({prompt, Greedy(20 + static_cast<int>(rng() % 30)), ""});
+  // Pages per layer of each policy's pool: small enough to preempt.
+  for (const auto& [policy, pages] : {std::pair<std::string, int>{"full", 70}, {"snapkv", 60}}) {
+    SCOPED_TRACE(policy);
+    const std::vector<int32_t> prefix = RandomPrompt(rng, 40);
+    std::vector<Request> requests;
+    for (int index = 0; index < 12; ++index) {
+      std::vector<int32_t> prompt = index % 3 == 0 ? RandomPrompt(rng, 20) : prefix;
+      const std::vector<int32_t> suffix = RandomPrompt(rng, 5 + static_cast<int>(rng() % 20));
+      prompt.insert(prompt.end(), suffix.begin(), suffix.end());
+      requests.push_back({prompt, Greedy(20 + static_cast<int>(rng() % 30)), ""});
+    }
+    const auto run = [&](bool caching, EngineStats* stats) {
+      EngineOptions options = TightPolicyOptions(policy);
+      options.enable_prefix_caching = caching;
+      options.kv_memory_bytes = pages * config.num_layers * PageBytes(config, 4);
+      TestEngine t = MakeEngine(config, options);
+      const std::vector<Completion> out = RunAll(*t.engine, requests);
+      *stats = t.engine->Stats();
+      return out;
+    };
+    EngineStats cold_stats, cached_stats;
+    const auto cold = run(false, &cold_stats);
+    const auto cached = run(true, &cached_stats);
+    ExpectBitwiseEqual(cached, cold);
+    EXPECT_GT(cold_stats.num_preemptions, 0) << "the pool is meant to preempt";
+    EXPECT_GT(cached_stats.num_preemptions, 0) << "the pool is meant to preempt";
+    EXPECT_GT(cached_stats.prefix_cache_hits, 0);
+    EXPECT_LE(cached_stats.num_cached_pages, cached_stats.num_pages);
   }
-  const auto run = [&](bool caching, EngineStats* stats) {
-    EngineOptions options = TightPolicyOptions("full");
-    options.enable_prefix_caching = caching;
-    options.kv_memory_bytes = 70 * config.num_layers * PageBytes(config, 4);
-    TestEngine t = MakeEngine(config, options);
-    const std::vector<Completion> out = RunAll(*t.engine, requests);
-    *stats = t.engine->Stats();
-    return out;
-  };
-  EngineStats cold_stats, cached_stats;
-  const auto cold = run(false, &cold_stats);
-  const auto cached = run(true, &cached_stats);
-  ExpectBitwiseEqual(cached, cold);
-  EXPECT_GT(cold_stats.num_preemptions, 0) << "the pool is meant to preempt";
-  EXPECT_GT(cached_stats.num_preemptions, 0) << "the pool is meant to preempt";
-  EXPECT_GT(cached_stats.prefix_cache_hits, 0);
-  EXPECT_LE(cached_stats.num_cached_pages, cached_stats.num_pages);
 }
 
 }  // namespace

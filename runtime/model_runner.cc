@@ -311,10 +311,13 @@ void ModelRunner::BuildStep(const StepPlan& plan, const Scheduler& scheduler,
       key_start.push_back(static_cast<int32_t>(step.num_prefill_keys));
       for (int layer = 0; layer < layers; ++layer) {
         const bool compress = scheduled.final_chunk && scheduled.compress[layer].compress;
+        // A compressed layer's final chunk stays in the K/V scratch, unless the prompt's pages
+        // are kept (prefix caching): then they get this chunk's entries as any layer's do.
         write_start[static_cast<size_t>(layer) * num_seqs + index] =
-            compress ? -1 : scheduled.context_len;
+            compress && scheduled.kept_offset == 0 ? -1 : scheduled.context_len;
         if (!compress) continue;
-        jobs_by_layer[layer].push_back(scheduled.compress[layer].Job(layer, index, keys, slot));
+        jobs_by_layer[layer].push_back(
+            scheduled.compress[layer].Job(layer, index, keys, slot, scheduled.kept_offset));
       }
     } else {
       for (int layer = 0; layer < layers; ++layer) {

@@ -49,14 +49,46 @@ void Scheduler::Add(Sequence sequence) {
   sequence.state = SequenceState::kWaiting;
   sequence.num_computed = 0;
   sequence.prefill_target = static_cast<int>(sequence.tokens.size());
-  sequence.uses_prefix_cache =
-      options_.enable_prefix_caching && sequence.policy->IsDense() && !sequence.prompt_logprobs;
   sequence.cache_extra = MixExtraKey(0, sequence.policy->ToString());
-  sequence.pages_keyed = 0;
+  ResetPrefixCache(sequence);
   const SeqId id = sequence.id;
   SIEVE_CHECK(seqs_.count(id) == 0) << "sequence " << id << " added twice";
   waiting_.push_back(id);
   seqs_.emplace(id, std::move(sequence));
+}
+
+void Scheduler::ResetPrefixCache(Sequence& seq) const {
+  seq.pages_keyed = 0;
+  seq.uses_prefix_cache = false;
+  seq.compressed_layers.clear();
+  // Prompt logprobs score every prompt row: nothing of the prompt can be skipped.
+  if (!options_.enable_prefix_caching || seq.prompt_logprobs) return;
+  if (seq.policy->IsDense()) {
+    seq.uses_prefix_cache = true;
+    return;
+  }
+  // A sparse policy (kv/README.md "Prefix caching"): the rows it scores are computed whatever
+  // the cache holds, so a policy that scores every prompt row (H2O) could never hit.
+  const int n = seq.prefill_target;
+  if (n - std::max(1, seq.policy->FinalChunkRows(n)) < kv_->page_size()) return;
+  const int layers = kv_->num_layers();
+  const std::vector<LayerPlan> plans = seq.policy->PlanPrompt(n);
+  std::vector<uint8_t> compressed(layers, 0);
+  std::vector<int> largest(layers);  // each layer's entries at the end of the prompt
+  for (int layer = 0; layer < layers; ++layer) {
+    if (plans[layer].compress) {
+      compressed[layer] = 1;
+      largest[layer] = kv_->PagesFor(n) * kv_->page_size() + plans[layer].budget;
+    } else if (seq.policy->DecodeLimitFor(layer).max_entries > 0) {
+      return;  // its decode evicts in place, over pages that would be shared
+    } else {
+      largest[layer] = n;
+    }
+  }
+  // The prompt's pages kept whole with the kept entries beside them must fit the pool at all.
+  if (kv_->PagesToGrow(-1, largest) > kv_->num_pages()) return;
+  seq.uses_prefix_cache = true;
+  seq.compressed_layers = std::move(compressed);
 }
 
 bool Scheduler::Remove(SeqId id) {
@@ -110,8 +142,10 @@ int Scheduler::CachedPrefixPages(const Sequence& seq, int* idle) const {
   *idle = 0;
   if (!seq.uses_prefix_cache || seq.num_computed != 0) return 0;
   // Whole pages of known tokens (a preempted dense sequence's generated ones too), leaving at
-  // least one token to compute (its logits give the next token).
-  int pages = std::min(seq.num_known_tokens(), seq.prefill_target - 1) / kv_->page_size();
+  // least one token to compute (its logits give the next token) and every row the policy scores
+  // (their queries are computed in the final chunk).
+  const int final_rows = std::max(1, seq.policy->FinalChunkRows(seq.prefill_target));
+  int pages = std::min(seq.num_known_tokens(), seq.prefill_target - final_rows) / kv_->page_size();
   // Each layer's chain, hashed page by page up to its first miss (a waiting sequence is planned
   // every step until admitted: a miss costs one hash, not the prompt's).
   const int page_size = kv_->page_size();
@@ -144,7 +178,10 @@ void Scheduler::KeyComputedPages(Sequence& seq) {
   if (full <= seq.pages_keyed) return;
   const int layers = kv_->num_layers();
   seq.key_chain_tail.resize(layers, 0);
+  // Past its prompt a compressed layer's pages hold kept entries, not positions: not keyed.
+  const bool skip_compressed = !seq.compressed_layers.empty() && !seq.in_prefill();
   for (int layer = 0; layer < layers; ++layer) {
+    if (skip_compressed && seq.compressed_layers[layer]) continue;
     const std::vector<PageKey> keys =
         SequenceKeys(seq, layer, seq.pages_keyed, full, seq.key_chain_tail[layer]);
     kv_->RegisterPages(seq.id, layer, seq.pages_keyed, keys);
@@ -164,8 +201,8 @@ int Scheduler::ChunkSize(const Sequence& seq, int token_budget, int start) const
   return std::max(chunk, 0);
 }
 
-ScheduledSequence Scheduler::PlanPrefill(const Sequence& seq, int chunk, int start,
-                                         StepPlan& plan) const {
+ScheduledSequence Scheduler::PlanPrefill(const Sequence& seq, int chunk, int start, StepPlan& plan,
+                                         bool keep_prompt_pages) const {
   const int layers = kv_->num_layers();
   ScheduledSequence out;
   out.id = seq.id;
@@ -184,9 +221,15 @@ ScheduledSequence Scheduler::PlanPrefill(const Sequence& seq, int chunk, int sta
     return out;
   }
   out.compress = seq.policy->PlanPrompt(seq.prefill_target);
+  // Kept entries after the prompt's pages, which then hold every prompt entry (this chunk's too).
+  const int kept_offset = keep_prompt_pages ? kv_->PagesFor(end) * kv_->page_size() : 0;
   for (int layer = 0; layer < layers; ++layer) {
     const LayerPlan& layer_plan = out.compress[layer];
-    if (layer_plan.compress) {
+    if (layer_plan.compress && kept_offset > 0) {
+      capacities[layer] = kept_offset + layer_plan.budget;
+      lengths_after[layer] = layer_plan.budget;
+      out.kept_offset = kept_offset;
+    } else if (layer_plan.compress) {
       // Earlier chunks' entries stay in the pages until gathered; the kept ones are then written
       // over the head of the same list.
       capacities[layer] = std::max(start, layer_plan.budget);
@@ -291,7 +334,7 @@ void Scheduler::Plan(StepPlan& plan) const {
     if (seq.in_prefill()) {
       const int chunk = ChunkSize(seq, chunk_budget(seq), seq.num_computed);
       if (chunk == 0) continue;
-      scheduled = PlanPrefill(seq, chunk, seq.num_computed, plan);
+      scheduled = PlanPrefill(seq, chunk, seq.num_computed, plan, !seq.compressed_layers.empty());
     } else {
       if (token_budget < 1) continue;
       if (seq.policy != caps.policy) caps.Load(*seq.policy, kv_->num_layers());
@@ -342,14 +385,30 @@ void Scheduler::Plan(StepPlan& plan) const {
       // A cached prefix is attached, not allocated: its pages that no list holds leave the free
       // count, and the prefill starts after it.
       int idle_cached = 0;
-      const int cached_pages = CachedPrefixPages(seq, &idle_cached);
-      const int cached_tokens = cached_pages * kv_->page_size();
-      const int chunk = ChunkSize(seq, chunk_budget(seq), cached_tokens);
-      if (chunk == 0) break;
-      ScheduledSequence scheduled = PlanPrefill(seq, chunk, cached_tokens, plan);
-      const int needed = kv_->PagesToGrow(-1, plan.Capacities(scheduled)) -
-                         cached_pages * kv_->num_layers() + idle_cached;
+      int cached_pages = CachedPrefixPages(seq, &idle_cached);
+      bool keep_prompt_pages = !seq.compressed_layers.empty();
       const int after = PagesAfterCompression(seq);
+      ScheduledSequence scheduled;
+      int needed = 0;
+      int chunk = 0;
+      for (;;) {
+        chunk = ChunkSize(seq, chunk_budget(seq), cached_pages * kv_->page_size());
+        if (chunk == 0) break;
+        scheduled =
+            PlanPrefill(seq, chunk, cached_pages * kv_->page_size(), plan, keep_prompt_pages);
+        needed = kv_->PagesToGrow(-1, plan.Capacities(scheduled)) -
+                 cached_pages * kv_->num_layers() + idle_cached;
+        if (needed <= free_pages || !keep_prompt_pages) break;
+        // A sparse prompt's pages kept whole beside its kept entries do not fit now: as without
+        // the cache (compressed over the prompt's head, nothing attached or keyed), so caching
+        // never holds back a request.
+        plan.DropLayerRows(scheduled.layer_rows);
+        keep_prompt_pages = false;
+        cached_pages = 0;
+        idle_cached = 0;
+      }
+      if (chunk == 0) break;
+      const int cached_tokens = cached_pages * kv_->page_size();
       if (needed > free_pages || pages_after + after > kv_->num_pages()) break;
       free_pages -= needed;
       pages_after += after;
@@ -360,6 +419,7 @@ void Scheduler::Plan(StepPlan& plan) const {
       --free_slots;
       plan.admitted.push_back(id);
       plan.admitted_cached_tokens.push_back(cached_tokens);
+      plan.admitted_uncached.push_back(!seq.compressed_layers.empty() && !keep_prompt_pages);
       plan.prefills.push_back(std::move(scheduled));
     }
   }
@@ -376,7 +436,7 @@ void Scheduler::Commit(const StepPlan& plan) {
     // Dense: everything at once. Sparse: the prompt, then the generated tokens replayed.
     seq.prefill_target =
         seq.policy->IsDense() ? static_cast<int>(seq.tokens.size()) : seq.num_prompt_tokens;
-    seq.pages_keyed = 0;  // its keyed pages stay cached: readmission may attach them
+    ResetPrefixCache(seq);  // its keyed pages stay cached: readmission may attach them
     ++seq.num_preemptions;
     ++num_preemptions_;
     // Back to the queue in arrival order: it goes before everything that came after it.
@@ -392,6 +452,10 @@ void Scheduler::Commit(const StepPlan& plan) {
     SIEVE_CHECK(slot.ok()) << slot.status().ToString();
     // Attached before any growth of this step, which could evict them.
     const int cached_tokens = plan.admitted_cached_tokens[index];
+    if (plan.admitted_uncached[index]) {
+      seq.uses_prefix_cache = false;
+      seq.compressed_layers.clear();
+    }
     if (seq.uses_prefix_cache) {
       prefix_cache_queries_ += seq.prefill_target;
       prefix_cache_hits_ += cached_tokens;
@@ -426,11 +490,28 @@ void Scheduler::Commit(const StepPlan& plan) {
   }
 }
 
+void Scheduler::ReleasePromptPages(Sequence& seq, const ScheduledSequence& scheduled,
+                                   const StepPlan& plan) {
+  const int layers = kv_->num_layers();
+  const int prompt_pages = scheduled.kept_offset / kv_->page_size();
+  const int full = seq.prefill_target / kv_->page_size();  // a sparse prompt's tokens are known
+  seq.key_chain_tail.resize(layers, 0);
+  const std::span<const int> lengths_after = plan.LengthsAfter(scheduled);
+  for (int layer = 0; layer < layers; ++layer) {
+    if (!scheduled.compress[layer].compress) continue;
+    const std::vector<PageKey> keys =
+        SequenceKeys(seq, layer, seq.pages_keyed, full, seq.key_chain_tail[layer]);
+    kv_->ReleasePromptPages(seq.id, layer, prompt_pages, seq.pages_keyed, keys,
+                            lengths_after[layer]);
+  }
+}
+
 void Scheduler::Complete(const StepPlan& plan) {
   for (const auto* list : {&plan.prefills, &plan.decodes}) {
     for (const ScheduledSequence& scheduled : *list) {
       Sequence& seq = seqs_.at(scheduled.id);
       seq.num_computed += scheduled.num_tokens;
+      if (scheduled.kept_offset > 0) ReleasePromptPages(seq, scheduled, plan);
       kv_->SetLengths(scheduled.id, plan.LengthsAfter(scheduled));
       // A page filled (no division: this runs for every decode of every step).
       if (seq.uses_prefix_cache && seq.num_computed >= (seq.pages_keyed + 1) * kv_->page_size()) {

@@ -38,12 +38,11 @@ struct SchedulerOptions {
   // Most prefill tokens of sequences that need prompt logprobs (Sequence::prompt_logprobs) in one
   // step: each of their rows gets logits, and the logits buffer holds this many such rows.
   int prompt_logprob_rows = 256;
-  // Prefix caching (kv/README.md "Prefix caching"): a dense sequence's full pages (prompt and
-  // generated tokens) are keyed once computed and stay, cached, after it is gone; a new (or
-  // preempted) dense sequence whose tokens start with cached pages attaches them and prefills
-  // only the rest. Sequences
-  // with a sparse layer, or asking for prompt logprobs (every prompt row's logits), neither look
-  // up nor key pages.
+  // Prefix caching (kv/README.md "Prefix caching"): a sequence's full pages (prompt and
+  // generated tokens; a compressed layer's prompt as computed) are keyed once computed and stay,
+  // cached, after it is gone; a new (or preempted) sequence whose tokens start with cached pages
+  // attaches them and prefills only the rest. H2O sequences (they score every prompt row) and
+  // those asking for prompt logprobs (every prompt row's logits) neither look up nor key pages.
   bool enable_prefix_caching = false;
 };
 
@@ -90,7 +89,17 @@ class Scheduler {
  private:
   // Tokens of this sequence's prefill from `start` that fit in `token_budget` this step (0: none).
   int ChunkSize(const Sequence& seq, int token_budget, int start) const;
-  ScheduledSequence PlanPrefill(const Sequence& seq, int chunk, int start, StepPlan& plan) const;
+  // `keep_prompt_pages`: a prefix-caching sparse sequence's final chunk writes its compressed
+  // layers' entries into pages as the other layers do and puts the kept ones after them
+  // (ScheduledSequence::kept_offset); false compresses over the prompt's head.
+  ScheduledSequence PlanPrefill(const Sequence& seq, int chunk, int start, StepPlan& plan,
+                                bool keep_prompt_pages) const;
+  // Whether the sequence uses the prefix cache (Sequence::uses_prefix_cache and
+  // compressed_layers, for its prefill_target), its keying reset.
+  void ResetPrefixCache(Sequence& seq) const;
+  // After a final chunk with kept_offset: keys the compressed layers' prompt pages and releases
+  // them (KvCacheManager::ReleasePromptPages).
+  void ReleasePromptPages(Sequence& seq, const ScheduledSequence& scheduled, const StepPlan& plan);
   // One layer's keys of the sequence's pages [first, end), chained from `parent`.
   std::vector<PageKey> SequenceKeys(const Sequence& seq, int layer, int first, int end,
                                     uint64_t parent) const;

@@ -46,6 +46,11 @@ struct Sequence {
   uint64_t cache_extra = 0;
   int pages_keyed = 0;
   std::vector<uint64_t> key_chain_tail;  // [L]
+  // [L] while it uses the prefix cache with a sparse policy: the layers whose prompt the policy
+  // compresses. Their prompt's pages are keyed like any other layer's and stay as computed; the
+  // kept entries go to pages of their own (Scheduler::PlanPrefill). Past the prompt only the
+  // other layers key pages.
+  std::vector<uint8_t> compressed_layers;
 
   int num_generated() const { return static_cast<int>(tokens.size()) - num_prompt_tokens; }
   // Leading tokens whose values the host knows (all but the unknown last ones).

@@ -25,6 +25,10 @@ struct ScheduledSequence {
   bool evicts = false;       // decode: some layer evicts one entry after attention
   int layer_rows = 0;        // offset of this sequence's rows in the plan's per-layer arrays
   int new_pages = 0;         // pages the step takes from the pool for this sequence
+  // Final prefill chunk of a prefix-caching sparse sequence: where its compressed layers' kept
+  // entries start in their page lists (after the prompt's pages, which stay as computed:
+  // CompressionJob::kept_offset); 0 writes them over the prompt's head as without the cache.
+  int kept_offset = 0;
   std::vector<LayerPlan> compress;  // [L] final prefill chunk only: each layer's plan
 };
 
@@ -36,6 +40,9 @@ struct StepPlan {
   // [admitted]: leading prompt tokens each admitted sequence takes from the prefix cache (whole
   // pages; its prefill starts after them).
   std::vector<int> admitted_cached_tokens;
+  // [admitted]: 1 for a sequence admitted without the prefix cache although it would use it (its
+  // prompt's pages kept whole did not fit: Scheduler::Plan).
+  std::vector<uint8_t> admitted_uncached;
   int num_tokens = 0;
   int num_layers = 0;
   std::vector<int> capacities;     // [rows][L] entries each layer must hold during the step
@@ -50,6 +57,7 @@ struct StepPlan {
     preempted.clear();
     admitted.clear();
     admitted_cached_tokens.clear();
+    admitted_uncached.clear();
     num_tokens = 0;
     num_layers = layers;
     capacities.clear();
@@ -63,6 +71,12 @@ struct StepPlan {
     lengths_after.resize(offset + num_layers);
     evict.resize(offset + num_layers, 0);
     return offset;
+  }
+  // Drops the rows AddLayerRows returned last (a plan tried and not taken).
+  void DropLayerRows(int offset) {
+    capacities.resize(offset);
+    lengths_after.resize(offset);
+    evict.resize(offset);
   }
   std::span<const int> Capacities(const ScheduledSequence& s) const {
     return {capacities.data() + s.layer_rows, static_cast<size_t>(num_layers)};

@@ -47,8 +47,10 @@ struct LayerPlan {
   SelectMode mode = SelectMode::kTopScores;
 
   // The selection job of this plan for one (prefill sequence, layer) of a step; the scores' and
-  // kept indices' offsets are left 0 for whoever lays out the step's buffers.
-  CompressionJob Job(int layer, int prefill_seq, int num_keys, int seq_slot) const {
+  // kept indices' offsets are left 0 for whoever lays out the step's buffers. `kept_offset`:
+  // CompressionJob::kept_offset.
+  CompressionJob Job(int layer, int prefill_seq, int num_keys, int seq_slot,
+                     int kept_offset = 0) const {
     CompressionJob job{};
     job.layer = layer;
     job.prefill_seq = prefill_seq;
@@ -61,6 +63,7 @@ struct LayerPlan {
     job.reduce = reduce;
     job.mode = mode;
     job.seq_slot = seq_slot;
+    job.kept_offset = kept_offset;
     return job;
   }
 };

@@ -67,9 +67,10 @@ void AddEngineFlags(CLI::App& app, EngineFlags& flags, bool policy_flags) {
   app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", flags.enable_prefix_caching,
                "Share the KV pages of prompt tokens a request has in common with earlier ones "
                "(whole pages from the prompt's start): computed once, kept after their requests "
-               "end until the pool needs the room (default on, as in vLLM). Requests whose "
-               "policy drops entries, or that ask for prompt logprobs, neither reuse nor leave "
-               "pages (kv/README.md \"Prefix caching\")");
+               "end until the pool needs the room (default on, as in vLLM). Exact under every "
+               "policy: a sparse request shares its prompt's pages as computed and compresses "
+               "into pages of its own. H2O requests and those asking for prompt logprobs "
+               "neither reuse nor leave pages (kv/README.md \"Prefix caching\")");
   app.add_option("--page-size", flags.engine.page_size, "KV entries per page")
       ->capture_default_str();
   app.add_option("--kv-memory", flags.kv_memory,

@@ -140,9 +140,10 @@ void CpuBackend::WriteKeptKv(const Tensor& k, const Tensor& v, const Tensor& sco
         I32(pool.page_table) +
         (static_cast<int64_t>(layer) * pool.max_seqs + job.seq_slot) * pool.max_pages_per_seq;
     for (int entry = 0; entry < job.budget; ++entry) {
+      const int list_entry = job.kept_offset + entry;
       const int64_t pool_entry =
-          static_cast<int64_t>(page_row[entry / pool.page_size]) * pool.page_size +
-          entry % pool.page_size;
+          static_cast<int64_t>(page_row[list_entry / pool.page_size]) * pool.page_size +
+          list_entry % pool.page_size;
       for (int kv_head = 0; kv_head < kv_heads; ++kv_head) {
         const int key = entry < keep
                             ? kept.data_as<int32_t>()[job.index_offset + kv_head * keep + entry]

@@ -800,9 +800,11 @@ TEST(CudaSparsityTest, WriteKeptKvEqualsCpu) {
       job.score_offset = static_cast<int32_t>(score_floats);
       job.index_offset = static_cast<int32_t>(index_ints);
       job.seq_slot = num_seqs - 1 - seq;  // slots differ from sequence indices
+      // The last one keeps its prompt's pages (a prefix-caching sequence): kept entries after them.
+      job.kept_offset = seq == num_seqs - 1 ? Uniform(rng, 1, job.num_keys) : 0;
       score_floats += int64_t{kv_heads} * job.num_keys;
       index_ints += int64_t{kv_heads} * (job.budget - job.window);
-      lengths[layer][job.seq_slot] = job.budget;
+      lengths[layer][job.seq_slot] = job.kept_offset + job.budget;
       lengths[0][job.seq_slot] = Uniform(rng, 1, 100);  // other layers' pages: must stay
       jobs.push_back(job);
       chunks.push_back({job.num_keys, 0});
@@ -827,7 +829,7 @@ TEST(CudaSparsityTest, WriteKeptKvEqualsCpu) {
                   kept.begin() + job.index_offset + int64_t{kv_head} * keep);
       }
     }
-    const int max_pages = 600 / shape.page_size + 2;
+    const int max_pages = 1200 / shape.page_size + 2;
     const int num_pages = num_seqs * max_pages * 2;
     const std::vector<int32_t> page_table =
         RandomPageTable(num_layers, num_seqs, max_pages, num_pages, shape.page_size, lengths, rng);

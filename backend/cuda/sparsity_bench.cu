@@ -145,6 +145,7 @@ void BenchSparsity(const SparsityBenchOptions& options) {
                                SelectMode::kTopScores,
                                0,
                                0,
+                               0,
                                0};
       int32_t* job_rows = Alloc<int32_t>(kCompressionJobInts);
       SIEVE_CUDA_CHECK(cudaMemcpy(job_rows, &job, sizeof(job), cudaMemcpyHostToDevice));

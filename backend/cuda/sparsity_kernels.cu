@@ -561,9 +561,10 @@ __global__ __launch_bounds__(kWriteThreads) void WriteKeptKvKernel(
                       ? kept[job.index_offset + static_cast<int64_t>(kv_head) * keep + entry]
                       : job.num_keys - job.budget + entry;
   const int32_t* page_row = pool.page_table + layer_slot * pool.max_pages_per_seq;
+  const int list_entry = job.kept_offset + entry;
   const int64_t pool_entry =
-      static_cast<int64_t>(page_row[entry / pool.page_size]) * pool.page_size +
-      entry % pool.page_size;
+      static_cast<int64_t>(page_row[list_entry / pool.page_size]) * pool.page_size +
+      list_entry % pool.page_size;
   const int64_t src =
       ((static_cast<int64_t>(key_start[job.prefill_seq]) + key) * kv_heads + kv_head) * head_dim +
       vec * 8;
