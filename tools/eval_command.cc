@@ -218,7 +218,7 @@ int MaxTaskTokens(const EvalFlags& flags) {
   int most = 1;
   for (const std::string& task : flags.tasks) {
     if (task == "perplexity") most = std::max(most, flags.ppl_tokens);
-    if (task == "jsonl") most = std::max(most, flags.max_tokens);
+    if (task == "jsonl" || task == "heldout") most = std::max(most, flags.max_tokens);
     if (task == "passkey") most = std::max(most, spec.Int("passkey", "max_tokens"));
     if (task == "niah" || task == "niah-multikey")
       most = std::max(most, spec.Int("niah", "max_tokens"));
@@ -354,6 +354,30 @@ int Run(EvalFlags& flags) {
     if (!parsed.ok()) return Fail(1, parsed.status().message());
     records = std::move(parsed).value();
   }
+  // The held-out set's records at the lengths asked for (each record is fitted to its length).
+  std::string heldout_path;
+  std::vector<eval::JsonlRecord> heldout_records;
+  if (has("heldout")) {
+    auto path = eval::FindHeldoutSet();
+    if (!path.ok()) return Fail(1, path.status().message());
+    heldout_path = *path;
+    auto parsed = eval::ReadJsonl(heldout_path);
+    if (!parsed.ok()) return Fail(1, parsed.status().message());
+    std::set<int> lengths;
+    for (eval::JsonlRecord& record : *parsed) {
+      if (!record.length) continue;
+      lengths.insert(*record.length);
+      if (std::find(flags.lengths.begin(), flags.lengths.end(), *record.length) !=
+          flags.lengths.end()) {
+        heldout_records.push_back(std::move(record));
+      }
+    }
+    if (heldout_records.empty()) {
+      std::string known;
+      for (const int length : lengths) known += (known.empty() ? "" : ",") + std::to_string(length);
+      return Fail(2, "--task heldout has records at --lengths " + known + " only");
+    }
+  }
   const int max_task_tokens = MaxTaskTokens(flags);
   const int longest = flags.lengths.back();
 
@@ -467,10 +491,12 @@ int Run(EvalFlags& flags) {
       perplexity = std::move(made).value();
     }
     for (const std::string& task : flags.tasks) {
-      if (task == "jsonl") {
+      if (task == "jsonl" || task == "heldout") {
+        const bool heldout = task == "heldout";
         eval::JsonlOptions options;
-        // "\\n" typed on a command line means a newline.
-        options.prompt_template = flags.prompt_template;
+        // "\\n" typed on a command line means a newline. The held-out records were fitted to
+        // their length with the default template, so they keep it.
+        if (!heldout) options.prompt_template = flags.prompt_template;
         for (size_t at = options.prompt_template.find("\\n"); at != std::string::npos;
              at = options.prompt_template.find("\\n", at + 1)) {
           options.prompt_template.replace(at, 2, "\n");
@@ -479,10 +505,15 @@ int Run(EvalFlags& flags) {
         options.max_tokens = flags.max_tokens;
         options.max_prompt_tokens = longest;
         options.buckets = flags.lengths;
-        for (size_t index = 0; index < records.size(); ++index) {
+        const std::vector<eval::JsonlRecord>& from = heldout ? heldout_records : records;
+        for (size_t index = 0; index < from.size(); ++index) {
           auto sample =
-              eval::MakeJsonlSample(records[index], static_cast<int>(index), options, *tokenizer);
-          if (!sample.ok()) return Fail(1, flags.data + ": " + sample.status().message());
+              eval::MakeJsonlSample(from[index], static_cast<int>(index), options, *tokenizer);
+          if (!sample.ok()) {
+            return Fail(1,
+                        (heldout ? heldout_path : flags.data) + ": " + sample.status().message());
+          }
+          sample->task = task;
           samples.push_back(std::make_unique<EvalSample>(std::move(sample).value()));
         }
         continue;
@@ -510,9 +541,9 @@ int Run(EvalFlags& flags) {
   }
   if (truncated > 0) {
     std::fprintf(stderr,
-                 "note: %d of %zu --data prompts were longer than %d tokens and were cut "
-                 "in the middle\n",
-                 truncated, records.size(), longest);
+                 "note: %d of %zu --data / heldout prompts were longer than %d tokens and were "
+                 "cut in the middle\n",
+                 truncated, records.size() + heldout_records.size(), longest);
   }
   std::fprintf(stderr, "%zu samples x %zu configurations\n", sample_list.size(), configs.size());
 
@@ -601,6 +632,7 @@ int Run(EvalFlags& flags) {
       settings["text"] = flags.text;
       settings["ppl_tokens"] = flags.ppl_tokens;
     }
+    if (has("heldout")) settings["heldout"] = heldout_path;
     if (has("jsonl")) {
       settings["data"] = flags.data;
       settings["prompt_template"] = flags.prompt_template;
@@ -647,7 +679,9 @@ CommandRunner AddEvalCommand(CLI::App& app) {
          "--task", flags->tasks,
          "Tasks, comma-separated: passkey, niah, niah-multikey, niah-multivalue, "
          "kv-retrieval, variable-tracking, common-words (synthetic, RULER-style, wording in "
-         "tools/eval/tasks.json), perplexity (needs --text), jsonl (needs --data)")
+         "tools/eval/tasks.json), perplexity (needs --text), jsonl (needs --data), heldout "
+         "(needles in words training never saw: testdata/eval/heldout_needles.jsonl, the "
+         "records at --lengths)")
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--lengths", flags->lengths,
@@ -707,7 +741,7 @@ CommandRunner AddEvalCommand(CLI::App& app) {
                  "jsonl: exact | substring | f1 (SQuAD-normalised; best over answers) for records "
                  "without their own")
       ->capture_default_str();
-  app.add_option("--max-tokens", flags->max_tokens, "jsonl: new tokens at most per answer")
+  app.add_option("--max-tokens", flags->max_tokens, "jsonl, heldout: new tokens at most per answer")
       ->capture_default_str();
   app.add_option("--base-url", flags->base_url,
                  "Evaluate an OpenAI-compatible server instead (http://host:port): "

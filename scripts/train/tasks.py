@@ -1,10 +1,13 @@
-"""Long-context training examples in the shapes `sieve eval` asks about.
+"""Long-context training examples in the shapes `sieve eval` asks about, and retrieval by matching
+words in many other shapes.
 
-The wording of every task comes from tools/eval/tasks.json, the same file `sieve eval` compiles
-in, so the model is trained on exactly the prompts it is evaluated with (on other random keys,
-values, depths and haystack text: training draws from its own seeds and the training split of the
-text). An example is (prompt, answer): the prompt is prefix + context + question, the answer is
-what a correct model continues with.
+The wording of the evaluation tasks comes from tools/eval/tasks.json, the same file `sieve eval`
+compiles in, so the model is trained on exactly the prompts it is evaluated with (on other random
+keys, values, depths and haystack text: training draws from its own seeds and the training split
+of the text). The retrieval tasks (retrieval.py) come from a phrase grammar of their own, so that
+the model learns to find a needle by its words rather than by one template. An example is
+(prompt, answer): the prompt is prefix + context + question, the answer is what a correct model
+continues with.
 
 Lengths are in characters here, not tokens: `chars` is a budget for the context that the caller
 derives from the tokens it wants (training only needs lengths spread over the range; the
@@ -13,6 +16,10 @@ evaluation side builds prompts to exact token counts with the model's tokenizer)
 import json
 import os
 import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import retrieval  # noqa: E402
 
 SPEC_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "eval", "tasks.json")
 
@@ -183,12 +190,34 @@ def common_words(spec, rng, chars):
 
 
 TASKS = ("passkey", "niah", "niah-multikey", "niah-multivalue", "kv-retrieval",
-         "variable-tracking", "common-words")
+         "variable-tracking", "common-words") + retrieval.TASKS
+# How often each task is drawn for a training row (train.py --task-weights overrides): about
+# half the examples are the evaluation's own shapes, half the retrieval grammar's.
+WEIGHTS = {"passkey": 2, "niah": 3, "niah-multikey": 3, "niah-multivalue": 2, "kv-retrieval": 3,
+           "variable-tracking": 2, "common-words": 1, "retrieval": 6, "retrieval-before": 2,
+           "retrieval-both": 3, "retrieval-quote": 3}
 
 
-def training_example(spec, rng, chars, haystack):
+def parse_weights(text):
+    """"name=weight,..." over WEIGHTS (tasks not named keep theirs; weight 0 drops a task)."""
+    weights = dict(WEIGHTS)
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in weights or not value:
+            raise ValueError(f"--task-weights: '{item}' is not TASK=WEIGHT with TASK one of "
+                             f"{', '.join(TASKS)}")
+        weights[name] = float(value)
+    if sum(weights.values()) <= 0:
+        raise ValueError("--task-weights: every weight is 0")
+    return weights
+
+
+def training_example(spec, rng, chars, haystack, weights=None):
     """One example of a random task, with the extra queries training uses."""
-    task = rng.choices(TASKS, weights=(2, 3, 3, 2, 3, 2, 1))[0]
+    weights = weights or WEIGHTS
+    task = rng.choices(TASKS, weights=[weights[name] for name in TASKS])[0]
+    if task in retrieval.TASKS:
+        return task, retrieval.training_example(spec, rng, chars, haystack, task)
     if task == "passkey":
         return task, passkey(spec, rng, chars, haystack)
     kind = rng.choice(("noise", "essay", "essay"))
@@ -208,6 +237,25 @@ def training_example(spec, rng, chars, haystack):
     return task, common_words(spec, rng, chars)
 
 
+def validation_example(spec, rng, name, chars, haystack):
+    """One example of task `name` in the fixed shape validation measures."""
+    if name in retrieval.TASKS:
+        return retrieval.validation_example(spec, rng, chars, haystack, name)
+    if name == "passkey":
+        return passkey(spec, rng, chars, haystack)
+    if name == "niah":
+        return niah(spec, rng, chars, haystack, kind="essay")
+    if name == "niah-multikey":
+        return niah(spec, rng, chars, haystack, kind="essay", needles=4)
+    if name == "niah-multivalue":
+        return niah(spec, rng, chars, haystack, kind="essay", needles=4, multivalue=True)
+    if name == "kv-retrieval":
+        return kv_retrieval(spec, rng, chars)
+    if name == "variable-tracking":
+        return variable_tracking(spec, rng, chars, haystack)
+    return common_words(spec, rng, chars)
+
+
 if __name__ == "__main__":
     spec = load_spec()
     rng = random.Random(0)
@@ -221,3 +269,5 @@ if __name__ == "__main__":
     print(kv_retrieval(spec, rng, 300, queries=2))
     print(variable_tracking(spec, rng, 400, hay))
     print(common_words(spec, rng, 300))
+    for name in retrieval.TASKS:
+        print(validation_example(spec, rng, name, 300, hay))

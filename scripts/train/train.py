@@ -16,9 +16,11 @@ the seed. GPU reductions are not bitwise reproducible, so two runs agree in thei
 float noise, not bit for bit.
 
 The data (see scripts/train/README.md): a fraction --text-fraction of rows are windows of natural
-text; the rest hold one long-context task example each (tasks.py: passkey, needle in a haystack
-with one or several keys or values, key-value lookup, variable tracking, common words), preceded
-by natural text so every row is --seq-len tokens. Answer tokens weigh --answer-weight in the loss.
+text; the rest hold long-context task examples packed back to back (tasks.py: passkey, needle in a
+haystack with one or several keys or values, key-value lookup, variable tracking, common words;
+retrieval by matching words from retrieval.py's phrase grammar; drawn by --task-weights),
+preceded by natural text so every row is --seq-len tokens. Answer tokens weigh --answer-weight in
+the loss.
 """
 import argparse
 import json
@@ -250,7 +252,8 @@ class Rows(torch.utils.data.Dataset):
         target = rng.randint(min(128, max_tokens), max_tokens)
         chars = int(target * 3.6)
         for _ in range(6):
-            task, (prompt, answer) = tasks.training_example(self.spec, rng, chars, self.haystack)
+            task, (prompt, answer) = tasks.training_example(self.spec, rng, chars, self.haystack,
+                                                            self.args.task_weights)
             enc = self.tok.encode(prompt + answer)
             ids = enc.ids + [self.eos]
             if len(ids) <= max_tokens:
@@ -299,7 +302,7 @@ def validation_sets(args, tokenizer, corpus, spec, device):
             chars = int(target * 3.6)
             for _ in range(8):
                 ex_rng = random.Random(rng.random())
-                prompt, answer = validation_example(spec, ex_rng, name, chars, haystack)
+                prompt, answer = tasks.validation_example(spec, ex_rng, name, chars, haystack)
                 enc = tokenizer.encode(prompt + answer)
                 if len(enc.ids) <= target:
                     break
@@ -314,22 +317,6 @@ def validation_sets(args, tokenizer, corpus, spec, device):
     text = [corpus.window(text_rng, args.seq_len + 1) for _ in range(args.val_rows)]
     del rows
     return sets, torch.tensor(np.stack(text).astype(np.int64), device=device)
-
-
-def validation_example(spec, rng, name, chars, haystack):
-    if name == "passkey":
-        return tasks.passkey(spec, rng, chars, haystack)
-    if name == "niah":
-        return tasks.niah(spec, rng, chars, haystack, kind="essay")
-    if name == "niah-multikey":
-        return tasks.niah(spec, rng, chars, haystack, kind="essay", needles=4)
-    if name == "niah-multivalue":
-        return tasks.niah(spec, rng, chars, haystack, kind="essay", needles=4, multivalue=True)
-    if name == "kv-retrieval":
-        return tasks.kv_retrieval(spec, rng, chars)
-    if name == "variable-tracking":
-        return tasks.variable_tracking(spec, rng, chars, haystack)
-    return tasks.common_words(spec, rng, chars)
 
 
 @torch.no_grad()
@@ -470,6 +457,9 @@ def main():
     p.add_argument("--curriculum-rows", type=int, default=64000,
                    help="the first rows hold examples of at most --curriculum-len tokens")
     p.add_argument("--curriculum-len", type=int, default=1024)
+    p.add_argument("--task-weights", default="", type=tasks.parse_weights,
+                   help="TASK=WEIGHT,... over tasks.WEIGHTS: how often each task is drawn "
+                   "(0 drops one); the others keep their defaults")
     p.add_argument("--answer-weight", type=float, default=5.0)
     p.add_argument("--context-weight", type=float, default=1.0,
                    help="loss weight of the tokens of task rows before each answer (haystacks, "

@@ -186,6 +186,26 @@ TEST_F(EvalCommandTest, RecordsQuantizationAndKvCacheDtype) {
   EXPECT_EQ(settings["kv_cache_dtype"], "f8_e4m3");
 }
 
+// The committed held-out set as a task: the records at the lengths asked for, under their own
+// task name, the set's path in the settings.
+TEST_F(EvalCommandTest, HeldoutTaskReadsTheCommittedSet) {
+  const std::filesystem::path model = CopyModel();
+  const std::string json_path = (dir_ / "heldout.json").string();
+  const CommandRun run = Sieve("--model " + model.string() +
+                               " --task heldout --lengths 1000 --max-tokens 2 --result-json " +
+                               json_path + " --no-progress");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const nlohmann::json json = nlohmann::json::parse(ReadAll(json_path));
+  EXPECT_TRUE(json["settings"]["heldout"].get<std::string>().ends_with(
+      "testdata/eval/heldout_needles.jsonl"));
+  ASSERT_EQ(json["records"].size(), 40u);
+  for (const nlohmann::json& record : json["records"]) {
+    EXPECT_EQ(record["task"], "heldout");
+    EXPECT_EQ(record["length"], 1000);
+    EXPECT_EQ(record["expected"].size(), 1u);
+  }
+}
+
 TEST_F(EvalCommandTest, BadInputFailsCleanly) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--task nonsense", "unknown task 'nonsense'"},
@@ -195,6 +215,7 @@ TEST_F(EvalCommandTest, BadInputFailsCleanly) {
       {"--task niah --haystack /nonexistent/essays", "--haystack"},
       {"--task perplexity", "needs --text"},
       {"--task jsonl --data /nonexistent.jsonl", "cannot read"},
+      {"--task heldout --lengths 1500", "--task heldout has records at --lengths 1000,2000,4000"},
       {"--lengths 100000", "max model length"},
       {"--task perplexity --text x --base-url http://127.0.0.1:9", "in-process engine"},
       {"--lengths 1024 --kv-policy nonsense --kv-budget 64", "nonsense"},

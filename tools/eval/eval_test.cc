@@ -342,6 +342,28 @@ TEST(JsonlTest, ParsesRecordsAndNamesBadLines) {
   EXPECT_FALSE(ParseJsonl("\n\n", "empty.jsonl").ok());
 }
 
+// `--task heldout` finds the committed set from a build tree and reads every record of it
+// (scripts/eval_heldout_test.py checks the records themselves).
+TEST(JsonlTest, HeldoutSetIsFoundAndReads) {
+  auto path = FindHeldoutSet();
+  ASSERT_TRUE(path.ok()) << path.status().ToString();
+  EXPECT_TRUE(path->ends_with("testdata/eval/heldout_needles.jsonl")) << *path;
+  auto records = ReadJsonl(*path);
+  ASSERT_TRUE(records.ok()) << records.status().ToString();
+  std::map<int, int> per_length;
+  for (const JsonlRecord& record : *records) {
+    ASSERT_TRUE(record.length.has_value()) << "line " << record.line;
+    ++per_length[*record.length];
+    EXPECT_EQ(record.metric, Metric::kSubstring) << "line " << record.line;
+    ASSERT_EQ(record.answers.size(), 1u) << "line " << record.line;
+    // As the substring metric compares (a value opening a needle is capitalised there).
+    EXPECT_NE(NormalizeAnswer(record.context).find(NormalizeAnswer(record.answers[0])),
+              std::string::npos)
+        << "line " << record.line;
+  }
+  EXPECT_EQ(per_length, (std::map<int, int>{{1000, 40}, {2000, 40}, {4000, 40}}));
+}
+
 TEST(JsonlTest, TemplateTruncationAndBuckets) {
   EXPECT_EQ(FillPromptTemplate("{context}\n\n{input}", "has {input} inside", "Q?"),
             "has {input} inside\n\nQ?");

@@ -1,6 +1,7 @@
 #include "tools/eval/jsonl_dataset.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -141,6 +142,28 @@ Result<EvalSample> MakeJsonlSample(const JsonlRecord& record, int index,
     sample.prompt_ids = std::move(ids).value();
   }
   return sample;
+}
+
+Result<std::string> FindHeldoutSet() {
+  namespace fs = std::filesystem;
+  constexpr char kFileName[] = "heldout_needles.jsonl";
+  std::vector<fs::path> candidates;
+  std::error_code error;
+  const fs::path executable = fs::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    candidates.push_back(executable.parent_path().parent_path() / "share" / "sieve" / "eval" /
+                         kFileName);
+  }
+#ifdef SIEVE_SOURCE_TESTDATA_DIR
+  candidates.push_back(fs::path(SIEVE_SOURCE_TESTDATA_DIR) / "eval" / kFileName);
+#endif
+  std::string looked;
+  for (const fs::path& candidate : candidates) {
+    if (fs::is_regular_file(candidate, error)) return candidate.string();
+    looked += (looked.empty() ? "" : ", ") + candidate.string();
+  }
+  return NotFoundError("the held-out needle set was not found (looked in " + looked +
+                       "); evaluate a copy with --task jsonl --data FILE");
 }
 
 }  // namespace sieve::eval

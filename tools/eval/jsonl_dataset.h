@@ -59,4 +59,9 @@ struct JsonlOptions {
 Result<EvalSample> MakeJsonlSample(const JsonlRecord& record, int index,
                                    const JsonlOptions& options, const Tokenizer& tokenizer);
 
+// The held-out needle set that `--task heldout` evaluates (testdata/eval/heldout_needles.jsonl,
+// written by scripts/eval_heldout.py): installed under the binary's prefix
+// (share/sieve/eval/), else in the source tree it was built from. NotFound names both places.
+Result<std::string> FindHeldoutSet();
+
 }  // namespace sieve::eval

@@ -36,14 +36,13 @@ int RoundHalfEven(double value) { return static_cast<int>(std::nearbyint(value))
 
 const std::vector<std::string>& AllTaskNames() {
   static const std::vector<std::string> names = {
-      "passkey",         "niah",         "niah-multikey",
-      "niah-multivalue", "kv-retrieval", "variable-tracking",
-      "common-words",    "perplexity",   "jsonl"};
+      "passkey",           "niah",         "niah-multikey", "niah-multivalue", "kv-retrieval",
+      "variable-tracking", "common-words", "perplexity",    "jsonl",           "heldout"};
   return names;
 }
 
 bool IsSyntheticTask(std::string_view task) {
-  return task != "perplexity" && task != "jsonl" &&
+  return task != "perplexity" && task != "jsonl" && task != "heldout" &&
          std::find(AllTaskNames().begin(), AllTaskNames().end(), task) != AllTaskNames().end();
 }
 

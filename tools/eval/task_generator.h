@@ -27,7 +27,7 @@ namespace sieve::eval {
 
 // Every task `sieve eval --task` knows, in the order the report lists them.
 const std::vector<std::string>& AllTaskNames();
-// The generated synthetic tasks (not perplexity, not jsonl).
+// The generated synthetic tasks (not perplexity, jsonl or heldout).
 bool IsSyntheticTask(std::string_view task);
 // Tasks whose needle is placed at the requested depth (the others get depth null).
 bool HasDepthAxis(std::string_view task);
