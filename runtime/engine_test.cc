@@ -862,6 +862,44 @@ TEST(EngineTest, PrefixCacheHitsAnswerAsOnAColdCacheUnderEveryPolicy) {
   }
 }
 
+// Requests sent together with one prompt (n > 1 copies) or one prefix: the first computes it,
+// the rest wait for its pages rather than computing them beside it, then all hit at once; answers
+// bitwise as on a cold cache, dense and sparse.
+TEST(EngineTest, PrefixCacheSharesAPromptAmongRequestsSentTogether) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  for (const std::string policy : {"full", "snapkv"}) {
+    SCOPED_TRACE(policy);
+    const int length = 4 * (10 + static_cast<int>(rng() % 8)) + 1 + static_cast<int>(rng() % 3);
+    const std::vector<int32_t> prompt = RandomPrompt(rng, length);
+    std::vector<Request> requests;
+    for (int copy = 0; copy < 4; ++copy) requests.push_back({prompt, Greedy(5 + copy), ""});
+    for (int other = 0; other < 2; ++other) {
+      std::vector<int32_t> longer = prompt;
+      const std::vector<int32_t> suffix = RandomPrompt(rng, 5 + static_cast<int>(rng() % 10));
+      longer.insert(longer.end(), suffix.begin(), suffix.end());
+      requests.push_back({longer, Greedy(7), ""});
+    }
+    const auto run = [&](bool caching, EngineStats* stats) {
+      EngineOptions options = TightPolicyOptions(policy);
+      options.enable_prefix_caching = caching;
+      TestEngine t = MakeEngine(config, options);
+      const std::vector<Completion> out = RunAll(*t.engine, requests);
+      *stats = t.engine->Stats();
+      return out;
+    };
+    EngineStats cold_stats, cached_stats;
+    const auto cold = run(false, &cold_stats);
+    const auto cached = run(true, &cached_stats);
+    ExpectBitwiseEqual(cached, cold);
+    // Copies 2-4 find the prompt's whole pages that leave the last row (SnapKV: its 4-row window)
+    // to compute; the longer prompts every whole page of it.
+    const int window = policy == "full" ? 1 : 4;
+    const int64_t hits = 3 * ((length - window) / 4 * 4) + 2 * (length / 4 * 4);
+    EXPECT_EQ(cached_stats.prefix_cache_hits, hits);
+  }
+}
+
 // A conversation: turn 2's prompt is turn 1's prompt, its answer and a new question. Dense, turn
 // 1's pages of generated tokens are keyed too, so turn 2 prefills only its question and the page
 // tails; sparse, turn 2 prefills turn 1's answer and its question against turn 1's prompt pages.

@@ -138,14 +138,25 @@ std::vector<PageKey> Scheduler::SequenceKeys(const Sequence& seq, int layer, int
   return keys;
 }
 
-int Scheduler::CachedPrefixPages(const Sequence& seq, int* idle) const {
-  *idle = 0;
-  if (!seq.uses_prefix_cache || seq.num_computed != 0) return 0;
+int Scheduler::PagesToLookUp(const Sequence& seq) const {
   // Whole pages of known tokens (a preempted dense sequence's generated ones too), leaving at
   // least one token to compute (its logits give the next token) and every row the policy scores
   // (their queries are computed in the final chunk).
   const int final_rows = std::max(1, seq.policy->FinalChunkRows(seq.prefill_target));
-  int pages = std::min(seq.num_known_tokens(), seq.prefill_target - final_rows) / kv_->page_size();
+  return std::max(0, std::min(seq.num_known_tokens(), seq.prefill_target - final_rows)) /
+         kv_->page_size();
+}
+
+uint64_t Scheduler::FirstPageKey(const Sequence& seq) const {
+  return MakePageKey(0, MixExtraKey(seq.cache_extra, 0),
+                     std::span<const int32_t>(seq.tokens).first(kv_->page_size()))
+      .hash;
+}
+
+int Scheduler::CachedPrefixPages(const Sequence& seq, int* idle) const {
+  *idle = 0;
+  if (!seq.uses_prefix_cache || seq.num_computed != 0) return 0;
+  int pages = PagesToLookUp(seq);
   // Each layer's chain, hashed page by page up to its first miss (a waiting sequence is planned
   // every step until admitted: a miss costs one hash, not the prompt's).
   const int page_size = kv_->page_size();
@@ -379,13 +390,30 @@ void Scheduler::Plan(StepPlan& plan) const {
     int free_slots = kv_->num_free_slots();
     int64_t pages_after = 0;  // what every running sequence holds once its prompt is compressed
     for (const SeqId id : running_) pages_after += PagesAfterCompression(seqs_.at(id));
+    // First pages of the prompts whose prefill is under way and keys pages as it goes: a waiting
+    // sequence with the same first page and nothing cached yet (n > 1 copies of one prompt,
+    // requests sent together with one system prompt) waits for those pages instead of computing
+    // them again beside them. Once the first chunk's pages are keyed, the rest all hit at once.
+    std::vector<uint64_t> prefilling;
+    for (const SeqId id : running_) {
+      const Sequence& seq = seqs_.at(id);
+      if (seq.uses_prefix_cache && seq.in_prefill() && CanHitPages(seq)) {
+        prefilling.push_back(FirstPageKey(seq));
+      }
+    }
+    const auto shares_a_prefill = [&](uint64_t key) {
+      return std::find(prefilling.begin(), prefilling.end(), key) != prefilling.end();
+    };
     for (const SeqId id : waiting_) {
       if (running >= options_.max_num_seqs || free_slots == 0 || token_budget == 0) break;
       const Sequence& seq = seqs_.at(id);
+      const bool can_hit = seq.uses_prefix_cache && CanHitPages(seq);
+      const uint64_t first_page = can_hit ? FirstPageKey(seq) : 0;
       // A cached prefix is attached, not allocated: its pages that no list holds leave the free
       // count, and the prefill starts after it.
       int idle_cached = 0;
       int cached_pages = CachedPrefixPages(seq, &idle_cached);
+      if (can_hit && cached_pages == 0 && shares_a_prefill(first_page)) continue;
       bool keep_prompt_pages = !seq.compressed_layers.empty();
       const int after = PagesAfterCompression(seq);
       ScheduledSequence scheduled;
@@ -420,6 +448,9 @@ void Scheduler::Plan(StepPlan& plan) const {
       plan.admitted.push_back(id);
       plan.admitted_cached_tokens.push_back(cached_tokens);
       plan.admitted_uncached.push_back(!seq.compressed_layers.empty() && !keep_prompt_pages);
+      if (can_hit && (seq.compressed_layers.empty() || keep_prompt_pages)) {
+        prefilling.push_back(first_page);
+      }
       plan.prefills.push_back(std::move(scheduled));
     }
   }

@@ -106,6 +106,11 @@ class Scheduler {
   // Leading pages every layer has cached for this waiting sequence (at most what leaves one token
   // to compute), and how many of all layers' such pages no list holds.
   int CachedPrefixPages(const Sequence& seq, int* idle) const;
+  // Leading whole pages a lookup may find for the sequence (CachedPrefixPages' limit).
+  int PagesToLookUp(const Sequence& seq) const;
+  bool CanHitPages(const Sequence& seq) const { return PagesToLookUp(seq) > 0; }
+  // The hash of the sequence's first page's key in layer 0.
+  uint64_t FirstPageKey(const Sequence& seq) const;
   // Keys the pages that the sequence's progress has made full (of known tokens).
   void KeyComputedPages(Sequence& seq);
   // Each layer's decode cap (DecodeLimit::max_entries, 0: none) under one policy, so that Plan()
