@@ -828,22 +828,21 @@ if has prefix_cache; then
   # sparse (full:0-2,pyramidkv:3-31, budget 400), each on a fresh server, Llama-3-8B shape with
   # dummy weights and bf16. Workloads (PREFIX_CACHE_WORKLOADS, default "shared turns"):
   # - shared: one 2,000-token prefix shared by every request, a 200-token suffix of its own and
-  #   200 out (vLLM's prefix-repetition dataset), PREFIX_CACHE_PROMPTS (default 256) requests at
-  #   PREFIX_CACHE_LEVEL (default 64) in flight;
+  #   200 out (vLLM's prefix-repetition dataset), at each of PREFIX_CACHE_LEVELS (default "8 64")
+  #   requests in flight, 4 x C requests (at least 64) a level, on the same server;
   # - turns: PREFIX_CACHE_CONVERSATIONS (default 32) 10-turn conversations at once, a 1,000-token
   #   first message, 200-token messages after it, 200 out a turn.
-  # Files: prefix_cache_<workload>_<dense|sparse>_<on|off>.json.
+  # Files: prefix_cache_<workload>_<dense|sparse>_<on|off>[_c<level>].json.
   ensure_sieve
   tok=testdata/tokenizers/llama3/tokenizer.model
   for workload in ${PREFIX_CACHE_WORKLOADS:-shared turns}; do
     case "$workload" in
       shared) data=(--dataset-name prefix-repetition --prefix-repetition-prefix-len 2000
                     --prefix-repetition-suffix-len 200 --prefix-repetition-num-prefixes 1
-                    --prefix-repetition-output-len 200 --num-prompts "${PREFIX_CACHE_PROMPTS:-256}"
-                    --max-concurrency "${PREFIX_CACHE_LEVEL:-64}") ;;
+                    --prefix-repetition-output-len 200); levels="${PREFIX_CACHE_LEVELS:-8 64}" ;;
       turns) data=(--dataset-name multi-turn --multi-turn-num-turns 10 --multi-turn-first-len 1000
                    --multi-turn-message-len 200 --multi-turn-output-len 200
-                   --num-prompts "${PREFIX_CACHE_CONVERSATIONS:-32}") ;;
+                   --num-prompts "${PREFIX_CACHE_CONVERSATIONS:-32}"); levels=all ;;
       *) note "prefix_cache: no such workload $workload (shared, turns)"; continue ;;
     esac
     for policy in ${PREFIX_CACHE_POLICIES:-full full:0-2,pyramidkv:3-31}; do
@@ -855,14 +854,22 @@ if has prefix_cache; then
           --max-num-batched-tokens 8192 --kv-policy "$policy" \
           $( [ "$cache" = off ] && echo --no-enable-prefix-caching ) \
           || { note "prefix_cache $name: server FAILED: $(tail -1 "$LOGS/prefix_cache_server_$name.log")"; continue; }
-        ./build/gpu/sieve bench serve --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
-          "${data[@]}" --ignore-eos --no-progress --label "prefix cache $cache, $workload, $kind" \
-          --metadata workload="$workload" policy="$policy" prefix_caching="$cache" budget=400 \
-          --result-json "$OUT/prefix_cache_$name.json" > "$LOGS/prefix_cache_$name.log" 2>&1 \
-          || note "prefix_cache $name: bench FAILED: $(tail -3 "$LOGS/prefix_cache_$name.log")"
+        for level in $levels; do
+          run="$name"; level_args=()
+          if [ "$level" != all ]; then
+            run="${name}_c$level"
+            level_args=(--max-concurrency "$level" --num-prompts $(( 4 * level < 64 ? 64 : 4 * level )))
+          fi
+          ./build/gpu/sieve bench serve --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
+            "${data[@]}" "${level_args[@]}" --ignore-eos --no-progress \
+            --label "prefix cache $cache, $workload, $kind" --metadata workload="$workload" \
+            policy="$policy" prefix_caching="$cache" budget=400 \
+            --result-json "$OUT/prefix_cache_$run.json" > "$LOGS/prefix_cache_$run.log" 2>&1 \
+            || note "prefix_cache $run: bench FAILED: $(tail -3 "$LOGS/prefix_cache_$run.log")"
+          note "prefix_cache $run ($(( $(date +%s) - start )) s): $(grep -E "Output token throughput|Median TTFT|P99 TTFT|Median TPOT|hit rate|first turns|later turns" \
+            "$LOGS/prefix_cache_$run.log" | tr -s ' ' | tr '\n' ';')"
+        done
         kill -TERM $pid; wait $pid
-        note "prefix_cache $name ($(( $(date +%s) - start )) s): $(grep -E "Output token throughput|Median TTFT|P99 TTFT|Median TPOT|hit rate|first turns|later turns" \
-          "$LOGS/prefix_cache_$name.log" | tr -s ' ' | tr '\n' ';')"
       done
     done
   done

@@ -97,6 +97,18 @@ def main():
             fp8_sweeps[match.group(1)] = result
     if fp8_sweeps:
         record["fp8_headline"] = fp8_sweeps
+    # scripts/gpu_check.sh prefix_cache: prefix_cache_WORKLOAD_{dense,sparse}_{on,off}[_cC].json,
+    # sieve bench serve runs; keyed by the rest of the name.
+    prefix_cache = {}
+    for file in sorted(os.listdir(args.files_dir)):
+        match = re.match(r"prefix_cache_(\w+)\.json$", file)
+        if match:
+            result = load(file)
+            for request in (result or {}).get("requests", []):
+                request.pop("itl_ms", None)
+            prefix_cache[match.group(1)] = result
+    if prefix_cache:
+        record["prefix_cache"] = prefix_cache
     # Anything else a command wrote as text (e.g. a GPU test's own output).
     for file in sorted(os.listdir(args.files_dir)):
         if file.endswith(".txt") and file != "summary.txt":

@@ -4,7 +4,7 @@
 Every number on the page comes from a record (bench/results/NAME.json, written by
 scripts/record_gpu_results.py or scripts/bench_cpu.sh); nothing is typed by hand. headline.txt
 names one record per benchmark kind (headline, serve, warm-start, prefill-step, decode-step,
-tensor-parallel, sampling, kernels, cpu; the headline may take one record per workload and
+tensor-parallel, sampling, kernels, cpu, prefix-cache; the headline may take one record per workload and
 GPU, the sweeps of one GPU, model shape and tensor-parallel size rendered as one section; fp8 any
 number of records, rendered as one section) and the command that reproduces it;
 bench/results/headline_methods.md, hand-written, follows the tables verbatim. The charts are SVG
@@ -30,7 +30,7 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 RESULTS = os.path.join(ROOT, "bench", "results")
 PAGE = os.path.join("docs", "benchmarks.md")
 CHARTS = os.path.join("docs", "benchmarks")
-KINDS = ("headline", "fp8", "serve", "warm-start", "prefill-step", "decode-step",
+KINDS = ("headline", "fp8", "prefix-cache", "serve", "warm-start", "prefill-step", "decode-step",
          "tensor-parallel", "sampling", "kernels", "cpu")
 
 
@@ -550,6 +550,83 @@ def serve_section(record, charts):
     return out
 
 
+def prefix_cache_section(record, charts):
+    """Issue 60: `scripts/gpu_check.sh prefix_cache` runs, prefix caching on against off on one
+    server each, per workload, KV policy and level, with the issue's targets."""
+    out = ["## Prefix caching: cache on against off (issue 60)", "",
+           "`sieve serve` (Llama-3-8B shape, dummy weights, bf16, `--max-num-batched-tokens "
+           "8192`) with `--enable-prefix-caching` (the default) against "
+           "`--no-enable-prefix-caching`, a fresh server each, dense (`--kv-policy full`) and "
+           "sparse (`full:0-2,pyramidkv:3-31`, budget 400, window 32). Workloads: *shared*, one "
+           "2,000-token prefix shared by every request with a 200-token suffix of its own and 200 "
+           "tokens out (`--dataset-name prefix-repetition`), at each level's concurrency on the "
+           "same server; *turns*, 10-turn conversations all at once, a 1,000-token first message "
+           "and 200-token messages after it, 200 tokens out a turn (`--dataset-name multi-turn`). "
+           "Hit rate: `vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total` over the "
+           "run.", "",
+           "| workload | KV | C | output tok/s, on / off | TTFT P50, on / off | hit rate |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    runs = {}  # (workload, level) -> {kind: {cache: result}}
+    for name, result in (record.get("prefix_cache") or {}).items():
+        found = re.fullmatch(r"(?P<workload>\w+?)_(?P<kind>dense|sparse)_(?P<cache>on|off)"
+                             r"(?:_c(?P<level>\d+))?", name)
+        if not found or not result:
+            continue
+        level = found["level"] or str(result["config"].get("max_concurrency") or "all")
+        runs.setdefault((found["workload"], level), {}).setdefault(
+            found["kind"], {})[found["cache"]] = result
+    targets = []
+    for (workload, level), kinds in sorted(runs.items(), key=lambda item: (
+            item[0][0], int(item[0][1]) if item[0][1].isdigit() else 1 << 30)):
+        for kind in ("dense", "sparse"):
+            pair = kinds.get(kind) or {}
+            on, off = pair.get("on"), pair.get("off")
+            if not on:
+                continue
+            m_on = on["metrics"]
+            hit = (on.get("prefix_cache") or {}).get("hit_rate")
+            hit_text = f"{hit:.1%}" if isinstance(hit, (int, float)) else "none"
+            if off:
+                m_off = off["metrics"]
+                speedup = m_on["output_throughput"] / m_off["output_throughput"]
+                ttft = m_on["median_ttft_ms"] / m_off["median_ttft_ms"]
+                out.append(f"| {workload} | {kind} | {level} | {fmt(m_on['output_throughput'])} / "
+                           f"{fmt(m_off['output_throughput'])} (**{speedup:.2f}x**) | "
+                           f"{fmt(m_on['median_ttft_ms'])} / {fmt(m_off['median_ttft_ms'])} ms "
+                           f"(**{ttft:.2f}x**) | {hit_text} |")
+                if workload == "shared":
+                    targets.append(
+                        f"{workload}, {kind}, C={level}: TTFT P50 {ttft:.2f}x of cache-off (target "
+                        f"<= 0.3x: {'met' if ttft <= 0.3 else 'missed'}); output {speedup:.2f}x "
+                        f"(target >= 1.5x: {'met' if speedup >= 1.5 else 'missed'})")
+            else:
+                out.append(f"| {workload} | {kind} | {level} | {fmt(m_on['output_throughput'])} / "
+                           f"- | {fmt(m_on['median_ttft_ms'])} / - ms | {hit_text} |")
+        dense_on = (kinds.get("dense") or {}).get("on")
+        sparse_on = (kinds.get("sparse") or {}).get("on")
+        if dense_on and sparse_on:
+            lead = sparse_on["metrics"]["output_throughput"] / \
+                dense_on["metrics"]["output_throughput"]
+            targets.append(f"{workload}, C={level}: sparse / dense output with the cache on "
+                           f"{lead:.2f}x (target: sparse keeps its lead: "
+                           f"{'met' if lead > 1 else 'missed'})")
+    turns = [(kind, cache, result) for (workload, _), kinds in runs.items() if workload == "turns"
+             for kind, pair in kinds.items() for cache, result in pair.items()
+             if result.get("multi_turn")]
+    if turns:
+        out += ["", "Conversations, TTFT P50 of the first turns and of the later ones (which "
+                "extend the last turn's prompt and answer):", "",
+                "| KV | cache | first turns | later turns |", "| --- | --- | --- | --- |"]
+        for kind, cache, result in sorted(turns, key=lambda t: (t[0], t[1] != "on")):
+            split = result["multi_turn"]
+            out.append(f"| {kind} | {cache} | {fmt(split['median_ttft_ms_first_turns'])} ms | "
+                       f"{fmt(split['median_ttft_ms_later_turns'])} ms |")
+    if targets:
+        out += ["", "Targets (issue 60), on the card the run used:", ""]
+        out += [f"- {target}" for target in targets]
+    return out + [""]
+
+
 def warm_start_section(record, charts):
     out = ["## Warm start: a fresh server's first benchmark against its second", "",
            "`sieve serve` (Llama-3-8B shape, dummy weights, `full:0-2,pyramidkv:3-31`, budget 400) "
@@ -757,7 +834,7 @@ def cpu_section(record, charts):
 
 
 # Every kind but the headline, which render() takes a GPU at a time.
-SECTIONS = {"serve": serve_section,
+SECTIONS = {"serve": serve_section, "prefix-cache": prefix_cache_section,
             "warm-start": warm_start_section, "prefill-step": prefill_step_section,
             "decode-step": decode_step_section, "tensor-parallel": tensor_parallel_section,
             "sampling": sampling_section,
