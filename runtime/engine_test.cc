@@ -954,7 +954,11 @@ TEST(EngineTest, PrefixCacheUnderPreemptionAnswersAsOnAColdCache) {
   auto rng = testing::MakeRng();
   const ModelConfig config = SmallConfig();
   // Pages per layer of each policy's pool: small enough to preempt.
-  for (const auto& [policy, pages] : {std::pair<std::string, int>{"full", 70}, {"snapkv", 60}}) {
+  for (const auto& policy_pages :
+       {std::pair<std::string, int>{"full", 70}, std::pair<std::string, int>{"snapkv", 60}}) {
+    // Named copies: a lambda below reads them (clang refuses to capture structured bindings).
+    const std::string policy = policy_pages.first;
+    const int pages = policy_pages.second;
     SCOPED_TRACE(policy);
     const std::vector<int32_t> prefix = RandomPrompt(rng, 40);
     std::vector<Request> requests;
