@@ -900,6 +900,38 @@ TEST(EngineTest, PrefixCacheSharesAPromptAmongRequestsSentTogether) {
   }
 }
 
+// A sparse prompt whose pages and kept entries together would pass its page-table row (a long
+// prompt near --max-model-len) runs without the cache, as with it off; a shorter one beside it
+// still caches.
+TEST(EngineTest, PrefixCacheLeavesASparsePromptItsRowCannotHold) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  // Rows of 42 pages of 4 (max_model_len 160): 150 tokens and 24 kept take 38 + 6.
+  const std::vector<int32_t> prefix = RandomPrompt(rng, 140);
+  std::vector<Request> requests;
+  for (int index = 0; index < 3; ++index) {
+    std::vector<int32_t> prompt = prefix;
+    const std::vector<int32_t> suffix = RandomPrompt(rng, 10);
+    prompt.insert(prompt.end(), suffix.begin(), suffix.end());
+    requests.push_back({prompt, Greedy(5), ""});
+  }
+  requests.push_back({RandomPrompt(rng, 60), Greedy(5), ""});
+  const auto run = [&](bool caching, EngineStats* stats) {
+    EngineOptions options = TightPolicyOptions("snapkv");
+    options.enable_prefix_caching = caching;
+    TestEngine t = MakeEngine(config, options);
+    const std::vector<Completion> out = RunAll(*t.engine, requests);
+    *stats = t.engine->Stats();
+    return out;
+  };
+  EngineStats cold_stats, cached_stats;
+  const auto cold = run(false, &cold_stats);
+  const auto cached = run(true, &cached_stats);
+  ExpectBitwiseEqual(cached, cold);
+  EXPECT_EQ(cached_stats.prefix_cache_queries, 60);  // the short prompt alone looks up
+  EXPECT_EQ(cached_stats.prefix_cache_hits, 0);
+}
+
 // A conversation: turn 2's prompt is turn 1's prompt, its answer and a new question. Dense, turn
 // 1's pages of generated tokens are keyed too, so turn 2 prefills only its question and the page
 // tails; sparse, turn 2 prefills turn 1's answer and its question against turn 1's prompt pages.

@@ -79,6 +79,8 @@ void Scheduler::ResetPrefixCache(Sequence& seq) const {
     if (plans[layer].compress) {
       compressed[layer] = 1;
       largest[layer] = kv_->PagesFor(n) * kv_->page_size() + plans[layer].budget;
+      // The prompt's pages and the kept ones after them must fit the layer's page-table row.
+      if (kv_->PagesFor(largest[layer]) > kv_->options().max_pages_per_seq) return;
     } else if (seq.policy->DecodeLimitFor(layer).max_entries > 0) {
       return;  // its decode evicts in place, over pages that would be shared
     } else {
