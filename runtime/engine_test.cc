@@ -758,6 +758,29 @@ void ExpectBitwiseEqual(const std::vector<Completion>& cached,
   }
 }
 
+// `requests` on an engine of `options` with the prefix cache off, then on: the completions and the
+// engine's stats of each. `first_alone`: the first request runs to its end before the rest are
+// added together (it leaves the pages they look up).
+struct CacheRuns {
+  std::vector<Completion> cold, cached;
+  EngineStats cold_stats, cached_stats;
+};
+CacheRuns RunWithCacheOffThenOn(const ModelConfig& config, EngineOptions options,
+                                std::span<const Request> requests, bool first_alone) {
+  CacheRuns runs;
+  for (const bool caching : {false, true}) {
+    options.enable_prefix_caching = caching;
+    TestEngine t = MakeEngine(config, options);
+    std::vector<Completion> out = RunAll(*t.engine, requests.first(first_alone ? 1 : 0));
+    const std::vector<Completion> rest = RunAll(*t.engine, requests.subspan(first_alone ? 1 : 0));
+    out.insert(out.end(), rest.begin(), rest.end());
+    (caching ? runs.cached : runs.cold) = std::move(out);
+    (caching ? runs.cached_stats : runs.cold_stats) = t.engine->Stats();
+  }
+  ExpectBitwiseEqual(runs.cached, runs.cold);
+  return runs;
+}
+
 // Prefix caching (EngineOptions::enable_prefix_caching): requests that share a prompt prefix with
 // earlier ones attach its cached pages and prefill only the rest, and answer bitwise as on a cold
 // cache (the CPU's kernels give a row the same bits whatever else is in its step). A request of
@@ -777,21 +800,10 @@ TEST(EngineTest, PrefixCacheHitsAnswerAsOnAColdCache) {
   }
   requests[6].sampling.prompt_logprobs = 2;
   requests[5].prompt = requests[0].prompt;
-  const auto run = [&](bool caching, EngineStats* stats) {
-    EngineOptions options = TightPolicyOptions("full");
-    options.max_num_batched_tokens = 48;
-    options.enable_prefix_caching = caching;
-    TestEngine t = MakeEngine(config, options);
-    std::vector<Completion> out = RunAll(*t.engine, std::span(requests).first(1));
-    const std::vector<Completion> rest = RunAll(*t.engine, std::span(requests).subspan(1));
-    out.insert(out.end(), rest.begin(), rest.end());
-    *stats = t.engine->Stats();
-    return out;
-  };
-  EngineStats cold_stats, cached_stats;
-  const auto cold = run(false, &cold_stats);
-  const auto cached = run(true, &cached_stats);
-  ExpectBitwiseEqual(cached, cold);
+  EngineOptions options = TightPolicyOptions("full");
+  options.max_num_batched_tokens = 48;
+  const auto [cold, cached, cold_stats, cached_stats] =
+      RunWithCacheOffThenOn(config, options, requests, /*first_alone=*/true);
   EXPECT_EQ(cold_stats.prefix_cache_hits, 0);
   EXPECT_EQ(cold_stats.prefix_cache_queries, 0);
   // Requests 1-4 each find the prefix's 15 whole pages (60 tokens); request 5 (request 0's prompt)
@@ -828,21 +840,11 @@ TEST(EngineTest, PrefixCacheHitsAnswerAsOnAColdCacheUnderEveryPolicy) {
         requests.push_back({prompt, Greedy(8 + index), ""});
       }
       requests[4].prompt = requests[0].prompt;
-      const auto run = [&](bool caching, EngineStats* stats) {
-        EngineOptions options = TightPolicyOptions(policy);
-        options.max_num_batched_tokens = step_tokens;
-        options.enable_prefix_caching = caching;
-        TestEngine t = MakeEngine(config, options);
-        std::vector<Completion> out = RunAll(*t.engine, std::span(requests).first(1));
-        const std::vector<Completion> rest = RunAll(*t.engine, std::span(requests).subspan(1));
-        out.insert(out.end(), rest.begin(), rest.end());
-        *stats = t.engine->Stats();
-        return out;
-      };
-      EngineStats cold_stats, cached_stats;
-      const auto cold = run(false, &cold_stats);
-      const auto cached = run(true, &cached_stats);
-      ExpectBitwiseEqual(cached, cold);
+      EngineOptions options = TightPolicyOptions(policy);
+      options.max_num_batched_tokens = step_tokens;
+      const CacheRuns runs = RunWithCacheOffThenOn(config, options, requests, true);
+      const EngineStats& cold_stats = runs.cold_stats;
+      const EngineStats& cached_stats = runs.cached_stats;
       EXPECT_EQ(cached_stats.prompt_tokens,
                 cold_stats.prompt_tokens - cached_stats.prefix_cache_hits);
       if (policy == "h2o") {
@@ -880,18 +882,8 @@ TEST(EngineTest, PrefixCacheSharesAPromptAmongRequestsSentTogether) {
       longer.insert(longer.end(), suffix.begin(), suffix.end());
       requests.push_back({longer, Greedy(7), ""});
     }
-    const auto run = [&](bool caching, EngineStats* stats) {
-      EngineOptions options = TightPolicyOptions(policy);
-      options.enable_prefix_caching = caching;
-      TestEngine t = MakeEngine(config, options);
-      const std::vector<Completion> out = RunAll(*t.engine, requests);
-      *stats = t.engine->Stats();
-      return out;
-    };
-    EngineStats cold_stats, cached_stats;
-    const auto cold = run(false, &cold_stats);
-    const auto cached = run(true, &cached_stats);
-    ExpectBitwiseEqual(cached, cold);
+    const EngineStats cached_stats =
+        RunWithCacheOffThenOn(config, TightPolicyOptions(policy), requests, false).cached_stats;
     // Copies 2-4 find the prompt's whole pages that leave the last row (SnapKV: its 4-row window)
     // to compute; the longer prompts every whole page of it.
     const int window = policy == "full" ? 1 : 4;
@@ -916,18 +908,8 @@ TEST(EngineTest, PrefixCacheLeavesASparsePromptItsRowCannotHold) {
     requests.push_back({prompt, Greedy(5), ""});
   }
   requests.push_back({RandomPrompt(rng, 60), Greedy(5), ""});
-  const auto run = [&](bool caching, EngineStats* stats) {
-    EngineOptions options = TightPolicyOptions("snapkv");
-    options.enable_prefix_caching = caching;
-    TestEngine t = MakeEngine(config, options);
-    const std::vector<Completion> out = RunAll(*t.engine, requests);
-    *stats = t.engine->Stats();
-    return out;
-  };
-  EngineStats cold_stats, cached_stats;
-  const auto cold = run(false, &cold_stats);
-  const auto cached = run(true, &cached_stats);
-  ExpectBitwiseEqual(cached, cold);
+  const EngineStats cached_stats =
+      RunWithCacheOffThenOn(config, TightPolicyOptions("snapkv"), requests, false).cached_stats;
   EXPECT_EQ(cached_stats.prefix_cache_queries, 60);  // the short prompt alone looks up
   EXPECT_EQ(cached_stats.prefix_cache_hits, 0);
 }
@@ -986,11 +968,8 @@ TEST(EngineTest, PrefixCacheUnderPreemptionAnswersAsOnAColdCache) {
   auto rng = testing::MakeRng();
   const ModelConfig config = SmallConfig();
   // Pages per layer of each policy's pool: small enough to preempt.
-  for (const auto& policy_pages :
+  for (const auto& [policy, pages] :
        {std::pair<std::string, int>{"full", 70}, std::pair<std::string, int>{"snapkv", 60}}) {
-    // Named copies: a lambda below reads them (clang refuses to capture structured bindings).
-    const std::string policy = policy_pages.first;
-    const int pages = policy_pages.second;
     SCOPED_TRACE(policy);
     const std::vector<int32_t> prefix = RandomPrompt(rng, 40);
     std::vector<Request> requests;
@@ -1000,19 +979,11 @@ TEST(EngineTest, PrefixCacheUnderPreemptionAnswersAsOnAColdCache) {
       prompt.insert(prompt.end(), suffix.begin(), suffix.end());
       requests.push_back({prompt, Greedy(20 + static_cast<int>(rng() % 30)), ""});
     }
-    const auto run = [&](bool caching, EngineStats* stats) {
-      EngineOptions options = TightPolicyOptions(policy);
-      options.enable_prefix_caching = caching;
-      options.kv_memory_bytes = pages * config.num_layers * PageBytes(config, 4);
-      TestEngine t = MakeEngine(config, options);
-      const std::vector<Completion> out = RunAll(*t.engine, requests);
-      *stats = t.engine->Stats();
-      return out;
-    };
-    EngineStats cold_stats, cached_stats;
-    const auto cold = run(false, &cold_stats);
-    const auto cached = run(true, &cached_stats);
-    ExpectBitwiseEqual(cached, cold);
+    EngineOptions options = TightPolicyOptions(policy);
+    options.kv_memory_bytes = pages * config.num_layers * PageBytes(config, 4);
+    const CacheRuns runs = RunWithCacheOffThenOn(config, options, requests, false);
+    const EngineStats& cold_stats = runs.cold_stats;
+    const EngineStats& cached_stats = runs.cached_stats;
     EXPECT_GT(cold_stats.num_preemptions, 0) << "the pool is meant to preempt";
     EXPECT_GT(cached_stats.num_preemptions, 0) << "the pool is meant to preempt";
     EXPECT_GT(cached_stats.prefix_cache_hits, 0);
