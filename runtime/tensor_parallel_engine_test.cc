@@ -277,6 +277,52 @@ TEST(TensorParallelEngineTest, MhaAndGqaOnEightRanksEqualOneRank) {
   CheckGreedyTokens(gqa, testing::RandomShardFactory(gqa, testing::MakeRng()()), {8}, "GQA 16/4");
 }
 
+// Prefix caching over 2 ranks (issue 60): each rank's pool holds its KV heads' slice of the same
+// pages, which the one scheduler shares, keys and releases for all ranks. Requests that share a
+// prefix with one run before them answer bitwise as with the cache off on the same ranks (the
+// ranks' sums are added in one order whatever the batch), dense and sparse.
+TEST(TensorParallelEngineTest, PrefixCacheOnTwoRanksAnswersAsWithoutIt) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = RandomConfig(4, 2);
+  const ModelFactory factory = testing::RandomShardFactory(config, rng());
+  std::vector<int32_t> prefix(90);
+  for (int32_t& token : prefix) token = static_cast<int32_t>(rng() % config.vocab_size);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int index = 0; index < 4; ++index) {
+    std::vector<int32_t> prompt = prefix;
+    for (int t = 0; t < 10 + static_cast<int>(rng() % 20); ++t) {
+      prompt.push_back(static_cast<int32_t>(rng() % config.vocab_size));
+    }
+    prompts.push_back(prompt);
+  }
+  for (const std::string policy : {"full", "snapkv", "full:0-1,pyramidkv:2-3"}) {
+    SCOPED_TRACE(policy);
+    std::vector<Completion> runs[2];
+    int64_t hits = 0;
+    for (const bool caching : {false, true}) {
+      EngineOptions options = SmallEngine(policy);
+      options.enable_prefix_caching = caching;
+      Ranks ranks = MakeEngine(2, factory, options);
+      // The first alone (it leaves the prefix's pages), then the rest together.
+      ASSERT_TRUE(ranks.engine->Add({prompts[0], Greedy(12), ""}).ok());
+      std::map<RequestId, Completion> done = RunToEnd(*ranks.engine);
+      for (size_t index = 1; index < prompts.size(); ++index) {
+        ASSERT_TRUE(ranks.engine->Add({prompts[index], Greedy(12), ""}).ok());
+      }
+      done.merge(RunToEnd(*ranks.engine));
+      for (const auto& [id, completion] : done) runs[caching].push_back(completion);
+      if (caching) hits = ranks.engine->Stats().prefix_cache_hits;
+    }
+    ASSERT_EQ(runs[0].size(), prompts.size());
+    ASSERT_EQ(runs[1].size(), prompts.size());
+    for (size_t index = 0; index < runs[0].size(); ++index) {
+      EXPECT_EQ(runs[1][index].tokens, runs[0][index].tokens) << "request " << index;
+      EXPECT_EQ(runs[1][index].logprobs, runs[0][index].logprobs) << "request " << index;
+    }
+    EXPECT_GE(hits, 3 * 88) << "the three later prompts find the prefix's 11 whole pages of 8";
+  }
+}
+
 // Checkpoints, each rank loading only its slices, on 2 and 4 ranks: the fixtures, GQA with 2 KV
 // heads (bf16) and one KV head (tied embeddings), and Sieve's trained default model
 // (models/sieve-tiny-10m: 4 query heads on 2 KV heads, bf16).
