@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
     }
     // Commit their KV as the prompt left it (admission path skipped: the sequences are decoding).
     StepPlan admit;
-    for (int id = 0; id < kSeqs; ++id) admit.admitted.push_back(id);
+    for (int id = 0; id < kSeqs; ++id) admit.Admit(id, /*cached_tokens=*/0, /*uncached=*/false);
     scheduler.Commit(admit);
     for (int id = 0; id < kSeqs; ++id) {
       const std::vector<int> after = policy->EntriesAfterPrompt(kPrompt);

@@ -758,6 +758,18 @@ void ExpectBitwiseEqual(const std::vector<Completion>& cached,
   }
 }
 
+// `prefix` followed by `suffix_tokens` random tokens, the first of them `first` when given: prompts
+// of one prefix with distinct firsts share no page past the prefix, so their hits are exact (two
+// random suffixes' first tokens match one time in the vocabulary's size).
+std::vector<int32_t> WithRandomSuffix(std::mt19937_64& rng, const std::vector<int32_t>& prefix,
+                                      int suffix_tokens, int32_t first = -1) {
+  std::vector<int32_t> prompt = prefix;
+  const std::vector<int32_t> suffix = RandomPrompt(rng, suffix_tokens);
+  prompt.insert(prompt.end(), suffix.begin(), suffix.end());
+  if (first >= 0) prompt[prefix.size()] = first;
+  return prompt;
+}
+
 // `requests` on an engine of `options` with the prefix cache off, then on: the completions and the
 // engine's stats of each. `first_alone`: the first request runs to its end before the rest are
 // added together (it leaves the pages they look up).
@@ -792,14 +804,12 @@ TEST(EngineTest, PrefixCacheHitsAnswerAsOnAColdCache) {
   const std::vector<int32_t> prefix = RandomPrompt(rng, 61);
   std::vector<Request> requests;
   for (int index = 0; index < 7; ++index) {
-    std::vector<int32_t> prompt = prefix;
-    const std::vector<int32_t> suffix = RandomPrompt(rng, 1 + static_cast<int>(rng() % 30));
-    // Request 5 repeats request 0's prompt exactly; request 6 asks for prompt logprobs.
-    if (index != 5) prompt.insert(prompt.end(), suffix.begin(), suffix.end());
-    requests.push_back({prompt, Greedy(6 + index), ""});
+    const int suffix_tokens = 1 + static_cast<int>(rng() % 30);
+    requests.push_back(
+        {WithRandomSuffix(rng, prefix, suffix_tokens, index), Greedy(6 + index), ""});
   }
   requests[6].sampling.prompt_logprobs = 2;
-  requests[5].prompt = requests[0].prompt;
+  requests[5].prompt = requests[0].prompt;  // request 0's prompt exactly
   EngineOptions options = TightPolicyOptions("full");
   options.max_num_batched_tokens = 48;
   const auto [cold, cached, cold_stats, cached_stats] =
@@ -834,10 +844,9 @@ TEST(EngineTest, PrefixCacheHitsAnswerAsOnAColdCacheUnderEveryPolicy) {
       const std::vector<int32_t> prefix = RandomPrompt(rng, 40 + static_cast<int>(rng() % 30));
       std::vector<Request> requests;
       for (int index = 0; index < 5; ++index) {
-        std::vector<int32_t> prompt = prefix;
-        const std::vector<int32_t> suffix = RandomPrompt(rng, 5 + static_cast<int>(rng() % 30));
-        prompt.insert(prompt.end(), suffix.begin(), suffix.end());
-        requests.push_back({prompt, Greedy(8 + index), ""});
+        const int suffix_tokens = 5 + static_cast<int>(rng() % 30);
+        requests.push_back(
+            {WithRandomSuffix(rng, prefix, suffix_tokens, index), Greedy(8 + index), ""});
       }
       requests[4].prompt = requests[0].prompt;
       EngineOptions options = TightPolicyOptions(policy);
@@ -877,10 +886,8 @@ TEST(EngineTest, PrefixCacheSharesAPromptAmongRequestsSentTogether) {
     std::vector<Request> requests;
     for (int copy = 0; copy < 4; ++copy) requests.push_back({prompt, Greedy(5 + copy), ""});
     for (int other = 0; other < 2; ++other) {
-      std::vector<int32_t> longer = prompt;
-      const std::vector<int32_t> suffix = RandomPrompt(rng, 5 + static_cast<int>(rng() % 10));
-      longer.insert(longer.end(), suffix.begin(), suffix.end());
-      requests.push_back({longer, Greedy(7), ""});
+      const int suffix_tokens = 5 + static_cast<int>(rng() % 10);
+      requests.push_back({WithRandomSuffix(rng, prompt, suffix_tokens, other), Greedy(7), ""});
     }
     const EngineStats cached_stats =
         RunWithCacheOffThenOn(config, TightPolicyOptions(policy), requests, false).cached_stats;
@@ -902,10 +909,7 @@ TEST(EngineTest, PrefixCacheLeavesASparsePromptItsRowCannotHold) {
   const std::vector<int32_t> prefix = RandomPrompt(rng, 140);
   std::vector<Request> requests;
   for (int index = 0; index < 3; ++index) {
-    std::vector<int32_t> prompt = prefix;
-    const std::vector<int32_t> suffix = RandomPrompt(rng, 10);
-    prompt.insert(prompt.end(), suffix.begin(), suffix.end());
-    requests.push_back({prompt, Greedy(5), ""});
+    requests.push_back({WithRandomSuffix(rng, prefix, 10), Greedy(5), ""});
   }
   requests.push_back({RandomPrompt(rng, 60), Greedy(5), ""});
   const EngineStats cached_stats =
@@ -974,9 +978,9 @@ TEST(EngineTest, PrefixCacheUnderPreemptionAnswersAsOnAColdCache) {
     const std::vector<int32_t> prefix = RandomPrompt(rng, 40);
     std::vector<Request> requests;
     for (int index = 0; index < 12; ++index) {
-      std::vector<int32_t> prompt = index % 3 == 0 ? RandomPrompt(rng, 20) : prefix;
-      const std::vector<int32_t> suffix = RandomPrompt(rng, 5 + static_cast<int>(rng() % 20));
-      prompt.insert(prompt.end(), suffix.begin(), suffix.end());
+      const std::vector<int32_t> start = index % 3 == 0 ? RandomPrompt(rng, 20) : prefix;
+      const int suffix_tokens = 5 + static_cast<int>(rng() % 20);
+      const std::vector<int32_t> prompt = WithRandomSuffix(rng, start, suffix_tokens);
       requests.push_back({prompt, Greedy(20 + static_cast<int>(rng() % 30)), ""});
     }
     EngineOptions options = TightPolicyOptions(policy);

@@ -49,6 +49,7 @@ void Scheduler::Add(Sequence sequence) {
   sequence.state = SequenceState::kWaiting;
   sequence.num_computed = 0;
   sequence.prefill_target = static_cast<int>(sequence.tokens.size());
+  sequence.final_chunk_rows = sequence.policy->FinalChunkRows(sequence.prefill_target);
   sequence.cache_extra = MixExtraKey(0, sequence.policy->ToString());
   ResetPrefixCache(sequence);
   const SeqId id = sequence.id;
@@ -70,7 +71,7 @@ void Scheduler::ResetPrefixCache(Sequence& seq) const {
   // A sparse policy (kv/README.md "Prefix caching"): the rows it scores are computed whatever
   // the cache holds, so a policy that scores every prompt row (H2O) could never hit.
   const int n = seq.prefill_target;
-  if (n - std::max(1, seq.policy->FinalChunkRows(n)) < kv_->page_size()) return;
+  if (n - std::max(1, seq.final_chunk_rows) < kv_->page_size()) return;
   const int layers = kv_->num_layers();
   const std::vector<LayerPlan> plans = seq.policy->PlanPrompt(n);
   std::vector<uint8_t> compressed(layers, 0);
@@ -144,7 +145,7 @@ int Scheduler::PagesToLookUp(const Sequence& seq) const {
   // Whole pages of known tokens (a preempted dense sequence's generated ones too), leaving at
   // least one token to compute (its logits give the next token) and every row the policy scores
   // (their queries are computed in the final chunk).
-  const int final_rows = std::max(1, seq.policy->FinalChunkRows(seq.prefill_target));
+  const int final_rows = std::max(1, seq.final_chunk_rows);
   return std::max(0, std::min(seq.num_known_tokens(), seq.prefill_target - final_rows)) /
          kv_->page_size();
 }
@@ -208,7 +209,7 @@ int Scheduler::ChunkSize(const Sequence& seq, int token_budget, int start) const
   if (remaining <= token_budget) return remaining;
   if (!options_.enable_chunked_prefill) return 0;
   // The rows the policy scores must all be in the final chunk (their queries are not kept).
-  const int final_rows = seq.policy->FinalChunkRows(seq.prefill_target);
+  const int final_rows = seq.final_chunk_rows;
   int chunk = token_budget;
   if (remaining - chunk < final_rows) chunk = remaining - final_rows;
   return std::max(chunk, 0);
@@ -421,14 +422,16 @@ void Scheduler::Plan(StepPlan& plan) const {
       ScheduledSequence scheduled;
       int needed = 0;
       int chunk = 0;
-      for (;;) {
+      const auto plan_first_chunk = [&] {
         chunk = ChunkSize(seq, chunk_budget(seq), cached_pages * kv_->page_size());
-        if (chunk == 0) break;
+        if (chunk == 0) return;
         scheduled =
             PlanPrefill(seq, chunk, cached_pages * kv_->page_size(), plan, keep_prompt_pages);
         needed = kv_->PagesToGrow(-1, plan.Capacities(scheduled)) -
                  cached_pages * kv_->num_layers() + idle_cached;
-        if (needed <= free_pages || !keep_prompt_pages) break;
+      };
+      plan_first_chunk();
+      if (chunk > 0 && needed > free_pages && keep_prompt_pages) {
         // A sparse prompt's pages kept whole beside its kept entries do not fit now: as without
         // the cache (compressed over the prompt's head, nothing attached or keyed), so caching
         // never holds back a request.
@@ -436,6 +439,7 @@ void Scheduler::Plan(StepPlan& plan) const {
         keep_prompt_pages = false;
         cached_pages = 0;
         idle_cached = 0;
+        plan_first_chunk();
       }
       if (chunk == 0) break;
       const int cached_tokens = cached_pages * kv_->page_size();
@@ -447,9 +451,7 @@ void Scheduler::Plan(StepPlan& plan) const {
       plan.num_tokens += chunk;
       ++running;
       --free_slots;
-      plan.admitted.push_back(id);
-      plan.admitted_cached_tokens.push_back(cached_tokens);
-      plan.admitted_uncached.push_back(!seq.compressed_layers.empty() && !keep_prompt_pages);
+      plan.Admit(id, cached_tokens, !seq.compressed_layers.empty() && !keep_prompt_pages);
       if (can_hit && (seq.compressed_layers.empty() || keep_prompt_pages)) {
         prefilling.push_back(first_page);
       }
@@ -469,6 +471,7 @@ void Scheduler::Commit(const StepPlan& plan) {
     // Dense: everything at once. Sparse: the prompt, then the generated tokens replayed.
     seq.prefill_target =
         seq.policy->IsDense() ? static_cast<int>(seq.tokens.size()) : seq.num_prompt_tokens;
+    seq.final_chunk_rows = seq.policy->FinalChunkRows(seq.prefill_target);
     ResetPrefixCache(seq);  // its keyed pages stay cached: readmission may attach them
     ++seq.num_preemptions;
     ++num_preemptions_;

@@ -30,6 +30,10 @@ struct Sequence {
   // prompt and the tokens generated so far (recompute). A sparse sequence prefills its prompt
   // again and then replays its generated tokens as decode steps (see Scheduler).
   int prefill_target = 0;
+  // The prompt rows its policy scores in the final prefill chunk
+  // (KvPolicy::FinalChunkRows(prefill_target)), set with prefill_target: planning reads it every
+  // step.
+  int final_chunk_rows = 0;
   int num_preemptions = 0;
   // Prompt logprobs (SamplingParams::prompt_logprobs) still to compute: every row of its prefill
   // chunks before the prompt's last is sampled too, so its chunks are capped at

@@ -72,6 +72,12 @@ struct StepPlan {
     evict.resize(offset + num_layers, 0);
     return offset;
   }
+  // One admission: admitted, admitted_cached_tokens and admitted_uncached go together.
+  void Admit(SeqId id, int cached_tokens, bool uncached) {
+    admitted.push_back(id);
+    admitted_cached_tokens.push_back(cached_tokens);
+    admitted_uncached.push_back(uncached);
+  }
   // Drops the rows AddLayerRows returned last (a plan tried and not taken).
   void DropLayerRows(int offset) {
     capacities.resize(offset);

@@ -52,63 +52,37 @@ def main():
         match = re.match(r"kernels_fp8_kv_(auto|fp8)\.json$", file)
         if match:
             record.setdefault("kernels_kv_cache", {})[match.group(1)] = load(file)
-    serve = {}
-    for file in sorted(os.listdir(args.files_dir)):
-        match = re.match(r"serve_(\w+)\.json$", file)
-        if match:
+    def runs(pattern):
+        """{name: result} of the files matching `pattern` (its group is the name), without the
+        per-token gaps of each request (summarised in the metrics; the arrays would bloat the
+        repo), whether the requests are the run's or each sweep level's."""
+        found = {}
+        for file in sorted(os.listdir(args.files_dir)):
+            match = re.match(pattern, file)
+            if not match:
+                continue
             result = load(file)
-            # Per-token gaps are summarised in the metrics; the arrays would bloat the repo.
-            for request in (result or {}).get("requests", []):
-                request.pop("itl_ms", None)
-            serve[match.group(1)] = result
-    if serve:
-        record["serve"] = serve
-    # scripts/gpu_check.sh prefill against .ab/: prefill_{tree,ab}_RUN.json, in run order.
-    prefill_runs = {}
-    for file in sorted(os.listdir(args.files_dir)):
-        match = re.match(r"prefill_(\w+)\.json$", file)
-        if match:
-            prefill_runs[match.group(1)] = load(file)
-    if prefill_runs:
-        record["prefill_runs"] = prefill_runs
-    # scripts/gpu_check.sh headline: sweep_WORKLOAD_{dense,sparse}.json, WORKLOAD 4k, 16k or, over
-    # several GPUs, e.g. 70b-4k-tp4.
-    sweeps = {}
-    for file in sorted(os.listdir(args.files_dir)):
-        match = re.match(r"sweep_([\w-]+)\.json$", file)
-        if match:
-            result = load(file)
-            for level in (result or {}).get("levels", []):
-                for request in level.get("requests", []):
+            for group in [result or {}] + (result or {}).get("levels", []):
+                for request in group.get("requests", []):
                     request.pop("itl_ms", None)
-            sweeps[match.group(1)] = result
-    if sweeps:
-        record["sweeps"] = sweeps
-    # scripts/gpu_check.sh fp8_headline: fp8_headline_WORKLOAD_RUN.json, WORKLOAD 5k or 4k, RUN
-    # e.g. fp8-fp8kv-sparse; keyed WORKLOAD_RUN.
-    fp8_sweeps = {}
-    for file in sorted(os.listdir(args.files_dir)):
-        match = re.match(r"fp8_headline_(\w+_[\w-]+)\.json(?:\.gz)?$", file)
-        if match:
-            result = load(file)
-            for level in (result or {}).get("levels", []):
-                for request in level.get("requests", []):
-                    request.pop("itl_ms", None)
-            fp8_sweeps[match.group(1)] = result
-    if fp8_sweeps:
-        record["fp8_headline"] = fp8_sweeps
-    # scripts/gpu_check.sh prefix_cache: prefix_cache_WORKLOAD_{dense,sparse}_{on,off}[_cC].json,
-    # sieve bench serve runs; keyed by the rest of the name.
-    prefix_cache = {}
-    for file in sorted(os.listdir(args.files_dir)):
-        match = re.match(r"prefix_cache_(\w+)\.json$", file)
-        if match:
-            result = load(file)
-            for request in (result or {}).get("requests", []):
-                request.pop("itl_ms", None)
-            prefix_cache[match.group(1)] = result
-    if prefix_cache:
-        record["prefix_cache"] = prefix_cache
+            found[match.group(1)] = result
+        return found
+
+    collected = {
+        # sieve bench serve runs: serve_NAME.json.
+        "serve": runs(r"serve_(\w+)\.json$"),
+        # scripts/gpu_check.sh prefill against .ab/: prefill_{tree,ab}_RUN.json, in run order.
+        "prefill_runs": runs(r"prefill_(\w+)\.json$"),
+        # scripts/gpu_check.sh headline: sweep_WORKLOAD_{dense,sparse}.json, WORKLOAD 4k, 16k or,
+        # over several GPUs, e.g. 70b-4k-tp4.
+        "sweeps": runs(r"sweep_([\w-]+)\.json$"),
+        # scripts/gpu_check.sh fp8_headline: fp8_headline_WORKLOAD_RUN.json, WORKLOAD 5k or 4k, RUN
+        # e.g. fp8-fp8kv-sparse; keyed WORKLOAD_RUN.
+        "fp8_headline": runs(r"fp8_headline_(\w+_[\w-]+)\.json(?:\.gz)?$"),
+        # scripts/gpu_check.sh prefix_cache: prefix_cache_WORKLOAD_{dense,sparse}_{on,off}[_cC].json.
+        "prefix_cache": runs(r"prefix_cache_(\w+)\.json$"),
+    }
+    record.update({key: found for key, found in collected.items() if found})
     # Anything else a command wrote as text (e.g. a GPU test's own output).
     for file in sorted(os.listdir(args.files_dir)):
         if file.endswith(".txt") and file != "summary.txt":
