@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <set>
 #include <span>
 #include <sstream>
@@ -301,7 +302,16 @@ Result<RequestId> Engine::Add(Request request) {
                                   " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
     }
   }
-  if (!request.forced_tokens.empty()) {
+  if (request.sample_after_forced && request.forced_tokens.empty()) {
+    return InvalidArgumentError("sample_after_forced without forced tokens");
+  }
+  if (request.sample_after_forced) {
+    // The sequence's generated tokens are the forced ones, then up to max_tokens sampled.
+    const int64_t total =
+        static_cast<int64_t>(request.sampling.max_tokens) + request.forced_tokens.size();
+    request.sampling.max_tokens =
+        static_cast<int>(std::min<int64_t>(total, std::numeric_limits<int>::max()));
+  } else if (!request.forced_tokens.empty()) {
     request.sampling.max_tokens =
         std::min(request.sampling.max_tokens, static_cast<int>(request.forced_tokens.size()));
   }
@@ -365,6 +375,7 @@ Result<RequestId> Engine::Add(Request request) {
   seq.prompt_logprobs = prompt_logprobs && prompt_len > 1;
   state.own_policy = std::move(own_policy);
   state.forced_tokens = std::move(request.forced_tokens);
+  state.sample_after_forced = request.sample_after_forced;
   requests_.emplace(id, std::move(state));
   scheduler_->Add(std::move(seq));
   return id;
@@ -409,7 +420,7 @@ RequestOutput Engine::Advance(RequestState& state, Sequence& seq, const SampleRe
   RequestOutput output;
   output.id = state.id;
   output.new_tokens.push_back(token);
-  const bool forced = !state.forced_tokens.empty();
+  const bool forced = generated <= static_cast<int>(state.forced_tokens.size());
   if (params.logprobs >= 0 || forced) output.new_logprobs.push_back(sample);
   if (params.prompt_logprobs >= 0 && !state.prompt_logprobs_sent) {
     output.prompt_logprobs = std::move(state.prompt_logprobs);
@@ -423,7 +434,11 @@ RequestOutput Engine::Advance(RequestState& state, Sequence& seq, const SampleRe
       !forced && std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), token) !=
                      params.stop_token_ids.end();
   size_t search_from = state.text.size();
-  if (state.decoder && !(is_eos && !params.ignore_eos)) state.text += state.decoder->Push(token);
+  // Forced tokens before sampled ones are context, not output: their text is not the answer's.
+  const bool context_token = forced && state.sample_after_forced;
+  if (state.decoder && !(is_eos && !params.ignore_eos) && !context_token) {
+    state.text += state.decoder->Push(token);
+  }
   if (is_eos && !params.ignore_eos) {
     Finish(state, output, FinishReason::kStop);
     if (tokenizer_) output.stop_reason = tokenizer_->TokenBytes(token);
@@ -722,7 +737,7 @@ void Engine::SampleRows(const Tensor& logits, LaunchedStep& step) {
     if (!seq.caught_up()) continue;
     RequestState& state = requests_.at(id);
     const std::span<float> row_logits(host_logits_.data() + row * vocab, vocab);
-    if (!state.forced_tokens.empty()) {
+    if (static_cast<size_t>(seq.num_generated()) < state.forced_tokens.size()) {
       const int32_t token = state.forced_tokens[static_cast<size_t>(seq.num_generated())];
       step.host_samples[row].token = token;
       step.host_samples[row].logprob = LogSoftmaxAt(row_logits, token);

@@ -96,6 +96,12 @@ struct Request {
   // (or at max_tokens); EOS, stop tokens and stop strings do not end it. Scores held-out text
   // through whatever cache the policy left (sieve eval's perplexity).
   std::vector<int32_t> forced_tokens;
+  // With forced tokens: after the last one, go on sampling under `sampling` instead of ending.
+  // max_tokens, EOS, stop tokens and stop strings then apply to the sampled tokens only, and the
+  // output's text is theirs alone (the forced tokens come in new_tokens, with log-probabilities).
+  // A conversation's next turn on the cache its policy left after the last one: sieve eval's
+  // two-turn task with --second-turn reuse.
+  bool sample_after_forced = false;
 };
 
 struct RequestOutput {
@@ -210,6 +216,7 @@ class Engine {
     int num_prompt_tokens = 0;
     std::unique_ptr<KvPolicy> own_policy;  // a per-request policy, if any
     std::vector<int32_t> forced_tokens;    // teacher forcing (Request::forced_tokens)
+    bool sample_after_forced = false;      // Request::sample_after_forced
     // Prompt logprobs computed so far (positions 1 .. size()), until the first output takes them.
     std::vector<SampleResult> prompt_logprobs;
     bool prompt_logprobs_sent = false;

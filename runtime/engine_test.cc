@@ -676,6 +676,82 @@ TEST(EngineTest, ForcedTokensAreEmittedWithDenseLogprobs) {
   }
 }
 
+// Forced tokens, then sampling (Request::sample_after_forced): the forced tokens come out first
+// with their logprobs, then max_tokens greedy tokens, each the argmax of a dense prefill of
+// everything before it (up to f32 rounding between the decode and prefill paths), and neither an
+// EOS nor a stop token among the forced ones ends the request. Under SnapKV the forced tokens run
+// on the compressed cache: the request keeps the policy's entries plus them, as a conversation's
+// next turn on its last turn's cache would.
+TEST(EngineTest, SamplingAfterForcedTokensContinuesTheirSequence) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  const uint64_t seed = rng();
+  EngineOptions options;
+  options.max_num_batched_tokens = 40;  // the prompts prefill in chunks
+  TestEngine t = MakeEngine(config, options, seed);
+  const std::vector<int32_t> prompt = RandomPrompt(rng, 50 + static_cast<int>(rng() % 40));
+  std::vector<int32_t> forced = RandomPrompt(rng, 12);
+  forced[3] = 257;  // an EOS id of the engine
+  forced[7] = 200;
+  constexpr int kSampled = 6;
+  Request request{prompt, Greedy(kSampled), ""};
+  request.sampling.logprobs = -1;
+  request.sampling.ignore_eos = false;
+  request.sampling.stop_token_ids = {200};
+  request.forced_tokens = forced;
+  request.sample_after_forced = true;
+  const RequestId id = *t.engine->Add(request);
+  for (int other = 0; other < 3; ++other) {
+    ASSERT_TRUE(t.engine->Add({RandomPrompt(rng, 30), Greedy(8), ""}).ok());
+  }
+  const Completion result = RunToEnd(*t.engine).at(id);
+  ASSERT_GE(result.tokens.size(), forced.size() + 1);
+  ASSERT_LE(result.tokens.size(), forced.size() + kSampled);
+  EXPECT_EQ(std::vector<int32_t>(result.tokens.begin(), result.tokens.begin() + forced.size()),
+            forced);
+  EXPECT_EQ(result.logprobs.size(), forced.size()) << "sampled tokens' logprobs were not asked";
+  const std::vector<int32_t> sampled(result.tokens.begin() + forced.size(), result.tokens.end());
+  // A sampled EOS or stop token may end it early; the forced ones did not.
+  if (result.reason == FinishReason::kLength) {
+    EXPECT_EQ(sampled.size(), static_cast<size_t>(kSampled));
+  } else {
+    EXPECT_EQ(result.reason, FinishReason::kStop);
+  }
+
+  auto backend = MakeCpuBackend();
+  auto model = LlamaModel::Random(config, *backend, seed, config.max_position_embeddings, 0.08f);
+  std::vector<int32_t> whole = prompt;
+  whole.insert(whole.end(), result.tokens.begin(), result.tokens.end() - 1);
+  const std::vector<float> logits = testing::FullPrefillLogits(*model, whole);
+  const int vocab = config.vocab_size;
+  for (size_t index = 0; index < sampled.size(); ++index) {
+    const float* row = logits.data() + (prompt.size() + forced.size() - 1 + index) * vocab;
+    const float max = *std::max_element(row, row + vocab);
+    EXPECT_GE(row[sampled[index]], max - 1e-4f) << "sampled token " << index << " is not greedy";
+  }
+
+  // SnapKV: the forced tokens are appended to the compressed prompt, not re-prefilled with it.
+  EngineOptions sparse_options;
+  sparse_options.kv_policy = "snapkv";
+  sparse_options.kv_policy_options.budget = 24;
+  sparse_options.kv_policy_options.window = 8;
+  TestEngine sparse = MakeEngine(config, sparse_options, seed);
+  Request compressed{prompt, Greedy(kSampled), ""};
+  compressed.sampling.ignore_eos = true;
+  compressed.forced_tokens = forced;
+  compressed.sample_after_forced = true;
+  ASSERT_TRUE(sparse.engine->Add(compressed).ok());
+  const Completion on_cache = RunToEnd(*sparse.engine).begin()->second;
+  EXPECT_EQ(on_cache.tokens.size(), forced.size() + kSampled);
+  const std::vector<int64_t> kept = sparse.engine->Stats().entries_kept_by_layer;
+  for (const int64_t entries : kept) EXPECT_EQ(entries, 24) << "the prompt was compressed once";
+  EXPECT_EQ(sparse.engine->Stats().num_pages_used, 0);
+
+  Request missing{prompt, Greedy(4), ""};
+  missing.sample_after_forced = true;
+  EXPECT_EQ(t.engine->Add(missing).status().code(), StatusCode::kInvalidArgument);
+}
+
 // A request may carry its own policy knobs: one engine (created dense, with eviction pools)
 // runs SnapKV at two budgets and H2O; entries kept follow each request's budget.
 TEST(EngineTest, PerRequestPolicyOptions) {

@@ -34,6 +34,7 @@
 #include "tools/eval/svg_chart.h"
 #include "tools/eval/task_generator.h"
 #include "tools/eval/text_source.h"
+#include "tools/eval/two_turn.h"
 
 #ifndef SIEVE_VERSION
 #define SIEVE_VERSION "unknown"
@@ -77,6 +78,7 @@ struct EvalFlags {
   std::string served_model_name;
   int max_concurrency = 16;
   std::string label;
+  std::string second_turn = "prefill";
 };
 
 // An error from outside input: a message and exit code 2 (bad flags) or 1 (anything else).
@@ -133,6 +135,13 @@ std::optional<Failure> CheckFlags(EvalFlags& flags) {
     return bad("--task perplexity needs --text FILE|DIR (held-out text)");
   }
   if (has("jsonl") && flags.data.empty()) return bad("--task jsonl needs --data FILE");
+  auto second_turn = eval::ParseSecondTurn(flags.second_turn);
+  if (!second_turn.ok()) return bad(second_turn.status().message());
+  if (*second_turn == eval::SecondTurn::kReuse && !flags.base_url.empty()) {
+    return bad(
+        "--second-turn reuse continues a request on its own KV cache, which only the "
+        "in-process engine can do: drop --base-url or use --second-turn prefill");
+  }
   for (const int budget : flags.budgets) {
     if (budget < 1) return bad("--kv-budget must be positive, not " + std::to_string(budget));
   }
@@ -213,6 +222,9 @@ Result<CheckedConfigs> CheckConfigs(const EvalFlags& flags, int longest_sequence
   return checked;
 }
 
+// Room MaxTaskTokens leaves for a two-turn task's second question.
+constexpr int kFollowUpTokens = 64;
+
 int MaxTaskTokens(const EvalFlags& flags) {
   const eval::TaskSpec& spec = eval::TaskSpec::Embedded();
   int most = 1;
@@ -222,6 +234,11 @@ int MaxTaskTokens(const EvalFlags& flags) {
     if (task == "passkey") most = std::max(most, spec.Int("passkey", "max_tokens"));
     if (task == "niah" || task == "niah-multikey")
       most = std::max(most, spec.Int("niah", "max_tokens"));
+    // Turn 2 follows turn 1's answer and a question of a few dozen tokens (checked against each
+    // sample's own lengths once they are tokenized).
+    if (task == "niah-two-turn") {
+      most = std::max(most, 2 * spec.Int("niah", "max_tokens") + kFollowUpTokens);
+    }
     if (task == "niah-multivalue") most = std::max(most, spec.Int("niah", "max_tokens_all"));
     if (task == "kv-retrieval") most = std::max(most, spec.Int("kv_retrieval", "max_tokens"));
     if (task == "variable-tracking") {
@@ -535,9 +552,23 @@ int Run(EvalFlags& flags) {
   }
   std::vector<const EvalSample*> sample_list;
   int truncated = 0;
+  int two_turn_samples = 0;
   for (const auto& sample : samples) {
     sample_list.push_back(sample.get());
     truncated += sample->truncated ? 1 : 0;
+    if (sample->follow_up.empty()) continue;
+    ++two_turn_samples;
+    // Turn 2 holds the prompt, turn 1's answer, the new question and turn 2's answer.
+    auto follow_up = tokenizer->Encode(sample->follow_up, false);
+    if (!follow_up.ok()) return Fail(1, "turn 2's question: " + follow_up.status().message());
+    const int turn_two =
+        static_cast<int>(sample->prompt_ids.size() + follow_up->size()) + 2 * sample->max_tokens;
+    if (!remote && turn_two > bundle->engine->max_model_len()) {
+      return Fail(
+          2, fmt::format("{} at length {}: turn 2 comes to {} tokens, past the engine's "
+                         "max model length {} (see --max-model-len)",
+                         sample->task, sample->length, turn_two, bundle->engine->max_model_len()));
+    }
   }
   if (truncated > 0) {
     std::fprintf(stderr,
@@ -547,6 +578,7 @@ int Run(EvalFlags& flags) {
   }
   std::fprintf(stderr, "%zu samples x %zu configurations\n", sample_list.size(), configs.size());
 
+  const eval::SecondTurn second_turn = *eval::ParseSecondTurn(flags.second_turn);
   eval::EvalResults results(flags.tasks, configs);
   nlohmann::json config_json = nlohmann::json::array();
   for (size_t index = 0; index < configs.size(); ++index) {
@@ -557,13 +589,38 @@ int Run(EvalFlags& flags) {
         {"label", config.label},
         {"policy", config.policy},
         {"budget", config.budget ? nlohmann::json(*config.budget) : nlohmann::json(nullptr)}};
-    Result<std::vector<eval::SampleRecord>> run = std::vector<eval::SampleRecord>{};
-    if (remote) {
-      run = eval::RunOnServer(remote_options, sample_list, config, progress);
-    } else {
-      eval::KvUsage usage;
-      run = eval::RunOnEngine(*bundle->engine, sample_list, config, config_options[index], progress,
-                              usage);
+    eval::KvUsage usage;
+    std::vector<eval::KvUsage> turns;
+    const auto run_samples = [&](const std::vector<const EvalSample*>& list,
+                                 const std::function<void(int)>& on_done) {
+      if (remote) return eval::RunOnServer(remote_options, list, config, on_done);
+      eval::KvUsage turn;
+      auto records =
+          eval::RunOnEngine(*bundle->engine, list, config, config_options[index], on_done, turn);
+      usage.Add(turn);
+      turns.push_back(std::move(turn));
+      return records;
+    };
+    Result<std::vector<eval::SampleRecord>> run = run_samples(sample_list, progress);
+    bar.Finish();
+    if (!run.ok()) return Fail(1, run.status().message());
+    if (two_turn_samples > 0) {
+      // Turn 2 of the two-turn samples, once every turn 1 has its answer.
+      auto second = eval::SecondTurnSamples(sample_list, *run, second_turn, *tokenizer);
+      if (!second.ok()) return Fail(1, "turn 2: " + second.status().message());
+      std::vector<const EvalSample*> second_list;
+      for (const auto& turn : *second) {
+        if (turn) second_list.push_back(turn.get());
+      }
+      bench::ProgressBar turn_bar(config.label + ", turn 2", static_cast<int>(second_list.size()),
+                                  !flags.no_progress);
+      auto second_run =
+          run_samples(second_list, [&turn_bar](int done) { turn_bar.Update(done, 0, 0); });
+      turn_bar.Finish();
+      if (!second_run.ok()) return Fail(1, "turn 2: " + second_run.status().message());
+      eval::MergeSecondTurn(*run, *second, *second_run);
+    }
+    if (!remote) {
       int64_t kept = 0;
       for (const int64_t entries : usage.entries_kept_by_layer) kept += entries;
       const double dense = static_cast<double>(usage.prompt_tokens) *
@@ -573,10 +630,20 @@ int Run(EvalFlags& flags) {
                     {"entries_kept_by_layer", usage.entries_kept_by_layer},
                     {"kept_fraction", dense > 0 ? static_cast<double>(kept) / dense : 1.0},
                     {"preemptions", usage.preemptions},
-                    {"seconds", usage.seconds}};
+                    {"seconds", usage.seconds},
+                    {"prefix_cache_queries", usage.prefix_cache_queries},
+                    {"prefix_cache_hits", usage.prefix_cache_hits}};
+      if (turns.size() > 1) {
+        nlohmann::json by_turn = nlohmann::json::array();
+        for (const eval::KvUsage& turn : turns) {
+          by_turn.push_back({{"seconds", turn.seconds},
+                             {"prompt_tokens", turn.prompt_tokens},
+                             {"prefix_cache_queries", turn.prefix_cache_queries},
+                             {"prefix_cache_hits", turn.prefix_cache_hits}});
+        }
+        item["kv"]["turns"] = std::move(by_turn);
+      }
     }
-    bar.Finish();
-    if (!run.ok()) return Fail(1, run.status().message());
     int errors = 0;
     std::string first_error;
     for (eval::SampleRecord& record : *run) {
@@ -633,6 +700,7 @@ int Run(EvalFlags& flags) {
       settings["ppl_tokens"] = flags.ppl_tokens;
     }
     if (has("heldout")) settings["heldout"] = heldout_path;
+    if (two_turn_samples > 0) settings["second_turn"] = eval::SecondTurnName(second_turn);
     if (has("jsonl")) {
       settings["data"] = flags.data;
       settings["prompt_template"] = flags.prompt_template;
@@ -679,9 +747,10 @@ CommandRunner AddEvalCommand(CLI::App& app) {
          "--task", flags->tasks,
          "Tasks, comma-separated: passkey, niah, niah-multikey, niah-multivalue, "
          "kv-retrieval, variable-tracking, common-words (synthetic, RULER-style, wording in "
-         "tools/eval/tasks.json), perplexity (needs --text), jsonl (needs --data), heldout "
-         "(needles in words training never saw: testdata/eval/heldout_needles.jsonl, the "
-         "records at --lengths)")
+         "tools/eval/tasks.json), niah-two-turn (a conversation: turn 1 asks one needle, turn 2 "
+         "another of the same context, scored; see --second-turn), perplexity (needs --text), "
+         "jsonl (needs --data), heldout (needles in words training never saw: "
+         "testdata/eval/heldout_needles.jsonl, the records at --lengths)")
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--lengths", flags->lengths,
@@ -740,6 +809,13 @@ CommandRunner AddEvalCommand(CLI::App& app) {
   app.add_option("--metric", flags->metric,
                  "jsonl: exact | substring | f1 (SQuAD-normalised; best over answers) for records "
                  "without their own")
+      ->capture_default_str();
+  app.add_option("--second-turn", flags->second_turn,
+                 "niah-two-turn: how turn 2 runs. prefill: a new request holding the whole "
+                 "conversation, compressed under turn 2's own question (with prefix caching on, "
+                 "turn 1's prompt pages are reused exactly); reuse: turn 2 continues on the KV "
+                 "cache turn 1's policy left, compressed under turn 1's question (in process "
+                 "only; its tokens run as decode steps)")
       ->capture_default_str();
   app.add_option("--max-tokens", flags->max_tokens, "jsonl, heldout: new tokens at most per answer")
       ->capture_default_str();

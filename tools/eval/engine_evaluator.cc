@@ -1,5 +1,6 @@
 #include "tools/eval/engine_evaluator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 
@@ -59,6 +60,19 @@ Result<KvPolicyOptions> OptionsForBudget(const std::string& policy, KvPolicyOpti
   return base;
 }
 
+void KvUsage::Add(const KvUsage& other) {
+  prompt_tokens += other.prompt_tokens;
+  entries_kept_by_layer.resize(
+      std::max(entries_kept_by_layer.size(), other.entries_kept_by_layer.size()));
+  for (size_t layer = 0; layer < other.entries_kept_by_layer.size(); ++layer) {
+    entries_kept_by_layer[layer] += other.entries_kept_by_layer[layer];
+  }
+  preemptions += other.preemptions;
+  seconds += other.seconds;
+  prefix_cache_queries += other.prefix_cache_queries;
+  prefix_cache_hits += other.prefix_cache_hits;
+}
+
 Result<std::vector<SampleRecord>> RunOnEngine(Engine& engine,
                                               const std::vector<const EvalSample*>& samples,
                                               const EvalConfig& config,
@@ -82,6 +96,10 @@ Result<std::vector<SampleRecord>> RunOnEngine(Engine& engine,
     } else if (engine.tokenizer() != nullptr) {
       request.sampling.stop = {"\n"};
     }
+    if (!sample.continuation.empty()) {
+      request.forced_tokens = sample.continuation;
+      request.sample_after_forced = true;
+    }
     request.kv_policy = config.policy;
     request.kv_policy_options = options;
     auto id = engine.Add(std::move(request));
@@ -101,9 +119,13 @@ Result<std::vector<SampleRecord>> RunOnEngine(Engine& engine,
       if (it == index_of.end()) continue;
       SampleRecord& record = records[it->second];
       record.output += output.new_text;
-      for (const SampleResult& scored : output.new_logprobs) {
-        record.score -= scored.logprob;
-        ++record.scored_tokens;
+      // A continuation's forced tokens come with log-probabilities too; only perplexity sums
+      // them.
+      if (record.sample->metric == Metric::kPerplexity) {
+        for (const SampleResult& scored : output.new_logprobs) {
+          record.score -= scored.logprob;
+          ++record.scored_tokens;
+        }
       }
       if (!output.finished) continue;
       if (record.sample->metric != Metric::kPerplexity) {
@@ -120,6 +142,8 @@ Result<std::vector<SampleRecord>> RunOnEngine(Engine& engine,
         after.entries_kept_by_layer[layer] - before.entries_kept_by_layer[layer];
   }
   usage.preemptions = after.num_preemptions - before.num_preemptions;
+  usage.prefix_cache_queries = after.prefix_cache_queries - before.prefix_cache_queries;
+  usage.prefix_cache_hits = after.prefix_cache_hits - before.prefix_cache_hits;
   usage.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return records;
 }

@@ -33,6 +33,10 @@ struct KvUsage {
   std::vector<int64_t> entries_kept_by_layer;  // [L] over those prompts
   int64_t preemptions = 0;
   double seconds = 0;
+  int64_t prefix_cache_queries = 0;  // prompt tokens looked up in the prefix cache
+  int64_t prefix_cache_hits = 0;     // of those, found
+
+  void Add(const KvUsage& other);  // the sum of two runs (a two-turn task's turns)
 };
 
 // Runs `samples` under `config` (`options`: its policy knobs; unset for dense) and returns one

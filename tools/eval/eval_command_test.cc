@@ -206,6 +206,46 @@ TEST_F(EvalCommandTest, HeldoutTaskReadsTheCommittedSet) {
   }
 }
 
+// niah-two-turn both ways: turn 2 as a new request over the whole conversation (prefill; its
+// prompt finds turn 1's pages in the prefix cache) and on turn 1's own cache (reuse: no lookup
+// covers more than turn 1's prompt). Records carry both turns; configurations each turn's usage.
+TEST_F(EvalCommandTest, TwoTurnTaskRunsTurnTwoBothWays) {
+  const std::filesystem::path model = CopyModel();
+  for (const std::string mode : {"prefill", "reuse"}) {
+    const std::string json_path = (dir_ / (mode + ".json")).string();
+    const CommandRun run = Sieve("--model " + model.string() +
+                                 " --task niah-two-turn --lengths 800 --depths 0,1 --samples 1 "
+                                 "--kv-policy snapkv --kv-budget 48 --kv-window 8 --second-turn " +
+                                 mode + " --result-json " + json_path + " --no-progress");
+    ASSERT_EQ(run.exit_code, 0) << mode << ": " << run.err;
+    const nlohmann::json json = nlohmann::json::parse(ReadAll(json_path));
+    EXPECT_EQ(json["settings"]["second_turn"], mode);
+    ASSERT_EQ(json["configs"].size(), 2u);
+    for (const nlohmann::json& config : json["configs"]) {
+      const nlohmann::json& turns = config["kv"]["turns"];
+      ASSERT_EQ(turns.size(), 2u) << mode;
+      const int64_t first_prompts = turns[0]["prompt_tokens"].get<int64_t>();
+      EXPECT_GT(first_prompts, 0);
+      // Turn 2 of prefill mode looks up turn 1's prompt and more (its answer and question);
+      // reuse mode's requests are turn 1's prompts again.
+      const int64_t looked_up = turns[1]["prefix_cache_queries"].get<int64_t>();
+      if (mode == "prefill") {
+        EXPECT_GT(looked_up, turns[0]["prefix_cache_queries"].get<int64_t>()) << config["label"];
+      } else {
+        EXPECT_EQ(looked_up, turns[0]["prefix_cache_queries"].get<int64_t>()) << config["label"];
+      }
+      EXPECT_GT(turns[1]["prefix_cache_hits"].get<int64_t>(), 0) << mode << " " << config["label"];
+    }
+    ASSERT_EQ(json["records"].size(), 2u * 2u);
+    for (const nlohmann::json& record : json["records"]) {
+      EXPECT_EQ(record["task"], "niah-two-turn");
+      EXPECT_TRUE(record["first_turn_output"].is_string());
+      EXPECT_NE(record["expected"], record["first_turn_expected"]);
+      EXPECT_TRUE(record["follow_up"].get<std::string>().starts_with("\nWhat is"));
+    }
+  }
+}
+
 TEST_F(EvalCommandTest, BadInputFailsCleanly) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--task nonsense", "unknown task 'nonsense'"},
@@ -218,6 +258,9 @@ TEST_F(EvalCommandTest, BadInputFailsCleanly) {
       {"--task heldout --lengths 1500", "--task heldout has records at --lengths 1000,2000,4000"},
       {"--lengths 100000", "max model length"},
       {"--task perplexity --text x --base-url http://127.0.0.1:9", "in-process engine"},
+      {"--task niah-two-turn --second-turn both", "--second-turn is prefill or reuse"},
+      {"--task niah-two-turn --second-turn reuse --base-url http://127.0.0.1:9",
+       "only the in-process engine"},
       {"--lengths 1024 --kv-policy nonsense --kv-budget 64", "nonsense"},
       {"--lengths 1024 --kv-policy h2o --kv-budget 64 --max-num-batched-tokens 512",
        "--max-num-batched-tokens"},

@@ -203,6 +203,13 @@ nlohmann::json EvalResults::ToJson() const {
       item["output"] = record.output;
       item["score"] = record.score;
     }
+    if (record.first_turn_output) {  // output, expected and score are turn 2's
+      item["expected"] = sample.follow_up_expected;
+      item["follow_up"] = sample.follow_up;
+      item["first_turn_expected"] = sample.expected;
+      item["first_turn_output"] = *record.first_turn_output;
+      item["first_turn_score"] = record.first_turn_score;
+    }
     if (sample.truncated) item["truncated"] = true;
     if (!record.error.empty()) item["error"] = record.error;
     json["records"].push_back(std::move(item));

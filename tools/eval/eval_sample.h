@@ -31,6 +31,14 @@ struct EvalSample {
   std::vector<std::string> expected;   // values, names, words; jsonl: the answers
   std::vector<int32_t> forced_tokens;  // perplexity: the tokens scored after the prompt
   bool truncated = false;              // jsonl: the middle of the prompt was cut
+  // Two-turn tasks: turn 2's message, sent after the prompt and turn 1's answer, and what its
+  // answer is scored against (the record's score; `expected` scores turn 1).
+  std::string follow_up;
+  std::vector<std::string> follow_up_expected;
+  // A turn-2 sample of --second-turn reuse: tokens appended after `prompt_ids` on the cache the
+  // policy left after the prompt (Request::forced_tokens with sample_after_forced), not prefilled
+  // with it. Built by the evaluator, never generated.
+  std::vector<int32_t> continuation;
 };
 
 struct SampleRecord {
@@ -40,6 +48,9 @@ struct SampleRecord {
   double score = 0;       // in [0, 1]; perplexity: the summed NLL of the sample's tokens
   int scored_tokens = 0;  // perplexity: tokens whose NLL `score` sums
   std::string error;      // a request that failed (remote servers): scored 0
+  // Two-turn tasks: turn 1's answer and score (output and score above are turn 2's).
+  std::optional<std::string> first_turn_output;
+  double first_turn_score = 0;
 };
 
 }  // namespace sieve::eval

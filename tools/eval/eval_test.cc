@@ -15,6 +15,7 @@
 #include "tools/eval/svg_chart.h"
 #include "tools/eval/task_generator.h"
 #include "tools/eval/text_source.h"
+#include "tools/eval/two_turn.h"
 
 namespace sieve::eval {
 namespace {
@@ -66,7 +67,8 @@ int UnitTokens(const Tokenizer& tokenizer, const std::string& task,
                const std::vector<std::string>& haystack) {
   const TaskSpec& spec = TaskSpec::Embedded();
   std::string unit = spec.noise_sentence();
-  if (task == "niah" || task == "niah-multikey" || task == "niah-multivalue") {
+  if (task == "niah" || task == "niah-multikey" || task == "niah-multivalue" ||
+      task == "niah-two-turn") {
     for (const std::string& sentence : haystack) {
       if (sentence.size() > unit.size()) unit = sentence;
     }
@@ -176,6 +178,94 @@ TEST(TaskGeneratorTest, NeedleAtTheRequestedDepth) {
     const double where = static_cast<double>(at) / static_cast<double>(sample->prompt.size());
     EXPECT_NEAR(where, depth, 0.35) << task;
   }
+}
+
+// niah-two-turn: two needles of different keys in one context; turn 1's question asks the
+// first, turn 2's (follow_up, with the prompt suffix too) the second, which sits at the sample's
+// depth.
+TEST(TaskGeneratorTest, TwoTurnsAskTwoNeedlesOfOneContext) {
+  auto rng = testing::MakeRng();
+  const TaskSpec& spec = TaskSpec::Embedded();
+  auto tokenizer = MakeEmbeddedByteTokenizer();
+  TaskGenerator generator(spec, *tokenizer, {});
+  generator.set_prompt_suffix(" ");
+  const std::string asks = "\nWhat is the special magic number for ";
+  for (const double depth : {0.0, 0.5, 1.0, std::uniform_real_distribution<double>(0, 1)(rng)}) {
+    auto sample = generator.Generate("niah-two-turn", 1500, depth, 0, rng());
+    ASSERT_TRUE(sample.ok()) << sample.status().ToString();
+    ASSERT_EQ(sample->expected.size(), 1u);
+    ASSERT_EQ(sample->follow_up_expected.size(), 1u);
+    const std::string& first = sample->expected[0];
+    const std::string& second = sample->follow_up_expected[0];
+    EXPECT_NE(first, second);
+    EXPECT_EQ(Count(sample->prompt, first), 1);
+    EXPECT_EQ(Count(sample->prompt, second), 1);
+    // Each question names the key of its own needle.
+    const auto key_of = [&](const std::string& text, size_t from) {
+      const size_t at = text.find(asks, from);
+      EXPECT_NE(at, std::string::npos);
+      const size_t begin = at + asks.size();
+      return text.substr(begin, text.find(' ', begin) - begin);
+    };
+    const std::string first_key = key_of(sample->prompt, sample->prompt.rfind(asks));
+    const std::string second_key = key_of(sample->follow_up, 0);
+    EXPECT_NE(first_key, second_key);
+    EXPECT_NE(sample->prompt.find("for " + first_key + " is: " + first + "."), std::string::npos);
+    EXPECT_NE(sample->prompt.find("for " + second_key + " is: " + second + "."), std::string::npos);
+    EXPECT_TRUE(sample->follow_up.starts_with(asks));
+    EXPECT_TRUE(sample->follow_up.ends_with(" text is ")) << "the prompt suffix ends turn 2 too";
+    EXPECT_TRUE(sample->prompt.ends_with(" text is "));
+    const double where = static_cast<double>(sample->prompt.find(second)) /
+                         static_cast<double>(sample->prompt.size());
+    EXPECT_NEAR(where, depth, 0.35) << "turn 2's needle follows the depth";
+  }
+}
+
+// Turn 2's samples: prefill puts the answer and the new question after the prompt; reuse keeps
+// the prompt and carries them as the continuation. Merging keeps turn 1's answer and score.
+TEST(TwoTurnTest, SecondTurnSamplesAndMerge) {
+  auto rng = testing::MakeRng();
+  auto tokenizer = MakeEmbeddedByteTokenizer();
+  TaskGenerator generator(TaskSpec::Embedded(), *tokenizer, {});
+  auto two_turn = generator.Generate("niah-two-turn", 1200, 0.5, 0, rng());
+  auto single = generator.Generate("niah", 1200, 0.5, 0, rng());
+  ASSERT_TRUE(two_turn.ok() && single.ok());
+  const std::vector<const EvalSample*> samples = {&*single, &*two_turn};
+  std::vector<SampleRecord> records(2);
+  records[0] = {samples[0], "full", " " + single->expected[0] + ".", 1.0};
+  records[1] = {samples[1], "full", " " + std::to_string(rng() % 10000000) + ".", 0.0};
+  const std::vector<int32_t> answer = *tokenizer->Encode(records[1].output, false);
+  const std::vector<int32_t> question = *tokenizer->Encode(two_turn->follow_up, false);
+  for (const SecondTurn mode : {SecondTurn::kPrefill, SecondTurn::kReuse}) {
+    auto second = SecondTurnSamples(samples, records, mode, *tokenizer);
+    ASSERT_TRUE(second.ok());
+    ASSERT_EQ(second->size(), 2u);
+    EXPECT_EQ((*second)[0], nullptr) << "a one-turn sample has no turn 2";
+    const EvalSample& turn = *(*second)[1];
+    std::vector<int32_t> after = answer;
+    after.insert(after.end(), question.begin(), question.end());
+    std::vector<int32_t> whole = two_turn->prompt_ids;
+    whole.insert(whole.end(), after.begin(), after.end());
+    if (mode == SecondTurn::kPrefill) {
+      EXPECT_EQ(turn.prompt_ids, whole);
+      EXPECT_TRUE(turn.continuation.empty());
+    } else {
+      EXPECT_EQ(turn.prompt_ids, two_turn->prompt_ids);
+      EXPECT_EQ(turn.continuation, after);
+    }
+    EXPECT_EQ(turn.prompt, two_turn->prompt + records[1].output + two_turn->follow_up);
+    EXPECT_EQ(turn.expected, two_turn->follow_up_expected);
+    std::vector<SampleRecord> merged = records;
+    const std::string reply = " " + two_turn->follow_up_expected[0] + ".";
+    MergeSecondTurn(merged, *second, {{&turn, "full", reply, 1.0}});
+    EXPECT_FALSE(merged[0].first_turn_output.has_value());
+    EXPECT_EQ(merged[0].output, records[0].output);
+    EXPECT_EQ(merged[1].first_turn_output, records[1].output);
+    EXPECT_EQ(merged[1].first_turn_score, 0.0);
+    EXPECT_EQ(merged[1].output, reply);
+    EXPECT_EQ(merged[1].score, 1.0);
+  }
+  EXPECT_FALSE(ParseSecondTurn("both").ok());
 }
 
 TEST(TaskGeneratorTest, DeterministicPerSeedAndDifferentAcrossSeeds) {

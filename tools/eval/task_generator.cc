@@ -36,8 +36,10 @@ int RoundHalfEven(double value) { return static_cast<int>(std::nearbyint(value))
 
 const std::vector<std::string>& AllTaskNames() {
   static const std::vector<std::string> names = {
-      "passkey",           "niah",         "niah-multikey", "niah-multivalue", "kv-retrieval",
-      "variable-tracking", "common-words", "perplexity",    "jsonl",           "heldout"};
+      "passkey",         "niah",          "niah-multikey",
+      "niah-multivalue", "kv-retrieval",  "variable-tracking",
+      "common-words",    "niah-two-turn", "perplexity",
+      "jsonl",           "heldout"};
   return names;
 }
 
@@ -47,8 +49,11 @@ bool IsSyntheticTask(std::string_view task) {
 }
 
 bool HasDepthAxis(std::string_view task) {
-  return task == "passkey" || task == "niah" || task == "niah-multikey" || task == "kv-retrieval";
+  return task == "passkey" || task == "niah" || task == "niah-multikey" || task == "kv-retrieval" ||
+         task == "niah-two-turn";
 }
+
+bool IsTwoTurnTask(std::string_view task) { return task == "niah-two-turn"; }
 
 std::mt19937_64 SampleRng(uint64_t seed, std::string_view task, int length,
                           std::optional<double> depth, int index) {
@@ -172,9 +177,13 @@ Result<EvalSample> TaskGenerator::Generate(std::string_view task, int length,
              InsertAtDepths(Units(n, false, 0), {{needle, needle_depth}}) +
              spec_.Text("passkey", "question");
     };
-  } else if (task == "niah" || task == "niah-multikey" || task == "niah-multivalue") {
+  } else if (task == "niah" || task == "niah-multikey" || task == "niah-multivalue" ||
+             task == "niah-two-turn") {
     const bool multivalue = task == "niah-multivalue";
-    const int needles = task == "niah" ? 1 : spec_.Int("niah", "needles_multi");
+    // Two turns: two needles, the first asked in turn 1, the second (at the sample's depth, the
+    // one scored) in turn 2.
+    const bool two_turn = task == "niah-two-turn";
+    const int needles = task == "niah" ? 1 : (two_turn ? 2 : spec_.Int("niah", "needles_multi"));
     std::vector<std::string> keys;
     while (static_cast<int>(keys.size()) < (multivalue ? 1 : needles)) {
       std::string key = Pick(rng, spec_.key_adjectives()) + "-" + Pick(rng, spec_.key_nouns());
@@ -190,7 +199,8 @@ Result<EvalSample> TaskGenerator::Generate(std::string_view task, int length,
     std::vector<std::pair<std::string, double>> placed;
     for (int needle = 0; needle < needles; ++needle) {
       const std::string& key = keys[multivalue ? 0 : static_cast<size_t>(needle)];
-      const double at = needle == 0 && !multivalue ? needle_depth : Uniform(rng);
+      const int at_depth = two_turn ? 1 : 0;
+      const double at = needle == at_depth && !multivalue ? needle_depth : Uniform(rng);
       placed.emplace_back(
           Fill(spec_.Text("niah", "needle"), {{"key", key}, {"value", values[needle]}}), at);
     }
@@ -202,6 +212,10 @@ Result<EvalSample> TaskGenerator::Generate(std::string_view task, int length,
                                      : Fill(spec_.Text("niah", "question"), {{"key", keys[0]}});
     sample.expected = multivalue ? values : std::vector<std::string>{values[0]};
     sample.max_tokens = spec_.Int("niah", multivalue ? "max_tokens_all" : "max_tokens");
+    if (two_turn) {
+      sample.follow_up = Fill(spec_.Text("niah", "question"), {{"key", keys[1]}}) + prompt_suffix_;
+      sample.follow_up_expected = {values[1]};
+    }
     build = [this, placed, natural, start, question](int n) {
       return spec_.Text("niah", "prefix") + InsertAtDepths(Units(n, natural, start), placed) +
              question;
