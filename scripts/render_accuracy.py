@@ -479,7 +479,87 @@ def render_precisions(group):
             + table(header, rows) + [""])
 
 
-def render_record(record, plots_dir, link_prefix, precisions=None):
+TWO_TURN = "niah-two-turn"
+# Settings that may differ between records compared as ways of running a two-turn task's second
+# turn (`--second-turn`, prefix caching on or off): the command line and the build.
+NOT_THE_CONVERSATION = ("command", "second_turn", "sieve_version", "sieve_commit")
+
+
+def turn_mode(record):
+    """How a two-turn record ran turn 2: "reuse", "prefill, cache on" or "prefill, cache off"
+    (the record's own prefix-cache lookups tell: a run with the cache off looks nothing up)."""
+    mode = record.settings.get("second_turn")
+    if mode != "prefill":
+        return mode
+    looked_up = sum(turn.get("prefix_cache_queries", 0) for c in record.configs
+                    for turn in (c.get("kv") or {}).get("turns", []))
+    return "prefill, cache on" if looked_up > 0 else "prefill, cache off"
+
+
+def turn_groups(records):
+    """{stem of the prefill + cache-on record: [it, others...]}: two-turn records of the same run
+    with turn 2 run another way, compared in the first's section."""
+    groups = {}
+    for record in records:
+        if TWO_TURN not in record.tasks or record.settings.get("second_turn") is None:
+            continue
+        key = json.dumps({k: v for k, v in record.settings.items()
+                          if k not in NOT_THE_CONVERSATION}, sort_keys=True)
+        groups.setdefault(key, []).append(record)
+    order = ["prefill, cache on", "prefill, cache off", "reuse"]
+    out = {}
+    for members in groups.values():
+        members = sorted(members, key=lambda r: (order.index(turn_mode(r))
+                                                 if turn_mode(r) in order else len(order), r.stem))
+        if len(members) > 1 and turn_mode(members[0]) == order[0]:
+            out[members[0].stem] = members
+    return out
+
+
+def first_turn_score(record, label):
+    """Turn 1's score of one configuration: the mean of its cells' means, as the summary's."""
+    cells = {}
+    for sample in record.samples:
+        if sample.get("task") == TWO_TURN and sample.get("config") == label \
+                and "first_turn_score" in sample:
+            cells.setdefault((sample.get("length"), sample.get("depth")), []).append(
+                sample["first_turn_score"])
+    if not cells:
+        return None
+    return sum(sum(v) / len(v) for v in cells.values()) / len(cells)
+
+
+def render_turns(group):
+    """One table: each configuration's turn-1 score, then turn 2's score and time in each way of
+    running it."""
+    modes = [turn_mode(r) for r in group]
+    labels = [label for label in group[0].labels if all(label in r.labels for r in group[1:])]
+    header = (["configuration", "turn 1"] + [f"turn 2, {mode}" for mode in modes]
+              + [f"turn 2 time, {mode}" for mode in modes])
+    rows = []
+    for label in labels:
+        first = first_turn_score(group[0], label)
+        row = [f"`{label}`", pct(first) if first is not None else "–"]
+        row += [cell_text(r.summary_of(TWO_TURN, label)) for r in group]
+        for r in group:
+            kv = next((c.get("kv") for c in r.configs if c["label"] == label), None) or {}
+            turns = kv.get("turns", [])
+            row.append(f"{turns[1]['seconds']:.1f} s" if len(turns) > 1 else "–")
+        rows.append(row)
+    sources = ", ".join(f"{mode}: [{r.stem}](#{r.stem})" for mode, r in zip(modes, group))
+    return (["### Turn 2: prefilled or on turn 1's compressed cache", "",
+             f"The same conversations with turn 2 run each way ({sources}). Scores in %, "
+             "averaged over lengths and depths as in the summary (turn 2's needle at the depth); "
+             "turn 1 is the same in every record. *prefill*: turn 2 as a new request over the "
+             "whole conversation, compressed under its own question (cache on: turn 1's prompt "
+             "pages found in the prefix cache; off: the context prefilled again); *reuse*: turn 2 "
+             "on the cache turn 1's policy left, compressed under turn 1's question (its answer "
+             "and the new question as decode steps). Time: the configuration's turn 2, all its "
+             "samples at once.", ""]
+            + table(header, rows) + [""])
+
+
+def render_record(record, plots_dir, link_prefix, precisions=None, turns=None):
     out = [f"## {record.stem}", ""]
     out += render_settings(record) + [""]
     sidecar = os.path.splitext(record.path)[0] + ".md"
@@ -491,6 +571,8 @@ def render_record(record, plots_dir, link_prefix, precisions=None):
     out += render_summary(record)
     if precisions:
         out += render_precisions(precisions)
+    if turns:
+        out += render_turns(turns)
     out += render_budgets(record)
     out += render_dense_grid(record)
     out += render_charts(record, plots_dir, link_prefix)
@@ -548,8 +630,10 @@ def render(results_dir, plots_dir, out_path):
         lines += ["Records on this page:", ""]
         lines += [f"- [{r.stem}](#{r.stem})" for r in records] + [""]
     groups = precision_groups(records)
+    conversations = turn_groups(records)
     for record in records:
-        lines += render_record(record, plots_dir, link_prefix, groups.get(record.stem))
+        lines += render_record(record, plots_dir, link_prefix, groups.get(record.stem),
+                               conversations.get(record.stem))
     while lines and lines[-1] == "":
         lines.pop()
     return "\n".join(lines) + "\n"
