@@ -3,7 +3,8 @@
 and KV cache precision renders as before, records of one grid at three precisions get their
 precision in the header and one comparison table (in the unquantized record's section) whose
 differences, missed targets and changed answers follow from their numbers, and a record of another
-grid stays out of that table.
+grid stays out of that table; records of one two-turn run with turn 2 run three ways get one table
+in the prefill-with-cache record's section.
 
     python3 scripts/render_accuracy_test.py     # CTest: render_accuracy_test
 """
@@ -110,6 +111,38 @@ class RenderAccuracyTest(unittest.TestCase):
             "c-fp8-kv": record([1.0, 0.5], [10.0, 11.0], **precision("fp8", "f8_e4m3")),
         })
         self.assertFalse(any("Against other weight" in body for body in sections.values()))
+
+    def test_two_turn_ways_compared(self):
+        def conversation(second_turn, scores, looked_up, seconds):
+            """A niah-two-turn record: turn 2's scores, turn 1's right on the first sample."""
+            data = record(scores, [10.0, 10.0], tasks=["niah-two-turn"], second_turn=second_turn,
+                          command=f"sieve eval --second-turn {second_turn}")
+            for item in data["cells"] + data["summary"]:
+                item["task"] = "niah-two-turn"
+            data["cells"] = [c for c in data["cells"] if "score" in c]
+            data["summary"] = [c for c in data["summary"] if "score" in c]
+            data["records"] = [
+                dict(r, task="niah-two-turn", first_turn_score=float(r["index"] == 0))
+                for r in data["records"] if r["task"] == "passkey"]
+            for config in data["configs"]:
+                config["kv"]["turns"] = [
+                    {"seconds": 5.0, "prefix_cache_queries": looked_up},
+                    {"seconds": seconds, "prefix_cache_queries": looked_up}]
+            return data
+        sections = self.render({
+            "on": conversation("prefill", [1.0, 0.5], 100, 1.5),
+            "off": conversation("prefill", [1.0, 0.5], 0, 9.0),
+            "reuse": conversation("reuse", [1.0, 0.0], 100, 2.0),
+        })
+        table = [line for line in sections["on"].splitlines() if line.startswith("| ")]
+        self.assertIn("| configuration | turn 1 | turn 2, prefill, cache on | turn 2, prefill, "
+                      "cache off | turn 2, reuse | turn 2 time, prefill, cache on | turn 2 time, "
+                      "prefill, cache off | turn 2 time, reuse |", table)
+        self.assertIn("| `full` | 50.0 | 100.0 | 100.0 | 100.0 | 1.5 s | 9.0 s | 2.0 s |", table)
+        self.assertIn("| `snapkv@256` | 50.0 | 50.0 | 50.0 | 0.0 | 1.5 s | 9.0 s | 2.0 s |",
+                      table)
+        for stem in ("off", "reuse"):
+            self.assertNotIn("Turn 2: prefilled", sections[stem])
 
 
 if __name__ == "__main__":
