@@ -25,6 +25,8 @@ Then checks, each failing the run with a message:
     layer's sieve:kv_cache_pages_used_by_layer are 0, nothing running or waiting);
   - the server's RSS is flat over the second half of the load (see --rss-limit-mib);
   - requests were preempted (sieve:num_preemptions_total > 0) and aborted;
+  - with prefix caching on (the default), prompt tokens were found in the cache
+    (vllm:prefix_cache_hits_total > 0: the replays repeat prompts, each sparse one twice);
   - SIGTERM stops the server with exit status 0.
 Prints a summary; --result-json writes it as JSON. Python 3 standard library only.
 
@@ -1297,6 +1299,14 @@ def run(args, server, port, log_path, wall_start):
         if aborted <= 0:
             failures.append("no request was aborted (sieve:num_requests_aborted_total is 0): the "
                             "cancellations did not reach the engine")
+        # Prefix caching (on unless the serve arguments turn it off): the replays send prompts
+        # seen under load again, and each sparse one twice in a row, so some must hit; their
+        # answers are checked above like every other.
+        cache_hits = metric(after, "vllm:prefix_cache_hits_total")
+        cache_queries = metric(after, "vllm:prefix_cache_queries_total")
+        if "--no-enable-prefix-caching" not in args.serve_args and cache_hits <= 0:
+            failures.append("no prompt token was found in the prefix cache "
+                            "(vllm:prefix_cache_hits_total is 0), replays included")
         summary["server"] = {
             "preemptions": preemptions,
             "aborted": aborted,
@@ -1311,6 +1321,8 @@ def run(args, server, port, log_path, wall_start):
             "prompt_tokens": metric(after, "sieve:prompt_tokens_total"),
             "engine_steps": metric(after, "sieve:engine_steps_total"),
             "http_5xx": server_5xx,
+            "prefix_cache_hits": cache_hits,
+            "prefix_cache_queries": cache_queries,
         }
 
     # RSS over the second half of the load: the largest sample in its first eighth against the
@@ -1404,7 +1416,9 @@ def print_summary(summary):
               f"{server['pages_used_at_end']:.0f} used of "
               f"{server['pages_total']:.0f} at the end (peak {server['peak_pages_used']:.0f}), "
               f"{server['generation_tokens']:.0f} tokens generated in "
-              f"{server['engine_steps']:.0f} steps, {server['http_5xx']:.0f} 5xx")
+              f"{server['engine_steps']:.0f} steps, {server['http_5xx']:.0f} 5xx, "
+              f"{server['prefix_cache_hits']:.0f} of {server['prefix_cache_queries']:.0f} "
+              "prompt tokens looked up found in the prefix cache")
     load = summary["under_load"]
     print(f"  scrapes:  {load['metrics_scrapes']} of /metrics under load: up to "
           f"{load['max_running']:.0f} running, {load['max_waiting']:.0f} waiting, "
