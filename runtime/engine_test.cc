@@ -631,6 +631,13 @@ TEST(EngineTest, RandomTrafficKeepsInvariants) {
   EXPECT_GT(preemptions, 0) << "the pool was never tight enough to preempt";
 }
 
+// A dense engine whose steps take 40 tokens, so that 50-90-token prompts prefill in chunks.
+TestEngine MakeChunkingEngine(const ModelConfig& config, uint64_t seed) {
+  EngineOptions options;
+  options.max_num_batched_tokens = 40;
+  return MakeEngine(config, options, seed);
+}
+
 // Teacher forcing: each forced token comes out in order (an EOS among them does not stop the
 // request), and its logprob equals the log-softmax of a dense prefill of the whole sequence at the
 // position before it. Batched with other requests, chunked, dense policy.
@@ -638,9 +645,7 @@ TEST(EngineTest, ForcedTokensAreEmittedWithDenseLogprobs) {
   auto rng = testing::MakeRng();
   const ModelConfig config = SmallConfig();
   const uint64_t seed = rng();
-  EngineOptions options;
-  options.max_num_batched_tokens = 40;  // the prompts prefill in chunks
-  TestEngine t = MakeEngine(config, options, seed);
+  TestEngine t = MakeChunkingEngine(config, seed);
   const std::vector<int32_t> prompt = RandomPrompt(rng, 50 + static_cast<int>(rng() % 40));
   std::vector<int32_t> forced = RandomPrompt(rng, 16);
   forced[5] = 257;  // an EOS id of the engine: forced text is scored to its end
@@ -686,9 +691,7 @@ TEST(EngineTest, SamplingAfterForcedTokensContinuesTheirSequence) {
   auto rng = testing::MakeRng();
   const ModelConfig config = SmallConfig();
   const uint64_t seed = rng();
-  EngineOptions options;
-  options.max_num_batched_tokens = 40;  // the prompts prefill in chunks
-  TestEngine t = MakeEngine(config, options, seed);
+  TestEngine t = MakeChunkingEngine(config, seed);
   const std::vector<int32_t> prompt = RandomPrompt(rng, 50 + static_cast<int>(rng() % 40));
   std::vector<int32_t> forced = RandomPrompt(rng, 12);
   forced[3] = 257;  // an EOS id of the engine
