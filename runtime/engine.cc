@@ -96,6 +96,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(
   if (options.page_size < 1 || options.page_size > 1024) {
     return InvalidArgumentError("--page-size must be in [1, 1024]");
   }
+  if (options.prefix_cache_row_entries < -1 || options.prefix_cache_row_entries > (1 << 24)) {
+    return InvalidArgumentError("prefix_cache_row_entries must be -1 or in [0, 2^24]");
+  }
   int limit = config.max_position_embeddings;
   if (config.sliding_window && *config.sliding_window < limit) limit = *config.sliding_window;
   if (options.max_model_len <= 0) {
@@ -140,10 +143,18 @@ Result<std::unique_ptr<Engine>> Engine::Create(
                            static_cast<int64_t>(DTypeSize(cache_dtype));
   if (score_pool) bytes_per_page += entries_per_page * kv_heads * 4;
   if (position_pool) bytes_per_page += entries_per_page * kv_heads * 4;
-  const int max_pages_per_seq =
+  const int pages_per_seq =
       (options.max_model_len + 1 + options.page_size - 1) / options.page_size + 1;
+  const int row_spare_entries = !options.enable_prefix_caching ? 0
+                                : options.prefix_cache_row_entries < 0
+                                    ? options.max_model_len
+                                    : options.prefix_cache_row_entries;
+  const int max_pages_per_seq =
+      pages_per_seq + (row_spare_entries + options.page_size - 1) / options.page_size;
+  // The rows' spare pages hold a sparse prompt's kept entries beside its cached prompt for one
+  // step: a pool sized for every sequence at its longest does not count them.
   const int64_t most_useful =
-      static_cast<int64_t>(options.max_num_seqs) * max_pages_per_seq * config.num_layers;
+      static_cast<int64_t>(options.max_num_seqs) * pages_per_seq * config.num_layers;
   int64_t budget = options.kv_memory_bytes;  // per rank
   if (budget <= 0) {
     // The device with the least free memory decides (each rank asked on its own device).

@@ -73,6 +73,13 @@ struct EngineOptions {
   // Prefix caching (SchedulerOptions::enable_prefix_caching): requests share the KV pages of the
   // prompt tokens they have in common with earlier ones, computed once, under any policy.
   bool enable_prefix_caching = false;
+  // With prefix caching: entries each page-table row holds past max_model_len. During a sparse
+  // prompt's final chunk its compressed layers hold the whole prompt (pages other requests may
+  // share) and the kept entries written after it (kv/README.md "Prefix caching"); a prompt whose
+  // two do not fit its row runs uncached. -1: max_model_len's worth, so that they always fit (a
+  // policy keeps at most the prompt), for a page table twice as wide (4 bytes a page, layer and
+  // sequence slot; the pool's pages are sized as before).
+  int prefix_cache_row_entries = -1;
 };
 
 // The KV pool's dtype for EngineOptions::kv_cache_dtype on a backend of `activation_dtype`;

@@ -984,17 +984,32 @@ TEST(EngineTest, PrefixCacheSharesAPromptAmongRequestsSentTogether) {
 TEST(EngineTest, PrefixCacheLeavesASparsePromptItsRowCannotHold) {
   auto rng = testing::MakeRng();
   const ModelConfig config = SmallConfig();
-  // Rows of 42 pages of 4 (max_model_len 160): 150 tokens and 24 kept take 38 + 6.
+  // Rows of 42 pages of 4 without spare entries (max_model_len 160): 150 tokens and 24 kept take
+  // 38 + 6.
   const std::vector<int32_t> prefix = RandomPrompt(rng, 140);
   std::vector<Request> requests;
   for (int index = 0; index < 3; ++index) {
-    requests.push_back({WithRandomSuffix(rng, prefix, 10), Greedy(5), ""});
+    requests.push_back({WithRandomSuffix(rng, prefix, 10, index), Greedy(5), ""});
   }
   requests.push_back({RandomPrompt(rng, 60), Greedy(5), ""});
-  const EngineStats cached_stats =
-      RunWithCacheOffThenOn(config, TightPolicyOptions("snapkv"), requests, false).cached_stats;
-  EXPECT_EQ(cached_stats.prefix_cache_queries, 60);  // the short prompt alone looks up
-  EXPECT_EQ(cached_stats.prefix_cache_hits, 0);
+  EngineOptions narrow = TightPolicyOptions("snapkv");
+  narrow.prefix_cache_row_entries = 0;
+  const EngineStats narrow_stats =
+      RunWithCacheOffThenOn(config, narrow, requests, false).cached_stats;
+  EXPECT_EQ(narrow_stats.prefix_cache_queries, 60);  // the short prompt alone looks up
+  EXPECT_EQ(narrow_stats.prefix_cache_hits, 0);
+  // The default rows have max_model_len's entries to spare: the same prompts are cached, the
+  // later two sharing the first's 35 whole pages of the prefix (they leave its last four rows,
+  // which SnapKV's window of 4 scores, to compute).
+  const EngineStats wide_stats =
+      RunWithCacheOffThenOn(config, TightPolicyOptions("snapkv"), requests, true).cached_stats;
+  EXPECT_EQ(wide_stats.prefix_cache_hits, 2 * 140);
+  EngineOptions wrong = TightPolicyOptions("snapkv");
+  wrong.prefix_cache_row_entries = -2;
+  wrong.enable_prefix_caching = true;
+  auto backend = MakeCpuBackend();
+  EXPECT_FALSE(
+      Engine::Create(LlamaModel::Random(config, *backend, 1, 160, 0.08f), nullptr, {}, wrong).ok());
 }
 
 // A conversation: turn 2's prompt is turn 1's prompt, its answer and a new question. Dense, turn
