@@ -83,15 +83,16 @@ def post(port, path, body, expect=200):
 
 
 def dechunk(raw):
-    """The body of a `Transfer-Encoding: chunked` answer."""
-    out, rest = "", raw
+    """The body of a `Transfer-Encoding: chunked` answer (bytes, whose chunk sizes count them),
+    as text."""
+    out, rest = b"", raw
     while rest:
-        size_line, _, rest = rest.partition("\r\n")
-        size = int(size_line.split(";")[0], 16)
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
         if size == 0:
             break
         out, rest = out + rest[:size], rest[size + 2:]
-    return out
+    return out.decode("utf-8", "replace")
 
 
 def harness_parse(choice, ctxlen, max_tokens):
@@ -226,7 +227,7 @@ def main():
             f.check(body["choices"][0]["text"].startswith(text[:80]),
                     "echo of a text prompt opens with the prompt")
             status, _, raw = http_request(port, "POST", "/v1/completions", dict(
-                loglikelihood_payload([ids[:20]], 2), stream=True))
+                loglikelihood_payload([ids[:20]], 2), stream=True), raw=True)
             events = [json.loads(line[6:]) for line in dechunk(raw).split("\n")
                       if line.startswith("data: {")]
             first = events[0]["choices"][0]["logprobs"] if events else {}

@@ -6,8 +6,10 @@ import socket
 HOST = "127.0.0.1"
 
 
-def http_request(port, method, path, body=None, timeout=60):
-    """(status, headers, body) of the answer; (0, {}, why) when there is none."""
+def http_request(port, method, path, body=None, timeout=60, raw=False):
+    """(status, headers, body) of the answer; (0, {}, why) when there is none. The body is text
+    (UTF-8, undecodable bytes replaced), or with `raw` its bytes as sent: a chunked body's chunk
+    sizes count bytes, so it must be de-chunked before it is decoded."""
     try:
         with socket.create_connection((HOST, port), timeout=timeout) as conn:
             payload = json.dumps(body).encode() if body is not None else b""
@@ -30,4 +32,5 @@ def http_request(port, method, path, body=None, timeout=60):
     for line in lines[1:]:
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
-    return int(lines[0].split(" ")[1]), headers, rest.decode("utf-8", "replace")
+    return (int(lines[0].split(" ")[1]), headers,
+            rest if raw else rest.decode("utf-8", "replace"))
