@@ -559,10 +559,9 @@ int Run(EvalFlags& flags) {
     if (sample->follow_up.empty()) continue;
     ++two_turn_samples;
     // Turn 2 holds the prompt, turn 1's answer, the new question and turn 2's answer.
-    auto follow_up = tokenizer->Encode(sample->follow_up, false);
-    if (!follow_up.ok()) return Fail(1, "turn 2's question: " + follow_up.status().message());
     const int turn_two =
-        static_cast<int>(sample->prompt_ids.size() + follow_up->size()) + 2 * sample->max_tokens;
+        static_cast<int>(sample->prompt_ids.size() + sample->follow_up_ids.size()) +
+        2 * sample->max_tokens;
     if (!remote && turn_two > bundle->engine->max_model_len()) {
       return Fail(
           2, fmt::format("{} at length {}: turn 2 comes to {} tokens, past the engine's "

@@ -31,9 +31,10 @@ struct EvalSample {
   std::vector<std::string> expected;   // values, names, words; jsonl: the answers
   std::vector<int32_t> forced_tokens;  // perplexity: the tokens scored after the prompt
   bool truncated = false;              // jsonl: the middle of the prompt was cut
-  // Two-turn tasks: turn 2's message, sent after the prompt and turn 1's answer, and what its
-  // answer is scored against (the record's score; `expected` scores turn 1).
+  // Two-turn tasks: turn 2's message, sent after the prompt and turn 1's answer, its tokens (no
+  // BOS), and what its answer is scored against (the record's score; `expected` scores turn 1).
   std::string follow_up;
+  std::vector<int32_t> follow_up_ids;
   std::vector<std::string> follow_up_expected;
   // A turn-2 sample of --second-turn reuse: tokens appended after `prompt_ids` on the cache the
   // policy left after the prompt (Request::forced_tokens with sample_after_forced), not prefilled

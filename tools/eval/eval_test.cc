@@ -214,6 +214,7 @@ TEST(TaskGeneratorTest, TwoTurnsAskTwoNeedlesOfOneContext) {
     EXPECT_NE(sample->prompt.find("for " + second_key + " is: " + second + "."), std::string::npos);
     EXPECT_TRUE(sample->follow_up.starts_with(asks));
     EXPECT_TRUE(sample->follow_up.ends_with(" text is ")) << "the prompt suffix ends turn 2 too";
+    EXPECT_EQ(sample->follow_up_ids, *tokenizer->Encode(sample->follow_up, false));
     EXPECT_TRUE(sample->prompt.ends_with(" text is "));
     const double where = static_cast<double>(sample->prompt.find(second)) /
                          static_cast<double>(sample->prompt.size());

@@ -53,8 +53,6 @@ bool HasDepthAxis(std::string_view task) {
          task == "niah-two-turn";
 }
 
-bool IsTwoTurnTask(std::string_view task) { return task == "niah-two-turn"; }
-
 std::mt19937_64 SampleRng(uint64_t seed, std::string_view task, int length,
                           std::optional<double> depth, int index) {
   const uint64_t task_hash = std::hash<std::string_view>{}(task);
@@ -318,6 +316,9 @@ Result<EvalSample> TaskGenerator::Generate(std::string_view task, int length,
   SIEVE_ASSIGN_OR_RETURN(Fitted fitted, Fit(build, length, task));
   sample.prompt = std::move(fitted.prompt);
   sample.prompt_ids = std::move(fitted.ids);
+  if (!sample.follow_up.empty()) {
+    SIEVE_ASSIGN_OR_RETURN(sample.follow_up_ids, tokenizer_.Encode(sample.follow_up, false));
+  }
   return sample;
 }
 

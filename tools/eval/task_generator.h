@@ -31,8 +31,6 @@ const std::vector<std::string>& AllTaskNames();
 bool IsSyntheticTask(std::string_view task);
 // Tasks whose needle is placed at the requested depth (the others get depth null).
 bool HasDepthAxis(std::string_view task);
-// Tasks of two turns (EvalSample::follow_up): niah-two-turn.
-bool IsTwoTurnTask(std::string_view task);
 
 // The generator of one sample: a hash of (seed, task, length, depth, index) through seed_seq.
 std::mt19937_64 SampleRng(uint64_t seed, std::string_view task, int length,

@@ -23,8 +23,6 @@ Result<std::vector<std::unique_ptr<EvalSample>>> SecondTurnSamples(
     if (first.follow_up.empty()) continue;
     const std::string& answer = records[index].output;
     SIEVE_ASSIGN_OR_RETURN(std::vector<int32_t> answer_ids, tokenizer.Encode(answer, false));
-    SIEVE_ASSIGN_OR_RETURN(std::vector<int32_t> follow_up_ids,
-                           tokenizer.Encode(first.follow_up, false));
     auto turn = std::make_unique<EvalSample>();
     turn->task = first.task;
     turn->length = first.length;
@@ -38,7 +36,7 @@ Result<std::vector<std::unique_ptr<EvalSample>>> SecondTurnSamples(
     std::vector<int32_t>& after =
         mode == SecondTurn::kReuse ? turn->continuation : turn->prompt_ids;
     after.insert(after.end(), answer_ids.begin(), answer_ids.end());
-    after.insert(after.end(), follow_up_ids.begin(), follow_up_ids.end());
+    after.insert(after.end(), first.follow_up_ids.begin(), first.follow_up_ids.end());
     second[index] = std::move(turn);
   }
   return second;
