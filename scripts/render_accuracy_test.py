@@ -4,10 +4,12 @@ and KV cache precision renders as before, records of one grid at three precision
 precision in the header and one comparison table (in the unquantized record's section) whose
 differences, missed targets and changed answers follow from their numbers, and a record of another
 grid stays out of that table; records of one two-turn run with turn 2 run three ways get one table
-in the prefill-with-cache record's section.
+in the prefill-with-cache record's section; a gzipped record renders as its plain form, and a
+record both plain and gzipped is refused.
 
     python3 scripts/render_accuracy_test.py     # CTest: render_accuracy_test
 """
+import gzip
 import json
 import os
 import sys
@@ -55,11 +57,21 @@ def precision(quantization, kv_cache_dtype):
 
 
 class RenderAccuracyTest(unittest.TestCase):
-    def render(self, records):
+    def render(self, records, gzipped=(), sidecars=None):
+        """{stem: section text} of the page of `records`, those named in `gzipped` as .json.gz,
+        with `sidecars` ({stem: text}) as NAME.md beside them."""
         with tempfile.TemporaryDirectory() as results:
+            for name, text in (sidecars or {}).items():
+                with open(os.path.join(results, name + ".md"), "w") as f:
+                    f.write(text)
             for name, data in records.items():
-                with open(os.path.join(results, name + ".json"), "w") as f:
-                    json.dump(data, f)
+                path = os.path.join(results, name + ".json")
+                if name in gzipped:
+                    with gzip.open(path + ".gz", "wt", encoding="utf-8") as f:
+                        json.dump(data, f)
+                else:
+                    with open(path, "w") as f:
+                        json.dump(data, f)
             page = render_accuracy.render(results, os.path.join(results, "plots"),
                                           os.path.join(results, "accuracy.md"))
         # {stem: its section's text}
@@ -104,6 +116,30 @@ class RenderAccuracyTest(unittest.TestCase):
         self.assertNotIn("d-other-grid", sections["a-f32"])
         for stem in ("b-fp8", "c-fp8-kv", "d-other-grid"):
             self.assertNotIn("Against other weight", sections[stem])
+
+    def test_gzipped_record_renders_as_plain(self):
+        records = {
+            "a-f32": record([1.0, 0.5], [10.0, 11.0], **precision("none", "f32")),
+            "b-fp8": record([0.5, 0.5], [10.2, 11.0], **precision("fp8", "f32")),
+        }
+        sidecars = {"a-f32": "Run on the test machine.\n"}
+        plain = self.render(records, sidecars=sidecars)
+        self.assertIn("Against other weight", plain["a-f32"])
+        self.assertIn("Run on the test machine.", plain["a-f32"])
+        for gzipped in (("a-f32",), ("b-fp8",), ("a-f32", "b-fp8")):
+            self.assertEqual(self.render(records, gzipped, sidecars), plain, gzipped)
+
+    def test_record_both_plain_and_gzipped_is_refused(self):
+        with tempfile.TemporaryDirectory() as results:
+            data = record([1.0, 0.5], [10.0, 11.0])
+            with open(os.path.join(results, "twice.json"), "w") as f:
+                json.dump(data, f)
+            with gzip.open(os.path.join(results, "twice.json.gz"), "wt", encoding="utf-8") as f:
+                json.dump(data, f)
+            with self.assertRaises(SystemExit) as raised:
+                render_accuracy.render(results, os.path.join(results, "plots"),
+                                       os.path.join(results, "accuracy.md"))
+            self.assertIn("twice", str(raised.exception))
 
     def test_no_baseline_no_table(self):
         sections = self.render({
