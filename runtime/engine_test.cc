@@ -639,6 +639,61 @@ TEST(EngineTest, AbortWhileSwappedOutLeaksNothing) {
   }
 }
 
+// Swap mode with the prefix cache on: requests sharing a prompt prefix (their pages attached,
+// shared, keyed) are swapped out and back into private pages, and answer as alone; pages shared
+// with a swapped request stay correct for the others.
+TEST(EngineTest, SwapWithPrefixCachingAnswersAsAlone) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  for (const std::string policy : {"full", "snapkv"}) {
+    SCOPED_TRACE(policy);
+    EngineOptions options = TightPolicyOptions(policy);
+    options.max_num_seqs = 8;
+    options.max_num_batched_tokens = 24;
+    options.enable_prefix_caching = true;
+    options.preemption_mode = PreemptionMode::kSwap;
+    options.swap_space_bytes = int64_t{64} << 20;
+    const std::vector<int32_t> prefix = RandomPrompt(rng, 32);
+    std::vector<PromptAndParams> requests;
+    for (int index = 0; index < 8; ++index) {
+      std::vector<int32_t> prompt = prefix;
+      const std::vector<int32_t> suffix = RandomPrompt(rng, 16 + static_cast<int>(rng() % 30));
+      prompt.insert(prompt.end(), suffix.begin(), suffix.end());
+      requests.push_back({prompt, Greedy(30 + static_cast<int>(rng() % 20))});
+    }
+    std::vector<Completion> alone;
+    int peak_pages = 0;
+    for (const PromptAndParams& request : requests) {
+      TestEngine t = MakeEngine(config, options);
+      ASSERT_TRUE(t.engine->Add({request.prompt, request.params, ""}).ok());
+      alone.push_back(RunToEnd(*t.engine).begin()->second);
+      peak_pages = std::max(peak_pages, static_cast<int>(t.engine->Stats().peak_pages_used));
+    }
+    int64_t swapped = 0;
+    for (const double pools : {2.0, 1.5, 1.2}) {
+      if (swapped > 0) break;
+      EngineOptions tight = options;
+      tight.kv_memory_bytes =
+          PageBytes(config, options.page_size) * (static_cast<int64_t>(pools * peak_pages) + 4);
+      TestEngine crowd = MakeEngine(config, tight);
+      const std::vector<RequestId> ids = AddAll(*crowd.engine, requests);
+      const auto done = RunToEnd(*crowd.engine);
+      const EngineStats stats = crowd.engine->Stats();
+      swapped = stats.num_swapped_out;
+      EXPECT_GT(stats.prefix_cache_hits, 0);
+      EXPECT_EQ(stats.num_pages_used, 0);
+      EXPECT_EQ(stats.num_swap_slots_used, 0);
+      EXPECT_EQ(stats.num_swapped_in, stats.num_swapped_out);
+      EXPECT_EQ(stats.num_replayed_tokens, 0);
+      for (size_t index = 0; index < requests.size(); ++index) {
+        EXPECT_EQ(done.at(ids[index]).tokens, alone[index].tokens) << "request " << index;
+        EXPECT_EQ(done.at(ids[index]).logprobs, alone[index].logprobs) << "request " << index;
+      }
+    }
+    EXPECT_GT(swapped, 0) << "no pool was tight enough to preempt";
+  }
+}
+
 // Bad swap settings are errors, not aborts.
 TEST(EngineTest, RejectsBadSwapSettings) {
   EXPECT_FALSE(ParsePreemptionMode("swapped").ok());
