@@ -639,7 +639,6 @@ void Scheduler::Commit(const StepPlan& plan) {
     });
     waiting_.insert(position, id);
   }
-  for (const SeqId id : plan.swapped_in) SwapIn(seqs_.at(id));
   for (size_t index = 0; index < plan.admitted.size(); ++index) {
     const SeqId id = plan.admitted[index];
     Sequence& seq = seqs_.at(id);
@@ -675,6 +674,9 @@ void Scheduler::Commit(const StepPlan& plan) {
     });
     running_.insert(position, id);
   }
+  // After the admissions have attached their cached prefixes: a swap-in's fresh pages, like any
+  // growth, may evict cached pages.
+  for (const SeqId id : plan.swapped_in) SwapIn(seqs_.at(id));
   for (const auto* list : {&plan.prefills, &plan.decodes}) {
     for (const ScheduledSequence& scheduled : *list) {
       if (scheduled.is_decode && scheduled.new_pages == 0) continue;  // nothing to allocate
