@@ -288,7 +288,8 @@ class Backend {
 
   // ---- preemption by swap: KV pages to host memory and back ----
   // `bytes` of host memory the swap copies use: pinned on CUDA (cudaHostAlloc), so that they run
-  // asynchronously on the backend's stream. Allocated once (--swap-space).
+  // asynchronously on the backend's stream. Allocated once (--swap-space). Null when the host
+  // cannot give (or pin) that much.
   virtual HostBuffer AllocateHostBuffer(size_t bytes) = 0;
   // Copies page pages[i] of the pool (every layer's entries there: pages belong to one (sequence,
   // layer)) into slot slots[i] of `host`, KvPageSwapBytes(pool) bytes a slot laid out as

@@ -219,7 +219,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(
   std::vector<const LlamaModel*> ranks = {engine->model_.get()};
   for (const auto& other : engine->other_ranks_) ranks.push_back(other.get());
   engine->runner_ = std::make_unique<ModelRunner>(ranks, *engine->kv_, runner_options);
-  if (sched_options.swap_slots > 0) engine->runner_->AllocateSwapSpace(sched_options.swap_slots);
+  if (sched_options.swap_slots > 0) {
+    SIEVE_RETURN_IF_ERROR(engine->runner_->AllocateSwapSpace(sched_options.swap_slots));
+  }
   engine->stats_.entries_kept_by_layer.assign(config.num_layers, 0);
   for (Tensor& samples : engine->sampled_tokens_) {
     samples = backend.Allocate({options.max_num_seqs}, DType::kI32);

@@ -193,13 +193,20 @@ int64_t ModelRunner::pool_bytes() const {
   return bytes;
 }
 
-void ModelRunner::AllocateSwapSpace(int slots) {
+Status ModelRunner::AllocateSwapSpace(int slots) {
+  Status status = Status::Ok();
   for (Rank& rank : ranks_) {
+    const size_t bytes = static_cast<size_t>(slots) * KvPageSwapBytes(rank.pool);
     rank.model->backend().MakeCurrent();
-    rank.swap = rank.model->backend().AllocateHostBuffer(static_cast<size_t>(slots) *
-                                                         KvPageSwapBytes(rank.pool));
+    rank.swap = rank.model->backend().AllocateHostBuffer(bytes);
+    if (rank.swap == nullptr) {
+      status = ResourceExhaustedError("could not allocate " + std::to_string(bytes) +
+                                      " bytes of host memory for --swap-space");
+      break;
+    }
   }
   model_.backend().MakeCurrent();
+  return status;
 }
 
 void ModelRunner::SwapPages(const PageSwaps& swaps) {

@@ -104,8 +104,9 @@ class ModelRunner {
   int vocab_size() const { return model_.config().vocab_size; }
   int64_t pool_bytes() const;  // K and V pages and side pools, of every rank
   // Preemption by swap: host memory for `slots` swapped pages on every rank (its own KV heads'
-  // bytes of each page: KvPageSwapBytes), allocated once.
-  void AllocateSwapSpace(int slots);
+  // bytes of each page: KvPageSwapBytes), allocated once. ResourceExhausted when a host cannot
+  // give it.
+  Status AllocateSwapSpace(int slots);
   // A Commit's page copies on every rank: swap-outs, then swap-ins, on each rank's stream before
   // the step that follows.
   void SwapPages(const PageSwaps& swaps);

@@ -255,8 +255,7 @@ Result<EngineBundle> BuildEngine(EngineFlags& flags) {
   flags.engine.enable_prefix_caching = flags.enable_prefix_caching;
   SIEVE_ASSIGN_OR_RETURN(flags.engine.preemption_mode, ParsePreemptionMode(flags.preemption_mode));
   if (!(flags.swap_space_gib >= 0.0 && flags.swap_space_gib <= 1024.0)) {
-    return InvalidArgumentError("--swap-space must be a number of GiB in [0, 1024], not " +
-                                std::to_string(flags.swap_space_gib));
+    return InvalidArgumentError("--swap-space must be between 0 and 1024 (GiB)");
   }
   flags.engine.swap_space_bytes =
       static_cast<int64_t>(flags.swap_space_gib * static_cast<double>(int64_t{1} << 30));

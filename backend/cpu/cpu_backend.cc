@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <new>
 #include <random>
 
 #include "core/check.h"
@@ -65,7 +66,7 @@ void CpuBackend::Copy(const Tensor& src, Tensor& dst) {
 }
 
 HostBuffer CpuBackend::AllocateHostBuffer(size_t bytes) {
-  return HostBuffer(new uint8_t[bytes], [](uint8_t* memory) { delete[] memory; });
+  return HostBuffer(new (std::nothrow) uint8_t[bytes], [](uint8_t* memory) { delete[] memory; });
 }
 
 void CpuBackend::SwapOutPages(const KvPool& pool, std::span<const int32_t> pages,

@@ -359,9 +359,14 @@ class CudaBackend final : public Backend {
     void* memory = nullptr;
     const cudaError_t error =
         cudaHostAlloc(&memory, std::max<size_t>(bytes, 1), cudaHostAllocDefault);
-    SIEVE_CHECK(error == cudaSuccess)
-        << "cudaHostAlloc of " << bytes << " bytes: " << cudaGetErrorString(error);
-    return HostBuffer(static_cast<uint8_t*>(memory), [](uint8_t* p) { cudaFreeHost(p); });
+    if (error != cudaSuccess) {
+      cudaGetLastError();  // cleared: the caller reports the failure
+      spdlog::error("cudaHostAlloc of {} bytes: {}", bytes, cudaGetErrorString(error));
+      memory = nullptr;
+    }
+    return HostBuffer(static_cast<uint8_t*>(memory), [](uint8_t* p) {
+      if (p != nullptr) cudaFreeHost(p);
+    });
   }
 
   // Runs of consecutive pages going to consecutive slots are one 2D copy per part (the slot's
