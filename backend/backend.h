@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,9 @@
 #include "core/tensor.h"
 
 namespace sieve {
+
+// Host memory a backend allocated (Backend::AllocateHostBuffer), freed as it must be.
+using HostBuffer = std::unique_ptr<uint8_t[], void (*)(uint8_t*)>;
 
 // Which tokens of a step RopeAndCacheWrite rotates and writes.
 enum class RopeTokens {
@@ -281,6 +285,24 @@ class Backend {
   // dst[pairs[p][0]] = src[pairs[p][1]] for p < count.   pairs [>= count][2] i32, src, dst i32.
   // (A step's token ids from the samples of the step before, still on the device.)
   virtual void GatherInt32(const Tensor& src, const Tensor& pairs, int count, Tensor& dst) = 0;
+
+  // ---- preemption by swap: KV pages to host memory and back ----
+  // `bytes` of host memory the swap copies use: pinned on CUDA (cudaHostAlloc), so that they run
+  // asynchronously on the backend's stream. Allocated once (--swap-space). Null when the host
+  // cannot give (or pin) that much.
+  virtual HostBuffer AllocateHostBuffer(size_t bytes) = 0;
+  // Copies page pages[i] of the pool (every layer's entries there: pages belong to one (sequence,
+  // layer)) into slot slots[i] of `host`, KvPageSwapBytes(pool) bytes a slot laid out as
+  // KvPoolPageParts says, as bytes whatever the dtype. In stream order after the steps launched
+  // before (which may still write the pages) and before any later one (which may reuse them).
+  // `host`'s bytes are readable on the host after Synchronize().
+  virtual void SwapOutPages(const KvPool& pool, std::span<const int32_t> pages,
+                            std::span<const int32_t> slots, uint8_t* host) = 0;
+  // The reverse: slot slots[i] of `host` into page pages[i], in stream order before any later
+  // step reads the pages. `host` must not change until the copies are done (Synchronize(), or a
+  // later SwapOutPages into the same slots, which is ordered after them).
+  virtual void SwapInPages(const uint8_t* host, std::span<const int32_t> slots,
+                           std::span<const int32_t> pages, KvPool& pool) = 0;
 };
 
 // The CPU reference backend; `num_threads` <= 0 uses the default pool.

@@ -7,6 +7,7 @@
 // then decode.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -144,5 +145,20 @@ struct KvPool {
   Tensor scores;     // [num_pages * page_size][G] f32 accumulated attention per entry
   Tensor positions;  // [num_pages * page_size][G] i32 true position of each entry
 };
+
+// What one page of a pool occupies in a host swap slot (Backend::SwapOutPages), in slot order:
+// its K, its V, then its entries of the side pools the pool has (scores, positions), as bytes.
+// Each part's bytes per page are the tensor's bytes / num_pages (every tensor is page-major).
+inline std::array<const Tensor*, 4> KvPoolPageParts(const KvPool& pool) {
+  return {&pool.k, &pool.v, &pool.scores, &pool.positions};
+}
+inline size_t KvPoolPartBytes(const KvPool& pool, const Tensor& part) {
+  return part.defined() ? part.nbytes() / static_cast<size_t>(pool.num_pages) : 0;
+}
+inline size_t KvPageSwapBytes(const KvPool& pool) {
+  size_t bytes = 0;
+  for (const Tensor* part : KvPoolPageParts(pool)) bytes += KvPoolPartBytes(pool, *part);
+  return bytes;
+}
 
 }  // namespace sieve

@@ -757,6 +757,15 @@ class CountingBackend final : public Backend {
   void GatherInt32(const Tensor& src, const Tensor& pairs, int count, Tensor& dst) override {
     inner_.GatherInt32(src, pairs, count, dst);
   }
+  HostBuffer AllocateHostBuffer(size_t bytes) override { return inner_.AllocateHostBuffer(bytes); }
+  void SwapOutPages(const KvPool& pool, std::span<const int32_t> pages,
+                    std::span<const int32_t> slots, uint8_t* host) override {
+    inner_.SwapOutPages(pool, pages, slots, host);
+  }
+  void SwapInPages(const uint8_t* host, std::span<const int32_t> slots,
+                   std::span<const int32_t> pages, KvPool& pool) override {
+    inner_.SwapInPages(host, slots, pages, pool);
+  }
 
  private:
   // The same view, owned through a token that counts its bytes while any copy of it lives.

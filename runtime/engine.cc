@@ -99,6 +99,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(
   if (options.prefix_cache_row_entries < -1 || options.prefix_cache_row_entries > (1 << 24)) {
     return InvalidArgumentError("prefix_cache_row_entries must be -1 or in [0, 2^24]");
   }
+  if (options.swap_space_bytes < 0) {
+    return InvalidArgumentError("--swap-space must not be negative");
+  }
   int limit = config.max_position_embeddings;
   if (config.sliding_window && *config.sliding_window < limit) limit = *config.sliding_window;
   if (options.max_model_len <= 0) {
@@ -195,6 +198,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(
   sched_options.max_model_len = options.max_model_len;
   sched_options.prompt_logprob_rows = options.prompt_logprob_rows;
   sched_options.enable_prefix_caching = options.enable_prefix_caching;
+  sched_options.preemption_mode = options.preemption_mode;
+  if (options.preemption_mode == PreemptionMode::kSwap) {
+    // A slot holds one page of one rank (every rank keeps its own KV heads' slots).
+    sched_options.swap_slots = static_cast<int>(
+        std::min<int64_t>(options.swap_space_bytes / bytes_per_page, int64_t{1} << 30));
+  }
   engine->scheduler_ = std::make_unique<Scheduler>(sched_options, engine->kv_.get());
   ModelRunnerOptions runner_options;
   runner_options.max_num_seqs = options.max_num_seqs;
@@ -210,6 +219,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(
   std::vector<const LlamaModel*> ranks = {engine->model_.get()};
   for (const auto& other : engine->other_ranks_) ranks.push_back(other.get());
   engine->runner_ = std::make_unique<ModelRunner>(ranks, *engine->kv_, runner_options);
+  if (sched_options.swap_slots > 0) {
+    SIEVE_RETURN_IF_ERROR(engine->runner_->AllocateSwapSpace(sched_options.swap_slots));
+  }
   engine->stats_.entries_kept_by_layer.assign(config.num_layers, 0);
   for (Tensor& samples : engine->sampled_tokens_) {
     samples = backend.Allocate({options.max_num_seqs}, DType::kI32);
@@ -508,7 +520,7 @@ std::vector<RequestOutput> Engine::Step() {
     if (scheduler_->HasSchedulableWork()) {
       scheduler_->Plan(plan_);
       if (!plan_.empty() && CanLaunchAhead(plan_)) {
-        scheduler_->Commit(plan_);
+        CommitPlan();
         next = Launch(plan_, &*in_flight_);
         ++stats_.steps_launched_ahead;
       }
@@ -523,7 +535,7 @@ std::vector<RequestOutput> Engine::Step() {
   }
   if (!scheduler_->HasWork()) return outputs;
   scheduler_->Plan(plan_);
-  scheduler_->Commit(plan_);
+  CommitPlan();
   if (plan_.empty()) return outputs;
   in_flight_ = Launch(plan_, nullptr);
   // Left in flight only when a next step could be launched before its samples are read.
@@ -533,6 +545,12 @@ std::vector<RequestOutput> Engine::Step() {
     in_flight_.reset();
   }
   return outputs;
+}
+
+void Engine::CommitPlan() {
+  scheduler_->Commit(plan_);
+  // Before the step: it may write the pages swapped out and reads those swapped in.
+  if (!scheduler_->swaps().empty()) runner_->SwapPages(scheduler_->swaps());
 }
 
 bool Engine::CanLaunchAhead(const StepPlan& plan) const {
@@ -766,6 +784,15 @@ EngineStats Engine::Stats() const {
   stats.num_pages = kv_->num_pages();
   stats.num_pages_used = kv_->num_used_pages();
   stats.num_preemptions = scheduler_->num_preemptions();
+  stats.num_swapped = scheduler_->num_swapped();
+  stats.num_swap_slots_used =
+      scheduler_->options().swap_slots > 0
+          ? scheduler_->options().swap_slots - scheduler_->num_free_swap_slots()
+          : 0;
+  stats.num_swapped_out = scheduler_->num_swapped_out();
+  stats.num_swapped_in = scheduler_->num_swapped_in();
+  stats.num_swap_fallbacks = scheduler_->num_swap_fallbacks();
+  stats.num_replayed_tokens = scheduler_->num_replayed_tokens();
   stats.prefix_cache_queries = scheduler_->prefix_cache_queries();
   stats.prefix_cache_hits = scheduler_->prefix_cache_hits();
   stats.num_cached_pages = kv_->num_cached_pages();

@@ -80,6 +80,14 @@ struct EngineOptions {
   // policy keeps at most the prompt), for a page table twice as wide (4 bytes a page, layer and
   // sequence slot; the pool's pages are sized as before).
   int prefix_cache_row_entries = -1;
+  // How a running sequence that must give back its pages is preempted (sched/README.md
+  // "Preemption"): recompute (its pages freed, computed again later) or swap (its entries copied
+  // to host memory and back). --preemption-mode.
+  PreemptionMode preemption_mode = PreemptionMode::kRecompute;
+  // Swap mode: host bytes for swapped pages, per tensor-parallel rank (pinned on the GPU),
+  // allocated at start-up. A preemption whose pages do not fit falls back to recompute.
+  // --swap-space (GiB, as vLLM's).
+  int64_t swap_space_bytes = int64_t{4} << 30;
 };
 
 // The KV pool's dtype for EngineOptions::kv_cache_dtype on a backend of `activation_dtype`;
@@ -134,7 +142,14 @@ struct EngineStats {
   int num_pages = 0;
   int num_pages_used = 0;
   int peak_pages_used = 0;
-  int64_t num_preemptions = 0;
+  int64_t num_preemptions = 0;  // by swap and by recompute
+  int num_swapped = 0;          // requests swapped out now
+  int num_swap_slots_used = 0;  // host swap slots (one page each) holding swapped pages now
+  int64_t num_swapped_out = 0;  // preemptions by swap
+  int64_t num_swapped_in = 0;
+  int64_t num_swap_fallbacks = 0;  // swap mode, swap space full: recomputed instead
+  // Decode steps that replayed a known token into the cache after a recompute (sparse requests).
+  int64_t num_replayed_tokens = 0;
   int64_t prompt_tokens = 0;  // prompt tokens prefilled (recomputes included)
   // Prefix cache: prompt tokens looked up at admission and those found (not prefilled), as vLLM
   // counts prefix_cache_queries / prefix_cache_hits; the pages cached with no request holding
@@ -253,6 +268,8 @@ class Engine {
   LaunchedStep Launch(const StepPlan& plan, const LaunchedStep* previous);
   // Reads a launched step's samples into its sequences and appends each request's output.
   void Collect(LaunchedStep& step, std::vector<RequestOutput>& outputs);
+  // Commits plan_ and runs the page copies of its swaps (Scheduler::swaps()).
+  void CommitPlan();
   // Whether every row `plan` samples can be sampled on the device, fed by the step in flight.
   bool CanLaunchAhead(const StepPlan& plan) const;
   // Writes the sampled token at `position` of the sequence; returns the request's output.

@@ -467,6 +467,250 @@ TEST(EngineTest, PreemptedRequestsAnswerAsAlone) {
   }
 }
 
+// Preemption by swap (sched/README.md "Preemption"): a crowd in a pool that forces preemptions
+// answers every request as it is answered alone, bitwise, dense and under every sparse policy,
+// with every preemption a swap: nothing is prefilled twice and no generated token is replayed.
+// The same crowd by recompute replays the sparse requests' generated tokens. No page and no swap
+// slot is left held.
+TEST(EngineTest, SwappedRequestsAnswerAsAlone) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  for (const std::string policy : {"full", "snapkv", "pyramidkv", "streamingllm", "h2o"}) {
+    SCOPED_TRACE(policy);
+    EngineOptions options = TightPolicyOptions(policy);
+    options.max_num_seqs = 8;
+    options.max_num_batched_tokens = policy == "h2o" ? 128 : 24;
+    std::vector<PromptAndParams> requests;
+    for (int index = 0; index < 8; ++index) {
+      SamplingParams params = Greedy(30 + static_cast<int>(rng() % 20));
+      if (index % 3 == 2) {  // seeded sampling on the host
+        params.temperature = 0.9f;
+        params.seed = rng();
+        params.logprobs = 1;
+      }
+      requests.push_back({RandomPrompt(rng, 40 + static_cast<int>(rng() % 40)), params});
+    }
+    std::vector<Completion> alone;
+    int peak_pages = 0;
+    for (const PromptAndParams& request : requests) {
+      TestEngine t = MakeEngine(config, options);
+      ASSERT_TRUE(t.engine->Add({request.prompt, request.params, ""}).ok());
+      const auto done = RunToEnd(*t.engine);
+      ASSERT_EQ(done.size(), 1u);
+      alone.push_back(done.begin()->second);
+      peak_pages = std::max(peak_pages, static_cast<int>(t.engine->Stats().peak_pages_used));
+    }
+    int64_t swapped = 0;
+    for (const double pools : {2.0, 1.5, 1.2}) {
+      if (swapped > 0) break;
+      EngineOptions tight = options;
+      tight.kv_memory_bytes =
+          PageBytes(config, options.page_size) * (static_cast<int64_t>(pools * peak_pages) + 4);
+      for (const PreemptionMode mode : {PreemptionMode::kSwap, PreemptionMode::kRecompute}) {
+        SCOPED_TRACE(std::string(PreemptionModeName(mode)) + " pool " + std::to_string(pools));
+        tight.preemption_mode = mode;
+        tight.swap_space_bytes = int64_t{64} << 20;
+        TestEngine crowd = MakeEngine(config, tight);
+        const std::vector<RequestId> ids = AddAll(*crowd.engine, requests);
+        const auto done = RunToEnd(*crowd.engine);
+        const EngineStats stats = crowd.engine->Stats();
+        EXPECT_EQ(stats.num_pages_used, 0);
+        EXPECT_EQ(stats.num_swapped, 0);
+        EXPECT_EQ(stats.num_swap_slots_used, 0);
+        for (size_t index = 0; index < requests.size(); ++index) {
+          const Completion& got = done.at(ids[index]);
+          EXPECT_EQ(got.tokens, alone[index].tokens) << "request " << index;
+          EXPECT_EQ(got.logprobs, alone[index].logprobs) << "request " << index;
+        }
+        if (mode == PreemptionMode::kSwap) {
+          swapped = stats.num_swapped_out;
+          EXPECT_EQ(stats.num_preemptions, stats.num_swapped_out);
+          EXPECT_EQ(stats.num_swapped_in, stats.num_swapped_out);
+          EXPECT_EQ(stats.num_swap_fallbacks, 0);
+          EXPECT_EQ(stats.num_replayed_tokens, 0);
+          if (swapped == 0) break;  // not tight enough: try a smaller pool
+        } else {
+          EXPECT_GT(stats.num_preemptions, 0);
+          EXPECT_EQ(stats.num_swapped_out, 0);
+          EXPECT_EQ(stats.num_swap_fallbacks, 0);
+          // A recomputed sparse request replays what it had generated; a dense one prefills it.
+          // (The crowds of H2O and StreamingLLM, whose decode does not grow, peak while prompts
+          // are whole and are preempted in or right after prefill, before a token to replay.)
+          if (policy == "full") {
+            EXPECT_EQ(stats.num_replayed_tokens, 0);
+          } else if (policy == "snapkv" || policy == "pyramidkv") {
+            EXPECT_GT(stats.num_replayed_tokens, 0);
+          }
+        }
+      }
+    }
+    EXPECT_GT(swapped, 0) << "no pool was tight enough to preempt";
+  }
+}
+
+// Swap space too small for a request's pages: that preemption recomputes instead (counted), and
+// answers stay exact. With room for some, swaps and fallbacks mix.
+TEST(EngineTest, SwapSpaceTooSmallFallsBackToRecompute) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  for (const std::string policy : {"full", "snapkv"}) {
+    SCOPED_TRACE(policy);
+    EngineOptions options = TightPolicyOptions(policy);
+    options.max_num_seqs = 6;
+    options.max_num_batched_tokens = 24;
+    options.preemption_mode = PreemptionMode::kSwap;
+    std::vector<PromptAndParams> requests;
+    for (int index = 0; index < 6; ++index) {
+      requests.push_back({RandomPrompt(rng, 50 + static_cast<int>(rng() % 30)),
+                          Greedy(30 + static_cast<int>(rng() % 20))});
+    }
+    std::vector<Completion> alone;
+    for (const PromptAndParams& request : requests) {
+      TestEngine t = MakeEngine(config, options);
+      ASSERT_TRUE(t.engine->Add({request.prompt, request.params, ""}).ok());
+      alone.push_back(RunToEnd(*t.engine).begin()->second);
+    }
+    // A slot holds one page of one layer: 2 slots hold no request's pages (each has >= 3 layers),
+    // 0 bytes no slot at all.
+    for (const int64_t slots : {0, 2}) {
+      SCOPED_TRACE("slots " + std::to_string(slots));
+      EngineOptions tight = options;
+      tight.kv_memory_bytes = PageBytes(config, options.page_size) * config.num_layers * 40;
+      tight.swap_space_bytes = PageBytes(config, options.page_size) * slots;
+      TestEngine crowd = MakeEngine(config, tight);
+      const std::vector<RequestId> ids = AddAll(*crowd.engine, requests);
+      const auto done = RunToEnd(*crowd.engine);
+      const EngineStats stats = crowd.engine->Stats();
+      EXPECT_GT(stats.num_preemptions, 0);
+      EXPECT_EQ(stats.num_swapped_out, 0);
+      EXPECT_EQ(stats.num_swap_fallbacks, stats.num_preemptions);
+      EXPECT_EQ(stats.num_pages_used, 0);
+      EXPECT_EQ(stats.num_swap_slots_used, 0);
+      for (size_t index = 0; index < requests.size(); ++index) {
+        EXPECT_EQ(done.at(ids[index]).tokens, alone[index].tokens) << "request " << index;
+        EXPECT_EQ(done.at(ids[index]).logprobs, alone[index].logprobs) << "request " << index;
+      }
+    }
+  }
+}
+
+// Requests aborted while swapped out give back their swap slots, and the pool ends empty; the
+// requests left answer as alone.
+TEST(EngineTest, AbortWhileSwappedOutLeaksNothing) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  for (const std::string policy : {"full", "snapkv"}) {
+    SCOPED_TRACE(policy);
+    EngineOptions options = TightPolicyOptions(policy);
+    options.max_num_seqs = 6;
+    options.max_num_batched_tokens = 24;
+    options.preemption_mode = PreemptionMode::kSwap;
+    options.swap_space_bytes = int64_t{16} << 20;
+    options.kv_memory_bytes = PageBytes(config, options.page_size) * config.num_layers * 40;
+    TestEngine t = MakeEngine(config, options);
+    std::vector<PromptAndParams> requests;
+    for (int index = 0; index < 6; ++index) {
+      requests.push_back({RandomPrompt(rng, 50 + static_cast<int>(rng() % 30)),
+                          Greedy(40 + static_cast<int>(rng() % 20))});
+    }
+    const std::vector<RequestId> ids = AddAll(*t.engine, requests);
+    std::map<RequestId, bool> finished;
+    int aborted = 0;
+    while (t.engine->HasWork()) {
+      for (const RequestOutput& output : t.engine->Step()) {
+        if (output.finished) finished[output.id] = true;
+      }
+      const EngineStats stats = t.engine->Stats();
+      if (stats.num_swapped > 0 && aborted == 0) {
+        EXPECT_GT(stats.num_swap_slots_used, 0);
+        // Abort every request still going: the swapped ones among them.
+        for (const RequestId id : ids) {
+          if (!finished.count(id) && t.engine->Abort(id)) ++aborted;
+        }
+        EXPECT_EQ(t.engine->Stats().num_swapped, 0);
+        EXPECT_EQ(t.engine->Stats().num_swap_slots_used, 0);
+      }
+    }
+    EXPECT_GT(aborted, 0) << "nothing was swapped out";
+    const EngineStats stats = t.engine->Stats();
+    EXPECT_EQ(stats.num_pages_used, 0);
+    EXPECT_EQ(stats.num_swapped, 0);
+    EXPECT_EQ(stats.num_swap_slots_used, 0);
+  }
+}
+
+// Swap mode with the prefix cache on: requests sharing a prompt prefix (their pages attached,
+// shared, keyed) are swapped out and back into private pages, and answer as alone; pages shared
+// with a swapped request stay correct for the others.
+TEST(EngineTest, SwapWithPrefixCachingAnswersAsAlone) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  for (const std::string policy : {"full", "snapkv"}) {
+    SCOPED_TRACE(policy);
+    EngineOptions options = TightPolicyOptions(policy);
+    options.max_num_seqs = 8;
+    options.max_num_batched_tokens = 24;
+    options.enable_prefix_caching = true;
+    options.preemption_mode = PreemptionMode::kSwap;
+    options.swap_space_bytes = int64_t{64} << 20;
+    const std::vector<int32_t> prefix = RandomPrompt(rng, 32);
+    std::vector<PromptAndParams> requests;
+    for (int index = 0; index < 8; ++index) {
+      std::vector<int32_t> prompt = prefix;
+      const std::vector<int32_t> suffix = RandomPrompt(rng, 16 + static_cast<int>(rng() % 30));
+      prompt.insert(prompt.end(), suffix.begin(), suffix.end());
+      requests.push_back({prompt, Greedy(30 + static_cast<int>(rng() % 20))});
+    }
+    std::vector<Completion> alone;
+    int peak_pages = 0;
+    for (const PromptAndParams& request : requests) {
+      TestEngine t = MakeEngine(config, options);
+      ASSERT_TRUE(t.engine->Add({request.prompt, request.params, ""}).ok());
+      alone.push_back(RunToEnd(*t.engine).begin()->second);
+      peak_pages = std::max(peak_pages, static_cast<int>(t.engine->Stats().peak_pages_used));
+    }
+    int64_t swapped = 0;
+    for (const double pools : {2.0, 1.5, 1.2}) {
+      if (swapped > 0) break;
+      EngineOptions tight = options;
+      tight.kv_memory_bytes =
+          PageBytes(config, options.page_size) * (static_cast<int64_t>(pools * peak_pages) + 4);
+      TestEngine crowd = MakeEngine(config, tight);
+      const std::vector<RequestId> ids = AddAll(*crowd.engine, requests);
+      const auto done = RunToEnd(*crowd.engine);
+      const EngineStats stats = crowd.engine->Stats();
+      swapped = stats.num_swapped_out;
+      EXPECT_GT(stats.prefix_cache_hits, 0);
+      EXPECT_EQ(stats.num_pages_used, 0);
+      EXPECT_EQ(stats.num_swap_slots_used, 0);
+      EXPECT_EQ(stats.num_swapped_in, stats.num_swapped_out);
+      EXPECT_EQ(stats.num_replayed_tokens, 0);
+      for (size_t index = 0; index < requests.size(); ++index) {
+        EXPECT_EQ(done.at(ids[index]).tokens, alone[index].tokens) << "request " << index;
+        EXPECT_EQ(done.at(ids[index]).logprobs, alone[index].logprobs) << "request " << index;
+      }
+    }
+    EXPECT_GT(swapped, 0) << "no pool was tight enough to preempt";
+  }
+}
+
+// Bad swap settings are errors, not aborts.
+TEST(EngineTest, RejectsBadSwapSettings) {
+  EXPECT_FALSE(ParsePreemptionMode("swapped").ok());
+  EXPECT_EQ(*ParsePreemptionMode("swap"), PreemptionMode::kSwap);
+  EXPECT_EQ(*ParsePreemptionMode("recompute"), PreemptionMode::kRecompute);
+  const ModelConfig config = SmallConfig();
+  auto backend = MakeCpuBackend();
+  EngineOptions options = TightPolicyOptions("full");
+  options.kv_memory_bytes = int64_t{1} << 20;
+  options.preemption_mode = PreemptionMode::kSwap;
+  options.swap_space_bytes = -1;
+  auto model = LlamaModel::Random(config, *backend, 7, options.max_model_len, 0.08f);
+  const auto engine = Engine::Create(std::move(model), nullptr, {257}, options);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(engine.status().ToString().find("--swap-space"), std::string::npos);
+}
+
 // Overlapped steps (each planned and launched before the samples of the one before are read,
 // the device feeding them) answer every request as steps one at a time do, bitwise: with
 // sparse and evicting policies, chunked prefill, a pool tight enough to preempt, requests that

@@ -193,6 +193,36 @@ int64_t ModelRunner::pool_bytes() const {
   return bytes;
 }
 
+Status ModelRunner::AllocateSwapSpace(int slots) {
+  Status status = Status::Ok();
+  for (Rank& rank : ranks_) {
+    const size_t bytes = static_cast<size_t>(slots) * KvPageSwapBytes(rank.pool);
+    rank.model->backend().MakeCurrent();
+    rank.swap = rank.model->backend().AllocateHostBuffer(bytes);
+    if (rank.swap == nullptr) {
+      status = ResourceExhaustedError("could not allocate " + std::to_string(bytes) +
+                                      " bytes of host memory for --swap-space");
+      break;
+    }
+  }
+  model_.backend().MakeCurrent();
+  return status;
+}
+
+void ModelRunner::SwapPages(const PageSwaps& swaps) {
+  ForEachRank([&](int rank_index) {
+    Rank& rank = ranks_[rank_index];
+    SIEVE_CHECK(rank.swap != nullptr) << "pages swapped without swap space";
+    Backend& backend = rank.model->backend();
+    if (!swaps.out_pages.empty()) {
+      backend.SwapOutPages(rank.pool, swaps.out_pages, swaps.out_slots, rank.swap.get());
+    }
+    if (!swaps.in_pages.empty()) {
+      backend.SwapInPages(rank.swap.get(), swaps.in_slots, swaps.in_pages, rank.pool);
+    }
+  });
+}
+
 void ModelRunner::PrepareStep(const StepPlan& plan, const Scheduler& scheduler,
                               std::vector<SeqId>& sample_ids, int pad_to) {
   BuildStep(plan, scheduler, sample_ids, pad_to);

@@ -103,6 +103,13 @@ class ModelRunner {
   int num_ranks() const { return static_cast<int>(ranks_.size()); }
   int vocab_size() const { return model_.config().vocab_size; }
   int64_t pool_bytes() const;  // K and V pages and side pools, of every rank
+  // Preemption by swap: host memory for `slots` swapped pages on every rank (its own KV heads'
+  // bytes of each page: KvPageSwapBytes), allocated once. ResourceExhausted when a host cannot
+  // give it.
+  Status AllocateSwapSpace(int slots);
+  // A Commit's page copies on every rank: swap-outs, then swap-ins, on each rank's stream before
+  // the step that follows.
+  void SwapPages(const PageSwaps& swaps);
   bool fp8_kv_cache() const { return options_.fp8_kv_cache; }
   int num_graphs() const { return static_cast<int>(ranks_[0].graphs.size()); }
   int64_t graph_steps() const { return graph_steps_; }
@@ -147,6 +154,7 @@ class ModelRunner {
   struct Rank {
     const LlamaModel* model = nullptr;
     KvPool pool;  // every rank's has the same pages and page tables, its own KV heads
+    HostBuffer swap{nullptr, nullptr};  // [swap slots][KvPageSwapBytes(pool)] host
     ForwardWorkspace workspace;
     StepMeta step;       // eager steps: step_'s host fields, device views of device_meta
     Tensor device_meta;  // [capacity] i32 for eager steps

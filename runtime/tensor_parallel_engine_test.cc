@@ -141,6 +141,12 @@ std::vector<std::pair<std::string, EngineOptions>> EveryPolicy(int layers) {
   EngineOptions tight_sparse = tight;
   tight_sparse.kv_policy = "pyramidkv";
   cases.emplace_back("pyramidkv, chunked, preempting", tight_sparse);
+  // Preemption by swap: every rank copies its KV heads' share of the pages out and back.
+  for (EngineOptions swapping : {tight, tight_sparse}) {
+    swapping.preemption_mode = PreemptionMode::kSwap;
+    swapping.swap_space_bytes = int64_t{16} << 20;
+    cases.emplace_back(swapping.kv_policy + ", chunked, swapped, preempting", swapping);
+  }
   return cases;
 }
 
@@ -201,6 +207,11 @@ void CheckGreedyTokens(const ModelConfig& config, const ModelFactory& factory,
     if (preempting) {
       EXPECT_GT(expected_stats.num_preemptions, 0) << policy << ": the pool is meant to preempt";
     }
+    const bool swapping = options.preemption_mode == PreemptionMode::kSwap;
+    if (swapping) {
+      EXPECT_EQ(expected_stats.num_swapped_out, expected_stats.num_preemptions) << policy;
+      EXPECT_EQ(expected_stats.num_replayed_tokens, 0) << policy;
+    }
     if (policy.rfind("full", 0) != 0 || policy.find("snapkv") != std::string::npos) {
       EXPECT_GT(expected_stats.compression_ratio(), 1.0) << policy << " is meant to compress";
     }
@@ -209,6 +220,9 @@ void CheckGreedyTokens(const ModelConfig& config, const ModelFactory& factory,
       const std::string what =
           name + ", " + policy + ", " + std::to_string(size) + " ranks against one";
       EXPECT_EQ(stats.num_pages, expected_stats.num_pages) << what;
+      EXPECT_EQ(stats.num_swapped_out, expected_stats.num_swapped_out) << what;
+      EXPECT_EQ(stats.num_pages_used, 0) << what;
+      EXPECT_EQ(stats.num_swap_slots_used, 0) << what;
       EXPECT_EQ(stats.entries_kept_by_layer, expected_stats.entries_kept_by_layer) << what;
       for (size_t index = 0; index < expected.size(); ++index) {
         const Completion& want = expected[index];

@@ -7,9 +7,27 @@
 
 namespace sieve {
 
+Result<PreemptionMode> ParsePreemptionMode(std::string_view name) {
+  if (name == "recompute") return PreemptionMode::kRecompute;
+  if (name == "swap") return PreemptionMode::kSwap;
+  return InvalidArgumentError("unknown preemption mode '" + std::string(name) +
+                              "' (choose recompute or swap)");
+}
+
+std::string_view PreemptionModeName(PreemptionMode mode) {
+  return mode == PreemptionMode::kSwap ? "swap" : "recompute";
+}
+
 Scheduler::Scheduler(const SchedulerOptions& options, KvCacheManager* kv)
     : options_(options), kv_(kv) {
   SIEVE_CHECK(options.max_num_seqs > 0 && options.max_num_batched_tokens > 0);
+  SIEVE_CHECK(options.swap_slots >= 0);
+  if (options.preemption_mode == PreemptionMode::kSwap) {
+    free_swap_slots_.resize(options.swap_slots);
+    for (int slot = 0; slot < options.swap_slots; ++slot) {
+      free_swap_slots_[slot] = options.swap_slots - 1 - slot;
+    }
+  }
 }
 
 Status Scheduler::CanEverSchedule(int prompt_len, int max_total_tokens,
@@ -97,6 +115,10 @@ void Scheduler::ResetPrefixCache(Sequence& seq) const {
 bool Scheduler::Remove(SeqId id) {
   const auto it = seqs_.find(id);
   if (it == seqs_.end()) return false;
+  if (it->second.state == SequenceState::kSwapped) {
+    for (const int32_t slot : it->second.swap_slots) free_swap_slots_.push_back(slot);
+    std::erase(swapped_, id);
+  }
   if (kv_->HasSequence(id)) {
     // Its last page may have filled in a step whose input token the host read only after it (a
     // sample fed on the device): key what is computed now that the tokens are known.
@@ -111,8 +133,10 @@ bool Scheduler::Remove(SeqId id) {
 
 bool Scheduler::HasSchedulableWork() const {
   if (!waiting_.empty()) return true;
-  for (const SeqId id : running_) {
-    if (!seqs_.at(id).finishing) return true;
+  for (const auto* list : {&running_, &swapped_}) {
+    for (const SeqId id : *list) {
+      if (!seqs_.at(id).finishing) return true;
+    }
   }
   return false;
 }
@@ -280,7 +304,16 @@ ScheduledSequence Scheduler::PlanDecode(const Sequence& seq, const DecodeCaps& c
   int* lengths_after = plan.lengths_after.data() + out.layer_rows;
   uint8_t* evict = plan.evict.data() + out.layer_rows;
   // Each layer's length now, overwritten below with its length after the step.
-  out.new_pages = kv_->PagesToAppend(seq.id, {lengths_after, static_cast<size_t>(layers)});
+  if (seq.state == SequenceState::kSwapped) {
+    // Its lists come back holding PagesFor(length) pages each: full ones need a page.
+    out.new_pages = 0;
+    for (int layer = 0; layer < layers; ++layer) {
+      lengths_after[layer] = seq.swapped_lengths[layer];
+      out.new_pages += lengths_after[layer] % kv_->page_size() == 0;
+    }
+  } else {
+    out.new_pages = kv_->PagesToAppend(seq.id, {lengths_after, static_cast<size_t>(layers)});
+  }
   if (!caps.any) {  // no layer evicts (AddLayerRows zeroed evict)
     for (int layer = 0; layer < layers; ++layer) {
       capacities[layer] = ++lengths_after[layer];
@@ -298,7 +331,19 @@ ScheduledSequence Scheduler::PlanDecode(const Sequence& seq, const DecodeCaps& c
   return out;
 }
 
+int Scheduler::SwappedPagesToGrow(const Sequence& seq, std::span<const int> capacities) const {
+  int needed = 0;
+  for (int layer = 0; layer < kv_->num_layers(); ++layer) {
+    needed +=
+        std::max(0, kv_->PagesFor(capacities[layer]) - kv_->PagesFor(seq.swapped_lengths[layer]));
+  }
+  return needed;
+}
+
 int Scheduler::PagesAfterCompression(const Sequence& seq) const {
+  if (seq.state == SequenceState::kSwapped && !seq.in_prefill()) {
+    return static_cast<int>(seq.swap_slots.size());
+  }
   if (seq.state == SequenceState::kRunning && !seq.in_prefill()) {
     return kv_->PagesUsedBySequence(seq.id);
   }
@@ -320,6 +365,7 @@ void Scheduler::Plan(StepPlan& plan) const {
   plan.Clear(kv_->num_layers());
   int free_pages = kv_->num_free_pages();
   int token_budget = options_.max_num_batched_tokens;
+  int free_swap_slots = num_free_swap_slots();
   std::vector<SeqId> preempted;
   const auto is_preempted = [&](SeqId id) {
     return std::find(preempted.begin(), preempted.end(), id) != preempted.end();
@@ -361,6 +407,12 @@ void Scheduler::Plan(StepPlan& plan) const {
     while (needed > free_pages) {
       const SeqId victim = newest_running();
       preempted.push_back(victim);
+      // Swapped when its pages (every one it references, shared or not) fit the free slots.
+      const int held = kv_->PagesUsedBySequence(victim);
+      const bool swap =
+          options_.preemption_mode == PreemptionMode::kSwap && held <= free_swap_slots;
+      if (swap) free_swap_slots -= held;
+      plan.preempted_swap.push_back(swap);
       free_pages += kv_->PagesFreedByRemoval(victim);
       if (victim == id) {
         self_preempted = true;
@@ -387,12 +439,57 @@ void Scheduler::Plan(StepPlan& plan) const {
   }
   plan.preempted = preempted;
 
-  // New sequences, FCFS, only when nothing had to be preempted (memory is tight otherwise).
-  if (preempted.empty() && !waiting_.empty()) {
-    int running = static_cast<int>(running_.size());
-    int free_slots = kv_->num_free_slots();
+  int running = static_cast<int>(running_.size());
+  int free_slots = kv_->num_free_slots();
+  // Swapped sequences come back first, oldest first, never skipping ahead, when their pages and
+  // their step fit, and only when nothing had to be preempted (memory is tight otherwise). They
+  // run in this step: a decode (or their prefill's next chunk) planned from their saved lengths.
+  bool swapped_all_in = preempted.empty();
+  for (const SeqId id : swapped_) {
+    if (!preempted.empty()) break;
+    const Sequence& seq = seqs_.at(id);
+    if (seq.finishing) continue;  // its last token is in flight: it ends without running again
+    if (running >= options_.max_num_seqs || free_slots == 0 || token_budget == 0) {
+      swapped_all_in = false;
+      break;
+    }
+    ScheduledSequence scheduled;
+    int grow = 0;
+    if (seq.in_prefill()) {
+      const int chunk = ChunkSize(seq, chunk_budget(seq), seq.num_computed);
+      if (chunk == 0) {
+        swapped_all_in = false;
+        break;
+      }
+      scheduled = PlanPrefill(seq, chunk, seq.num_computed, plan, !seq.compressed_layers.empty());
+      grow = SwappedPagesToGrow(seq, plan.Capacities(scheduled));
+    } else {
+      if (seq.policy != caps.policy) caps.Load(*seq.policy, kv_->num_layers());
+      scheduled = PlanDecode(seq, caps, plan);
+      grow = scheduled.new_pages;
+    }
+    const int needed = static_cast<int>(seq.swap_slots.size()) + grow;
+    if (needed > free_pages) {
+      plan.DropLayerRows(scheduled.layer_rows);
+      swapped_all_in = false;
+      break;
+    }
+    scheduled.new_pages = grow;
+    free_pages -= needed;
+    token_budget -= scheduled.num_tokens;
+    if (!scheduled.is_decode && seq.prompt_logprobs) logprob_rows -= scheduled.num_tokens;
+    plan.num_tokens += scheduled.num_tokens;
+    ++running;
+    --free_slots;
+    plan.swapped_in.push_back(id);
+    (scheduled.is_decode ? plan.decodes : plan.prefills).push_back(std::move(scheduled));
+  }
+
+  // New sequences, FCFS, only when nothing had to be preempted and nothing waits swapped out.
+  if (preempted.empty() && swapped_all_in && !waiting_.empty()) {
     int64_t pages_after = 0;  // what every running sequence holds once its prompt is compressed
     for (const SeqId id : running_) pages_after += PagesAfterCompression(seqs_.at(id));
+    for (const SeqId id : plan.swapped_in) pages_after += PagesAfterCompression(seqs_.at(id));
     // First pages of the prompts whose prefill is under way and keys pages as it goes: a waiting
     // sequence with the same first page and nothing cached yet (n > 1 copies of one prompt,
     // requests sent together with one system prompt) waits for those pages instead of computing
@@ -460,12 +557,75 @@ void Scheduler::Plan(StepPlan& plan) const {
   }
 }
 
+void Scheduler::SwapOut(Sequence& seq) {
+  const int layers = kv_->num_layers();
+  seq.swapped_lengths.resize(layers);
+  seq.swap_slots.clear();
+  for (int layer = 0; layer < layers; ++layer) {
+    seq.swapped_lengths[layer] = kv_->Length(seq.id, layer);
+    // Every page it references, shared prefix pages too: it gets private ones back.
+    for (const int32_t page : kv_->Pages(seq.id, layer)) {
+      SIEVE_CHECK(!free_swap_slots_.empty()) << "planned swap slots are gone";
+      seq.swap_slots.push_back(free_swap_slots_.back());
+      free_swap_slots_.pop_back();
+      swaps_.out_pages.push_back(page);
+      swaps_.out_slots.push_back(seq.swap_slots.back());
+    }
+  }
+  kv_->RemoveSequence(seq.id);
+  seq.state = SequenceState::kSwapped;
+  ++num_swapped_out_;
+  const auto position = std::find_if(swapped_.begin(), swapped_.end(), [&](SeqId other) {
+    return seqs_.at(other).arrival > seq.arrival;
+  });
+  swapped_.insert(position, seq.id);
+}
+
+void Scheduler::SwapIn(Sequence& seq) {
+  const auto slot = kv_->AddSequence(seq.id);
+  SIEVE_CHECK(slot.ok()) << slot.status().ToString();
+  SIEVE_CHECK(kv_->Grow(seq.id, seq.swapped_lengths))
+      << "planned swap-in of sequence " << seq.id << " found too few pages";
+  kv_->SetLengths(seq.id, seq.swapped_lengths);
+  size_t index = 0;
+  for (int layer = 0; layer < kv_->num_layers(); ++layer) {
+    for (const int32_t page : kv_->Pages(seq.id, layer)) {
+      SIEVE_CHECK(index < seq.swap_slots.size());
+      swaps_.in_slots.push_back(seq.swap_slots[index++]);
+      swaps_.in_pages.push_back(page);
+    }
+  }
+  SIEVE_CHECK(index == seq.swap_slots.size()) << "sequence " << seq.id << " came back resized";
+  // Freed now: a later swap-out that takes them is copied after these copies (stream order).
+  for (const int32_t swap_slot : seq.swap_slots) free_swap_slots_.push_back(swap_slot);
+  seq.swap_slots.clear();
+  seq.swapped_lengths.clear();
+  // Its fresh pages carry no keys: it keys pages from where it stopped (a page's key taken by
+  // its old page is left to that one).
+  seq.state = SequenceState::kRunning;
+  ++num_swapped_in_;
+  std::erase(swapped_, seq.id);
+  const auto position = std::find_if(running_.begin(), running_.end(), [&](SeqId other) {
+    return seqs_.at(other).arrival > seq.arrival;
+  });
+  running_.insert(position, seq.id);
+}
+
 void Scheduler::Commit(const StepPlan& plan) {
-  for (const SeqId id : plan.preempted) {
+  swaps_.Clear();
+  for (size_t index = 0; index < plan.preempted.size(); ++index) {
+    const SeqId id = plan.preempted[index];
     Sequence& seq = seqs_.at(id);
     if (seq.uses_prefix_cache) KeyComputedPages(seq);
-    kv_->RemoveSequence(id);
     std::erase(running_, id);
+    ++seq.num_preemptions;
+    ++num_preemptions_;
+    if (plan.preempted_swap[index]) {
+      SwapOut(seq);
+      continue;
+    }
+    if (options_.preemption_mode == PreemptionMode::kSwap) ++num_swap_fallbacks_;
+    kv_->RemoveSequence(id);
     seq.state = SequenceState::kWaiting;
     seq.num_computed = 0;
     // Dense: everything at once. Sparse: the prompt, then the generated tokens replayed.
@@ -473,8 +633,6 @@ void Scheduler::Commit(const StepPlan& plan) {
         seq.policy->IsDense() ? static_cast<int>(seq.tokens.size()) : seq.num_prompt_tokens;
     seq.final_chunk_rows = seq.policy->FinalChunkRows(seq.prefill_target);
     ResetPrefixCache(seq);  // its keyed pages stay cached: readmission may attach them
-    ++seq.num_preemptions;
-    ++num_preemptions_;
     // Back to the queue in arrival order: it goes before everything that came after it.
     const auto position = std::find_if(waiting_.begin(), waiting_.end(), [&](SeqId other) {
       return seqs_.at(other).arrival > seq.arrival;
@@ -516,6 +674,9 @@ void Scheduler::Commit(const StepPlan& plan) {
     });
     running_.insert(position, id);
   }
+  // After the admissions have attached their cached prefixes: a swap-in's fresh pages, like any
+  // growth, may evict cached pages.
+  for (const SeqId id : plan.swapped_in) SwapIn(seqs_.at(id));
   for (const auto* list : {&plan.prefills, &plan.decodes}) {
     for (const ScheduledSequence& scheduled : *list) {
       if (scheduled.is_decode && scheduled.new_pages == 0) continue;  // nothing to allocate
@@ -547,6 +708,7 @@ void Scheduler::Complete(const StepPlan& plan) {
     for (const ScheduledSequence& scheduled : *list) {
       Sequence& seq = seqs_.at(scheduled.id);
       seq.num_computed += scheduled.num_tokens;
+      if (scheduled.is_decode && !seq.caught_up()) ++num_replayed_tokens_;
       if (scheduled.kept_offset > 0) ReleasePromptPages(seq, scheduled, plan);
       kv_->SetLengths(scheduled.id, plan.LengthsAfter(scheduled));
       // A page filled (no division: this runs for every decode of every step).

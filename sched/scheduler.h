@@ -17,10 +17,20 @@
 // prefills its prompt with the prompt's plan, as the first time, then replays each generated token
 // as a decode step (evictions included). Replayed steps compute logits that nobody samples
 // (Sequence::caught_up), so the answer continues as if it had never been preempted.
+//
+// Preemption by swap (SchedulerOptions::preemption_mode kSwap; sched/README.md "Preemption"):
+// the victim's entries of every layer are copied to host swap slots (Commit lists the copies in
+// swaps(), which the engine runs before the step), its pages are released as a removal releases
+// them, and it waits in its own queue (kSwapped) with its progress and per-layer lengths. Swapped
+// sequences come back before any new admission, oldest first, when their pages and their step
+// fit: Commit gives them fresh pages, lists the copies back, and they run in the same step as if
+// never preempted (no prefill, no replay). A victim whose pages do not fit the free swap slots is
+// preempted by recompute instead (counted: num_swap_fallbacks).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -29,6 +39,12 @@
 #include "sched/step_plan.h"
 
 namespace sieve {
+
+enum class PreemptionMode { kRecompute, kSwap };
+
+// "recompute" / "swap"; InvalidArgument naming the choices otherwise.
+Result<PreemptionMode> ParsePreemptionMode(std::string_view name);
+std::string_view PreemptionModeName(PreemptionMode mode);
 
 struct SchedulerOptions {
   int max_num_seqs = 256;             // running sequences at once
@@ -44,6 +60,9 @@ struct SchedulerOptions {
   // attaches them and prefills only the rest. H2O sequences (they score every prompt row) and
   // those asking for prompt logprobs (every prompt row's logits) neither look up nor key pages.
   bool enable_prefix_caching = false;
+  // How a running sequence that must give back its pages is preempted (the header comment).
+  PreemptionMode preemption_mode = PreemptionMode::kRecompute;
+  int swap_slots = 0;  // kSwap: host slots of one page each (the engine sizes them: swap_space)
 };
 
 class Scheduler {
@@ -75,12 +94,24 @@ class Scheduler {
   const Sequence* Find(SeqId id) const;
   int num_running() const { return static_cast<int>(running_.size()); }
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
-  int64_t num_preemptions() const { return num_preemptions_; }
+  int num_swapped() const { return static_cast<int>(swapped_.size()); }
+  int64_t num_preemptions() const { return num_preemptions_; }  // by swap and by recompute
+  int64_t num_swapped_out() const { return num_swapped_out_; }
+  int64_t num_swapped_in() const { return num_swapped_in_; }
+  // Preemptions in swap mode done by recompute because the swap slots were full.
+  int64_t num_swap_fallbacks() const { return num_swap_fallbacks_; }
+  // Decode steps that replayed a known token after a recompute (sparse sequences), unsampled.
+  int64_t num_replayed_tokens() const { return num_replayed_tokens_; }
+  // Host swap slots not holding a swapped page.
+  int num_free_swap_slots() const { return static_cast<int>(free_swap_slots_.size()); }
+  // The copies the last Commit() needs before its step runs: swap-outs first (their pages may be
+  // handed out by this step), then swap-ins.
+  const PageSwaps& swaps() const { return swaps_; }
   // Prompt tokens looked up in the prefix cache at admission, and those found (vLLM's
   // prefix_cache_queries / prefix_cache_hits).
   int64_t prefix_cache_queries() const { return prefix_cache_queries_; }
   int64_t prefix_cache_hits() const { return prefix_cache_hits_; }
-  bool HasWork() const { return !running_.empty() || !waiting_.empty(); }
+  bool HasWork() const { return !running_.empty() || !waiting_.empty() || !swapped_.empty(); }
   // Whether a next step could schedule anything: a waiting sequence or a running one that is
   // not finishing (Sequence::finishing).
   bool HasSchedulableWork() const;
@@ -124,14 +155,27 @@ class Scheduler {
   ScheduledSequence PlanDecode(const Sequence& seq, const DecodeCaps& caps, StepPlan& plan) const;
   // Pages the sequence holds once its prompt is compressed (or now, when decoding).
   int PagesAfterCompression(const Sequence& seq) const;
+  // Pages a swapped-out sequence would take for `capacities` ([L]) beyond those it gets back.
+  int SwappedPagesToGrow(const Sequence& seq, std::span<const int> capacities) const;
+  // Commit's halves of a swap: host slots and the copy out, pages released; fresh pages, lengths
+  // and the copy back in.
+  void SwapOut(Sequence& seq);
+  void SwapIn(Sequence& seq);
 
   SchedulerOptions options_;
   KvCacheManager* kv_;
   // Looked up for every scheduled sequence of every step: hashed.
   std::unordered_map<SeqId, Sequence> seqs_;
-  std::vector<SeqId> running_;  // arrival order
-  std::vector<SeqId> waiting_;  // arrival order
+  std::vector<SeqId> running_;            // arrival order
+  std::vector<SeqId> waiting_;            // arrival order
+  std::vector<SeqId> swapped_;            // arrival order: swapped back in oldest first
+  std::vector<int32_t> free_swap_slots_;  // a stack; low slots handed out first
+  PageSwaps swaps_;                       // of the last Commit
   int64_t num_preemptions_ = 0;
+  int64_t num_swapped_out_ = 0;
+  int64_t num_swapped_in_ = 0;
+  int64_t num_swap_fallbacks_ = 0;
+  int64_t num_replayed_tokens_ = 0;
   int64_t prefix_cache_queries_ = 0;
   int64_t prefix_cache_hits_ = 0;
 };

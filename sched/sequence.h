@@ -10,7 +10,9 @@
 
 namespace sieve {
 
-enum class SequenceState { kWaiting, kRunning, kFinished };
+// kSwapped: preempted by swapping (SchedulerOptions::preemption_mode): its KV entries wait in host
+// memory, to be copied back into fresh pages before it runs again.
+enum class SequenceState { kWaiting, kRunning, kSwapped, kFinished };
 
 // In Sequence::tokens, a token sampled by a step whose samples the engine has not read yet (the
 // device has it: Engine's overlapped steps).
@@ -55,6 +57,10 @@ struct Sequence {
   // kept entries go to pages of their own (Scheduler::PlanPrefill). Past the prompt only the
   // other layers key pages.
   std::vector<uint8_t> compressed_layers;
+  // While swapped out (kSwapped): each layer's length (its list holds PagesFor(length) pages),
+  // and the host swap slot of each page, layer by layer in list order.
+  std::vector<int> swapped_lengths;  // [L]
+  std::vector<int32_t> swap_slots;   // [pages over all layers]
 
   int num_generated() const { return static_cast<int>(tokens.size()) - num_prompt_tokens; }
   // Leading tokens whose values the host knows (all but the unknown last ones).

@@ -32,11 +32,27 @@ struct ScheduledSequence {
   std::vector<LayerPlan> compress;  // [L] final prefill chunk only: each layer's plan
 };
 
+// Page copies between the KV pool and host swap slots (Scheduler::swaps()): [pages] each, page i
+// of `out_pages` to slot `out_slots[i]`, then slot `in_slots[i]` to page `in_pages[i]`.
+struct PageSwaps {
+  std::vector<int32_t> out_pages, out_slots;
+  std::vector<int32_t> in_slots, in_pages;
+  bool empty() const { return out_pages.empty() && in_pages.empty(); }
+  void Clear() {
+    out_pages.clear();
+    out_slots.clear();
+    in_slots.clear();
+    in_pages.clear();
+  }
+};
+
 struct StepPlan {
   std::vector<ScheduledSequence> prefills;  // prefill chunks (run first in the batch)
   std::vector<ScheduledSequence> decodes;
   std::vector<SeqId> preempted;  // give back their pages and go back to waiting, in this order
-  std::vector<SeqId> admitted;   // waiting -> running this step
+  std::vector<uint8_t> preempted_swap;  // [preempted] 1: swapped out, 0: recomputed
+  std::vector<SeqId> swapped_in;        // swapped -> running this step (and scheduled in it)
+  std::vector<SeqId> admitted;          // waiting -> running this step
   // [admitted]: leading prompt tokens each admitted sequence takes from the prefix cache (whole
   // pages; its prefill starts after them).
   std::vector<int> admitted_cached_tokens;
@@ -49,12 +65,14 @@ struct StepPlan {
   std::vector<int> lengths_after;  // [rows][L] entries each layer holds after the step
   std::vector<uint8_t> evict;      // [rows][L] decode: the layer evicts one entry
 
-  bool empty() const { return prefills.empty() && decodes.empty(); }
+  bool empty() const { return prefills.empty() && decodes.empty(); }  // no forward pass
   // Empties the plan, keeping its memory.
   void Clear(int layers) {
     prefills.clear();
     decodes.clear();
     preempted.clear();
+    preempted_swap.clear();
+    swapped_in.clear();
     admitted.clear();
     admitted_cached_tokens.clear();
     admitted_uncached.clear();

@@ -111,8 +111,24 @@ std::string ServerMetrics::Render(const AsyncEngineStats& stats, const CacheConf
     gauge("sieve:kv_cache_pages_used_by_layer", "KV-cache pages in use by each layer.",
           engine.pages_used_by_layer[layer], {{"layer", std::to_string(layer)}});
   }
-  counter("sieve:num_preemptions_total", "Requests preempted (their KV freed, recomputed later).",
+  counter("sieve:num_preemptions_total",
+          "Requests preempted (their KV pages given back: recomputed later or swapped to host "
+          "memory, --preemption-mode).",
           static_cast<double>(engine.num_preemptions));
+  gauge("sieve:num_requests_swapped", "Requests whose KV pages are swapped out to host memory.",
+        engine.num_swapped);
+  counter("sieve:num_swapped_out_total",
+          "Preemptions by swap: a request's KV pages copied to host memory.",
+          static_cast<double>(engine.num_swapped_out));
+  counter("sieve:num_swapped_in_total",
+          "Swapped requests brought back: their KV pages copied back into fresh pages.",
+          static_cast<double>(engine.num_swapped_in));
+  counter("sieve:num_swap_fallbacks_total",
+          "Preemptions in swap mode done by recompute because the swap space was full.",
+          static_cast<double>(engine.num_swap_fallbacks));
+  counter("sieve:num_replayed_tokens_total",
+          "Generated tokens replayed as decode steps after a recompute (sparse requests).",
+          static_cast<double>(engine.num_replayed_tokens));
   counter("sieve:prefix_cache_queries_total",
           "Prompt tokens of dense requests looked up in the prefix cache at admission.",
           static_cast<double>(engine.prefix_cache_queries));

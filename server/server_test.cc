@@ -906,13 +906,26 @@ TEST(ServerTest, MetricsModelsAndHealth) {
   const Response metrics = Get(port, "/metrics");
   ASSERT_EQ(metrics.status, 200);
   EXPECT_EQ(metrics.content_type.rfind("text/plain", 0), 0u);
-  for (const char* name :
-       {"sieve:num_requests_running", "sieve:num_requests_waiting", "sieve:kv_cache_usage_perc",
-        "sieve:num_preemptions_total", "sieve:prompt_tokens_total", "sieve:generation_tokens_total",
-        "sieve:kv_entries_kept_total", "sieve:kv_prompt_tokens_total", "sieve:kv_compression_ratio",
-        "sieve:time_to_first_token_seconds_count", "sieve:inter_token_latency_seconds_count",
-        "sieve:e2e_request_latency_seconds_count", "sieve:kv_cache_pages_used_by_layer",
-        "sieve:engine_steps_total", "sieve:engine_steps_launched_ahead_total"}) {
+  for (const char* name : {"sieve:num_requests_running",
+                           "sieve:num_requests_waiting",
+                           "sieve:kv_cache_usage_perc",
+                           "sieve:num_preemptions_total",
+                           "sieve:num_swapped_out_total",
+                           "sieve:num_swapped_in_total",
+                           "sieve:num_swap_fallbacks_total",
+                           "sieve:num_requests_swapped",
+                           "sieve:num_replayed_tokens_total",
+                           "sieve:prompt_tokens_total",
+                           "sieve:generation_tokens_total",
+                           "sieve:kv_entries_kept_total",
+                           "sieve:kv_prompt_tokens_total",
+                           "sieve:kv_compression_ratio",
+                           "sieve:time_to_first_token_seconds_count",
+                           "sieve:inter_token_latency_seconds_count",
+                           "sieve:e2e_request_latency_seconds_count",
+                           "sieve:kv_cache_pages_used_by_layer",
+                           "sieve:engine_steps_total",
+                           "sieve:engine_steps_launched_ahead_total"}) {
     EXPECT_GE(Metric(metrics.body, name), 0.0) << name << " missing";
   }
   EXPECT_LE(Metric(metrics.body, "sieve:engine_steps_launched_ahead_total"),

@@ -71,6 +71,20 @@ void AddEngineFlags(CLI::App& app, EngineFlags& flags, bool policy_flags) {
                "policy: a sparse request shares its prompt's pages as computed and compresses "
                "into pages of its own. H2O requests and those asking for prompt logprobs "
                "neither reuse nor leave pages (kv/README.md \"Prefix caching\")");
+  app.add_option("--preemption-mode", flags.preemption_mode,
+                 "recompute | swap: how a running request that must give back its KV pages is "
+                 "preempted. recompute frees them and computes the request again later (a sparse "
+                 "request replays its generated tokens one decode step each); swap copies its "
+                 "pages to host memory (--swap-space) and back, then it goes on decoding. A swap "
+                 "that does not fit the swap space recomputes instead (sched/README.md "
+                 "\"Preemption\")")
+      ->check(CLI::IsMember({"recompute", "swap"}))
+      ->capture_default_str();
+  app.add_option("--swap-space", flags.swap_space_gib,
+                 "GiB of host memory (pinned on the GPU, per tensor-parallel rank) for the KV "
+                 "pages of requests preempted with --preemption-mode swap, allocated at start-up "
+                 "(vLLM's --swap-space)")
+      ->capture_default_str();
   app.add_option("--page-size", flags.engine.page_size, "KV entries per page")
       ->capture_default_str();
   app.add_option("--kv-memory", flags.kv_memory,
@@ -239,6 +253,12 @@ Result<EngineBundle> BuildEngine(EngineFlags& flags) {
   flags.engine.kv_policy_options.decode_cap_by_score = flags.kv_decode_cap_by == "score";
   flags.engine.enable_chunked_prefill = !flags.no_chunked_prefill;
   flags.engine.enable_prefix_caching = flags.enable_prefix_caching;
+  SIEVE_ASSIGN_OR_RETURN(flags.engine.preemption_mode, ParsePreemptionMode(flags.preemption_mode));
+  if (!(flags.swap_space_gib >= 0.0 && flags.swap_space_gib <= 1024.0)) {
+    return InvalidArgumentError("--swap-space must be between 0 and 1024 (GiB)");
+  }
+  flags.engine.swap_space_bytes =
+      static_cast<int64_t>(flags.swap_space_gib * static_cast<double>(int64_t{1} << 30));
   flags.engine.cuda_graphs = !flags.enforce_eager;
   flags.engine.step_tuning = !flags.no_step_tuning;
   flags.load.max_model_len = flags.engine.max_model_len;

@@ -25,6 +25,8 @@ struct EngineFlags {
   std::string kv_group_reduce = "mean";
   bool no_chunked_prefill = false;
   bool enable_prefix_caching = true;
+  std::string preemption_mode = "recompute";
+  double swap_space_gib = 4.0;
   std::string kv_decode_cap_by = "score";
   int threads = 0;
   bool enforce_eager = false;

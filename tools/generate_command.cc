@@ -53,6 +53,9 @@ nlohmann::json StatsJson(const Engine& engine, double seconds) {
   json["page_size"] = engine.options().page_size;
   json["peak_pages_used"] = stats.peak_pages_used;
   json["preemptions"] = stats.num_preemptions;
+  json["swapped_out"] = stats.num_swapped_out;
+  json["swap_fallbacks"] = stats.num_swap_fallbacks;
+  json["replayed_tokens"] = stats.num_replayed_tokens;
   json["prompt_tokens_prefilled"] = stats.prompt_tokens;
   json["generation_tokens"] = stats.generation_tokens;
   json["steps"] = stats.steps;

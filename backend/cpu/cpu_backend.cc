@@ -3,7 +3,10 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <new>
 #include <random>
+
+#include "core/check.h"
 
 namespace sieve {
 
@@ -59,6 +62,44 @@ void CpuBackend::Copy(const Tensor& src, Tensor& dst) {
   for (int64_t row = 0; row < src.dim(0); ++row) {
     std::memcpy(to + row * dst.stride(0) * dst.element_size(),
                 from + row * src.stride(0) * src.element_size(), row_bytes);
+  }
+}
+
+HostBuffer CpuBackend::AllocateHostBuffer(size_t bytes) {
+  return HostBuffer(new (std::nothrow) uint8_t[bytes], [](uint8_t* memory) { delete[] memory; });
+}
+
+void CpuBackend::SwapOutPages(const KvPool& pool, std::span<const int32_t> pages,
+                              std::span<const int32_t> slots, uint8_t* host) {
+  SIEVE_CHECK(pages.size() == slots.size());
+  const size_t slot_bytes = KvPageSwapBytes(pool);
+  for (size_t index = 0; index < pages.size(); ++index) {
+    SIEVE_CHECK(pages[index] >= 0 && pages[index] < pool.num_pages);
+    uint8_t* slot = host + static_cast<size_t>(slots[index]) * slot_bytes;
+    for (const Tensor* part : KvPoolPageParts(pool)) {
+      const size_t bytes = KvPoolPartBytes(pool, *part);
+      if (bytes == 0) continue;
+      std::memcpy(slot, part->data_as<uint8_t>() + static_cast<size_t>(pages[index]) * bytes,
+                  bytes);
+      slot += bytes;
+    }
+  }
+}
+
+void CpuBackend::SwapInPages(const uint8_t* host, std::span<const int32_t> slots,
+                             std::span<const int32_t> pages, KvPool& pool) {
+  SIEVE_CHECK(pages.size() == slots.size());
+  const size_t slot_bytes = KvPageSwapBytes(pool);
+  for (size_t index = 0; index < pages.size(); ++index) {
+    SIEVE_CHECK(pages[index] >= 0 && pages[index] < pool.num_pages);
+    const uint8_t* slot = host + static_cast<size_t>(slots[index]) * slot_bytes;
+    for (const Tensor* part : KvPoolPageParts(pool)) {
+      const size_t bytes = KvPoolPartBytes(pool, *part);
+      if (bytes == 0) continue;
+      std::memcpy(part->data_as<uint8_t>() + static_cast<size_t>(pages[index]) * bytes, slot,
+                  bytes);
+      slot += bytes;
+    }
   }
 }
 

@@ -55,6 +55,11 @@ class CpuBackend final : public Backend {
   void EvictEntries(const StepMeta& step, int layer, KvPool& pool) override;
   void ScatterInt32(const Tensor& patches, int count, Tensor& dst) override;
   void GatherInt32(const Tensor& src, const Tensor& pairs, int count, Tensor& dst) override;
+  HostBuffer AllocateHostBuffer(size_t bytes) override;
+  void SwapOutPages(const KvPool& pool, std::span<const int32_t> pages,
+                    std::span<const int32_t> slots, uint8_t* host) override;
+  void SwapInPages(const uint8_t* host, std::span<const int32_t> slots,
+                   std::span<const int32_t> pages, KvPool& pool) override;
 
   // Greedy rows only (any other row: false, the engine samples them on the host): the argmax
   // and its raw log-probability, as runtime/sampler.h's greedy path. Done at once; TakeSamples

@@ -355,6 +355,32 @@ class CudaBackend final : public Backend {
     cuda::EvictEntries(View(step), step.evictions_host.data(), step.eviction_begin[layer],
                        step.eviction_begin[layer + 1], layer, View(pool), stream_);
   }
+  HostBuffer AllocateHostBuffer(size_t bytes) override {
+    void* memory = nullptr;
+    const cudaError_t error =
+        cudaHostAlloc(&memory, std::max<size_t>(bytes, 1), cudaHostAllocDefault);
+    if (error != cudaSuccess) {
+      cudaGetLastError();  // cleared: the caller reports the failure
+      spdlog::error("cudaHostAlloc of {} bytes: {}", bytes, cudaGetErrorString(error));
+      memory = nullptr;
+    }
+    return HostBuffer(static_cast<uint8_t*>(memory), [](uint8_t* p) {
+      if (p != nullptr) cudaFreeHost(p);
+    });
+  }
+
+  // Runs of consecutive pages going to consecutive slots are one 2D copy per part (the slot's
+  // pitch on the host, the part's on the device); everything on stream_, so the steps before
+  // have written the pages and the steps after see them.
+  void SwapOutPages(const KvPool& pool, std::span<const int32_t> pages,
+                    std::span<const int32_t> slots, uint8_t* host) override {
+    SwapPages(pool, pages, slots, host, /*to_host=*/true);
+  }
+  void SwapInPages(const uint8_t* host, std::span<const int32_t> slots,
+                   std::span<const int32_t> pages, KvPool& pool) override {
+    SwapPages(pool, pages, slots, const_cast<uint8_t*>(host), /*to_host=*/false);
+  }
+
   void ScatterInt32(const Tensor& patches, int count, Tensor& dst) override {
     cuda::ScatterInt32(patches.data_as<int32_t>(), count, dst.data_as<int32_t>(), stream_);
   }
@@ -517,6 +543,39 @@ class CudaBackend final : public Backend {
   void CloseTuningChoice(int choice) override { gemm_->CloseOpenPlan(choice); }
 
  private:
+  void SwapPages(const KvPool& pool, std::span<const int32_t> pages, std::span<const int32_t> slots,
+                 uint8_t* host, bool to_host) {
+    SIEVE_CHECK(pages.size() == slots.size());
+    const size_t slot_bytes = KvPageSwapBytes(pool);
+    size_t begin = 0;
+    while (begin < pages.size()) {
+      size_t end = begin + 1;
+      while (end < pages.size() && pages[end] == pages[end - 1] + 1 &&
+             slots[end] == slots[end - 1] + 1) {
+        ++end;
+      }
+      SIEVE_CHECK(pages[begin] >= 0 && pages[end - 1] < pool.num_pages);
+      const size_t rows = end - begin;
+      size_t offset = 0;  // of the part in a slot
+      for (const Tensor* part : KvPoolPageParts(pool)) {
+        const size_t bytes = KvPoolPartBytes(pool, *part);
+        if (bytes == 0) continue;
+        CheckDevice(*part, "swapped pool");
+        uint8_t* device = part->data_as<uint8_t>() + static_cast<size_t>(pages[begin]) * bytes;
+        uint8_t* slot = host + static_cast<size_t>(slots[begin]) * slot_bytes + offset;
+        if (to_host) {
+          SIEVE_CUDA_CHECK(cudaMemcpy2DAsync(slot, slot_bytes, device, bytes, bytes, rows,
+                                             cudaMemcpyDeviceToHost, stream_));
+        } else {
+          SIEVE_CUDA_CHECK(cudaMemcpy2DAsync(device, bytes, slot, slot_bytes, bytes, rows,
+                                             cudaMemcpyHostToDevice, stream_));
+        }
+        offset += bytes;
+      }
+      begin = end;
+    }
+  }
+
   // Linear and LinearAdd: out (+)= x w^T through the GEMM runner.
   void RunLinear(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate);
   // RunLinear with an e4m3 weight: x quantized by rows into quantized_inputs_ (unless it is a
