@@ -9,7 +9,7 @@
 #                                        serve serve_ab warm prefill headline accuracy tp
 #                                        sampling attention large_batch profile_attention
 #                                        chunk_ab serve_timeline fp8 kv_fp8 serve_fp8
-#                                        fp8_headline arch_sm90 prefix_cache
+#                                        fp8_headline arch_sm90 prefix_cache preemption
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
@@ -871,6 +871,52 @@ if has prefix_cache; then
         done
         kill -TERM $pid; wait $pid
       done
+    done
+  done
+fi
+
+if has preemption; then
+  # Issue 62 item 1: preemption by recompute against swap (--preemption-mode), each on a fresh
+  # server (Llama-3-8B shape, dummy weights, bf16), 4000/500 random prompts at
+  # PREEMPTION_LEVELS (default 256) requests in flight, 2 x C prompts a level, under
+  # PREEMPTION_POLICIES (default sparse full:0-2,pyramidkv:3-31 budget 400, then dense), with
+  # --kv-memory PREEMPTION_KV_MEMORY (default 16G: a pool that C = 256 sparse sequences
+  # outgrow, so that preemption happens) and --swap-space PREEMPTION_SWAP_SPACE GiB (default 32).
+  # After each run the server's counters: preemptions, swaps out / in, fallbacks, replayed
+  # tokens. Files: preemption_<dense|sparse>_<mode>_c<level>.json.
+  ensure_sieve
+  tok=testdata/tokenizers/llama3/tokenizer.model
+  counters() {  # the server's preemption counters, one line
+    python3 - <<'PY'
+import re, urllib.request
+text = urllib.request.urlopen("http://127.0.0.1:8123/metrics", timeout=10).read().decode()
+names = ["num_preemptions_total", "num_swapped_out_total", "num_swapped_in_total",
+         "num_swap_fallbacks_total", "num_replayed_tokens_total"]
+values = {m.group(1): m.group(2) for m in re.finditer(r"^sieve:(\w+)(?:\{[^}]*\})? (\S+)$", text, re.M)}
+print(", ".join(f"{name} {values.get(name, '?')}" for name in names))
+PY
+  }
+  for policy in ${PREEMPTION_POLICIES:-full:0-2,pyramidkv:3-31 full}; do
+    kind=$( [ "$policy" = full ] && echo dense || echo sparse )
+    for mode in ${PREEMPTION_MODES:-recompute swap}; do
+      start_server ./build/gpu/sieve "$LOGS/preemption_server_${kind}_$mode.log" \
+        --max-num-batched-tokens 8192 --max-num-seqs 256 --kv-policy "$policy" \
+        --kv-memory "${PREEMPTION_KV_MEMORY:-16G}" --preemption-mode "$mode" \
+        --swap-space "${PREEMPTION_SWAP_SPACE:-32}" \
+        || { note "preemption $kind $mode: server FAILED: $(tail -1 "$LOGS/preemption_server_${kind}_$mode.log")"; continue; }
+      for level in ${PREEMPTION_LEVELS:-256}; do
+        run="${kind}_${mode}_c$level"
+        start=$(date +%s)
+        ./build/gpu/sieve bench serve --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
+          --input-len 4000 --output-len 500 \
+          --max-concurrency "$level" --num-prompts $(( 2 * level )) --ignore-eos --warmup 1 \
+          --no-progress --label "preemption $mode, $kind" --metadata policy="$policy" \
+          preemption_mode="$mode" budget=400 --result-json "$OUT/preemption_$run.json" \
+          > "$LOGS/preemption_$run.log" 2>&1 || note "preemption $run: bench FAILED"
+        note "preemption $run ($(( $(date +%s) - start )) s): $(grep -E "Output token throughput|Median TTFT|Median TPOT" \
+          "$LOGS/preemption_$run.log" | tr -s ' ' | tr '\n' ';') $(counters)"
+      done
+      kill -TERM $pid; wait $pid
     done
   done
 fi
