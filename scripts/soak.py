@@ -18,13 +18,16 @@ Then checks, each failing the run with a message:
     an OpenAI-shaped error body, no 5xx anywhere (the client's view and the server's
     sieve:http_requests_total), and the server stayed up the whole time;
   - greedy and seeded answers under load equal the same request sent alone to the idle server
-    afterwards, exactly, dense and sparse policies alike (preemption is transparent: a sparse
-    request prefills its prompt again and replays its generated tokens as decode steps); each
+    afterwards, exactly, dense and sparse policies alike (preemption is transparent: by
+    recompute a sparse request prefills its prompt again and replays its generated tokens as
+    decode steps; with `-- --preemption-mode swap` its pages go to host memory and back); each
     sparse one is also checked to be deterministic alone;
   - once the clients are done, every KV page is free (sieve:kv_cache_pages_used and every
     layer's sieve:kv_cache_pages_used_by_layer are 0, nothing running or waiting);
   - the server's RSS is flat over the second half of the load (see --rss-limit-mib);
-  - requests were preempted (sieve:num_preemptions_total > 0) and aborted;
+  - requests were preempted (sieve:num_preemptions_total > 0) and aborted; with
+    `-- --preemption-mode swap`, swapped out (sieve:num_swapped_out_total > 0), none recomputed
+    instead or replayed, none left swapped out;
   - with prefix caching on (the default), prompt tokens were found in the cache
     (vllm:prefix_cache_hits_total > 0: the replays repeat prompts, each sparse one twice);
   - SIGTERM stops the server with exit status 0.
@@ -1022,6 +1025,17 @@ DEFAULT_SERVE_FLAGS = {"--kv-budget": "24", "--kv-window": "8", "--kv-sinks": "4
                        "--shutdown-timeout": "5"}
 
 
+def serve_flag_value(serve_args, flag):
+    """The value the arguments after -- give `flag` (--flag VALUE or --flag=VALUE), or None."""
+    value = None
+    for index, arg in enumerate(serve_args):
+        if arg == flag and index + 1 < len(serve_args):
+            value = serve_args[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 def serve_command(args):
     command = [args.sieve, "serve", "--host", HOST, "--port", "0", "--device", args.device,
                "--max-model-len", str(args.max_model_len), "--kv-memory", args.kv_memory,
@@ -1307,8 +1321,30 @@ def run(args, server, port, log_path, wall_start):
         if "--no-enable-prefix-caching" not in args.serve_args and cache_hits <= 0:
             failures.append("no prompt token was found in the prefix cache "
                             "(vllm:prefix_cache_hits_total is 0), replays included")
+        # Preemption by swap (serve arguments `--preemption-mode swap`): the preemptions must be
+        # swaps (the default --swap-space holds this model's whole pool many times over, so none
+        # falls back to recompute), no sparse request replays its tokens, and none is left
+        # swapped out.
+        swapped_out = metric(after, "sieve:num_swapped_out_total")
+        swapped_in = metric(after, "sieve:num_swapped_in_total")
+        swap_fallbacks = metric(after, "sieve:num_swap_fallbacks_total")
+        replayed = metric(after, "sieve:num_replayed_tokens_total")
+        if serve_flag_value(args.serve_args, "--preemption-mode") == "swap":
+            if swapped_out <= 0:
+                failures.append("--preemption-mode swap: no request was swapped out "
+                                "(sieve:num_swapped_out_total is 0)")
+            if swap_fallbacks > 0 or replayed > 0:
+                failures.append(f"--preemption-mode swap: {swap_fallbacks:.0f} preemptions fell "
+                                f"back to recompute, {replayed:.0f} tokens replayed")
+            if metric(after, "sieve:num_requests_swapped") != 0:
+                failures.append(f"{metric(after, 'sieve:num_requests_swapped'):.0f} requests "
+                                "still swapped out after the replay")
         summary["server"] = {
             "preemptions": preemptions,
+            "swapped_out": swapped_out,
+            "swapped_in": swapped_in,
+            "swap_fallbacks": swap_fallbacks,
+            "replayed_tokens": replayed,
             "aborted": aborted,
             "cancelled_by_clients": soak.cancelled_choices,
             "peak_pages_used": metric(after, "sieve:kv_cache_peak_pages_used"),
@@ -1411,7 +1447,10 @@ def print_summary(summary):
     print("  policies: " + ", ".join(f"{k} {v}" for k, v in summary["good_by_policy"].items()))
     server = summary.get("server")
     if server:
-        print(f"  server:   {server['preemptions']:.0f} preemptions, {server['aborted']:.0f} "
+        print(f"  server:   {server['preemptions']:.0f} preemptions ({server['swapped_out']:.0f} "
+              f"swapped out, {server['swapped_in']:.0f} back in, {server['swap_fallbacks']:.0f} "
+              f"swap fallbacks, {server['replayed_tokens']:.0f} tokens replayed), "
+              f"{server['aborted']:.0f} "
               f"aborted (clients left {server['cancelled_by_clients']} early), KV pages "
               f"{server['pages_used_at_end']:.0f} used of "
               f"{server['pages_total']:.0f} at the end (peak {server['peak_pages_used']:.0f}), "
