@@ -404,6 +404,53 @@ TEST(EngineTest, SeededSamplingIsReproducibleAcrossBatches) {
   EXPECT_EQ(RunToEnd(*crowd.engine).at(id).tokens, first);
 }
 
+// A crowd for the preemption tests under `policy`: 8 requests of 40-79 prompt tokens and 30-49
+// new ones (every third seeded on the host sampler, with logprobs), each first answered alone on
+// an engine of its own with room to spare, and the most pages one of them held then.
+struct PreemptionCrowd {
+  EngineOptions options;
+  std::vector<PromptAndParams> requests;
+  std::vector<Completion> alone;
+  int peak_pages = 0;
+
+  // A pool for `pools` times the largest request alone (and a few pages more): small enough that
+  // the crowd preempts, never too small for one request.
+  int64_t PoolBytes(const ModelConfig& config, double pools) const {
+    return PageBytes(config, options.page_size) * (static_cast<int64_t>(pools * peak_pages) + 4);
+  }
+};
+
+PreemptionCrowd MakePreemptionCrowd(std::mt19937_64& rng, const ModelConfig& config,
+                                    const std::string& policy) {
+  PreemptionCrowd crowd;
+  crowd.options = TightPolicyOptions(policy);
+  crowd.options.max_num_seqs = 8;
+  // Prompts prefilled over several steps, so that admitted sequences still grow and policies
+  // whose decode never grows (streamingllm) are preempted too; h2o scores every prompt row in
+  // one step.
+  crowd.options.max_num_batched_tokens = policy == "h2o" ? 128 : 24;
+  for (int index = 0; index < 8; ++index) {
+    SamplingParams params = Greedy(30 + static_cast<int>(rng() % 20));
+    if (index % 3 == 2) {  // seeded sampling on the host (logprobs ask for it)
+      params.temperature = 0.9f;
+      params.seed = rng();
+      params.logprobs = 1;
+    }
+    crowd.requests.push_back({RandomPrompt(rng, 40 + static_cast<int>(rng() % 40)), params});
+  }
+  for (const PromptAndParams& request : crowd.requests) {
+    TestEngine t = MakeEngine(config, crowd.options);
+    EXPECT_TRUE(t.engine->Add({request.prompt, request.params, ""}).ok());
+    const auto done = RunToEnd(*t.engine);
+    EXPECT_EQ(done.size(), 1u);
+    crowd.alone.push_back(done.empty() ? Completion{} : done.begin()->second);
+    const EngineStats stats = t.engine->Stats();
+    EXPECT_EQ(stats.num_preemptions, 0);
+    crowd.peak_pages = std::max(crowd.peak_pages, static_cast<int>(stats.peak_pages_used));
+  }
+  return crowd;
+}
+
 // A request's answer does not depend on whether it was preempted, sparse policies included: a
 // crowd of requests in a pool that forces preemptions answers each one as it is answered alone,
 // token for token and logprob for logprob, greedy and seeded alike (the host sampler's random
@@ -414,53 +461,27 @@ TEST(EngineTest, PreemptedRequestsAnswerAsAlone) {
   for (const std::string policy :
        {"full", "snapkv", "pyramidkv", "streamingllm", "h2o", "full:0,snapkv:1-2"}) {
     SCOPED_TRACE(policy);
-    EngineOptions options = TightPolicyOptions(policy);
-    options.max_num_seqs = 8;
-    // Prompts prefilled over several steps, so that admitted sequences still grow and policies
-    // whose decode never grows (streamingllm) are preempted too; h2o scores every prompt row in
-    // one step.
-    options.max_num_batched_tokens = policy == "h2o" ? 128 : 24;
-    std::vector<PromptAndParams> requests;
-    for (int index = 0; index < 8; ++index) {
-      SamplingParams params = Greedy(30 + static_cast<int>(rng() % 20));
-      if (index % 3 == 2) {  // seeded sampling on the host (logprobs ask for it)
-        params.temperature = 0.9f;
-        params.seed = rng();
-        params.logprobs = 1;
-      }
-      requests.push_back({RandomPrompt(rng, 40 + static_cast<int>(rng() % 40)), params});
-    }
-    std::vector<Completion> alone;
-    int peak_pages = 0;
-    for (const PromptAndParams& request : requests) {
-      TestEngine t = MakeEngine(config, options);
-      ASSERT_TRUE(t.engine->Add({request.prompt, request.params, ""}).ok());
-      const auto done = RunToEnd(*t.engine);
-      ASSERT_EQ(done.size(), 1u);
-      alone.push_back(done.begin()->second);
-      const EngineStats stats = t.engine->Stats();
-      ASSERT_EQ(stats.num_preemptions, 0);
-      peak_pages = std::max(peak_pages, static_cast<int>(stats.peak_pages_used));
-    }
+    const PreemptionCrowd crowd = MakePreemptionCrowd(rng, config, policy);
     // Pools for about two of them at their largest, then tighter, until one preempts (how many
     // it takes depends on the prompts' lengths); each holds the largest alone, so nobody waits
     // forever. Every crowd answers each request as it was answered alone.
     int64_t preemptions = 0;
     for (const double pools : {2.0, 1.5, 1.2}) {
       if (preemptions > 0) break;
-      EngineOptions tight = options;
-      tight.kv_memory_bytes =
-          PageBytes(config, options.page_size) * (static_cast<int64_t>(pools * peak_pages) + 4);
-      TestEngine crowd = MakeEngine(config, tight);
-      const std::vector<RequestId> ids = AddAll(*crowd.engine, requests);
-      const auto done = RunToEnd(*crowd.engine);
-      const EngineStats stats = crowd.engine->Stats();
+      EngineOptions tight = crowd.options;
+      tight.kv_memory_bytes = crowd.PoolBytes(config, pools);
+      TestEngine engine = MakeEngine(config, tight);
+      const std::vector<RequestId> ids = AddAll(*engine.engine, crowd.requests);
+      const auto done = RunToEnd(*engine.engine);
+      const EngineStats stats = engine.engine->Stats();
       EXPECT_EQ(stats.num_pages_used, 0);
       preemptions = stats.num_preemptions;
-      for (size_t index = 0; index < requests.size(); ++index) {
+      for (size_t index = 0; index < crowd.requests.size(); ++index) {
         const Completion& got = done.at(ids[index]);
-        EXPECT_EQ(got.tokens, alone[index].tokens) << "request " << index << ", pool " << pools;
-        EXPECT_EQ(got.logprobs, alone[index].logprobs) << "request " << index << ", pool " << pools;
+        EXPECT_EQ(got.tokens, crowd.alone[index].tokens)
+            << "request " << index << ", pool " << pools;
+        EXPECT_EQ(got.logprobs, crowd.alone[index].logprobs)
+            << "request " << index << ", pool " << pools;
       }
     }
     EXPECT_GT(preemptions, 0) << "no pool was tight enough to preempt";
@@ -477,50 +498,27 @@ TEST(EngineTest, SwappedRequestsAnswerAsAlone) {
   const ModelConfig config = SmallConfig();
   for (const std::string policy : {"full", "snapkv", "pyramidkv", "streamingllm", "h2o"}) {
     SCOPED_TRACE(policy);
-    EngineOptions options = TightPolicyOptions(policy);
-    options.max_num_seqs = 8;
-    options.max_num_batched_tokens = policy == "h2o" ? 128 : 24;
-    std::vector<PromptAndParams> requests;
-    for (int index = 0; index < 8; ++index) {
-      SamplingParams params = Greedy(30 + static_cast<int>(rng() % 20));
-      if (index % 3 == 2) {  // seeded sampling on the host
-        params.temperature = 0.9f;
-        params.seed = rng();
-        params.logprobs = 1;
-      }
-      requests.push_back({RandomPrompt(rng, 40 + static_cast<int>(rng() % 40)), params});
-    }
-    std::vector<Completion> alone;
-    int peak_pages = 0;
-    for (const PromptAndParams& request : requests) {
-      TestEngine t = MakeEngine(config, options);
-      ASSERT_TRUE(t.engine->Add({request.prompt, request.params, ""}).ok());
-      const auto done = RunToEnd(*t.engine);
-      ASSERT_EQ(done.size(), 1u);
-      alone.push_back(done.begin()->second);
-      peak_pages = std::max(peak_pages, static_cast<int>(t.engine->Stats().peak_pages_used));
-    }
+    const PreemptionCrowd crowd = MakePreemptionCrowd(rng, config, policy);
     int64_t swapped = 0;
     for (const double pools : {2.0, 1.5, 1.2}) {
       if (swapped > 0) break;
-      EngineOptions tight = options;
-      tight.kv_memory_bytes =
-          PageBytes(config, options.page_size) * (static_cast<int64_t>(pools * peak_pages) + 4);
+      EngineOptions tight = crowd.options;
+      tight.kv_memory_bytes = crowd.PoolBytes(config, pools);
       for (const PreemptionMode mode : {PreemptionMode::kSwap, PreemptionMode::kRecompute}) {
         SCOPED_TRACE(std::string(PreemptionModeName(mode)) + " pool " + std::to_string(pools));
         tight.preemption_mode = mode;
         tight.swap_space_bytes = int64_t{64} << 20;
-        TestEngine crowd = MakeEngine(config, tight);
-        const std::vector<RequestId> ids = AddAll(*crowd.engine, requests);
-        const auto done = RunToEnd(*crowd.engine);
-        const EngineStats stats = crowd.engine->Stats();
+        TestEngine engine = MakeEngine(config, tight);
+        const std::vector<RequestId> ids = AddAll(*engine.engine, crowd.requests);
+        const auto done = RunToEnd(*engine.engine);
+        const EngineStats stats = engine.engine->Stats();
         EXPECT_EQ(stats.num_pages_used, 0);
         EXPECT_EQ(stats.num_swapped, 0);
         EXPECT_EQ(stats.num_swap_slots_used, 0);
-        for (size_t index = 0; index < requests.size(); ++index) {
+        for (size_t index = 0; index < crowd.requests.size(); ++index) {
           const Completion& got = done.at(ids[index]);
-          EXPECT_EQ(got.tokens, alone[index].tokens) << "request " << index;
-          EXPECT_EQ(got.logprobs, alone[index].logprobs) << "request " << index;
+          EXPECT_EQ(got.tokens, crowd.alone[index].tokens) << "request " << index;
+          EXPECT_EQ(got.logprobs, crowd.alone[index].logprobs) << "request " << index;
         }
         if (mode == PreemptionMode::kSwap) {
           swapped = stats.num_swapped_out;
