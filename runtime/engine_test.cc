@@ -418,6 +418,23 @@ struct PreemptionCrowd {
   int64_t PoolBytes(const ModelConfig& config, double pools) const {
     return PageBytes(config, options.page_size) * (static_cast<int64_t>(pools * peak_pages) + 4);
   }
+
+  // Runs the whole crowd at once on an engine with `engine_options`, expects each answer, token
+  // for token and logprob for logprob, to be its answer alone and no page to be left used, and
+  // returns the engine's stats.
+  EngineStats RunAsAlone(const ModelConfig& config, const EngineOptions& engine_options) const {
+    TestEngine t = MakeEngine(config, engine_options);
+    const std::vector<RequestId> ids = AddAll(*t.engine, requests);
+    const auto done = RunToEnd(*t.engine);
+    const EngineStats stats = t.engine->Stats();
+    EXPECT_EQ(stats.num_pages_used, 0);
+    for (size_t index = 0; index < requests.size(); ++index) {
+      const Completion& got = done.at(ids[index]);
+      EXPECT_EQ(got.tokens, alone[index].tokens) << "request " << index;
+      EXPECT_EQ(got.logprobs, alone[index].logprobs) << "request " << index;
+    }
+    return stats;
+  }
 };
 
 PreemptionCrowd MakePreemptionCrowd(std::mt19937_64& rng, const ModelConfig& config,
@@ -468,21 +485,10 @@ TEST(EngineTest, PreemptedRequestsAnswerAsAlone) {
     int64_t preemptions = 0;
     for (const double pools : {2.0, 1.5, 1.2}) {
       if (preemptions > 0) break;
+      SCOPED_TRACE("pool " + std::to_string(pools));
       EngineOptions tight = crowd.options;
       tight.kv_memory_bytes = crowd.PoolBytes(config, pools);
-      TestEngine engine = MakeEngine(config, tight);
-      const std::vector<RequestId> ids = AddAll(*engine.engine, crowd.requests);
-      const auto done = RunToEnd(*engine.engine);
-      const EngineStats stats = engine.engine->Stats();
-      EXPECT_EQ(stats.num_pages_used, 0);
-      preemptions = stats.num_preemptions;
-      for (size_t index = 0; index < crowd.requests.size(); ++index) {
-        const Completion& got = done.at(ids[index]);
-        EXPECT_EQ(got.tokens, crowd.alone[index].tokens)
-            << "request " << index << ", pool " << pools;
-        EXPECT_EQ(got.logprobs, crowd.alone[index].logprobs)
-            << "request " << index << ", pool " << pools;
-      }
+      preemptions = crowd.RunAsAlone(config, tight).num_preemptions;
     }
     EXPECT_GT(preemptions, 0) << "no pool was tight enough to preempt";
   }
@@ -508,18 +514,9 @@ TEST(EngineTest, SwappedRequestsAnswerAsAlone) {
         SCOPED_TRACE(std::string(PreemptionModeName(mode)) + " pool " + std::to_string(pools));
         tight.preemption_mode = mode;
         tight.swap_space_bytes = int64_t{64} << 20;
-        TestEngine engine = MakeEngine(config, tight);
-        const std::vector<RequestId> ids = AddAll(*engine.engine, crowd.requests);
-        const auto done = RunToEnd(*engine.engine);
-        const EngineStats stats = engine.engine->Stats();
-        EXPECT_EQ(stats.num_pages_used, 0);
+        const EngineStats stats = crowd.RunAsAlone(config, tight);
         EXPECT_EQ(stats.num_swapped, 0);
         EXPECT_EQ(stats.num_swap_slots_used, 0);
-        for (size_t index = 0; index < crowd.requests.size(); ++index) {
-          const Completion& got = done.at(ids[index]);
-          EXPECT_EQ(got.tokens, crowd.alone[index].tokens) << "request " << index;
-          EXPECT_EQ(got.logprobs, crowd.alone[index].logprobs) << "request " << index;
-        }
         if (mode == PreemptionMode::kSwap) {
           swapped = stats.num_swapped_out;
           EXPECT_EQ(stats.num_preemptions, stats.num_swapped_out);
