@@ -10,6 +10,7 @@
 #                                        sampling attention large_batch profile_attention
 #                                        chunk_ab serve_timeline fp8 kv_fp8 serve_fp8
 #                                        fp8_headline arch_sm90 prefix_cache preemption
+#                                        accuracy_fp8
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
@@ -918,6 +919,30 @@ PY
       done
       kill -TERM $pid; wait $pid
     done
+  done
+fi
+
+if has accuracy_fp8; then
+  # Issue 58's accuracy rows on the GPU: the default model's grid (every task and perplexity, 1k
+  # to 3.84k tokens, dense, SnapKV and PyramidKV at budgets 256 and 1024) three times, every
+  # other setting equal, so that docs/accuracy.md compares them cell for cell: bf16 weights and
+  # KV cache, FP8 weights (--quantization fp8), FP8 weights + FP8 KV (--kv-cache-dtype fp8).
+  # Needs the carried .data/eval. Files: sieve-tiny-10m-<bf16|fp8|fp8-kv-fp8>-gpu.json (records
+  # this large are committed gzipped: scripts/render_accuracy.py).
+  ensure_sieve
+  for spec in bf16:none:auto fp8:fp8:auto fp8-kv-fp8:fp8:fp8; do
+    IFS=: read -r name quantization kv_dtype <<< "$spec"
+    start=$(date +%s)
+    timeout 300 ./build/gpu/sieve eval --device cuda --no-progress \
+      --task passkey,niah,niah-multikey,niah-multivalue,kv-retrieval,variable-tracking,common-words,perplexity \
+      --lengths 1000,2000,3840 --depths 0,0.25,0.5,0.75,1 --samples 10 --seed 0 \
+      --haystack .data/eval/haystack --text .data/eval/text --ppl-tokens 256 \
+      --kv-policy snapkv --kv-policy pyramidkv --kv-budget 256,1024 \
+      --quantization "$quantization" --kv-cache-dtype "$kv_dtype" \
+      --result-json "$OUT/sieve-tiny-10m-$name-gpu.json" > "$LOGS/accuracy_fp8_$name.log" 2>&1
+    note "accuracy_fp8 $name: rc $? in $(( $(date +%s) - start )) s"
+    [ -f "$OUT/sieve-tiny-10m-$name-gpu.json" ] && \
+      python3 scripts/accuracy_summary.py "$OUT/sieve-tiny-10m-$name-gpu.json" >> "$summary"
   done
 fi
 
