@@ -413,6 +413,21 @@ struct PreemptionCrowd {
   std::vector<Completion> alone;
   int peak_pages = 0;
 
+  // Answers each request alone, on an engine of its own with `options` (their pool to spare),
+  // into `alone`, and notes the most pages one of them held.
+  void AnswerAlone(const ModelConfig& config) {
+    for (const PromptAndParams& request : requests) {
+      TestEngine t = MakeEngine(config, options);
+      EXPECT_TRUE(t.engine->Add({request.prompt, request.params, ""}).ok());
+      const auto done = RunToEnd(*t.engine);
+      EXPECT_EQ(done.size(), 1u);
+      alone.push_back(done.empty() ? Completion{} : done.begin()->second);
+      const EngineStats stats = t.engine->Stats();
+      EXPECT_EQ(stats.num_preemptions, 0);
+      peak_pages = std::max(peak_pages, static_cast<int>(stats.peak_pages_used));
+    }
+  }
+
   // A pool for `pools` times the largest request alone (and a few pages more): small enough that
   // the crowd preempts, never too small for one request.
   int64_t PoolBytes(const ModelConfig& config, double pools) const {
@@ -455,16 +470,7 @@ PreemptionCrowd MakePreemptionCrowd(std::mt19937_64& rng, const ModelConfig& con
     }
     crowd.requests.push_back({RandomPrompt(rng, 40 + static_cast<int>(rng() % 40)), params});
   }
-  for (const PromptAndParams& request : crowd.requests) {
-    TestEngine t = MakeEngine(config, crowd.options);
-    EXPECT_TRUE(t.engine->Add({request.prompt, request.params, ""}).ok());
-    const auto done = RunToEnd(*t.engine);
-    EXPECT_EQ(done.size(), 1u);
-    crowd.alone.push_back(done.empty() ? Completion{} : done.begin()->second);
-    const EngineStats stats = t.engine->Stats();
-    EXPECT_EQ(stats.num_preemptions, 0);
-    crowd.peak_pages = std::max(crowd.peak_pages, static_cast<int>(stats.peak_pages_used));
-  }
+  crowd.AnswerAlone(config);
   return crowd;
 }
 
@@ -550,41 +556,28 @@ TEST(EngineTest, SwapSpaceTooSmallFallsBackToRecompute) {
   const ModelConfig config = SmallConfig();
   for (const std::string policy : {"full", "snapkv"}) {
     SCOPED_TRACE(policy);
-    EngineOptions options = TightPolicyOptions(policy);
-    options.max_num_seqs = 6;
-    options.max_num_batched_tokens = 24;
-    options.preemption_mode = PreemptionMode::kSwap;
-    std::vector<PromptAndParams> requests;
+    PreemptionCrowd crowd;
+    crowd.options = TightPolicyOptions(policy);
+    crowd.options.max_num_seqs = 6;
+    crowd.options.max_num_batched_tokens = 24;
+    crowd.options.preemption_mode = PreemptionMode::kSwap;
     for (int index = 0; index < 6; ++index) {
-      requests.push_back({RandomPrompt(rng, 50 + static_cast<int>(rng() % 30)),
-                          Greedy(30 + static_cast<int>(rng() % 20))});
+      crowd.requests.push_back({RandomPrompt(rng, 50 + static_cast<int>(rng() % 30)),
+                                Greedy(30 + static_cast<int>(rng() % 20))});
     }
-    std::vector<Completion> alone;
-    for (const PromptAndParams& request : requests) {
-      TestEngine t = MakeEngine(config, options);
-      ASSERT_TRUE(t.engine->Add({request.prompt, request.params, ""}).ok());
-      alone.push_back(RunToEnd(*t.engine).begin()->second);
-    }
+    crowd.AnswerAlone(config);
     // A slot holds one page of one layer: 2 slots hold no request's pages (each has >= 3 layers),
     // 0 bytes no slot at all.
     for (const int64_t slots : {0, 2}) {
       SCOPED_TRACE("slots " + std::to_string(slots));
-      EngineOptions tight = options;
-      tight.kv_memory_bytes = PageBytes(config, options.page_size) * config.num_layers * 40;
-      tight.swap_space_bytes = PageBytes(config, options.page_size) * slots;
-      TestEngine crowd = MakeEngine(config, tight);
-      const std::vector<RequestId> ids = AddAll(*crowd.engine, requests);
-      const auto done = RunToEnd(*crowd.engine);
-      const EngineStats stats = crowd.engine->Stats();
+      EngineOptions tight = crowd.options;
+      tight.kv_memory_bytes = PageBytes(config, tight.page_size) * config.num_layers * 40;
+      tight.swap_space_bytes = PageBytes(config, tight.page_size) * slots;
+      const EngineStats stats = crowd.RunAsAlone(config, tight);
       EXPECT_GT(stats.num_preemptions, 0);
       EXPECT_EQ(stats.num_swapped_out, 0);
       EXPECT_EQ(stats.num_swap_fallbacks, stats.num_preemptions);
-      EXPECT_EQ(stats.num_pages_used, 0);
       EXPECT_EQ(stats.num_swap_slots_used, 0);
-      for (size_t index = 0; index < requests.size(); ++index) {
-        EXPECT_EQ(done.at(ids[index]).tokens, alone[index].tokens) << "request " << index;
-        EXPECT_EQ(done.at(ids[index]).logprobs, alone[index].logprobs) << "request " << index;
-      }
     }
   }
 }
@@ -642,48 +635,33 @@ TEST(EngineTest, SwapWithPrefixCachingAnswersAsAlone) {
   const ModelConfig config = SmallConfig();
   for (const std::string policy : {"full", "snapkv"}) {
     SCOPED_TRACE(policy);
-    EngineOptions options = TightPolicyOptions(policy);
-    options.max_num_seqs = 8;
-    options.max_num_batched_tokens = 24;
-    options.enable_prefix_caching = true;
-    options.preemption_mode = PreemptionMode::kSwap;
-    options.swap_space_bytes = int64_t{64} << 20;
+    PreemptionCrowd crowd;
+    crowd.options = TightPolicyOptions(policy);
+    crowd.options.max_num_seqs = 8;
+    crowd.options.max_num_batched_tokens = 24;
+    crowd.options.enable_prefix_caching = true;
+    crowd.options.preemption_mode = PreemptionMode::kSwap;
+    crowd.options.swap_space_bytes = int64_t{64} << 20;
     const std::vector<int32_t> prefix = RandomPrompt(rng, 32);
-    std::vector<PromptAndParams> requests;
     for (int index = 0; index < 8; ++index) {
       std::vector<int32_t> prompt = prefix;
       const std::vector<int32_t> suffix = RandomPrompt(rng, 16 + static_cast<int>(rng() % 30));
       prompt.insert(prompt.end(), suffix.begin(), suffix.end());
-      requests.push_back({prompt, Greedy(30 + static_cast<int>(rng() % 20))});
+      crowd.requests.push_back({prompt, Greedy(30 + static_cast<int>(rng() % 20))});
     }
-    std::vector<Completion> alone;
-    int peak_pages = 0;
-    for (const PromptAndParams& request : requests) {
-      TestEngine t = MakeEngine(config, options);
-      ASSERT_TRUE(t.engine->Add({request.prompt, request.params, ""}).ok());
-      alone.push_back(RunToEnd(*t.engine).begin()->second);
-      peak_pages = std::max(peak_pages, static_cast<int>(t.engine->Stats().peak_pages_used));
-    }
+    crowd.AnswerAlone(config);
     int64_t swapped = 0;
     for (const double pools : {2.0, 1.5, 1.2}) {
       if (swapped > 0) break;
-      EngineOptions tight = options;
-      tight.kv_memory_bytes =
-          PageBytes(config, options.page_size) * (static_cast<int64_t>(pools * peak_pages) + 4);
-      TestEngine crowd = MakeEngine(config, tight);
-      const std::vector<RequestId> ids = AddAll(*crowd.engine, requests);
-      const auto done = RunToEnd(*crowd.engine);
-      const EngineStats stats = crowd.engine->Stats();
+      SCOPED_TRACE("pool " + std::to_string(pools));
+      EngineOptions tight = crowd.options;
+      tight.kv_memory_bytes = crowd.PoolBytes(config, pools);
+      const EngineStats stats = crowd.RunAsAlone(config, tight);
       swapped = stats.num_swapped_out;
       EXPECT_GT(stats.prefix_cache_hits, 0);
-      EXPECT_EQ(stats.num_pages_used, 0);
       EXPECT_EQ(stats.num_swap_slots_used, 0);
       EXPECT_EQ(stats.num_swapped_in, stats.num_swapped_out);
       EXPECT_EQ(stats.num_replayed_tokens, 0);
-      for (size_t index = 0; index < requests.size(); ++index) {
-        EXPECT_EQ(done.at(ids[index]).tokens, alone[index].tokens) << "request " << index;
-        EXPECT_EQ(done.at(ids[index]).logprobs, alone[index].logprobs) << "request " << index;
-      }
     }
     EXPECT_GT(swapped, 0) << "no pool was tight enough to preempt";
   }
