@@ -582,8 +582,8 @@ TEST(EngineTest, SwapSpaceTooSmallFallsBackToRecompute) {
   }
 }
 
-// Requests aborted while swapped out give back their swap slots, and the pool ends empty; the
-// requests left answer as alone.
+// Requests aborted while swapped out (every request still going is aborted once one is swapped
+// out) give back their swap slots, and the pool ends empty.
 TEST(EngineTest, AbortWhileSwappedOutLeaksNothing) {
   auto rng = testing::MakeRng();
   const ModelConfig config = SmallConfig();
