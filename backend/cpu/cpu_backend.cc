@@ -69,8 +69,11 @@ HostBuffer CpuBackend::AllocateHostBuffer(size_t bytes) {
   return HostBuffer(new (std::nothrow) uint8_t[bytes], [](uint8_t* memory) { delete[] memory; });
 }
 
-void CpuBackend::SwapOutPages(const KvPool& pool, std::span<const int32_t> pages,
-                              std::span<const int32_t> slots, uint8_t* host) {
+namespace {
+
+// Page pages[i] of the pool <-> slot slots[i] of `host`, part by part (KvPoolPageParts).
+void CopyPageSlots(const KvPool& pool, std::span<const int32_t> pages,
+                   std::span<const int32_t> slots, uint8_t* host, bool to_host) {
   SIEVE_CHECK(pages.size() == slots.size());
   const size_t slot_bytes = KvPageSwapBytes(pool);
   for (size_t index = 0; index < pages.size(); ++index) {
@@ -79,28 +82,27 @@ void CpuBackend::SwapOutPages(const KvPool& pool, std::span<const int32_t> pages
     for (const Tensor* part : KvPoolPageParts(pool)) {
       const size_t bytes = KvPoolPartBytes(pool, *part);
       if (bytes == 0) continue;
-      std::memcpy(slot, part->data_as<uint8_t>() + static_cast<size_t>(pages[index]) * bytes,
-                  bytes);
+      uint8_t* page = part->data_as<uint8_t>() + static_cast<size_t>(pages[index]) * bytes;
+      if (to_host) {
+        std::memcpy(slot, page, bytes);
+      } else {
+        std::memcpy(page, slot, bytes);
+      }
       slot += bytes;
     }
   }
 }
 
+}  // namespace
+
+void CpuBackend::SwapOutPages(const KvPool& pool, std::span<const int32_t> pages,
+                              std::span<const int32_t> slots, uint8_t* host) {
+  CopyPageSlots(pool, pages, slots, host, /*to_host=*/true);
+}
+
 void CpuBackend::SwapInPages(const uint8_t* host, std::span<const int32_t> slots,
                              std::span<const int32_t> pages, KvPool& pool) {
-  SIEVE_CHECK(pages.size() == slots.size());
-  const size_t slot_bytes = KvPageSwapBytes(pool);
-  for (size_t index = 0; index < pages.size(); ++index) {
-    SIEVE_CHECK(pages[index] >= 0 && pages[index] < pool.num_pages);
-    const uint8_t* slot = host + static_cast<size_t>(slots[index]) * slot_bytes;
-    for (const Tensor* part : KvPoolPageParts(pool)) {
-      const size_t bytes = KvPoolPartBytes(pool, *part);
-      if (bytes == 0) continue;
-      std::memcpy(part->data_as<uint8_t>() + static_cast<size_t>(pages[index]) * bytes, slot,
-                  bytes);
-      slot += bytes;
-    }
-  }
+  CopyPageSlots(pool, pages, slots, const_cast<uint8_t*>(host), /*to_host=*/false);
 }
 
 }  // namespace sieve
