@@ -879,8 +879,9 @@ fi
 if has preemption; then
   # Issue 62 item 1: preemption by recompute against swap (--preemption-mode), each on a fresh
   # server (Llama-3-8B shape, dummy weights, bf16), 4000/500 random prompts at
-  # PREEMPTION_LEVELS (default 256) requests in flight, 2 x C prompts a level, under
-  # PREEMPTION_POLICIES (default sparse full:0-2,pyramidkv:3-31 budget 400, then dense), with
+  # PREEMPTION_LEVELS (default 256) requests in flight, PREEMPTION_PROMPTS prompts a level
+  # (default 2 x C), under PREEMPTION_POLICIES (default sparse full:0-2,pyramidkv:3-31 budget
+  # 400, then dense), with
   # --kv-memory PREEMPTION_KV_MEMORY (default 16G: a pool that C = 256 sparse sequences
   # outgrow, so that preemption happens) and --swap-space PREEMPTION_SWAP_SPACE GiB (default 32).
   # After each run the server's counters: preemptions, swaps out / in, fallbacks, replayed
@@ -910,8 +911,8 @@ PY
         start=$(date +%s)
         ./build/gpu/sieve bench serve --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
           --input-len 4000 --output-len 500 \
-          --max-concurrency "$level" --num-prompts $(( 2 * level )) --ignore-eos --warmup 1 \
-          --no-progress --label "preemption $mode, $kind" --metadata policy="$policy" \
+          --max-concurrency "$level" --num-prompts "${PREEMPTION_PROMPTS:-$(( 2 * level ))}" \
+          --ignore-eos --warmup 1 --no-progress --label "preemption $mode, $kind" --metadata policy="$policy" \
           preemption_mode="$mode" budget=400 --result-json "$OUT/preemption_$run.json" \
           > "$LOGS/preemption_$run.log" 2>&1 || note "preemption $run: bench FAILED"
         note "preemption $run ($(( $(date +%s) - start )) s): $(grep -E "Output token throughput|Median TTFT|Median TPOT" \
