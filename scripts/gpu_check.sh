@@ -10,7 +10,7 @@
 #                                        sampling attention large_batch profile_attention
 #                                        chunk_ab serve_timeline fp8 kv_fp8 serve_fp8
 #                                        fp8_headline arch_sm90 prefix_cache preemption
-#                                        accuracy_fp8
+#                                        accuracy_fp8 fp8_decode_ab
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
@@ -543,6 +543,27 @@ if has fp8; then
     grep -E "^(dense|sparse|1/10 kept)" "$LOGS/fp8_bench_$q.log" | sed "s/^/$q: /" | tee -a "$summary"
   done
   grep -E "^ +[0-9]+  (qkv|o|gate_up|down|the layer)" "$LOGS/fp8_bench_fp8.log" | tee -a "$summary"
+fi
+
+if has fp8_decode_ab; then
+  # TEMPORARY (the FP8 decode paths' A/B; removed with the loser): the decode step at batch 64 x
+  # 4096 with FP8 weights and FP8 KV (dense and 1/10 kept) under each SIEVE_AB_FP8_DECODE path,
+  # alternately, FP8_AB_ROUNDS rounds (default 2), until FP8_AB_END (epoch seconds) if set.
+  ensure_sieve
+  for round in $(seq 1 "${FP8_AB_ROUNDS:-2}"); do
+    for path in ${FP8_AB_PATHS:-tiles registers registers4}; do
+      if [ -n "${FP8_AB_END:-}" ] && [ "$(date +%s)" -gt "$FP8_AB_END" ]; then
+        note "fp8_decode_ab: deadline reached before round $round $path"; break 2
+      fi
+      start=$(date +%s)
+      SIEVE_AB_FP8_DECODE=$path timeout 200 ./build/gpu/sieve bench kernels --skip-attention \
+        --skip-sparsity --skip-gemm --no-step-variants --quantization fp8 --kv-cache-dtype fp8 \
+        --result-json "$OUT/fp8_decode_ab_${path}_r$round.json" \
+        > "$LOGS/fp8_decode_ab_${path}_r$round.log" 2>&1 || note "fp8_decode_ab $path FAILED (rc $?)"
+      grep -E "^(dense|1/10 kept)|decode attention" "$LOGS/fp8_decode_ab_${path}_r$round.log" \
+        | sed "s/^/$path r$round ($(( $(date +%s) - start )) s): /" | tee -a "$summary"
+    done
+  done
 fi
 
 if has kv_fp8; then

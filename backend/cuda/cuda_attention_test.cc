@@ -811,7 +811,10 @@ INSTANTIATE_TEST_SUITE_P(
             "fp8_h2o_mixed_b5_gqa8x2_d64", 8, 2, 64, 5, 1500, {4}, true, {0, 1, 3}, 16, true},
         DecodeCase{
             "fp8_b160_gqa32x8_d128_short", 32, 8, 128, 160, 300, {}, false, {0, 1}, 16, true},
-        DecodeCase{"fp8_page24_b3_gqa8x2_d128", 8, 2, 128, 3, 1000, {}, true, {0, 2}, 24, true}),
+        DecodeCase{"fp8_page24_b3_gqa8x2_d128", 8, 2, 128, 3, 1000, {}, true, {0, 2}, 24, true},
+        // Groups of 3 (rows past the group masked) and of 32 (two head chunks a KV head).
+        DecodeCase{"fp8_b4_group3_d128", 12, 4, 128, 4, 600, {}, false, {0, 1}, 16, true},
+        DecodeCase{"fp8_b3_mqa32_d128", 32, 1, 128, 3, 1000, {}, false, {0, 1, 3}, 16, true}),
     [](const ::testing::TestParamInfo<DecodeCase>& info) { return info.param.name; });
 
 // ------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cuda/bf16x8.cuh"
@@ -352,10 +353,13 @@ __device__ __forceinline__ void TraceLoopCycles(const DecodeParams& params, bool
 // kFolded: compiled apart, so that the unfolded CTAs (every batch up to one wave) run code
 // without the between-heads part.
 // kFp8: the pool holds e4m3 (PoolView); the K scale of the head attended folds into the score
-// scale and the V scale into its output.
-template <int kHeadDim, int kStages, int kWarps, bool kFolded, bool kFp8>
+// scale and the V scale into its output. kFp8Registers (d = 128): the warps read the e4m3 stages
+// straight into f16 fragments (kv_fp8.cuh, E4m3WarpRows) instead of converting them into the
+// bf16 compute tiles first.
+template <int kHeadDim, int kStages, int kWarps, bool kFolded, bool kFp8, bool kFp8Registers>
 __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::kMinCtasPerSm)
     DecodeAttentionKernel(const DecodeParams params) {
+  static_assert(!kFp8Registers || (kFp8 && kHeadDim == 128), "e4m3 fragments need d = 128");
   constexpr int kThreads = CtaShape<kWarps>::kThreads;
   constexpr int kTile = CtaShape<kWarps>::kTile;
   constexpr int kQBytes = SmemQBytes<kHeadDim>();
@@ -491,10 +495,16 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   };
   // 16 bytes of an entry's K and V (element `offset` of the pool: entry and head) into row `row`
   // of a stage.
-  // (An FP8 stage is plain rows of kHeadDim bytes: each warp reads back only its own rows.)
+  // (An FP8 stage is rows of kHeadDim bytes: plain where each warp converts its own rows, swizzled
+  // as a bf16 tile of kHeadDim / 2 columns where ldmatrix reads them into fragments.)
   const auto copy_chunk = [&](int stage, int row, int piece, int64_t offset, bool valid) {
-    const uint32_t dst = kFp8 ? static_cast<uint32_t>(row * kHeadDim + piece * 16)
-                              : flash::TileOffset<kHeadDim>(row, piece);
+    uint32_t dst = 0;
+    if constexpr (kFp8Registers) {
+      dst = flash::TileOffset<kHeadDim / 2>(row, piece);
+    } else {
+      dst = kFp8 ? static_cast<uint32_t>(row * kHeadDim + piece * 16)
+                 : flash::TileOffset<kHeadDim>(row, piece);
+    }
     const int64_t byte = (offset + piece * (16 / kElementBytes)) * kElementBytes;
     flash::CpAsync16(smem_k + stage * kStageBytes + dst,
                      static_cast<const uint8_t*>(params.k_pool) + byte, valid);
@@ -588,7 +598,7 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
 
   const int warp = tid / 32;
   const int lane = tid % 32;
-  flash::WarpRows<kHeadDim> state;
+  std::conditional_t<kFp8Registers, E4m3WarpRows<kHeadDim>, flash::WarpRows<kHeadDim>> state;
   state.Reset();
   flash::CpAsyncWait<kStages - 2>();
   __syncthreads();
@@ -625,10 +635,12 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   float v_scale = 1.0f;
   const auto set_head_scales = [&] {
     if constexpr (kFp8) {
-      const float k_scale = params.k_scales[kv_head];
+      // In f16 fragments an element is its e4m3 value / kE4m3HalfBitsScale.
+      const float bits_scale = kFp8Registers ? kE4m3HalfBitsScale : 1.0f;
+      const float k_scale = params.k_scales[kv_head] * bits_scale;
       head_scale = params.scale * k_scale;
       head_scale_log2 = params.scale_log2 * k_scale;
-      v_scale = params.v_scales[kv_head];
+      v_scale = params.v_scales[kv_head] * bits_scale;
     }
   };
   set_head_scales();
@@ -650,7 +662,7 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
     if (slice_first < end) {
       uint32_t k_tile = smem_k + stage * kStageBytes;
       uint32_t v_tile = smem_v + stage * kStageBytes;
-      if constexpr (kFp8) {
+      if constexpr (kFp8 && !kFp8Registers) {
         // The warp's 16 rows of e4m3 into the bf16 compute tiles (exact), which no other warp
         // touches: a warp barrier suffices.
         constexpr int kPieces = kHeadDim / 8;  // 8 elements a piece
@@ -673,7 +685,13 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
         v_tile = compute_v;
       }
       const int limit[2] = {end - 1 - slice_first, end - 1 - slice_first};
-      if (slice_first + 16 > end) {
+      if constexpr (kFp8Registers) {
+        if (slice_first + 16 > end) {
+          state.template AttendTile<true>(k_tile, v_tile, warp * 16, head_scale_log2, limit);
+        } else {
+          state.template AttendTile<false>(k_tile, v_tile, warp * 16, head_scale_log2, limit);
+        }
+      } else if (slice_first + 16 > end) {
         state.template AttendTile<16, true>(k_tile, v_tile, warp * 16, head_scale_log2, limit);
       } else {
         state.template AttendTile<16, false>(k_tile, v_tile, warp * 16, head_scale_log2, limit);
@@ -752,14 +770,30 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
       row_lse[half] = total > 0.0f ? m_max * head_scale + logf(total) : -INFINITY;
     }
     float* own_rows = warp_rows(warp);
+    if constexpr (kFp8Registers) {
+      // Even and odd tiles n, n + 1 hold dimensions 4t .. 4t + 3 of their 16 (E4m3OutputColumn).
 #pragma unroll
-    for (int n = 0; n < kHeadDim / 8; ++n) {
+      for (int n = 0; n < kHeadDim / 8; n += 2) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = g + 8 * half;
-        if (row >= num_rows) continue;
-        *reinterpret_cast<float2*>(own_rows + row * kMergeStride + n * 8 + 2 * t) = make_float2(
-            state.acc[n][2 * half] * factor[half], state.acc[n][2 * half + 1] * factor[half]);
+        for (int half = 0; half < 2; ++half) {
+          const int row = g + 8 * half;
+          if (row >= num_rows) continue;
+          const float f = factor[half];
+          *reinterpret_cast<float4*>(own_rows + row * kMergeStride + E4m3OutputColumn(n, t, 0)) =
+              make_float4(state.acc[n][2 * half] * f, state.acc[n + 1][2 * half] * f,
+                          state.acc[n][2 * half + 1] * f, state.acc[n + 1][2 * half + 1] * f);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < kHeadDim / 8; ++n) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = g + 8 * half;
+          if (row >= num_rows) continue;
+          *reinterpret_cast<float2*>(own_rows + row * kMergeStride + n * 8 + 2 * t) = make_float2(
+              state.acc[n][2 * half] * factor[half], state.acc[n][2 * half + 1] * factor[half]);
+        }
       }
     }
     __syncthreads();
@@ -1028,10 +1062,11 @@ WorkspaceLayout Layout(int num_decode_seqs, int num_heads, int head_dim, int64_t
   return layout;
 }
 
-template <int kHeadDim, int kStages, int kWarps, bool kFolded, bool kFp8>
+template <int kHeadDim, int kStages, int kWarps, bool kFolded, bool kFp8, bool kFp8Registers>
 void LaunchDecodeMain(const DecodeParams& params, int device, cudaStream_t stream) {
   constexpr int kSmem = SmemBytes<kHeadDim, kStages, kWarps, kFp8>();
-  const auto kernel = DecodeAttentionKernel<kHeadDim, kStages, kWarps, kFolded, kFp8>;
+  const auto kernel =
+      DecodeAttentionKernel<kHeadDim, kStages, kWarps, kFolded, kFp8, kFp8Registers>;
   // Above 48 KiB of dynamic shared memory needs an opt-in, once per device. The carveout asks for
   // all of the SM's shared memory (the copies bypass L1): 4 narrow CTAs need 217 KiB of it.
   static std::atomic<uint64_t> configured_devices{0};
@@ -1046,45 +1081,85 @@ void LaunchDecodeMain(const DecodeParams& params, int device, cudaStream_t strea
   LaunchWithPdl(kernel, grid, CtaShape<kWarps>::kThreads, kSmem, stream, params);
 }
 
-// The main kernel with the deepest pipeline the device's shared memory allows.
-template <int kHeadDim, int kWarps, bool kFolded, bool kFp8>
+// The main kernel with a pipeline of kStages where the device's shared memory allows, else 2.
+template <int kHeadDim, int kWarps, bool kFolded, bool kFp8, bool kFp8Registers, int kStages>
 void LaunchDecodeMainKernel(const DecodeParams& params, cudaStream_t stream) {
   int device = 0;
   SIEVE_CUDA_CHECK(cudaGetDevice(&device));
-  if constexpr (SmemBytes<kHeadDim, kMaxStages, kWarps, kFp8>() <= kSmemEveryDevice) {
-    LaunchDecodeMain<kHeadDim, kMaxStages, kWarps, kFolded, kFp8>(params, device, stream);
+  if constexpr (SmemBytes<kHeadDim, kStages, kWarps, kFp8>() <= kSmemEveryDevice) {
+    LaunchDecodeMain<kHeadDim, kStages, kWarps, kFolded, kFp8, kFp8Registers>(params, device,
+                                                                              stream);
   } else {
     int smem_optin = 0;
     SIEVE_CUDA_CHECK(
         cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    if (smem_optin >= SmemBytes<kHeadDim, kMaxStages, kWarps, kFp8>()) {
-      LaunchDecodeMain<kHeadDim, kMaxStages, kWarps, kFolded, kFp8>(params, device, stream);
+    if (smem_optin >= SmemBytes<kHeadDim, kStages, kWarps, kFp8>()) {
+      LaunchDecodeMain<kHeadDim, kStages, kWarps, kFolded, kFp8, kFp8Registers>(params, device,
+                                                                                stream);
     } else {
-      LaunchDecodeMain<kHeadDim, 2, kWarps, kFolded, kFp8>(params, device, stream);
+      LaunchDecodeMain<kHeadDim, 2, kWarps, kFolded, kFp8, kFp8Registers>(params, device, stream);
     }
   }
 }
 
-template <int kHeadDim, bool kFp8>
+template <int kHeadDim, bool kFp8, bool kFp8Registers = false, int kStages = kMaxStages>
 void LaunchDecodeCta(const DecodeParams& params, DecodeCta cta, cudaStream_t stream) {
   const bool folded = params.kv_heads_per_cta > 1;
   if (cta == DecodeCta::kNarrow) {
     if (folded) {
-      LaunchDecodeMainKernel<kHeadDim, kNarrowWarps, true, kFp8>(params, stream);
+      LaunchDecodeMainKernel<kHeadDim, kNarrowWarps, true, kFp8, kFp8Registers, kStages>(params,
+                                                                                         stream);
     } else {
-      LaunchDecodeMainKernel<kHeadDim, kNarrowWarps, false, kFp8>(params, stream);
+      LaunchDecodeMainKernel<kHeadDim, kNarrowWarps, false, kFp8, kFp8Registers, kStages>(params,
+                                                                                          stream);
     }
   } else if (folded) {
-    LaunchDecodeMainKernel<kHeadDim, kWideWarps, true, kFp8>(params, stream);
+    LaunchDecodeMainKernel<kHeadDim, kWideWarps, true, kFp8, kFp8Registers, kStages>(params,
+                                                                                     stream);
   } else {
-    LaunchDecodeMainKernel<kHeadDim, kWideWarps, false, kFp8>(params, stream);
+    LaunchDecodeMainKernel<kHeadDim, kWideWarps, false, kFp8, kFp8Registers, kStages>(params,
+                                                                                      stream);
   }
+}
+
+// TEMPORARY (A/B of the FP8 decode paths, to be removed with the loser): SIEVE_AB_FP8_DECODE =
+// tiles (e4m3 converted into bf16 compute tiles), registers (e4m3 read into f16 fragments; the
+// default), registers4 (the same with 4 pipeline stages).
+enum class Fp8DecodePath { kTiles, kRegisters, kRegisters4 };
+Fp8DecodePath ChosenFp8DecodePath() {
+  static const Fp8DecodePath path = [] {
+    const char* value = std::getenv("SIEVE_AB_FP8_DECODE");
+    if (value != nullptr && std::strcmp(value, "tiles") == 0) return Fp8DecodePath::kTiles;
+    if (value != nullptr && std::strcmp(value, "registers4") == 0) {
+      return Fp8DecodePath::kRegisters4;
+    }
+    return Fp8DecodePath::kRegisters;
+  }();
+  return path;
+}
+
+template <int kHeadDim>
+void LaunchFp8DecodeCta(const DecodeParams& params, DecodeCta cta, cudaStream_t stream) {
+  if constexpr (kHeadDim == 128) {
+    switch (ChosenFp8DecodePath()) {
+      case Fp8DecodePath::kTiles:
+        LaunchDecodeCta<kHeadDim, true>(params, cta, stream);
+        return;
+      case Fp8DecodePath::kRegisters:
+        LaunchDecodeCta<kHeadDim, true, true>(params, cta, stream);
+        return;
+      case Fp8DecodePath::kRegisters4:
+        LaunchDecodeCta<kHeadDim, true, true, 4>(params, cta, stream);
+        return;
+    }
+  }
+  LaunchDecodeCta<kHeadDim, true>(params, cta, stream);
 }
 
 template <int kHeadDim>
 void LaunchDecode(const DecodeParams& params, DecodeCta cta, cudaStream_t stream) {
   if (params.k_scales != nullptr) {
-    LaunchDecodeCta<kHeadDim, true>(params, cta, stream);
+    LaunchFp8DecodeCta<kHeadDim>(params, cta, stream);
   } else {
     LaunchDecodeCta<kHeadDim, false>(params, cta, stream);
   }
