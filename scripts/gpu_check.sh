@@ -546,22 +546,26 @@ if has fp8; then
 fi
 
 if has fp8_decode_ab; then
-  # TEMPORARY (the FP8 decode paths' A/B; removed with the loser): the decode step at batch 64 x
-  # 4096 with FP8 weights and FP8 KV (dense and 1/10 kept) under each SIEVE_AB_FP8_DECODE path,
-  # alternately, FP8_AB_ROUNDS rounds (default 2), until FP8_AB_END (epoch seconds) if set.
+  # TEMPORARY (the FP8 decode A/Bs; removed with the losers): the decode step at batch 64 x 4096
+  # with FP8 weights and FP8 KV (dense and 1/10 kept) under each variant of FP8_AB_VARIANTS,
+  # "ATTENTION,GEMM" pairs (SIEVE_AB_FP8_DECODE = tiles | registers | registers4, SIEVE_AB_FP8_GEMM
+  # = first | all), alternately, FP8_AB_ROUNDS rounds (default 2), until FP8_AB_END (epoch
+  # seconds) if set.
   ensure_sieve
   for round in $(seq 1 "${FP8_AB_ROUNDS:-2}"); do
-    for path in ${FP8_AB_PATHS:-tiles registers registers4}; do
+    for variant in ${FP8_AB_VARIANTS:-tiles,first registers,first registers,all registers4,all}; do
       if [ -n "${FP8_AB_END:-}" ] && [ "$(date +%s)" -gt "$FP8_AB_END" ]; then
-        note "fp8_decode_ab: deadline reached before round $round $path"; break 2
+        note "fp8_decode_ab: deadline reached before round $round $variant"; break 2
       fi
       start=$(date +%s)
-      SIEVE_AB_FP8_DECODE=$path timeout 200 ./build/gpu/sieve bench kernels --skip-attention \
-        --skip-sparsity --skip-gemm --no-step-variants --quantization fp8 --kv-cache-dtype fp8 \
-        --result-json "$OUT/fp8_decode_ab_${path}_r$round.json" \
-        > "$LOGS/fp8_decode_ab_${path}_r$round.log" 2>&1 || note "fp8_decode_ab $path FAILED (rc $?)"
-      grep -E "^(dense|1/10 kept)|decode attention" "$LOGS/fp8_decode_ab_${path}_r$round.log" \
-        | sed "s/^/$path r$round ($(( $(date +%s) - start )) s): /" | tee -a "$summary"
+      name="${variant/,/_}_r$round"
+      SIEVE_AB_FP8_DECODE=${variant%,*} SIEVE_AB_FP8_GEMM=${variant#*,} timeout 200 \
+        ./build/gpu/sieve bench kernels --skip-attention --skip-sparsity --skip-gemm \
+        --no-step-variants --quantization fp8 --kv-cache-dtype fp8 \
+        --result-json "$LOGS/fp8_decode_ab_$name.json" > "$LOGS/fp8_decode_ab_$name.log" 2>&1 \
+        || note "fp8_decode_ab $variant FAILED (rc $?)"
+      grep -E "^(dense|1/10 kept)|decode attention" "$LOGS/fp8_decode_ab_$name.log" \
+        | sed "s/^/$variant r$round ($(( $(date +%s) - start )) s): /" | tee -a "$summary"
     done
   done
 fi

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/skinny_gemm.h"
 #include "core/check.h"
@@ -133,21 +135,41 @@ bool Fp8GemmRunner::DeviceSupportsFp8() {
   return major > 8 || (major == 8 && minor >= 9);
 }
 
-bool Fp8GemmRunner::Heuristic(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
-                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
-                              cublasLtMatmulAlgo_t* algo) {
+namespace {
+
+// TEMPORARY (the A/B of the FP8 GEMM planner, removed with the loser): SIEVE_AB_FP8_GEMM=first
+// plans as before, on the heuristic's first configuration of each form, timed with warm caches.
+bool FirstConfigOnly() {
+  static const bool first = [] {
+    const char* value = std::getenv("SIEVE_AB_FP8_GEMM");
+    return value != nullptr && std::strcmp(value, "first") == 0;
+  }();
+  return first;
+}
+
+}  // namespace
+
+std::vector<cublasLtMatmulAlgo_t> Fp8GemmRunner::Heuristic(cublasLtMatmulDesc_t op,
+                                                           cublasLtMatrixLayout_t a,
+                                                           cublasLtMatrixLayout_t b,
+                                                           cublasLtMatrixLayout_t c) {
   cublasLtMatmulPreference_t preference;
   SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
   const size_t workspace = kWorkspaceBytes;
   SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kHeuristicConfigs] = {};
   int count = 0;
+  const int wanted = FirstConfigOnly() ? 1 : kHeuristicConfigs;
   const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(lt_, op, a, b, c, c, preference, 1, &result, &count);
+      cublasLtMatmulAlgoGetHeuristic(lt_, op, a, b, c, c, preference, wanted, results, &count);
   cublasLtMatmulPreferenceDestroy(preference);
-  *algo = result.algo;
-  return status == CUBLAS_STATUS_SUCCESS && count > 0;
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  if (status != CUBLAS_STATUS_SUCCESS) return algos;
+  for (int index = 0; index < count; ++index) {
+    if (results[index].state == CUBLAS_STATUS_SUCCESS) algos.push_back(results[index].algo);
+  }
+  return algos;
 }
 
 namespace {
@@ -191,10 +213,11 @@ Fp8GemmRunner::Plan& Fp8GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, int
       plan.scaled_op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &workspace_, sizeof(workspace_)));
   SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
       plan.scaled_op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &workspace_, sizeof(workspace_)));
-  plan.has_scaled = Heuristic(plan.scaled_op, plan.a, plan.b, plan.c, &plan.scaled_algo);
+  plan.scaled_algos = Heuristic(plan.scaled_op, plan.a, plan.b, plan.c);
+  plan.has_scaled = !plan.scaled_algos.empty();
   plan.unscaled_op = MakeFp8Desc();
-  plan.has_unscaled =
-      Heuristic(plan.unscaled_op, plan.a, plan.b, plan.product, &plan.unscaled_algo);
+  plan.unscaled_algos = Heuristic(plan.unscaled_op, plan.a, plan.b, plan.product);
+  plan.has_unscaled = !plan.unscaled_algos.empty();
   return plan;
 }
 
@@ -203,9 +226,13 @@ std::vector<int> Fp8GemmRunner::Candidates(int64_t m, int64_t n, int64_t k, cons
                                            bool out_f32, bool accumulate) {
   const Plan& plan = PlanFor(m, n, k, ldw, ldx, ldo, out_f32, accumulate);
   std::vector<int> candidates;
-  if (plan.has_scaled) candidates.push_back(kScaled);
-  if (plan.has_unscaled && (m <= kRescaleMaxRows || !plan.has_scaled)) {
-    candidates.push_back(kRescaled);
+  for (size_t index = 0; index < plan.scaled_algos.size(); ++index) {
+    candidates.push_back(kScaled - static_cast<int>(index));
+  }
+  if (m <= kRescaleMaxRows || !plan.has_scaled) {
+    for (size_t index = 0; index < plan.unscaled_algos.size(); ++index) {
+      candidates.push_back(kRescaled - static_cast<int>(index));
+    }
   }
   if (SkinnyGemmE4m3Supports(m, k, w, ldw, x, ldx)) {
     for (const int splits : SkinnyGemmE4m3Splits(k)) candidates.push_back(splits);
@@ -214,8 +241,13 @@ std::vector<int> Fp8GemmRunner::Candidates(int64_t m, int64_t n, int64_t k, cons
 }
 
 std::string Fp8GemmRunner::CandidateName(int candidate) const {
-  if (candidate == kScaled) return "cuBLASLt FP8, row x column scales";
-  if (candidate == kRescaled) return "cuBLASLt FP8 + rescale";
+  if (candidate <= kRescaled) {
+    return "cuBLASLt FP8 + rescale, configuration " + std::to_string(kRescaled - candidate + 1);
+  }
+  if (candidate <= kScaled) {
+    return "cuBLASLt FP8, row x column scales, configuration " +
+           std::to_string(kScaled - candidate + 1);
+  }
   return "skinny e4m3, k split " + std::to_string(candidate);
 }
 
@@ -228,8 +260,10 @@ void Fp8GemmRunner::Launch(const Plan& plan, int candidate, int64_t m, int64_t n
                    candidate, stream_);
     return;
   }
-  if (candidate == kRescaled) {
-    SIEVE_CHECK(plan.has_unscaled) << "no unscaled FP8 kernel for " << m << " x " << n;
+  if (candidate <= kRescaled) {
+    const size_t config = static_cast<size_t>(kRescaled - candidate);
+    SIEVE_CHECK(config < plan.unscaled_algos.size())
+        << "no unscaled FP8 kernel " << config << " for " << m << " x " << n;
     SIEVE_CHECK(static_cast<size_t>(m * n) * sizeof(float) <= product_bytes_)
         << "the FP8 product scratch holds " << product_bytes_ << " bytes, " << m << " x " << n
         << " needs more: Reserve was not called for it";
@@ -237,7 +271,8 @@ void Fp8GemmRunner::Launch(const Plan& plan, int candidate, int64_t m, int64_t n
     const float beta = 0.0f;
     SIEVE_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.unscaled_op, &alpha, w, plan.a, x, plan.b, &beta,
                                       product_, plan.product, product_, plan.product,
-                                      &plan.unscaled_algo, workspace_, kWorkspaceBytes, stream_));
+                                      &plan.unscaled_algos[config], workspace_, kWorkspaceBytes,
+                                      stream_));
     NoteNonTriggeringLaunch(stream_);
     const int64_t total = m * n;
     const unsigned blocks =
@@ -255,7 +290,9 @@ void Fp8GemmRunner::Launch(const Plan& plan, int candidate, int64_t m, int64_t n
     SIEVE_CUDA_CHECK_LAUNCH();
     return;
   }
-  SIEVE_CHECK(plan.has_scaled) << "no scaled FP8 kernel for " << m << " x " << n;
+  const size_t config = static_cast<size_t>(kScaled - candidate);
+  SIEVE_CHECK(config < plan.scaled_algos.size())
+      << "no scaled FP8 kernel " << config << " for " << m << " x " << n;
   SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
       plan.scaled_op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales)));
   SIEVE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
@@ -263,7 +300,7 @@ void Fp8GemmRunner::Launch(const Plan& plan, int candidate, int64_t m, int64_t n
   const float alpha = 1.0f;
   const float beta = accumulate ? 1.0f : 0.0f;
   SIEVE_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.scaled_op, &alpha, w, plan.a, x, plan.b, &beta, out,
-                                    plan.c, out, plan.c, &plan.scaled_algo, workspace_,
+                                    plan.c, out, plan.c, &plan.scaled_algos[config], workspace_,
                                     kWorkspaceBytes, stream_));
   NoteNonTriggeringLaunch(stream_);  // pdl.cuh: the kernel after it launches plainly
 }
@@ -273,10 +310,83 @@ void Fp8GemmRunner::RunCandidate(int candidate, int64_t m, int64_t n, int64_t k,
                                  const float* x_scales, void* out, int64_t ldo, bool out_f32,
                                  bool accumulate) {
   const Plan& plan = PlanFor(m, n, k, ldw, ldx, ldo, out_f32, accumulate);
-  if (candidate == kRescaled) GrowProduct(m, n);
+  if (candidate <= kRescaled) GrowProduct(m, n);
   Launch(plan, candidate, m, n, k, w, ldw, w_scales, x, ldx, x_scales, out, ldo, out_f32,
          accumulate);
   last_plan_ = CandidateName(candidate);
+}
+
+int Fp8GemmRunner::TimeCandidates(const Plan& plan, const std::vector<int>& candidates, int64_t m,
+                                  int64_t n, int64_t k, const uint8_t* w, int64_t ldw,
+                                  const float* w_scales, const uint8_t* x, int64_t ldx,
+                                  const float* x_scales, void* out, int64_t ldo, bool out_f32,
+                                  bool accumulate) {
+  // `out` is rewritten: an accumulating call is replayed from a copy of `out` first and left as
+  // one call leaves it.
+  const size_t out_bytes = static_cast<size_t>(m) * ldo * (out_f32 ? 4 : 2);
+  void* saved = nullptr;
+  if (accumulate) {
+    SIEVE_CUDA_CHECK(cudaMallocAsync(&saved, out_bytes, stream_));
+    SIEVE_CUDA_CHECK(cudaMemcpyAsync(saved, out, out_bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  // The weights cold, as in a decode step, where a GEMM's weights never sit in the L2 (timed warm,
+  // a layer's 25 MB of e4m3 qkv weights fit the H100's 50 MB L2); x warm (the kernel before wrote
+  // it). The flush buffer lives only while a shape is timed.
+  void* flush = nullptr;
+  size_t flush_bytes = 0;
+  if (!FirstConfigOnly()) {
+    int device = 0;
+    int l2_bytes = 0;
+    SIEVE_CUDA_CHECK(cudaGetDevice(&device));
+    SIEVE_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+    flush_bytes = 2 * static_cast<size_t>(l2_bytes);
+    if (cudaMalloc(&flush, flush_bytes) != cudaSuccess) {
+      cudaGetLastError();  // no room: timed with warm caches instead
+      flush = nullptr;
+    }
+  }
+  const uintptr_t x_begin = (reinterpret_cast<uintptr_t>(x) + 15) / 16 * 16;
+  const uintptr_t x_end =
+      (reinterpret_cast<uintptr_t>(x) + static_cast<uintptr_t>(m * ldx)) / 16 * 16;
+  cudaEvent_t start, stop;
+  SIEVE_CUDA_CHECK(cudaEventCreate(&start));
+  SIEVE_CUDA_CHECK(cudaEventCreate(&stop));
+  float best = 0;
+  int chosen = candidates.front();
+  for (const int candidate : candidates) {
+    std::vector<float> times;
+    for (int rep = 0; rep < 6; ++rep) {
+      if (flush != nullptr) {
+        ReadThrough(flush, flush_bytes, stream_);
+        if (x_end > x_begin) {
+          ReadThrough(reinterpret_cast<const void*>(x_begin), x_end - x_begin, stream_,
+                      static_cast<uint32_t*>(flush));
+        }
+      }
+      SIEVE_CUDA_CHECK(cudaEventRecord(start, stream_));
+      Launch(plan, candidate, m, n, k, w, ldw, w_scales, x, ldx, x_scales, out, ldo, out_f32,
+             accumulate);
+      SIEVE_CUDA_CHECK(cudaEventRecord(stop, stream_));
+      SIEVE_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      SIEVE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      if (rep > 0) times.push_back(ms);  // the first warms up
+    }
+    std::sort(times.begin(), times.end());
+    const float median = times[times.size() / 2];
+    if (best == 0 || median < best) best = median, chosen = candidate;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (flush != nullptr) {
+    SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    cudaFree(flush);
+  }
+  if (accumulate) {
+    SIEVE_CUDA_CHECK(cudaMemcpyAsync(out, saved, out_bytes, cudaMemcpyDeviceToDevice, stream_));
+    SIEVE_CUDA_CHECK(cudaFreeAsync(saved, stream_));
+  }
+  return chosen;
 }
 
 void Fp8GemmRunner::Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64_t ldw,
@@ -292,12 +402,11 @@ void Fp8GemmRunner::Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64
     SIEVE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
     // Reserve sized the scratch for the shapes it knew; outside capture any other may grow it.
     // Inside one, the rescaled path is a candidate only where the scratch holds its product.
+    const auto rescaled = [](int candidate) { return candidate <= kRescaled; };
     if (capture == cudaStreamCaptureStatusNone) {
-      if (std::find(candidates.begin(), candidates.end(), kRescaled) != candidates.end()) {
-        GrowProduct(m, n);
-      }
+      if (std::any_of(candidates.begin(), candidates.end(), rescaled)) GrowProduct(m, n);
     } else if (static_cast<size_t>(m * n) * sizeof(float) > product_bytes_) {
-      candidates.erase(std::remove(candidates.begin(), candidates.end(), kRescaled),
+      candidates.erase(std::remove_if(candidates.begin(), candidates.end(), rescaled),
                        candidates.end());
     }
     SIEVE_CHECK(!candidates.empty()) << "no FP8 GEMM kernel (cuBLASLt nor the skinny kernel) takes "
@@ -312,40 +421,8 @@ void Fp8GemmRunner::Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64
             candidates.end()) {
       chosen = bucket_choice->second;
     } else if (candidates.size() > 1 && capture == cudaStreamCaptureStatusNone) {
-      // Timed on this call's operands (`out` is rewritten: an accumulating call is replayed
-      // from a copy of `out` first and left as one call leaves it).
-      const size_t out_bytes = static_cast<size_t>(m) * ldo * (out_f32 ? 4 : 2);
-      void* saved = nullptr;
-      if (accumulate) {
-        SIEVE_CUDA_CHECK(cudaMallocAsync(&saved, out_bytes, stream_));
-        SIEVE_CUDA_CHECK(cudaMemcpyAsync(saved, out, out_bytes, cudaMemcpyDeviceToDevice, stream_));
-      }
-      cudaEvent_t start, stop;
-      SIEVE_CUDA_CHECK(cudaEventCreate(&start));
-      SIEVE_CUDA_CHECK(cudaEventCreate(&stop));
-      float best = 0;
-      for (const int candidate : candidates) {
-        std::vector<float> times;
-        for (int rep = 0; rep < 6; ++rep) {
-          SIEVE_CUDA_CHECK(cudaEventRecord(start, stream_));
-          Launch(plan, candidate, m, n, k, w, ldw, w_scales, x, ldx, x_scales, out, ldo, out_f32,
-                 accumulate);
-          SIEVE_CUDA_CHECK(cudaEventRecord(stop, stream_));
-          SIEVE_CUDA_CHECK(cudaEventSynchronize(stop));
-          float ms = 0;
-          SIEVE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-          if (rep > 0) times.push_back(ms);  // the first warms up
-        }
-        std::sort(times.begin(), times.end());
-        const float median = times[times.size() / 2];
-        if (best == 0 || median < best) best = median, chosen = candidate;
-      }
-      cudaEventDestroy(start);
-      cudaEventDestroy(stop);
-      if (accumulate) {
-        SIEVE_CUDA_CHECK(cudaMemcpyAsync(out, saved, out_bytes, cudaMemcpyDeviceToDevice, stream_));
-        SIEVE_CUDA_CHECK(cudaFreeAsync(saved, stream_));
-      }
+      chosen = TimeCandidates(plan, candidates, m, n, k, w, ldw, w_scales, x, ldx, x_scales, out,
+                              ldo, out_f32, accumulate);
       bucket_choices_[bucket_key] = chosen;
     }
     plan.choice = chosen;

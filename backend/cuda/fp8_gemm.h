@@ -25,21 +25,26 @@ void QuantizeRowsE4m3(const __nv_bfloat16* x, int64_t ldx, int64_t rows, int64_t
 
 // out[m][n] (+)= x_scales[m] w_scales[n] sum_k x[m][k] w[n][k], e4m3 operands with f32
 // accumulation, out bf16 or f32. A shape's candidates:
-// - kScaled: cuBLASLt's FP8 kernel with per-row x per-column scales
-//   (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) applied in its epilogue;
-// - kRescaled, up to kRescaleMaxRows rows (or at any size where kScaled has no kernel): cuBLASLt's
-//   unscaled FP8 product into an f32 scratch and a kernel of ours applying both scales (and the
-//   residual add) on its way to `out`: cuBLASLt's small tiles for decode batches, which its
-//   scaled form lacks;
+// - kScaled - i: cuBLASLt's FP8 kernel with per-row x per-column scales
+//   (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) applied in its epilogue, in the heuristic's
+//   configuration i (up to kHeuristicConfigs of them);
+// - kRescaled - i, up to kRescaleMaxRows rows (or at any size where kScaled has no kernel):
+//   cuBLASLt's unscaled FP8 product in configuration i into an f32 scratch and a kernel of ours
+//   applying both scales (and the residual add) on its way to `out`: cuBLASLt's small tiles for
+//   decode batches, which its scaled form lacks;
 // - up to kSkinnyGemmMaxRows rows, the skinny kernel's e4m3 form at each k split (skinny_gemm.h).
 // The first call of a shape outside graph capture times each on that call's operands (median of
-// 5 after a warm-up) and keeps the fastest for every later call; a shape whose m is not a power
-// of two takes the choice of its power-of-two bucket where one was timed.
+// 5 after a warm-up) with the weights cold, as a decode step meets them (a buffer twice the L2
+// read before each timed call, then the input read back into it: the kernel before wrote it), and
+// keeps the fastest for every later call; a shape whose m is not a power of two takes the choice
+// of its power-of-two bucket where one was timed.
 class Fp8GemmRunner {
  public:
-  // Candidate ids: kScaled, kRescaled, or a k split (>= 1) of the skinny kernel.
+  // Candidate ids: kScaled - i or kRescaled - i (cuBLASLt in the heuristic's configuration i <
+  // kHeuristicConfigs), or a k split (>= 1) of the skinny kernel.
   static constexpr int kScaled = -1;
-  static constexpr int kRescaled = 0;
+  static constexpr int kRescaled = -100;
+  static constexpr int kHeuristicConfigs = 8;
   // The rescaled path's largest m where the scaled kernel exists: cuBLASLt offers the scaled
   // form one 128-wide tile, slower than the unscaled product's small tiles plus the rescale at
   // decode sizes and faster from a few hundred rows (README_gemm.md, "FP8 weights").
@@ -75,11 +80,11 @@ class Fp8GemmRunner {
     cublasLtMatmulDesc_t unscaled_op = nullptr;
     cublasLtMatrixLayout_t a = nullptr;
     cublasLtMatrixLayout_t b = nullptr;
-    cublasLtMatrixLayout_t c = nullptr;        // out
-    cublasLtMatrixLayout_t product = nullptr;  // the rescaled path's f32 [m][n]
-    cublasLtMatmulAlgo_t scaled_algo{};
-    cublasLtMatmulAlgo_t unscaled_algo{};
-    bool has_scaled = false;
+    cublasLtMatrixLayout_t c = nullptr;                // out
+    cublasLtMatrixLayout_t product = nullptr;          // the rescaled path's f32 [m][n]
+    std::vector<cublasLtMatmulAlgo_t> scaled_algos;    // the heuristic's, best first
+    std::vector<cublasLtMatmulAlgo_t> unscaled_algos;  // likewise
+    bool has_scaled = false;                           // scaled_algos is not empty
     bool has_unscaled = false;
     int choice = kScaled;
     bool settled = false;
@@ -91,8 +96,14 @@ class Fp8GemmRunner {
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
   Plan& PlanFor(int64_t m, int64_t n, int64_t k, int64_t ldw, int64_t ldx, int64_t ldo,
                 bool out_f32, bool accumulate);
-  bool Heuristic(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
-                 cublasLtMatrixLayout_t c, cublasLtMatmulAlgo_t* algo);
+  // Up to kHeuristicConfigs configurations of cuBLASLt's heuristic, best first (none: no kernel).
+  std::vector<cublasLtMatmulAlgo_t> Heuristic(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c);
+  // Times `candidates` on this call's operands (cold weights, warm x) and returns the fastest.
+  int TimeCandidates(const Plan& plan, const std::vector<int>& candidates, int64_t m, int64_t n,
+                     int64_t k, const uint8_t* w, int64_t ldw, const float* w_scales,
+                     const uint8_t* x, int64_t ldx, const float* x_scales, void* out, int64_t ldo,
+                     bool out_f32, bool accumulate);
   std::string CandidateName(int candidate) const;
   void GrowProduct(int64_t m, int64_t n);  // outside capture
 
