@@ -31,6 +31,7 @@
 #include "backend/cuda/attention_bench.h"
 #include "backend/cuda/cuda_test_util.h"
 #include "backend/cuda/decode_attention.h"
+#include "backend/cuda/e4m3_bits.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/prefill_attention.h"
 #include "core/float8.h"
@@ -1070,6 +1071,70 @@ INSTANTIATE_TEST_SUITE_P(
             "folded_b160_gqa32x8_d128_short", 32, 8, 128, 160, 300, {}, {0, 2}, 16, true},
         RopeDecodeCase{"mixed_b300_gqa8x2_d64", 8, 2, 64, 300, 300, {3}, {0, 1}}),
     [](const ::testing::TestParamInfo<RopeDecodeCase>& info) { return info.param.name; });
+
+// ---- The e4m3 fragment arithmetic of decode attention over FP8 pools (e4m3_bits.h) ----
+// Host checks (no GPU needed): the same constexpr functions the kernel runs.
+
+// An f16 bit pattern's value (IEEE binary16).
+double HalfBitsValue(uint32_t bits) {
+  const int exponent = static_cast<int>((bits >> 10) & 0x1f);
+  const double mantissa = static_cast<double>(bits & 0x3ff);
+  const double magnitude = exponent == 0 ? std::ldexp(mantissa, -24)
+                                         : std::ldexp(1.0 + mantissa / 1024.0, exponent - 15);
+  return (bits & 0x8000) != 0 ? -magnitude : magnitude;
+}
+
+// Every finite e4m3 byte, in each of a word's four places, comes out as its value / 256 exactly
+// (subnormals and both zeros included), and never disturbs the other half.
+TEST(E4m3FragmentBitsTest, EveryByteInEveryPlaceIsItsValueOver256) {
+  for (uint32_t byte = 0; byte < 256; ++byte) {
+    if ((byte & 0x7f) == 0x7f) continue;  // NaN: the pool's quantizer saturates, never writes it
+    const double want = static_cast<double>(E4m3ToFloat(static_cast<uint8_t>(byte))) /
+                        static_cast<double>(cuda::kE4m3HalfBitsScale);
+    // Other bytes set to a pattern that must not leak in.
+    const uint32_t noise = 0xa5a5a5a5u;
+    for (int place = 0; place < 4; ++place) {
+      const uint32_t word = (noise & ~(0xffu << (8 * place))) | (byte << (8 * place));
+      const uint32_t pair =
+          place % 2 == 0 ? cuda::E4m3EvenBytesToHalf2(word) : cuda::E4m3OddBytesToHalf2(word);
+      const uint32_t half = place < 2 ? pair & 0xffffu : pair >> 16;
+      EXPECT_EQ(HalfBitsValue(half), want) << "byte " << byte << " in place " << place;
+      // The other half is the neighbouring byte of the same parity.
+      const uint32_t other_byte = (noise >> (8 * ((place + 2) % 4))) & 0xffu;
+      const uint32_t other = place < 2 ? pair >> 16 : pair & 0xffffu;
+      EXPECT_EQ(HalfBitsValue(other),
+                static_cast<double>(E4m3ToFloat(static_cast<uint8_t>(other_byte))) / 256.0)
+          << "byte " << byte << " in place " << place << ": the other half";
+    }
+  }
+}
+
+// The output columns of the 16 accumulator tiles of d = 128 are each dimension exactly once.
+TEST(E4m3FragmentBitsTest, OutputColumnsAreAPermutation) {
+  std::vector<int> seen(128, 0);
+  for (int n = 0; n < 16; ++n) {
+    for (int t = 0; t < 4; ++t) {
+      for (int e = 0; e < 2; ++e) {
+        const int column = cuda::E4m3OutputColumn(n, t, e);
+        ASSERT_GE(column, 0);
+        ASSERT_LT(column, 128);
+        ++seen[column];
+      }
+    }
+  }
+  for (int column = 0; column < 128; ++column) EXPECT_EQ(seen[column], 1) << column;
+  // The merge stores tiles n, n + 1 (even n) as one float4 at E4m3OutputColumn(n, t, 0): the
+  // four columns must be that one and the next three, in the order it writes them.
+  for (int n = 0; n < 16; n += 2) {
+    for (int t = 0; t < 4; ++t) {
+      const int base = cuda::E4m3OutputColumn(n, t, 0);
+      EXPECT_EQ(base % 4, 0);
+      EXPECT_EQ(cuda::E4m3OutputColumn(n + 1, t, 0), base + 1);
+      EXPECT_EQ(cuda::E4m3OutputColumn(n, t, 1), base + 2);
+      EXPECT_EQ(cuda::E4m3OutputColumn(n + 1, t, 1), base + 3);
+    }
+  }
+}
 
 // Not a check: the benchmark (attention_bench.h) run from this binary, so that one GPU session can
 // test and time without the `sieve` tool. Run with

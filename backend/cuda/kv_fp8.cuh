@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "backend/cuda/bf16x8.cuh"
+#include "backend/cuda/e4m3_bits.h"
 #include "backend/cuda/flash_warp.cuh"
 
 namespace sieve::cuda {
@@ -71,18 +72,6 @@ __device__ __forceinline__ uint4 E4m3x8ToBf16x8(uint2 bytes) {
 // The stages hold e4m3 rows of kHeadDim bytes, 16-byte chunks swizzled as a bf16 tile of
 // kHeadDim / 2 columns (flash::TileOffset), so ldmatrix reads them without bank conflicts.
 
-// What an element read through E4m3EvenBytesToHalf2 / E4m3OddBytesToHalf2 must be multiplied by.
-constexpr float kE4m3HalfBitsScale = 256.0f;
-
-// Bytes 1 and 3 of `word` (e4m3) as an f16 pair (byte 1 in the low half), each the value / 256.
-__host__ __device__ constexpr uint32_t E4m3OddBytesToHalf2(uint32_t word) {
-  return (word & 0x80008000u) | ((word & 0x7f007f00u) >> 1);
-}
-// Bytes 0 and 2 of `word` (e4m3) as an f16 pair (byte 0 in the low half), each the value / 256.
-__host__ __device__ constexpr uint32_t E4m3EvenBytesToHalf2(uint32_t word) {
-  return E4m3OddBytesToHalf2(word << 8);
-}
-
 // c += a * b for one m16n8k16 tile of f16 operands.
 __device__ __forceinline__ void MmaF16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                        uint32_t b1) {
@@ -99,12 +88,6 @@ __device__ __forceinline__ uint32_t PackHalf(float lo, float hi) {
   const __half2 pair =
       __floats2half2_rn(fminf(fmaxf(lo, -kMax), kMax), fminf(fmaxf(hi, -kMax), kMax));
   return *reinterpret_cast<const uint32_t*>(&pair);
-}
-
-// The dimension (within the head) of column 2t + e of accumulator tile n: tiles 4j..4j + 3 cover
-// dimensions 32j..32j + 31 as even 0-15, odd 0-15, even 16-31, odd 16-31.
-__device__ __forceinline__ int E4m3OutputColumn(int n, int t, int e) {
-  return 32 * (n / 4) + 16 * ((n % 4) / 2) + 4 * t + 2 * e + (n % 2);
 }
 
 // The state of one warp's 16 query rows attending e4m3 tiles: f16 Q fragments in the order the
