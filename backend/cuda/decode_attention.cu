@@ -1122,18 +1122,19 @@ void LaunchDecodeCta(const DecodeParams& params, DecodeCta cta, cudaStream_t str
   }
 }
 
-// TEMPORARY (A/B of the FP8 decode paths, to be removed with the loser): SIEVE_AB_FP8_DECODE =
-// tiles (e4m3 converted into bf16 compute tiles), registers (e4m3 read into f16 fragments; the
-// default), registers4 (the same with 4 pipeline stages).
+// TEMPORARY (the A/B of the FP8 decode paths, waiting for a GPU run; the loser goes with this
+// switch): SIEVE_AB_FP8_DECODE = registers (e4m3 read into f16 fragments, E4m3WarpRows) or
+// registers4 (the same with 4 pipeline stages); unset or anything else, the e4m3 stages are
+// converted into bf16 compute tiles as before. README_attention.md, "FP8 pools".
 enum class Fp8DecodePath { kTiles, kRegisters, kRegisters4 };
 Fp8DecodePath ChosenFp8DecodePath() {
   static const Fp8DecodePath path = [] {
     const char* value = std::getenv("SIEVE_AB_FP8_DECODE");
-    if (value != nullptr && std::strcmp(value, "tiles") == 0) return Fp8DecodePath::kTiles;
+    if (value != nullptr && std::strcmp(value, "registers") == 0) return Fp8DecodePath::kRegisters;
     if (value != nullptr && std::strcmp(value, "registers4") == 0) {
       return Fp8DecodePath::kRegisters4;
     }
-    return Fp8DecodePath::kRegisters;
+    return Fp8DecodePath::kTiles;
   }();
   return path;
 }

@@ -137,12 +137,14 @@ bool Fp8GemmRunner::DeviceSupportsFp8() {
 
 namespace {
 
-// TEMPORARY (the A/B of the FP8 GEMM planner, removed with the loser): SIEVE_AB_FP8_GEMM=first
-// plans as before, on the heuristic's first configuration of each form, timed with warm caches.
+// TEMPORARY (the A/B of the FP8 GEMM planner, waiting for a GPU run; the loser goes with this
+// switch): SIEVE_AB_FP8_GEMM=all plans on up to kHeuristicConfigs configurations of each form,
+// timed with the weights cold; unset or anything else, as before, on the heuristic's first
+// configuration of each form, timed with warm caches. README_gemm.md, "FP8 weights".
 bool FirstConfigOnly() {
   static const bool first = [] {
     const char* value = std::getenv("SIEVE_AB_FP8_GEMM");
-    return value != nullptr && std::strcmp(value, "first") == 0;
+    return value == nullptr || std::strcmp(value, "all") != 0;
   }();
   return first;
 }

@@ -27,17 +27,19 @@ void QuantizeRowsE4m3(const __nv_bfloat16* x, int64_t ldx, int64_t rows, int64_t
 // accumulation, out bf16 or f32. A shape's candidates:
 // - kScaled - i: cuBLASLt's FP8 kernel with per-row x per-column scales
 //   (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) applied in its epilogue, in the heuristic's
-//   configuration i (up to kHeuristicConfigs of them);
+//   configuration i;
 // - kRescaled - i, up to kRescaleMaxRows rows (or at any size where kScaled has no kernel):
 //   cuBLASLt's unscaled FP8 product in configuration i into an f32 scratch and a kernel of ours
 //   applying both scales (and the residual add) on its way to `out`: cuBLASLt's small tiles for
 //   decode batches, which its scaled form lacks;
 // - up to kSkinnyGemmMaxRows rows, the skinny kernel's e4m3 form at each k split (skinny_gemm.h).
 // The first call of a shape outside graph capture times each on that call's operands (median of
-// 5 after a warm-up) with the weights cold, as a decode step meets them (a buffer twice the L2
-// read before each timed call, then the input read back into it: the kernel before wrote it), and
-// keeps the fastest for every later call; a shape whose m is not a power of two takes the choice
-// of its power-of-two bucket where one was timed.
+// 5 after a warm-up) and keeps the fastest for every later call; a shape whose m is not a power
+// of two takes the choice of its power-of-two bucket where one was timed. By default the
+// heuristic offers its first configuration of each form and the timing meets warm caches; with
+// SIEVE_AB_FP8_GEMM=all (an experiment waiting for its GPU A/B, README_gemm.md "FP8 weights") it
+// offers up to kHeuristicConfigs of each, timed with the weights cold as a decode step meets them
+// (a buffer twice the L2 read before each timed call, then the input read back into it).
 class Fp8GemmRunner {
  public:
   // Candidate ids: kScaled - i or kRescaled - i (cuBLASLt in the heuristic's configuration i <
