@@ -127,6 +127,35 @@ Result<std::unique_ptr<Engine>> Engine::Create(
         options.max_num_batched_tokens);
   }
 
+  int invariant_chunk = 0;  // SchedulerOptions::batch_invariant_chunk
+  if (options.batch_invariant) {
+    if (!other_ranks.empty() && model->backend().device() != Device::kCpu) {
+      // The CPU ranks' in-process communicator sums in rank order, the same bits at any size.
+      return UnimplementedError(
+          "--batch-invariant with --tensor-parallel-size > 1 on the GPU: NCCL's all-reduce "
+          "order depends on the message size, so a row's sum would depend on the batch");
+    }
+    for (Backend* rank_backend : [&] {
+           std::vector<Backend*> backends = {&model->backend()};
+           for (const auto& other : other_ranks) backends.push_back(&other->backend());
+           return backends;
+         }()) {
+      SIEVE_RETURN_IF_ERROR(rank_backend->SetBatchInvariant(true));
+    }
+    // A multiple of the page size (a cached prefix ends on one), within every step's budget and
+    // the prompt-logprob rows (a chunk must fit an empty step).
+    const int page = options.page_size;
+    const int most = std::min(options.max_num_batched_tokens, options.prompt_logprob_rows);
+    invariant_chunk = std::min((options.batch_invariant_chunk + page - 1) / page * page,
+                               most / page * page);
+    if (invariant_chunk < page) {
+      return InvalidArgumentError(
+          "--batch-invariant prefills in chunks of whole pages: --max-num-batched-tokens (" +
+          std::to_string(options.max_num_batched_tokens) + ") must hold at least one page (" +
+          std::to_string(page) + " entries)");
+    }
+    options.step_tuning = false;  // the invariant GEMM plans leave nothing to tune
+  }
   std::unique_ptr<Engine> engine(
       new Engine(std::move(model), tokenizer, std::move(eos_ids), options));
   engine->other_ranks_ = std::move(other_ranks);
@@ -199,6 +228,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(
   sched_options.prompt_logprob_rows = options.prompt_logprob_rows;
   sched_options.enable_prefix_caching = options.enable_prefix_caching;
   sched_options.preemption_mode = options.preemption_mode;
+  sched_options.batch_invariant_chunk = invariant_chunk;
   if (options.preemption_mode == PreemptionMode::kSwap) {
     // A slot holds one page of one rank (every rank keeps its own KV heads' slots).
     sched_options.swap_slots = static_cast<int>(
@@ -306,7 +336,11 @@ std::string Engine::Describe() const {
                                   : std::string(DTypeName(model_->backend().activation_dtype())))
       << "), max model len " << options_.max_model_len << ", max seqs " << options_.max_num_seqs
       << ", max batched tokens " << options_.max_num_batched_tokens
-      << (options_.enable_chunked_prefill ? ", chunked prefill" : "");
+      << (options_.enable_chunked_prefill ? ", chunked prefill" : "")
+      << (options_.batch_invariant
+              ? ", batch-invariant (prefill chunks of " +
+                    std::to_string(scheduler_->options().batch_invariant_chunk) + " tokens)"
+              : "");
   return out.str();
 }
 
