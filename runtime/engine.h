@@ -270,6 +270,9 @@ class Engine {
     std::vector<int> positions;
     bool on_device = false;                  // sampling begun on the device: Backend::TakeSamples
     std::vector<SampleResult> host_samples;  // else sampled on the host already
+    // Batch invariance, with on_device: by sample row, 1 where the row was sampled on the host
+    // already (its result in host_samples; the device's is a placeholder), as it would be alone.
+    std::vector<uint8_t> host_rows;
     int samples_buffer = 0;                  // sampled_tokens_[.] holds the device samples
   };
   // Runs a planned, committed step: the forward pass (its tokens that `previous` sampled fed
