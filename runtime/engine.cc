@@ -146,8 +146,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(
     // the prompt-logprob rows (a chunk must fit an empty step).
     const int page = options.page_size;
     const int most = std::min(options.max_num_batched_tokens, options.prompt_logprob_rows);
-    invariant_chunk = std::min((options.batch_invariant_chunk + page - 1) / page * page,
-                               most / page * page);
+    invariant_chunk =
+        std::min((options.batch_invariant_chunk + page - 1) / page * page, most / page * page);
     if (invariant_chunk < page) {
       return InvalidArgumentError(
           "--batch-invariant prefills in chunks of whole pages: --max-num-batched-tokens (" +

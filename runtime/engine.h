@@ -273,7 +273,7 @@ class Engine {
     // Batch invariance, with on_device: by sample row, 1 where the row was sampled on the host
     // already (its result in host_samples; the device's is a placeholder), as it would be alone.
     std::vector<uint8_t> host_rows;
-    int samples_buffer = 0;                  // sampled_tokens_[.] holds the device samples
+    int samples_buffer = 0;  // sampled_tokens_[.] holds the device samples
   };
   // Runs a planned, committed step: the forward pass (its tokens that `previous` sampled fed
   // from the device), Complete, stats, and sampling begun. Every sampled sequence gets a

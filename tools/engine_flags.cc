@@ -52,17 +52,16 @@ void AddEngineFlags(CLI::App& app, EngineFlags& flags, bool policy_flags) {
                "between near-equal GEMM kernels (saves ~1-3 s on its first step, at up to 2% of "
                "the step's speed)");
   app.add_flag("--batch-invariant", flags.engine.batch_invariant,
-               "Make a request's greedy or seeded output bitwise independent of the batch it runs "
-               "in (dense and under every policy, CUDA graphs kept): every reduction keeps one "
-               "order whatever the batch. GPU: one GEMM configuration per weight for every row "
-               "count (no split-k, no skinny kernel, no step tuning), decode attention split "
-               "by a fixed number of entries, prompts prefilled in fixed chunks of 256 tokens "
-               "(cut at the same positions alone or in a crowd), preempted requests replaying "
-               "their generated tokens as decode steps. Costs throughput on the GPU (not "
-               "measured yet); GPU tensor parallelism is refused (NCCL's reduction order "
-               "depends on the message size). The CPU backend is batch-invariant already: "
-               "there it changes only the prefill chunking and replay (sched/README.md "
-               "\"Batch invariance\")");
+               "Make a request's greedy or seeded output bitwise independent of the batch it "
+               "runs in (dense and under every policy, CUDA graphs kept). GPU: one GEMM "
+               "configuration per weight for every row count (no split-k, skinny kernel or step "
+               "tuning) and decode attention cut into pieces of a fixed number of entries. "
+               "Everywhere: prompts prefilled in chunks of 256 tokens cut where the request "
+               "alone would cut them, preempted requests replaying their generated tokens as "
+               "decode steps, each request sampled on the device or the host as it would be "
+               "alone. The CPU kernels are batch-invariant already. Costs GPU throughput (not "
+               "measured yet); refused with GPU tensor parallelism (NCCL's sums follow the "
+               "message size). runtime/README.md \"Batch invariance\"");
   app.add_option("--max-model-len", flags.engine.max_model_len,
                  "Context length: prompt + generated tokens (0: the model's, at most 8192)")
       ->capture_default_str();
