@@ -174,13 +174,8 @@ int Scheduler::PagesToLookUp(const Sequence& seq) const {
   // least one token to compute (its logits give the next token) and every row the policy scores
   // (their queries are computed in the final chunk).
   const int final_rows = std::max(1, seq.final_chunk_rows);
-  int tokens = std::max(0, std::min(seq.num_known_tokens(), seq.prefill_target - final_rows));
-  // Batch invariance: the prefill after the cached prefix must start where a prompt alone cuts
-  // a chunk (InvariantChunk), so the prefix is used up to a chunk boundary only.
-  if (options_.batch_invariant_chunk > 0) {
-    tokens = tokens / options_.batch_invariant_chunk * options_.batch_invariant_chunk;
-  }
-  return tokens / kv_->page_size();
+  return std::max(0, std::min(seq.num_known_tokens(), seq.prefill_target - final_rows)) /
+         kv_->page_size();
 }
 
 uint64_t Scheduler::FirstPageKey(const Sequence& seq) const {
@@ -208,6 +203,12 @@ int Scheduler::CachedPrefixPages(const Sequence& seq, int* idle) const {
       keys[layer].push_back(std::move(key));
     }
     pages = static_cast<int>(keys[layer].size());
+  }
+  // Batch invariance: the prefill after the cached prefix must start where the prompt alone is
+  // cut (InvariantChunk), so the prefix is used up to a chunk boundary only.
+  if (options_.batch_invariant_chunk > 0) {
+    const int unit = options_.batch_invariant_chunk;
+    pages = pages * page_size / unit * unit / page_size;
   }
   if (pages == 0) return 0;
   for (const std::vector<PageKey>& layer_keys : keys) {
