@@ -180,15 +180,33 @@ void Fp8GemmRunner::SettleInvariant(Plan& plan, int64_t m, int64_t n, int64_t k,
     // device and the cuBLASLt version only.
     const int64_t rows = GemmRunner::kInvariantPlanRows;
     const Plan& reference = PlanFor(rows, n, k, k, k, n, out_f32, false);
+    // Taken only if every row count a step may have takes it too (the plans of those m, made
+    // here, are the ones later calls of contiguous operands reuse).
+    const auto takes_every_m = [&](bool scaled, const cublasLtMatmulAlgo_t& algo) {
+      for (const int64_t probe_rows : GemmRunner::kInvariantProbeRows) {
+        const Plan& probe = PlanFor(probe_rows, n, k, k, k, n, out_f32, false);
+        cublasLtMatmulHeuristicResult_t check{};
+        if (cublasLtMatmulAlgoCheck(lt_, scaled ? probe.scaled_op : probe.unscaled_op, probe.a,
+                                    probe.b, scaled ? probe.c : probe.product,
+                                    scaled ? probe.c : probe.product, &algo,
+                                    &check) != CUBLAS_STATUS_SUCCESS ||
+            check.workspaceSize > kWorkspaceBytes) {
+          return false;
+        }
+      }
+      return true;
+    };
     InvariantChoice choice;
     if (Heuristic(reference.scaled_op, reference.a, reference.b, reference.c, &choice.algo,
-                  /*no_split=*/true)) {
+                  /*no_split=*/true) &&
+        takes_every_m(true, choice.algo)) {
       choice.candidate = kScaled;
     } else {
       SIEVE_CHECK(Heuristic(reference.unscaled_op, reference.a, reference.b, reference.product,
-                            &choice.algo, /*no_split=*/true))
+                            &choice.algo, /*no_split=*/true) &&
+                  takes_every_m(false, choice.algo))
           << "cuBLASLt offers no FP8 GEMM without split-k for n " << n << ", k " << k
-          << ": --batch-invariant cannot run this model here";
+          << " that takes every row count: --batch-invariant cannot run this model here";
       choice.candidate = kRescaled;
     }
     found = invariant_choices_.emplace(key, choice).first;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -345,28 +346,55 @@ const cublasLtMatmulAlgo_t& GemmRunner::InvariantAlgo(int64_t n, int64_t k, bool
       preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_reduction, sizeof(no_reduction)));
   std::vector<cublasLtMatmulHeuristicResult_t> results(kCublasCandidates);
   int count = 0;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(
-      lt_, op, a, b, c, c, preference, static_cast<int>(results.size()), results.data(), &count));
+  if (cublasLtMatmulAlgoGetHeuristic(lt_, op, a, b, c, c, preference,
+                                     static_cast<int>(results.size()), results.data(),
+                                     &count) != CUBLAS_STATUS_SUCCESS) {
+    count = 0;  // none: the check below says so
+  }
   cublasLtMatmulPreferenceDestroy(preference);
+  // The first of the heuristic's answers that takes every m a step may have (a configuration
+  // refusing one at run time could not be replaced): the choice still depends on (n, k) only.
+  std::vector<std::pair<cublasLtMatrixLayout_t, cublasLtMatrixLayout_t>> probes;
+  for (const int64_t rows : kInvariantProbeRows) {
+    cublasLtMatrixLayout_t probe_b = nullptr;
+    cublasLtMatrixLayout_t probe_c = nullptr;
+    SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&probe_b, CUDA_R_16BF, k, rows, k));
+    SIEVE_CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&probe_c, out_f32 ? CUDA_R_32F : CUDA_R_16BF, n, rows, n));
+    probes.emplace_back(probe_b, probe_c);
+  }
+  std::optional<cublasLtMatmulAlgo_t> chosen;
+  for (int index = 0; index < count && !chosen; ++index) {
+    if (AlgoConfig(results[index].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1) continue;
+    cublasLtMatmulAlgo_t algo = results[index].algo;
+    // Stated, not left to the kernel's defaults: one piece of k, reduced by no one.
+    const int32_t one = 1;
+    const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one));
+    cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none,
+                                         sizeof(none));
+    bool takes_every_m = true;
+    for (const auto& [probe_b, probe_c] : probes) {
+      cublasLtMatmulHeuristicResult_t check{};
+      takes_every_m = takes_every_m &&
+                      cublasLtMatmulAlgoCheck(lt_, op, a, probe_b, probe_c, probe_c, &algo,
+                                              &check) == CUBLAS_STATUS_SUCCESS &&
+                      check.workspaceSize <= kWorkspaceBytes;
+    }
+    if (takes_every_m) chosen = algo;
+  }
+  for (const auto& [probe_b, probe_c] : probes) {
+    cublasLtMatrixLayoutDestroy(probe_b);
+    cublasLtMatrixLayoutDestroy(probe_c);
+  }
   cublasLtMatrixLayoutDestroy(a);
   cublasLtMatrixLayoutDestroy(b);
   cublasLtMatrixLayoutDestroy(c);
   cublasLtMatmulDescDestroy(op);
-  const cublasLtMatmulAlgo_t* chosen = nullptr;
-  for (int index = 0; index < count && chosen == nullptr; ++index) {
-    if (AlgoConfig(results[index].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) <= 1) {
-      chosen = &results[index].algo;
-    }
-  }
-  SIEVE_CHECK(chosen != nullptr) << "cuBLASLt offers no GEMM without split-k for n " << n << ", k "
-                                 << k << ": --batch-invariant cannot run this model here";
-  cublasLtMatmulAlgo_t algo = *chosen;
-  // Stated, not left to the kernel's defaults: one piece of k, reduced by no one.
-  const int32_t one = 1;
-  const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
-  cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one));
-  cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none,
-                                       sizeof(none));
+  SIEVE_CHECK(chosen.has_value())
+      << "cuBLASLt offers no GEMM without split-k for n " << n << ", k " << k
+      << " that takes every row count: --batch-invariant cannot run this model here";
+  const cublasLtMatmulAlgo_t algo = *chosen;
   if (verbose_) {
     std::fprintf(stderr, "GEMM plan of every m x %lld x %lld%s (batch-invariant):%s\n",
                  static_cast<long long>(n), static_cast<long long>(k), out_f32 ? " (f32 out)" : "",

@@ -51,6 +51,9 @@ class GemmRunner {
   void SetBatchInvariant(bool on);
   bool batch_invariant() const { return batch_invariant_; }
   static constexpr int64_t kInvariantPlanRows = 128;
+  // The row counts the configuration must take (cublasLtMatmulAlgoCheck) to be chosen: one row,
+  // decode batches, prefill chunks and more.
+  static constexpr int64_t kInvariantProbeRows[] = {1, 7, 64, 128, 1000, 8192, 65536};
 
   // The plan the last Run used (call after one), e.g. "cuBLASLt, candidate 2 of 8 (algo 66, ...)"
   // or "skinny kernel, k split 2, candidate 10 of 11".
