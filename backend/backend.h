@@ -206,6 +206,17 @@ class Backend {
     return Status::Ok();
   }
 
+  // ---- batch invariance (runtime/README.md "Batch invariance") ----
+  // On: every op computes each row (token, sequence, head) with the same arithmetic in the same
+  // order whatever else the call holds (how many rows, which other sequences, their lengths),
+  // so that a request's bits do not depend on its batch. Set once, before the first op of a
+  // model's forward pass (plans made before may not hold). Unimplemented where the backend
+  // cannot; the CPU backend is batch-invariant always (backend/README.md).
+  virtual Status SetBatchInvariant(bool on) {
+    if (!on) return Status::Ok();
+    return UnimplementedError(name() + " has no batch-invariant mode");
+  }
+
   // ---- graphs ----
   // Records the ops issued between BeginCapture and EndCapture into a graph; ReplayGraph runs it
   // again on the same buffers (whose contents may have changed). No allocation or host copy may

@@ -127,6 +127,35 @@ Result<std::unique_ptr<Engine>> Engine::Create(
         options.max_num_batched_tokens);
   }
 
+  int invariant_chunk = 0;  // SchedulerOptions::batch_invariant_chunk
+  if (options.batch_invariant) {
+    if (!other_ranks.empty() && model->backend().device() != Device::kCpu) {
+      // The CPU ranks' in-process communicator sums in rank order, the same bits at any size.
+      return UnimplementedError(
+          "--batch-invariant with --tensor-parallel-size > 1 on the GPU: NCCL's all-reduce "
+          "order depends on the message size, so a row's sum would depend on the batch");
+    }
+    for (Backend* rank_backend : [&] {
+           std::vector<Backend*> backends = {&model->backend()};
+           for (const auto& other : other_ranks) backends.push_back(&other->backend());
+           return backends;
+         }()) {
+      SIEVE_RETURN_IF_ERROR(rank_backend->SetBatchInvariant(true));
+    }
+    // A multiple of the page size (a cached prefix ends on one), within every step's budget and
+    // the prompt-logprob rows (a chunk must fit an empty step).
+    const int page = options.page_size;
+    const int most = std::min(options.max_num_batched_tokens, options.prompt_logprob_rows);
+    invariant_chunk =
+        std::min((options.batch_invariant_chunk + page - 1) / page * page, most / page * page);
+    if (invariant_chunk < page) {
+      return InvalidArgumentError(
+          "--batch-invariant prefills in chunks of whole pages: --max-num-batched-tokens (" +
+          std::to_string(options.max_num_batched_tokens) + ") must hold at least one page (" +
+          std::to_string(page) + " entries)");
+    }
+    options.step_tuning = false;  // the invariant GEMM plans leave nothing to tune
+  }
   std::unique_ptr<Engine> engine(
       new Engine(std::move(model), tokenizer, std::move(eos_ids), options));
   engine->other_ranks_ = std::move(other_ranks);
@@ -199,6 +228,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(
   sched_options.prompt_logprob_rows = options.prompt_logprob_rows;
   sched_options.enable_prefix_caching = options.enable_prefix_caching;
   sched_options.preemption_mode = options.preemption_mode;
+  sched_options.batch_invariant_chunk = invariant_chunk;
   if (options.preemption_mode == PreemptionMode::kSwap) {
     // A slot holds one page of one rank (every rank keeps its own KV heads' slots).
     sched_options.swap_slots = static_cast<int>(
@@ -306,7 +336,11 @@ std::string Engine::Describe() const {
                                   : std::string(DTypeName(model_->backend().activation_dtype())))
       << "), max model len " << options_.max_model_len << ", max seqs " << options_.max_num_seqs
       << ", max batched tokens " << options_.max_num_batched_tokens
-      << (options_.enable_chunked_prefill ? ", chunked prefill" : "");
+      << (options_.enable_chunked_prefill ? ", chunked prefill" : "")
+      << (options_.batch_invariant
+              ? ", batch-invariant (prefill chunks of " +
+                    std::to_string(scheduler_->options().batch_invariant_chunk) + " tokens)"
+              : "");
   return out.str();
 }
 
@@ -527,7 +561,9 @@ std::vector<RequestOutput> Engine::Step() {
     }
     Collect(*in_flight_, outputs);
     in_flight_ = std::move(next);
-    if (in_flight_ && !in_flight_->on_device) {  // the backend declined: sampled on the host
+    // The backend declined (sampled on the host), or some rows are the host's: the next step
+    // needs their tokens from the host.
+    if (in_flight_ && (!in_flight_->on_device || !in_flight_->host_rows.empty())) {
       Collect(*in_flight_, outputs);
       in_flight_.reset();
     }
@@ -539,8 +575,8 @@ std::vector<RequestOutput> Engine::Step() {
   if (plan_.empty()) return outputs;
   in_flight_ = Launch(plan_, nullptr);
   // Left in flight only when a next step could be launched before its samples are read.
-  if (!options_.overlap_steps || !in_flight_->on_device || runner_->num_ranks() > 1 ||
-      !scheduler_->HasSchedulableWork()) {
+  if (!options_.overlap_steps || !in_flight_->on_device || !in_flight_->host_rows.empty() ||
+      runner_->num_ranks() > 1 || !scheduler_->HasSchedulableWork()) {
     Collect(*in_flight_, outputs);
     in_flight_.reset();
   }
@@ -625,6 +661,7 @@ void Engine::Collect(LaunchedStep& step, std::vector<RequestOutput>& outputs) {
     SIEVE_CHECK(tokens.size() == step.sample_ids.size() && logprobs.size() == tokens.size());
     step.host_samples.resize(tokens.size());
     for (size_t row = 0; row < tokens.size(); ++row) {
+      if (!step.host_rows.empty() && step.host_rows[row] != 0) continue;  // sampled on the host
       step.host_samples[row].token = tokens[row];
       step.host_samples[row].logprob = logprobs[row];
     }
@@ -736,14 +773,25 @@ void Engine::SampleRows(const Tensor& logits, LaunchedStep& step) {
   std::vector<Backend::DeviceSamplingRow> device_rows;
   device_rows.reserve(rows);
   bool on_device = true;
+  // Batch invariance: a row's sampler is its request's own choice, never its batch's. A row the
+  // device cannot sample is sampled on the host below while the others go to the device (which
+  // samples a greedy placeholder in its place), so that a request that samples on the device
+  // alone does so in any crowd: the two samplers draw different random streams.
+  std::vector<uint8_t> host_rows;
   for (const SeqId id : sample_ids) {
     const RequestState& state = requests_.at(id);
     const SamplingParams& p = state.sampling;
-    if (!p.SamplesOnDevice() || !state.forced_tokens.empty()) {
-      on_device = false;
-      break;
-    }
     const Sequence& seq = *scheduler_->Find(id);
+    if (!p.SamplesOnDevice() || !state.forced_tokens.empty()) {
+      if (!options_.batch_invariant) {
+        on_device = false;
+        break;
+      }
+      host_rows.resize(rows, 0);
+      host_rows[device_rows.size()] = 1;
+      device_rows.push_back({0.0f, 0, 1.0f, 0.0f, 0, 0});
+      continue;
+    }
     device_rows.push_back({p.temperature, p.top_k, p.top_p, p.min_p, state.device_seed,
                            static_cast<uint64_t>(seq.num_generated())});
   }
@@ -753,7 +801,10 @@ void Engine::SampleRows(const Tensor& logits, LaunchedStep& step) {
     step.on_device = true;
     step.samples_buffer = next_samples_buffer_;
     next_samples_buffer_ ^= 1;
-    return;
+    if (host_rows.empty()) return;
+    step.host_rows = std::move(host_rows);
+  } else {
+    step.host_rows.clear();
   }
   step.host_samples.assign(rows, SampleResult{});
   const int vocab = model_->config().vocab_size;
@@ -764,6 +815,7 @@ void Engine::SampleRows(const Tensor& logits, LaunchedStep& step) {
     const Sequence& seq = *scheduler_->Find(id);
     // Replayed tokens are known: sampling them would move the request's random stream.
     if (!seq.caught_up()) continue;
+    if (!step.host_rows.empty() && step.host_rows[row] == 0) continue;  // the device's
     RequestState& state = requests_.at(id);
     const std::span<float> row_logits(host_logits_.data() + row * vocab, vocab);
     if (static_cast<size_t>(seq.num_generated()) < state.forced_tokens.size()) {

@@ -80,6 +80,16 @@ struct EngineOptions {
   // policy keeps at most the prompt), for a page table twice as wide (4 bytes a page, layer and
   // sequence slot; the pool's pages are sized as before).
   int prefix_cache_row_entries = -1;
+  // --batch-invariant: a request's greedy or seeded output is bitwise independent of the batch
+  // it runs in (runtime/README.md "Batch invariance"). The backend computes every row the same
+  // way at any batch (Backend::SetBatchInvariant), prompts are prefilled in chunks cut at
+  // multiples of batch_invariant_chunk (SchedulerOptions::batch_invariant_chunk) and a preempted
+  // request replays its generated tokens as decode steps. Step tuning is off (its GEMM options
+  // are gone).
+  bool batch_invariant = false;
+  // The fixed prefill chunk of batch_invariant, in tokens: rounded up to a multiple of the page
+  // size, and down to one of max_num_batched_tokens' where that is smaller.
+  int batch_invariant_chunk = 256;
   // How a running sequence that must give back its pages is preempted (sched/README.md
   // "Preemption"): recompute (its pages freed, computed again later) or swap (its entries copied
   // to host memory and back). --preemption-mode.
@@ -260,7 +270,10 @@ class Engine {
     std::vector<int> positions;
     bool on_device = false;                  // sampling begun on the device: Backend::TakeSamples
     std::vector<SampleResult> host_samples;  // else sampled on the host already
-    int samples_buffer = 0;                  // sampled_tokens_[.] holds the device samples
+    // Batch invariance, with on_device: by sample row, 1 where the row was sampled on the host
+    // already (its result in host_samples; the device's is a placeholder), as it would be alone.
+    std::vector<uint8_t> host_rows;
+    int samples_buffer = 0;  // sampled_tokens_[.] holds the device samples
   };
   // Runs a planned, committed step: the forward pass (its tokens that `previous` sampled fed
   // from the device), Complete, stats, and sampling begun. Every sampled sequence gets a

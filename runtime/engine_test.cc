@@ -684,6 +684,101 @@ TEST(EngineTest, RejectsBadSwapSettings) {
   EXPECT_NE(engine.status().ToString().find("--swap-space"), std::string::npos);
 }
 
+// --batch-invariant (runtime/README.md "Batch invariance"): a crowd answers every request
+// bitwise as it is answered alone, dense and sparse, greedy and seeded, with the prefix cache on
+// (requests share a prompt prefix) and off, in a roomy pool and in pools tight enough to preempt
+// by recompute (a dense request then replays its generated tokens as decode steps, as a sparse one
+// does) and by swap. The CPU backend computes every row the same way whatever the batch, so this
+// checks the engine's side: fixed chunks, cached prefixes cut at chunk boundaries, dense replay.
+TEST(EngineTest, BatchInvariantCrowdAnswersAsAlone) {
+  auto rng = testing::MakeRng();
+  const ModelConfig config = SmallConfig();
+  for (const std::string policy : {"full", "snapkv", "full:0,pyramidkv:1-2", "h2o"}) {
+    SCOPED_TRACE(policy);
+    PreemptionCrowd crowd;
+    crowd.options = TightPolicyOptions(policy);
+    crowd.options.batch_invariant = true;
+    crowd.options.batch_invariant_chunk = 12;  // three 4-entry pages
+    crowd.options.max_num_seqs = 8;
+    // Room for a few chunks beside the decodes; h2o scores every prompt row in its final chunk.
+    crowd.options.max_num_batched_tokens = policy == "h2o" ? 128 : 40;
+    crowd.options.enable_prefix_caching = true;
+    const std::vector<int32_t> prefix = RandomPrompt(rng, 20 + static_cast<int>(rng() % 12));
+    for (int index = 0; index < 8; ++index) {
+      std::vector<int32_t> prompt =
+          index % 2 == 0 ? prefix : RandomPrompt(rng, 10 + static_cast<int>(rng() % 20));
+      const std::vector<int32_t> suffix = RandomPrompt(rng, 15 + static_cast<int>(rng() % 30));
+      prompt.insert(prompt.end(), suffix.begin(), suffix.end());
+      SamplingParams params = Greedy(25 + static_cast<int>(rng() % 20));
+      if (index % 3 == 1) {  // seeded sampling
+        params.temperature = 0.8f;
+        params.seed = rng();
+        params.logprobs = index % 2;  // on the host (logprobs) or as the device path would
+      }
+      crowd.requests.push_back({prompt, params});
+    }
+    crowd.AnswerAlone(config);
+    for (const bool caching : {true, false}) {
+      EngineOptions roomy = crowd.options;
+      roomy.enable_prefix_caching = caching;
+      SCOPED_TRACE(caching ? "prefix caching" : "no prefix caching");
+      const EngineStats stats = crowd.RunAsAlone(config, roomy);
+      EXPECT_EQ(stats.num_preemptions, 0);
+      if (caching && policy != "h2o") {
+        EXPECT_GT(stats.prefix_cache_hits, 0);
+      }
+    }
+    for (const PreemptionMode mode : {PreemptionMode::kRecompute, PreemptionMode::kSwap}) {
+      int64_t preemptions = 0;
+      int64_t replayed = 0;
+      for (const double pools : {1.5, 1.2, 1.0}) {
+        SCOPED_TRACE(std::string(PreemptionModeName(mode)) + " pool " + std::to_string(pools));
+        EngineOptions tight = crowd.options;
+        tight.kv_memory_bytes = crowd.PoolBytes(config, pools);
+        tight.preemption_mode = mode;
+        tight.swap_space_bytes = int64_t{64} << 20;
+        const EngineStats stats = crowd.RunAsAlone(config, tight);
+        preemptions += stats.num_preemptions;
+        replayed += stats.num_replayed_tokens;
+      }
+      // H2O's decode does not grow: its crowd peaks while prompts are whole, where the pool
+      // admits them one by one instead of preempting.
+      if (policy == "h2o") continue;
+      EXPECT_GT(preemptions, 0) << "no pool was tight enough to preempt";
+      // Recomputed, a request prefills its prompt only and replays what it had generated as
+      // decode steps, dense ones too (swapped, it replays nothing).
+      if (mode == PreemptionMode::kRecompute) {
+        EXPECT_GT(replayed, 0);
+      } else {
+        EXPECT_EQ(replayed, 0);
+      }
+    }
+  }
+}
+
+// --batch-invariant's chunk is whole pages within a step's budget, and GPU-style tensor
+// parallelism aside, every backend here accepts it.
+TEST(EngineTest, BatchInvariantChunkIsWholePagesWithinTheBudget) {
+  const ModelConfig config = SmallConfig();
+  EngineOptions options = TightPolicyOptions("full");
+  options.batch_invariant = true;
+  options.batch_invariant_chunk = 10;  // rounds up to 12 (4-entry pages)
+  options.max_num_batched_tokens = 64;
+  TestEngine t = MakeEngine(config, options);
+  EXPECT_NE(t.engine->Describe().find("prefill chunks of 12 tokens"), std::string::npos)
+      << t.engine->Describe();
+  options.max_num_batched_tokens = 9;  // below the chunk: rounded down to 8
+  TestEngine small = MakeEngine(config, options);
+  EXPECT_NE(small.engine->Describe().find("prefill chunks of 8 tokens"), std::string::npos)
+      << small.engine->Describe();
+  auto backend = MakeCpuBackend();
+  options.max_num_batched_tokens = 3;  // less than a page
+  auto model = LlamaModel::Random(config, *backend, 7, options.max_model_len, 0.08f);
+  const auto refused = Engine::Create(std::move(model), nullptr, {257}, options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().ToString().find("--batch-invariant"), std::string::npos);
+}
+
 // Overlapped steps (each planned and launched before the samples of the one before are read,
 // the device feeding them) answer every request as steps one at a time do, bitwise: with
 // sparse and evicting policies, chunked prefill, a pool tight enough to preempt, requests that

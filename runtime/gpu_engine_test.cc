@@ -703,6 +703,145 @@ TEST_F(GpuEngineTest, SwapPreemptionGreedyMatchesCpu) {
   EXPECT_LE(wide, 2) << wide << " of 16 sparse sequences flipped where the CPU's gap was wide";
 }
 
+// --batch-invariant (runtime/README.md "Batch invariance"): a request's answer is the same bits
+// alone as in a crowd of 7, 64 or 256 requests arriving while it runs (their prefills in its
+// decode steps), dense and with a sparse layer, greedy and seeded, on the device sampler and the
+// host's (logprobs), with CUDA graphs and the prefix cache on (some of the crowd share a probe's
+// prompt head and are computed first). The probes' contexts cross decode attention's fixed
+// splits; once more alone after the crowds, nothing has changed.
+TEST_F(GpuEngineTest, BatchInvariantRequestAloneEqualsItInBatches) {
+  ModelConfig config = TinyRandomModelConfig();
+  config.head_dim = 128;
+  config.num_heads = 4;
+  config.num_kv_heads = 2;
+  config.hidden_size = config.num_heads * config.head_dim;
+  config.intermediate_size = 1408;
+  config.num_layers = 2;
+  config.vocab_size = 1000;
+  auto rng = testing::MakeRng();
+  const uint64_t seed = rng();
+  const auto random_prompt = [&](int length) {
+    std::vector<int32_t> prompt(length);
+    for (int32_t& token : prompt) token = static_cast<int32_t>(rng() % 900);
+    return prompt;
+  };
+  struct Request {
+    std::vector<int32_t> prompt;
+    SamplingParams params;
+  };
+  // The probes: a long greedy prompt (its decode crosses entry 768, a split boundary), a seeded
+  // one and a short greedy one sampled on the host.
+  std::vector<Request> probes(3);
+  probes[0].prompt = random_prompt(740);
+  probes[0].params.temperature = 0;
+  probes[1].prompt = random_prompt(300);
+  probes[1].params.temperature = 0.8f;
+  probes[1].params.top_p = 0.9f;
+  probes[1].params.seed = rng();
+  probes[2].prompt = random_prompt(33);
+  probes[2].params.temperature = 0;
+  probes[2].params.logprobs = 1;
+  for (Request& probe : probes) {
+    probe.params.max_tokens = 40;
+    probe.params.ignore_eos = true;
+  }
+  struct Answer {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+  };
+  for (const std::string policy : {"full", "full:0,snapkv:1"}) {
+    SCOPED_TRACE(policy);
+    EngineOptions options = ComparedEngineOptions(policy);
+    options.batch_invariant = true;
+    options.max_num_seqs = 256;
+    options.max_num_batched_tokens = 2048;
+    options.kv_memory_bytes = int64_t{1} << 30;
+    options.enable_prefix_caching = true;
+    // Runs `first` (added before the probes), the probes, then `later` a few each step while the
+    // probes run; returns the probes' answers.
+    const auto run = [&](const std::vector<Request>& first, const std::vector<Request>& later,
+                         EngineStats* stats) {
+      auto engine = Engine::Create(LlamaModel::Random(config, *gpu_, seed, 1024, 0.08f), nullptr,
+                                   {}, options);
+      SIEVE_CHECK(engine.ok()) << engine.status().ToString();
+      for (const Request& request : first) {
+        SIEVE_CHECK((*engine)->Add({request.prompt, request.params, ""}).ok());
+      }
+      std::vector<RequestId> ids;
+      for (const Request& probe : probes) {
+        ids.push_back(*(*engine)->Add({probe.prompt, probe.params, ""}));
+      }
+      std::map<RequestId, Answer> out;
+      size_t next_later = 0;
+      while ((*engine)->HasWork() || next_later < later.size()) {
+        for (int count = 0; count < 6 && next_later < later.size(); ++count, ++next_later) {
+          const Request& request = later[next_later];
+          SIEVE_CHECK((*engine)->Add({request.prompt, request.params, ""}).ok());
+        }
+        for (const RequestOutput& output : (*engine)->Step()) {
+          Answer& answer = out[output.id];
+          answer.tokens.insert(answer.tokens.end(), output.new_tokens.begin(),
+                               output.new_tokens.end());
+          for (const auto& logprob : output.new_logprobs) {
+            answer.logprobs.push_back(logprob.logprob);
+          }
+        }
+      }
+      *stats = (*engine)->Stats();
+      std::vector<Answer> answers;
+      for (const RequestId id : ids) answers.push_back(out[id]);
+      return answers;
+    };
+    // Alone: each probe on an engine of its own.
+    std::vector<Answer> alone;
+    for (size_t index = 0; index < probes.size(); ++index) {
+      const std::vector<Request> saved = probes;
+      probes = {saved[index]};
+      EngineStats stats;
+      alone.push_back(run({}, {}, &stats).front());
+      probes = saved;
+      ASSERT_EQ(alone.back().tokens.size(), 40u) << "probe " << index;
+    }
+    for (const int crowd : {7, 64, 256}) {
+      SCOPED_TRACE("crowd of " + std::to_string(crowd));
+      std::vector<Request> first, later;
+      const int others = crowd - static_cast<int>(probes.size());
+      for (int index = 0; index < others; ++index) {
+        Request request;
+        if (index % 5 == 0) {  // the long probe's head, then a tail of its own
+          request.prompt.assign(probes[0].prompt.begin(), probes[0].prompt.begin() + 600);
+          const std::vector<int32_t> tail = random_prompt(1 + static_cast<int>(rng() % 100));
+          request.prompt.insert(request.prompt.end(), tail.begin(), tail.end());
+        } else {
+          request.prompt = random_prompt(16 + static_cast<int>(rng() % 880));
+        }
+        request.params.max_tokens = 4 + static_cast<int>(rng() % 60);
+        request.params.ignore_eos = true;
+        request.params.temperature = index % 3 == 0 ? 0.0f : 0.9f;
+        request.params.seed = rng();
+        (index < others / 3 ? first : later).push_back(std::move(request));
+      }
+      EngineStats stats;
+      const std::vector<Answer> crowded = run(first, later, &stats);
+      EXPECT_EQ(stats.num_preemptions, 0);
+      EXPECT_GT(stats.num_decode_graphs, 0);
+      for (size_t index = 0; index < probes.size(); ++index) {
+        SCOPED_TRACE("probe " + std::to_string(index));
+        EXPECT_EQ(crowded[index].tokens, alone[index].tokens);
+        EXPECT_EQ(crowded[index].logprobs, alone[index].logprobs);
+      }
+    }
+    {
+      const std::vector<Request> saved = probes;
+      probes = {saved[0]};
+      EngineStats stats;
+      const Answer again = run({}, {}, &stats).front();
+      probes = saved;
+      EXPECT_EQ(again.tokens, alone[0].tokens) << "alone again, after the crowds";
+    }
+  }
+}
+
 // A model whose head dim the CUDA kernels lack is refused when it loads, with an error naming
 // what is supported; the CPU backend loads it. (Before, prefill attention aborted the process.)
 TEST_F(GpuEngineTest, UnsupportedHeadDimIsAnErrorAtLoad) {

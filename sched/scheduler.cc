@@ -22,6 +22,10 @@ Scheduler::Scheduler(const SchedulerOptions& options, KvCacheManager* kv)
     : options_(options), kv_(kv) {
   SIEVE_CHECK(options.max_num_seqs > 0 && options.max_num_batched_tokens > 0);
   SIEVE_CHECK(options.swap_slots >= 0);
+  SIEVE_CHECK(options.batch_invariant_chunk >= 0 &&
+              options.batch_invariant_chunk <= options.max_num_batched_tokens &&
+              options.batch_invariant_chunk % kv->page_size() == 0)
+      << "batch_invariant_chunk " << options.batch_invariant_chunk;
   if (options.preemption_mode == PreemptionMode::kSwap) {
     free_swap_slots_.resize(options.swap_slots);
     for (int slot = 0; slot < options.swap_slots; ++slot) {
@@ -200,6 +204,12 @@ int Scheduler::CachedPrefixPages(const Sequence& seq, int* idle) const {
     }
     pages = static_cast<int>(keys[layer].size());
   }
+  // Batch invariance: the prefill after the cached prefix must start where the prompt alone is
+  // cut (InvariantChunk), so the prefix is used up to a chunk boundary only.
+  if (options_.batch_invariant_chunk > 0) {
+    const int unit = options_.batch_invariant_chunk;
+    pages = pages * page_size / unit * unit / page_size;
+  }
   if (pages == 0) return 0;
   for (const std::vector<PageKey>& layer_keys : keys) {
     int layer_idle = 0;
@@ -230,6 +240,12 @@ void Scheduler::KeyComputedPages(Sequence& seq) {
 
 int Scheduler::ChunkSize(const Sequence& seq, int token_budget, int start) const {
   const int remaining = seq.prefill_target - start;
+  if (options_.batch_invariant_chunk > 0 && options_.enable_chunked_prefill) {
+    // The chunk a prompt alone gets, or none: its end depends on the prompt only, never on what
+    // else the step holds.
+    const int chunk = InvariantChunk(seq, start);
+    return chunk <= token_budget ? chunk : 0;
+  }
   if (remaining <= token_budget) return remaining;
   if (!options_.enable_chunked_prefill) return 0;
   // The rows the policy scores must all be in the final chunk (their queries are not kept).
@@ -237,6 +253,18 @@ int Scheduler::ChunkSize(const Sequence& seq, int token_budget, int start) const
   int chunk = token_budget;
   if (remaining - chunk < final_rows) chunk = remaining - final_rows;
   return std::max(chunk, 0);
+}
+
+int Scheduler::InvariantChunk(const Sequence& seq, int start) const {
+  const int unit = options_.batch_invariant_chunk;
+  const int target = seq.prefill_target;
+  int end = std::min(target, (start / unit + 1) * unit);
+  // The rows the policy scores must all be in the final chunk: this one ends before them (or,
+  // when it cannot, is the final chunk itself).
+  if (end < target && target - end < seq.final_chunk_rows) {
+    end = target - seq.final_chunk_rows > start ? target - seq.final_chunk_rows : target;
+  }
+  return end - start;
 }
 
 ScheduledSequence Scheduler::PlanPrefill(const Sequence& seq, int chunk, int start, StepPlan& plan,
@@ -629,8 +657,12 @@ void Scheduler::Commit(const StepPlan& plan) {
     seq.state = SequenceState::kWaiting;
     seq.num_computed = 0;
     // Dense: everything at once. Sparse: the prompt, then the generated tokens replayed.
-    seq.prefill_target =
-        seq.policy->IsDense() ? static_cast<int>(seq.tokens.size()) : seq.num_prompt_tokens;
+    // Batch invariance replays a dense sequence's tokens as well: prefilled, their rows would
+    // get prefill attention's arithmetic instead of the decode steps' that computed them first
+    // (and the prompt's last chunk would end elsewhere).
+    seq.prefill_target = seq.policy->IsDense() && options_.batch_invariant_chunk == 0
+                             ? static_cast<int>(seq.tokens.size())
+                             : seq.num_prompt_tokens;
     seq.final_chunk_rows = seq.policy->FinalChunkRows(seq.prefill_target);
     ResetPrefixCache(seq);  // its keyed pages stay cached: readmission may attach them
     // Back to the queue in arrival order: it goes before everything that came after it.

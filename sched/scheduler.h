@@ -63,6 +63,14 @@ struct SchedulerOptions {
   // How a running sequence that must give back its pages is preempted (the header comment).
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;
   int swap_slots = 0;  // kSwap: host slots of one page each (the engine sizes them: swap_space)
+  // Batch invariance (EngineOptions::batch_invariant), > 0: a prompt's prefill is cut only where
+  // a prompt alone would be cut, whatever else the step holds: chunks end at multiples of this
+  // many tokens (the final chunk moved earlier when the policy's scored rows need it), a chunk
+  // that does not fit the step's budget waits for the next step, a cached prefix is used up to a
+  // multiple of it (a multiple of the page size), and a preempted dense sequence replays its
+  // generated tokens as decode steps instead of prefilling them (sched/README.md "Batch
+  // invariance"). 0: chunks fill the step's budget.
+  int batch_invariant_chunk = 0;
 };
 
 class Scheduler {
@@ -120,6 +128,9 @@ class Scheduler {
  private:
   // Tokens of this sequence's prefill from `start` that fit in `token_budget` this step (0: none).
   int ChunkSize(const Sequence& seq, int token_budget, int start) const;
+  // Batch invariance: the chunk from `start` a prompt alone gets (SchedulerOptions::
+  // batch_invariant_chunk), whatever the budget; at most max(unit, final_chunk_rows) tokens.
+  int InvariantChunk(const Sequence& seq, int start) const;
   // `keep_prompt_pages`: a prefix-caching sparse sequence's final chunk writes its compressed
   // layers' entries into pages as the other layers do and puts the kept ones after them
   // (ScheduledSequence::kept_offset); false compresses over the prompt's head.

@@ -10,7 +10,7 @@
 #                                        sampling attention large_batch profile_attention
 #                                        chunk_ab serve_timeline fp8 kv_fp8 serve_fp8
 #                                        fp8_headline arch_sm90 prefix_cache preemption
-#                                        accuracy_fp8 fp8_decode_ab
+#                                        accuracy_fp8 fp8_decode_ab batch_invariant
 #                                        (default: build golden test bench sdpa)
 #
 # `step` times the decode step alone (with its variants); `ab` times its defaults for this tree and
@@ -945,6 +945,50 @@ PY
       done
       kill -TERM $pid; wait $pid
     done
+  done
+fi
+
+if has batch_invariant; then
+  # Issue 62 items 2 and 3: what --batch-invariant costs. Each policy of BATCH_INVARIANT_POLICIES
+  # (default dense, then full:0-2,pyramidkv:3-31 budget 400) served by a fresh server without the
+  # flag and one with it (Llama-3-8B shape, dummy weights, bf16), 4000/500 random prompts at
+  # BATCH_INVARIANT_LEVELS (default 64) requests in flight, BATCH_INVARIANT_PROMPTS prompts a
+  # level (default 2 x C); the issue's bound is at most 15% lower output throughput at C = 64.
+  # Then the decode and prefill steps alone, without and with the flag (sieve bench kernels).
+  # Files: batch_invariant_<dense|sparse>_<default|invariant>_c<level>.json. Its tests:
+  # `GPU_TESTS=BatchInvariant scripts/gpu_check.sh build test`.
+  ensure_sieve
+  tok=testdata/tokenizers/llama3/tokenizer.model
+  for policy in ${BATCH_INVARIANT_POLICIES:-full full:0-2,pyramidkv:3-31}; do
+    kind=$( [ "$policy" = full ] && echo dense || echo sparse )
+    for mode in default invariant; do
+      flag=$( [ "$mode" = invariant ] && echo --batch-invariant )
+      start_server ./build/gpu/sieve "$LOGS/batch_invariant_server_${kind}_$mode.log" \
+        --max-num-seqs 256 --kv-policy "$policy" $flag \
+        || { note "batch_invariant $kind $mode: server FAILED: $(tail -1 "$LOGS/batch_invariant_server_${kind}_$mode.log")"; continue; }
+      for level in ${BATCH_INVARIANT_LEVELS:-64}; do
+        run="${kind}_${mode}_c$level"
+        start=$(date +%s)
+        ./build/gpu/sieve bench serve --base-url http://127.0.0.1:8123 --tokenizer "$tok" \
+          --input-len 4000 --output-len 500 \
+          --max-concurrency "$level" --num-prompts "${BATCH_INVARIANT_PROMPTS:-$(( 2 * level ))}" \
+          --ignore-eos --warmup 1 --no-progress --label "batch-invariant $mode, $kind" \
+          --metadata policy="$policy" batch_invariant="$mode" budget=400 \
+          --result-json "$OUT/batch_invariant_$run.json" \
+          > "$LOGS/batch_invariant_$run.log" 2>&1 || note "batch_invariant $run: bench FAILED"
+        note "batch_invariant $run ($(( $(date +%s) - start )) s): $(grep -E "Output token throughput|Median TTFT|Median TPOT" \
+          "$LOGS/batch_invariant_$run.log" | tr -s ' ' | tr '\n' ';')"
+      done
+      kill -TERM $pid; wait $pid
+    done
+  done
+  for mode in default invariant; do
+    flag=$( [ "$mode" = invariant ] && echo --batch-invariant )
+    ./build/gpu/sieve bench kernels --skip-attention --skip-sparsity --skip-gemm \
+      --no-step-variants --prefill-step $flag \
+      > "$LOGS/batch_invariant_steps_$mode.log" 2>&1 || note "batch_invariant steps $mode: FAILED"
+    note "batch_invariant steps $mode: $(grep -E "^(dense|sparse|1/10 kept)" "$LOGS/batch_invariant_steps_$mode.log" \
+      | tr -s ' ' | tr '\n' ';')"
   done
 fi
 

@@ -378,7 +378,8 @@ void HttpSession::Route(const Request& request) {
                   {"quantization", WeightQuantizationName(engine.weight_quantization())},
                   {"tensor_parallel_size", engine.tensor_parallel_size()},
                   {"enforce_eager", !options.cuda_graphs},
-                  {"overlap_steps", options.overlap_steps}}));
+                  {"overlap_steps", options.overlap_steps},
+                  {"batch_invariant", options.batch_invariant}}));
   }
   HandleCompletion(request, path == "/v1/completions" ? ApiKind::kCompletion : ApiKind::kChat);
 }

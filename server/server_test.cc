@@ -1015,6 +1015,7 @@ TEST(ServerTest, ServerInfoDescribesTheEngine) {
   EXPECT_EQ(json["enforce_eager"],
             false);  // the engine's default: graphs where the backend has them
   EXPECT_EQ(json["overlap_steps"], true);
+  EXPECT_EQ(json["batch_invariant"], false);
   // The policy as its canonical spec (what --kv-policy reads), its knobs and in words.
   EXPECT_EQ(json["kv_policy"], "full:0,snapkv:1-3") << json.dump();
   EXPECT_EQ(json["kv_policy_options"]["budget"], config.kv_policy_options.budget);

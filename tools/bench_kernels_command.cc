@@ -68,6 +68,7 @@ struct KernelsFlags {
   std::vector<int> gemm_rows = {1, 16, 64};
   bool skip_decode_step = false;
   bool no_graph = false;
+  bool batch_invariant = false;
   bool profile_step = false;
   bool no_step_variants = false;
   // The names of the kStepVariants to time beside the defaults (empty: all).
@@ -202,6 +203,7 @@ int Run(const KernelsFlags& flags) {
   json["gpu"] = backend.name();
   json["quantization"] = flags.quantization;
   json["kv_cache_dtype"] = flags.kv_cache_dtype;
+  json["batch_invariant"] = flags.batch_invariant;  // the decode and prefill steps
 
   if (!flags.skip_attention) {
     std::printf("== attention\n");
@@ -342,6 +344,10 @@ int Run(const KernelsFlags& flags) {
         std::fprintf(stderr, "error: %s\n", step_backend.status().message().c_str());
         return 1;
       }
+      if (flags.batch_invariant) {
+        const Status invariant = (*step_backend)->SetBatchInvariant(true);
+        SIEVE_CHECK(invariant.ok()) << invariant.ToString();  // the CUDA backend has the mode
+      }
       PrefillStepBenchOptions options;
       options.num_seqs = flags.prefill_seqs;
       options.prompt_len = flags.prefill_len;
@@ -406,6 +412,7 @@ int Run(const KernelsFlags& flags) {
     if (flags.pages_in_order) {
       std::printf("pages: in order, each sequence's adjacent (--pages-in-order)\n");
     }
+    if (flags.batch_invariant) std::printf("batch-invariant kernels (--batch-invariant)\n");
     // The defaults first, then the variants (kStepVariants), each on a backend of its own.
     // SIEVE_PDL=0 when the command starts holds for every row (the first row is then not the
     // defaults, and says so).
@@ -432,6 +439,10 @@ int Run(const KernelsFlags& flags) {
         if (!step_backend.ok()) {
           std::fprintf(stderr, "error: %s\n", step_backend.status().message().c_str());
           return 1;
+        }
+        if (flags.batch_invariant) {
+          const Status invariant = (*step_backend)->SetBatchInvariant(true);
+          SIEVE_CHECK(invariant.ok()) << invariant.ToString();  // the CUDA backend has the mode
         }
         DecodeStepBenchOptions options;
         options.batch = flags.batch;
@@ -563,6 +574,10 @@ CommandRunner AddBenchKernelsCommand(CLI::App& app) {
       ->delimiter(',');
   app.add_flag("--skip-decode-step", flags->skip_decode_step, "Skip the whole-model decode step");
   app.add_flag("--no-graph", flags->no_graph, "Run the decode step without a CUDA graph");
+  app.add_flag("--batch-invariant", flags->batch_invariant,
+               "Run the decode and prefill steps as --batch-invariant serves them (one GEMM "
+               "configuration per weight for every row count, fixed-size decode attention "
+               "splits): run with and without it to measure the mode's cost per step");
   app.add_flag("--profile-step", flags->profile_step,
                "Bracket 3 sparse decode steps (back to back) with cudaProfilerStart/Stop, for "
                "`ncu --profile-from-start off` or tools/kernel_timeline");

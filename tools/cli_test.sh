@@ -39,6 +39,15 @@ gen() { "$sieve" generate --device cpu --kv-memory 64M --log-level warn "$@"; }
 expect_ok "generate on a fixture model" gen --model "$model" --prompt "Hello" -n 5 --temperature 0
 grep -q "tokens generated" "$work/err" || { echo "FAIL generate: no summary line"; failures=$((failures + 1)); }
 
+# --batch-invariant on the CPU (whose kernels are batch-invariant already): the same tokens, and a
+# step budget below one page is a clear error.
+gen --model "$model" --prompt "Hello there, how are you" -n 8 --temperature 0 > "$work/plain" 2> /dev/null
+expect_ok "generate --batch-invariant" gen --model "$model" --prompt "Hello there, how are you" -n 8 \
+  --temperature 0 --batch-invariant
+cmp -s "$work/plain" "$work/out" || { echo "FAIL generate --batch-invariant: other tokens"; failures=$((failures + 1)); }
+expect_fail "--batch-invariant within a page" "batch-invariant.*whole pages" gen --model "$model" \
+  --prompt hi --batch-invariant --max-num-batched-tokens 4
+
 copy_model; head -c 1000 "$model/model.safetensors" > "$work/m/model.safetensors"
 expect_fail "truncated safetensors" "model.safetensors|truncated|past the end|bounds" gen --model "$work/m" --prompt hi
 

@@ -51,6 +51,17 @@ void AddEngineFlags(CLI::App& app, EngineFlags& flags, bool policy_flags) {
                "Capture each decode batch size's graph without timing the captured step to choose "
                "between near-equal GEMM kernels (saves ~1-3 s on its first step, at up to 2% of "
                "the step's speed)");
+  app.add_flag("--batch-invariant", flags.engine.batch_invariant,
+               "Make a request's greedy or seeded output bitwise independent of the batch it "
+               "runs in (dense and under every policy, CUDA graphs kept). GPU: one GEMM "
+               "configuration per weight for every row count (no split-k, skinny kernel or step "
+               "tuning) and decode attention cut into pieces of a fixed number of entries. "
+               "Everywhere: prompts prefilled in chunks of 256 tokens cut where the request "
+               "alone would cut them, preempted requests replaying their generated tokens as "
+               "decode steps, each request sampled on the device or the host as it would be "
+               "alone. The CPU kernels are batch-invariant already. Costs GPU throughput (not "
+               "measured yet); refused with GPU tensor parallelism (NCCL's sums follow the "
+               "message size). runtime/README.md \"Batch invariance\"");
   app.add_option("--max-model-len", flags.engine.max_model_len,
                  "Context length: prompt + generated tokens (0: the model's, at most 8192)")
       ->capture_default_str();

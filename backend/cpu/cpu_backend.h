@@ -22,6 +22,12 @@ class CpuBackend final : public Backend {
   void CopyFromHost(const void* src, size_t bytes, Tensor& dst) override;
   void CopyToHost(const Tensor& src, void* dst) override;
   void Synchronize() override {}
+  // Batch-invariant always: each output element is computed the same way whatever the batch
+  // holds (backend/README.md), so there is nothing to switch.
+  Status SetBatchInvariant(bool on) override {
+    (void)on;
+    return Status::Ok();
+  }
   Tensor UploadWeight(const void* src, DType src_dtype, std::vector<int64_t> shape) override;
   void FillRandom(Tensor& tensor, uint64_t seed, float stddev) override;
   void Copy(const Tensor& src, Tensor& dst) override;

@@ -818,6 +818,101 @@ INSTANTIATE_TEST_SUITE_P(
         DecodeCase{"fp8_b3_mqa32_d128", 32, 1, 128, 3, 1000, {}, false, {0, 1, 3}, 16, true}),
     [](const ::testing::TestParamInfo<DecodeCase>& info) { return info.param.name; });
 
+// Batch invariance (DecodeAttention's batch_invariant, README_attention.md "Batch invariance"):
+// a decode sequence's output row is the same bits alone (a step of one sequence, its grid sized
+// for its own length or for a longer context, as a CUDA graph is) as inside a step of 200 decode
+// sequences behind a prefill chunk, for sequences of one entry, of a few splits and of the
+// longest context. The batch's outputs also match the CPU (the tolerances above).
+TEST(DecodeAttentionBatchInvariantTest, SequenceAloneEqualsItInABatch) {
+  SIEVE_REQUIRE_GPU();
+  std::mt19937_64 rng = sieve::testing::MakeRng();
+  struct Shape {
+    int num_heads, kv_heads, head_dim;
+  };
+  for (const Shape shape : {Shape{32, 8, 128}, Shape{8, 2, 64}}) {
+    const int num_heads = shape.num_heads, kv_heads = shape.kv_heads, head_dim = shape.head_dim;
+    SCOPED_TRACE(std::to_string(num_heads) + "x" + std::to_string(kv_heads) + " d" +
+                 std::to_string(head_dim));
+    constexpr int kBatch = 200;
+    constexpr int kMaxContext = 3000;
+    constexpr int kPageSize = 16;
+    const int layer = 1;
+    const PagedDecodeCase paged(rng, {37}, kBatch, layer, kBatch + 5, kMaxContext, kPageSize,
+                                kMaxContext / kPageSize + 1, 7, false);
+    const size_t pool_count =
+        static_cast<size_t>(paged.num_pages) * kPageSize * kv_heads * head_dim;
+    const std::vector<float> k_pool = RandomBf16Values(pool_count, rng);
+    const std::vector<float> v_pool = RandomBf16Values(pool_count, rng);
+    const int64_t qkv_width = static_cast<int64_t>(num_heads + 2 * kv_heads) * head_dim;
+    const int64_t q_width = static_cast<int64_t>(num_heads) * head_dim;
+    const std::vector<float> qkv =
+        RandomBf16Values(static_cast<size_t>(paged.tokens) * qkv_width, rng);
+    const DeviceBuffer<bf16> qkv_dev(ToBf16(qkv));
+    const DeviceBuffer<bf16> k_dev(ToBf16(k_pool));
+    const DeviceBuffer<bf16> v_dev(ToBf16(v_pool));
+    const DevicePagedDecodeCase device(paged);
+    const PoolView pool_view = device.Pool(k_dev.get(), v_dev.get(), kv_heads, head_dim);
+    const int64_t out_stride = q_width + 8;
+
+    // The batch: every decode sequence at once, behind the prefill chunk's rows.
+    const size_t batch_bytes =
+        DecodeAttentionWorkspaceBytes(kBatch, num_heads, head_dim, paged.max_kv_len, true);
+    DeviceBuffer<uint8_t> batch_workspace(batch_bytes);
+    DeviceBuffer<bf16> batch_out(NanBf16(static_cast<size_t>(paged.tokens) * out_stride));
+    DecodeAttention(qkv_dev.get(), qkv_width, num_heads, device.view, layer, pool_view,
+                    batch_out.get(), out_stride, batch_workspace.get(), batch_bytes, nullptr,
+                    /*batch_invariant=*/true);
+    SIEVE_CUDA_CHECK(cudaGetLastError());
+    const std::vector<bf16> batch_bits = batch_out.ToHost();
+    {
+      const StepMeta step = paged.HostStep();
+      KvPool pool = paged.HostPool(kv_heads, head_dim, k_pool, v_pool);
+      const Tensor qkv_host = HostF32({paged.tokens, qkv_width}, qkv);
+      Tensor out_ref = Tensor::Empty({paged.tokens, q_width}, DType::kF32);
+      MakeCpuBackend()->DecodeAttention(qkv_host.Columns(0, q_width), num_heads, step, layer, pool,
+                                        out_ref);
+      ExpectDecodeRowsMatch(ToFloat(batch_bits), out_stride, out_ref.data_as<float>(), paged.tokens,
+                            paged.prefill_tokens, q_width, head_dim, "batch-invariant batch");
+    }
+
+    // Each probe alone: the longest, the one-entry one and a few others.
+    std::vector<int> probes = {0, 1};
+    for (int extra = 0; extra < 4; ++extra) probes.push_back(2 + static_cast<int>(rng() % 198));
+    for (const int probe : probes) {
+      const int seq = paged.num_prefill + probe;
+      const int length = paged.Length(layer, seq);
+      const int token = paged.query_start[seq];
+      DeviceBuffer<int32_t> query_start(std::vector<int32_t>{0, 1});
+      DeviceBuffer<int32_t> slots(std::vector<int32_t>{paged.slots[seq]});
+      for (const int bound : {length, kMaxContext + 700}) {
+        SCOPED_TRACE("sequence " + std::to_string(probe) + " of " + std::to_string(length) +
+                     " entries, grid for " + std::to_string(bound));
+        StepView alone = device.view;
+        alone.query_start = query_start.get();
+        alone.seq_slots = slots.get();
+        alone.num_tokens = 1;
+        alone.num_prefill_tokens = 0;
+        alone.num_seqs = 1;
+        alone.num_prefill_seqs = 0;
+        alone.max_kv_len = bound;
+        const size_t bytes = DecodeAttentionWorkspaceBytes(1, num_heads, head_dim, bound, true);
+        DeviceBuffer<uint8_t> workspace(bytes);
+        DeviceBuffer<bf16> out(NanBf16(static_cast<size_t>(out_stride)));
+        DecodeAttention(qkv_dev.get() + static_cast<int64_t>(token) * qkv_width, qkv_width,
+                        num_heads, alone, layer, pool_view, out.get(), out_stride, workspace.get(),
+                        bytes, nullptr, /*batch_invariant=*/true);
+        SIEVE_CUDA_CHECK(cudaGetLastError());
+        const std::vector<bf16> alone_bits = out.ToHost();
+        const std::vector<bf16> row(alone_bits.begin(), alone_bits.begin() + q_width);
+        const std::vector<bf16> in_batch(
+            batch_bits.begin() + static_cast<int64_t>(token) * out_stride,
+            batch_bits.begin() + static_cast<int64_t>(token) * out_stride + q_width);
+        EXPECT_TRUE(BitwiseEqual(row, in_batch)) << "alone differs from the batch";
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------
 // Decode attention with RoPE fused in (RopeDecodeAttention)
 //

@@ -218,8 +218,10 @@ class CudaBackend final : public Backend {
     // At one row (where the runner's plan is the skinny kernel anyway) its gated form; from 8 rows
     // on cuBLASLt + SiluMul is faster (README_gemm.md, "The gated form"). The gated form writes
     // bf16 only: a quantized `out` (before an FP8 down GEMM) takes SiluMul's quantizing form.
-    if (rows == 1 && w.dtype() == DType::kBF16 && out.dtype() == DType::kBF16 &&
-        w.dim(0) == 2 * f && w.dim(1) == k && w.stride(0) == k &&
+    // Not under batch invariance: a row's gate_up would be the skinny kernel's sums alone and
+    // cuBLASLt's in a batch.
+    if (!batch_invariant_ && rows == 1 && w.dtype() == DType::kBF16 &&
+        out.dtype() == DType::kBF16 && w.dim(0) == 2 * f && w.dim(1) == k && w.stride(0) == k &&
         cuda::SkinnyGemmSupports(rows, k, Bf16(w), k, Bf16(x), x.stride(0))) {
       cuda::SkinnyGemmSwiGlu(rows, f, k, Bf16(w), Bf16(x), x.stride(0), View(norm), Bf16(out),
                              out.stride(0), stream_);
@@ -303,12 +305,13 @@ class CudaBackend final : public Backend {
   }
   void DecodeAttention(const Tensor& q, int num_heads, const StepMeta& step, int layer,
                        KvPool& pool, Tensor& out) override {
-    const size_t bytes = cuda::DecodeAttentionWorkspaceBytes(
-        step.num_seqs - step.num_prefill_seqs, num_heads, pool.head_dim, step.max_kv_len);
+    const size_t bytes =
+        cuda::DecodeAttentionWorkspaceBytes(step.num_seqs - step.num_prefill_seqs, num_heads,
+                                            pool.head_dim, step.max_kv_len, batch_invariant_);
     EnsureWorkspace(attention_workspace_, attention_workspace_bytes_, bytes);
     cuda::DecodeAttention(Bf16(q), q.stride(0), num_heads, LayerView(step, layer), layer,
                           View(pool), Bf16(out), out.stride(0), attention_workspace_,
-                          attention_workspace_bytes_, stream_);
+                          attention_workspace_bytes_, stream_, batch_invariant_);
   }
   // One kernel (RoPE of the decode tokens inside decode attention) unless H2O needs rotated q in
   // memory for its score pass. Two kernels made the dense decode step 13.62 ms against 13.37
@@ -320,13 +323,14 @@ class CudaBackend final : public Backend {
       Backend::RopeDecodeAttention(qkv, rope_table, num_heads, step, layer, pool, out, norm);
       return;
     }
-    const size_t bytes = cuda::DecodeAttentionWorkspaceBytes(
-        step.num_seqs - step.num_prefill_seqs, num_heads, pool.head_dim, step.max_kv_len);
+    const size_t bytes =
+        cuda::DecodeAttentionWorkspaceBytes(step.num_seqs - step.num_prefill_seqs, num_heads,
+                                            pool.head_dim, step.max_kv_len, batch_invariant_);
     EnsureWorkspace(attention_workspace_, attention_workspace_bytes_, bytes);
     cuda::RopeDecodeAttention(Bf16(qkv), qkv.stride(0), rope_table.data_as<float>(), num_heads,
                               LayerView(step, layer), layer, View(pool), Bf16(out), out.stride(0),
-                              attention_workspace_, attention_workspace_bytes_, View(norm),
-                              stream_);
+                              attention_workspace_, attention_workspace_bytes_, View(norm), stream_,
+                              batch_invariant_);
   }
 
   void WindowScores(const Tensor& q, const Tensor& k, const Tensor& lse, int num_heads,
@@ -400,9 +404,20 @@ class CudaBackend final : public Backend {
     return static_cast<int>(graphs_.size()) - 1;
   }
   void PrepareDecodeGraphs(int max_batch, int num_heads, int head_dim, int max_kv_len) override {
-    EnsureWorkspace(
-        attention_workspace_, attention_workspace_bytes_,
-        cuda::DecodeAttentionWorkspaceBytes(max_batch, num_heads, head_dim, max_kv_len));
+    EnsureWorkspace(attention_workspace_, attention_workspace_bytes_,
+                    cuda::DecodeAttentionWorkspaceBytes(max_batch, num_heads, head_dim, max_kv_len,
+                                                        batch_invariant_));
+  }
+
+  // README_gemm.md and README_attention.md, "Batch invariance": the GEMMs take one configuration
+  // per weight shape for every m, decode attention splits of a fixed size by one CTA shape, and
+  // the one-row fused SwiGLU is off. The other kernels compute each row (or each sequence's job)
+  // the same way at any batch already.
+  Status SetBatchInvariant(bool on) override {
+    batch_invariant_ = on;
+    gemm_->SetBatchInvariant(on);
+    if (fp8_gemm_ != nullptr) fp8_gemm_->SetBatchInvariant(on);
+    return Status::Ok();
   }
 
   bool BeginSampling(const Tensor& logits, const std::vector<DeviceSamplingRow>& rows,
@@ -583,7 +598,10 @@ class CudaBackend final : public Backend {
   void RunLinearE4m3(const Tensor& x, const Tensor& w, Tensor& out, bool accumulate);
   // The FP8 GEMM runner, made on first use (models without FP8 weights never need it).
   cuda::Fp8GemmRunner& Fp8Gemm() {
-    if (fp8_gemm_ == nullptr) fp8_gemm_ = std::make_unique<cuda::Fp8GemmRunner>(stream_);
+    if (fp8_gemm_ == nullptr) {
+      fp8_gemm_ = std::make_unique<cuda::Fp8GemmRunner>(stream_);
+      fp8_gemm_->SetBatchInvariant(batch_invariant_);
+    }
     return *fp8_gemm_;
   }
   // A quantized activation's codes and scales for the kernels that write one (backend.h).
@@ -713,6 +731,7 @@ class CudaBackend final : public Backend {
   int device_;
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
+  bool batch_invariant_ = false;  // SetBatchInvariant
   std::unique_ptr<cuda::GemmRunner> gemm_;
   std::unique_ptr<cuda::Fp8GemmRunner> fp8_gemm_;  // made with the first FP8 weight
   // FP8 GEMMs' quantized inputs: [rows][k rounded up to 16] e4m3, then [rows] f32 scales.

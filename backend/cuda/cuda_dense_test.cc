@@ -1141,5 +1141,68 @@ TEST(CudaDeviceImageTest, LoadedImageMatchesTheDeviceAndThePathsChosen) {
               cuda::LoadedImageIsSm90a() ? "a" : "");
 }
 
+// Batch invariance (Backend::SetBatchInvariant; README_gemm.md "Batch invariance"): through the
+// backend's ops, a row gives the same output bits alone (1 row, the first or any), among 37 and
+// among 300 as among 1024: Linear over bf16 and (where the GPU has FP8) e4m3 weights, LinearAdd,
+// and LinearSiluMul with a folded norm, whose one-row fused form is off in this mode.
+TEST_F(CudaDenseTest, BatchInvariantOpsGiveEachRowTheSameBitsAtAnyRowCount) {
+  ASSERT_TRUE(gpu_->SetBatchInvariant(true).ok());
+  constexpr int kRows = 1024, kInner = 1024, kCols = 1536, kFfn = 1408;
+  const Tensor x = Gpu(Random(static_cast<size_t>(kRows) * kInner), {kRows, kInner});
+  const Tensor w = Gpu(Random(static_cast<size_t>(kCols) * kInner, 0.05f), {kCols, kInner});
+  const Tensor gate_up_w =
+      Gpu(Random(static_cast<size_t>(2 * kFfn) * kInner, 0.05f), {2 * kFfn, kInner});
+  const std::vector<float> base = Random(static_cast<size_t>(kRows) * kCols);
+  std::vector<std::pair<std::string, std::function<Tensor(const Tensor&, int, int)>>> ops;
+  ops.emplace_back("Linear", [&](const Tensor& rows, int, int m) {
+    Tensor out = gpu_->Allocate({m, kCols}, DType::kBF16);
+    gpu_->Linear(rows, w, out);
+    return out;
+  });
+  ops.emplace_back("Linear f32 out", [&](const Tensor& rows, int, int m) {
+    Tensor out = gpu_->Allocate({m, kCols}, DType::kF32);
+    gpu_->Linear(rows, w, out);
+    return out;
+  });
+  ops.emplace_back("LinearAdd", [&](const Tensor& rows, int first, int m) {
+    Tensor out = Gpu(std::vector<float>(base.begin() + static_cast<int64_t>(first) * kCols,
+                                        base.begin() + static_cast<int64_t>(first + m) * kCols),
+                     {m, kCols});
+    gpu_->LinearAdd(rows, w, out);
+    return out;
+  });
+  ops.emplace_back("LinearSiluMul", [&](const Tensor& rows, int, int m) {
+    Tensor gate_up = gpu_->Allocate({m, 2 * kFfn}, DType::kBF16);
+    Tensor out = gpu_->Allocate({m, kFfn}, DType::kBF16);
+    gpu_->LinearSiluMul(rows, gate_up_w, gate_up, out, RowRms{&rows, 1e-5f});
+    return out;
+  });
+  Tensor fp8_w;
+  if (cuda::Fp8GemmRunner::DeviceSupportsFp8()) {
+    fp8_w = gpu_->QuantizeWeightE4m3(w);
+    ops.emplace_back("Linear e4m3", [&](const Tensor& rows, int, int m) {
+      Tensor out = gpu_->Allocate({m, kCols}, DType::kBF16);
+      gpu_->Linear(rows, fp8_w, out);
+      return out;
+    });
+  }
+  const int picked = static_cast<int>(rng_() % kRows);
+  for (const auto& [name, op] : ops) {
+    SCOPED_TRACE(name);
+    const std::vector<float> all = Download(op(x, 0, kRows));
+    const int64_t width = static_cast<int64_t>(all.size()) / kRows;
+    for (const auto& [first, m] : std::vector<std::pair<int, int>>{
+             {0, 1}, {picked, 1}, {kRows - 1, 1}, {0, 37}, {kRows - 300, 300}}) {
+      const std::vector<float> some = Download(op(x.Rows(first, first + m), first, m));
+      ASSERT_EQ(static_cast<int64_t>(some.size()), width * m);
+      for (int row = 0; row < m; ++row) {
+        ASSERT_TRUE(std::equal(some.begin() + row * width, some.begin() + (row + 1) * width,
+                               all.begin() + (first + row) * width))
+            << "row " << first + row << " among " << m << " differs from it among " << kRows;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sieve

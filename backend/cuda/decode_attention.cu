@@ -180,6 +180,9 @@ struct DecodeParams {
   int max_pages_per_seq;
   int num_splits;   // the grid's splits: the most any sequence uses
   int fill_splits;  // splits the batch needs to fill the GPU (UsedSplits)
+  // > 0 (batch invariance): every split holds this many entries, the last fewer, so a sequence's
+  // pieces depend on its length alone; 0: UsedSplits' count of equal pieces.
+  int split_entries;
   float scale;
   float scale_log2;
   uint64_t* trace;  // [trace_ctas][kDecodeTraceSlots] (decode_attention.h), or null
@@ -190,6 +193,10 @@ struct DecodeParams {
 // with its own length). A CUDA graph's grid is sized for the longest context it may see, so
 // without this every sequence would be cut that many ways.
 __device__ __forceinline__ int UsedSplits(const DecodeParams& params, int length) {
+  if (params.split_entries > 0) {
+    const int pieces = (length + params.split_entries - 1) / params.split_entries;
+    return max(1, min(pieces, params.num_splits));  // the host sizes the grid to cover them all
+  }
   return static_cast<int>(
       min(SplitsForLength(length, params.fill_splits), static_cast<int64_t>(params.num_splits)));
 }
@@ -197,10 +204,13 @@ __device__ __forceinline__ int UsedSplits(const DecodeParams& params, int length
 // Entries [begin, end) of split `split` of a sequence holding `length` entries: equal pieces
 // rounded up to whole tiles of kTile entries, so each sequence is cut by its own length (a CUDA
 // graph replayed with longer contexts still covers every entry).
+// With `split_entries` > 0 (a multiple of kTile), pieces of that many entries instead.
 template <int kTile>
-__device__ __forceinline__ void SplitRange(int length, int split, int num_splits, int& begin,
-                                           int& end) {
-  const int per_split = ((length + num_splits - 1) / num_splits + kTile - 1) / kTile * kTile;
+__device__ __forceinline__ void SplitRange(int length, int split, int num_splits, int split_entries,
+                                           int& begin, int& end) {
+  const int per_split = split_entries > 0
+                            ? split_entries
+                            : ((length + num_splits - 1) / num_splits + kTile - 1) / kTile * kTile;
   begin = min(length, split * per_split);
   end = min(length, begin + per_split);
 }
@@ -410,7 +420,7 @@ __global__ void __launch_bounds__(CtaShape<kWarps>::kThreads, CtaShape<kWarps>::
   const int used_splits = UsedSplits(params, length);
   int begin = 0;
   int end = 0;
-  SplitRange<kTile>(length, split, used_splits, begin, end);
+  SplitRange<kTile>(length, split, used_splits, params.split_entries, begin, end);
   int64_t part_row =  // row of (split, sequence, head0) in the partial arrays
       (static_cast<int64_t>(split) * params.num_decode + decode_index) * params.num_heads + head0;
   const int written = params.write_start != nullptr ? LoadKept(params.write_start + seq, keep) : -1;
@@ -961,7 +971,7 @@ __global__ void DecodeScoresKernel(const DecodeParams params) {
   int begin = 0;
   int end = 0;
   SplitRange<CtaShape<kScoreWarps>::kTile>(params.kv_lens[slot], static_cast<int>(blockIdx.y),
-                                           params.num_splits, begin, end);
+                                           params.num_splits, params.split_entries, begin, end);
   if (begin >= end) return;
   const int tid = static_cast<int>(threadIdx.x);
   const int head0 = kv_head * params.group;
@@ -1268,9 +1278,18 @@ size_t DecodeAttentionWorkspaceBytesForSplits(int num_decode_seqs, int num_heads
   return Layout(num_decode_seqs, num_heads, head_dim, slots).bytes;
 }
 
+int DecodeAttentionInvariantSplits(int max_kv_len) {
+  return static_cast<int>(std::clamp<int64_t>(
+      CeilDiv(std::max(max_kv_len, 1), kDecodeInvariantSplitEntries), 1, 65535));
+}
+
 size_t DecodeAttentionWorkspaceBytes(int num_decode_seqs, int num_heads, int head_dim,
-                                     int max_kv_len) {
+                                     int max_kv_len, bool batch_invariant) {
   if (num_decode_seqs <= 0) return 0;
+  if (batch_invariant) {
+    return DecodeAttentionWorkspaceBytesForSplits(num_decode_seqs, num_heads, head_dim,
+                                                  DecodeAttentionInvariantSplits(max_kv_len));
+  }
   // DecodeAttentionSplits picks splits <= max(ceil(target / B), ceil(L / 4096)) and <= ceil(L /
   // 128), so splits * B stays under this bound, which also grows with B and L: a workspace sized
   // for the largest batch and context serves every smaller step.
@@ -1313,10 +1332,15 @@ void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, int kv_heads_per_c
                                int64_t q_stride, const float* rope_table, int num_heads,
                                const StepView& step, int layer, const PoolView& pool, bf16* out,
                                int64_t out_stride, void* workspace, size_t workspace_bytes,
-                               const RowRmsView& norm, cudaStream_t stream) {
+                               const RowRmsView& norm, cudaStream_t stream, int split_entries) {
   const int num_decode = step.num_seqs - step.num_prefill_seqs;
   if (num_decode <= 0) return;
   const int head_dim = pool.head_dim;
+  SIEVE_CHECK(
+      split_entries >= 0 && split_entries % 64 == 0 &&
+      (split_entries == 0 || static_cast<int64_t>(num_splits) * split_entries >= step.max_kv_len))
+      << split_entries << " entries a split, " << num_splits << " splits, longest "
+      << step.max_kv_len;
   SIEVE_CHECK(pool.num_kv_heads > 0 && num_heads % pool.num_kv_heads == 0)
       << num_heads << " query heads, " << pool.num_kv_heads << " KV heads";
   SIEVE_CHECK(head_dim == 64 || head_dim == 128) << "head_dim " << head_dim;
@@ -1387,6 +1411,7 @@ void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, int kv_heads_per_c
   params.num_splits = num_splits;
   params.fill_splits = static_cast<int>(
       std::min<int64_t>(num_splits, FillSplits(num_decode, num_heads, pool.num_kv_heads)));
+  params.split_entries = split_entries;
   params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   params.scale_log2 = params.scale * static_cast<float>(M_LOG2E);
   params.trace = Trace().buffer;
@@ -1416,9 +1441,17 @@ void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, int kv_heads_per_c
 
 void DecodeAttention(const bf16* q, int64_t q_stride, int num_heads, const StepView& step,
                      int layer, const PoolView& pool, bf16* out, int64_t out_stride,
-                     void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                     void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                     bool batch_invariant) {
   const int num_decode = step.num_seqs - step.num_prefill_seqs;
   if (num_decode <= 0) return;
+  if (batch_invariant) {
+    DecodeAttentionWithSplits(DecodeAttentionInvariantSplits(step.max_kv_len), kDecodeInvariantCta,
+                              1, q, q_stride, nullptr, num_heads, step, layer, pool, out,
+                              out_stride, workspace, workspace_bytes, RowRmsView{}, stream,
+                              kDecodeInvariantSplitEntries);
+    return;
+  }
   const int splits = DecodeAttentionSplits(num_decode, num_heads, pool.num_kv_heads, pool.head_dim,
                                            step.max_kv_len, workspace_bytes);
   DecodeAttentionWithSplits(splits, DecodeCta::kAuto, 0, q, q_stride, nullptr, num_heads, step,
@@ -1429,10 +1462,17 @@ void DecodeAttention(const bf16* q, int64_t q_stride, int num_heads, const StepV
 void RopeDecodeAttention(const bf16* qkv, int64_t qkv_stride, const float* rope_table,
                          int num_heads, const StepView& step, int layer, const PoolView& pool,
                          bf16* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
-                         const RowRmsView& norm, cudaStream_t stream) {
+                         const RowRmsView& norm, cudaStream_t stream, bool batch_invariant) {
   const int num_decode = step.num_seqs - step.num_prefill_seqs;
   if (num_decode <= 0) return;
   SIEVE_CHECK(rope_table != nullptr);
+  if (batch_invariant) {
+    DecodeAttentionWithSplits(DecodeAttentionInvariantSplits(step.max_kv_len), kDecodeInvariantCta,
+                              1, qkv, qkv_stride, rope_table, num_heads, step, layer, pool, out,
+                              out_stride, workspace, workspace_bytes, norm, stream,
+                              kDecodeInvariantSplitEntries);
+    return;
+  }
   const int splits = DecodeAttentionSplits(num_decode, num_heads, pool.num_kv_heads, pool.head_dim,
                                            step.max_kv_len, workspace_bytes);
   DecodeAttentionWithSplits(splits, DecodeCta::kAuto, 0, qkv, qkv_stride, rope_table, num_heads,

@@ -49,17 +49,30 @@ constexpr int kDecodeMaxFoldedGroup = 8;
 // unfolded CTAs in README_attention.md ("Folded CTAs").
 int ChooseDecodeKvHeadsPerCta(int num_decode_seqs, int num_heads, int num_kv_heads, DecodeCta cta);
 
+// Batch invariance (DecodeAttention's `batch_invariant`; README_attention.md "Batch
+// invariance"): every split holds kDecodeInvariantSplitEntries entries of its sequence (the last
+// fewer), so a sequence of L entries is cut into ceil(L / that) pieces whatever the batch, by
+// CTAs of the one shape kDecodeInvariantCta, unfolded; the combine merges the pieces in split
+// order. A head's result then depends on its sequence's entries alone. A multiple of every CTA
+// shape's tile.
+constexpr int kDecodeInvariantSplitEntries = 256;
+constexpr DecodeCta kDecodeInvariantCta = DecodeCta::kNarrow;
+// The grid's split count for a longest sequence of `max_kv_len` entries (at least 1).
+int DecodeAttentionInvariantSplits(int max_kv_len);
+
 // DecodeAttention with a forced split count (>= 1), CTA configuration (kAuto: ChooseDecodeCta)
 // and KV heads a CTA (0: ChooseDecodeKvHeadsPerCta; else a divisor of num_kv_heads, and 1 for
 // groups above kDecodeMaxFoldedGroup); the workspace must hold
 // DecodeAttentionWorkspaceBytesForSplits(..., num_splits) bytes. With `rope_table` set this is
 // RopeDecodeAttention (kernels.h): q points at qkv rows [T][(H + 2G) d] with q and k not rotated,
-// and `norm` may carry a folded RMSNorm.
+// and `norm` may carry a folded RMSNorm. `split_entries` > 0 cuts every sequence into pieces of
+// that many entries (a multiple of 64; num_splits must cover the longest: batch invariance)
+// instead of num_splits' equal pieces.
 void DecodeAttentionWithSplits(int num_splits, DecodeCta cta, int kv_heads_per_cta, const bf16* q,
                                int64_t q_stride, const float* rope_table, int num_heads,
                                const StepView& step, int layer, const PoolView& pool, bf16* out,
                                int64_t out_stride, void* workspace, size_t workspace_bytes,
-                               const RowRmsView& norm, cudaStream_t stream);
+                               const RowRmsView& norm, cudaStream_t stream, int split_entries = 0);
 
 // ---- Where one launch's time goes (a diagnostic; off by default) ----
 // With a trace buffer set, thread 0 of every CTA of the main kernel writes the %globaltimer (ns)

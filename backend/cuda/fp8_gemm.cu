@@ -154,12 +154,19 @@ bool FirstConfigOnly() {
 std::vector<cublasLtMatmulAlgo_t> Fp8GemmRunner::Heuristic(cublasLtMatmulDesc_t op,
                                                            cublasLtMatrixLayout_t a,
                                                            cublasLtMatrixLayout_t b,
-                                                           cublasLtMatrixLayout_t c) {
+                                                           cublasLtMatrixLayout_t c,
+                                                           bool no_split) {
   cublasLtMatmulPreference_t preference;
   SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
   const size_t workspace = kWorkspaceBytes;
   SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+  if (no_split) {
+    const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
+    SIEVE_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                             &no_reduction, sizeof(no_reduction)));
+  }
   cublasLtMatmulHeuristicResult_t results[kHeuristicConfigs] = {};
   int count = 0;
   const int wanted = FirstConfigOnly() ? 1 : kHeuristicConfigs;
@@ -169,9 +176,99 @@ std::vector<cublasLtMatmulAlgo_t> Fp8GemmRunner::Heuristic(cublasLtMatmulDesc_t 
   std::vector<cublasLtMatmulAlgo_t> algos;
   if (status != CUBLAS_STATUS_SUCCESS) return algos;
   for (int index = 0; index < count; ++index) {
-    if (results[index].state == CUBLAS_STATUS_SUCCESS) algos.push_back(results[index].algo);
+    if (results[index].state != CUBLAS_STATUS_SUCCESS) continue;
+    algos.push_back(results[index].algo);
+    if (no_split) {
+      // Stated, not left to the kernel's defaults: one piece of k, reduced by no one.
+      const int32_t one = 1;
+      const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+      cublasLtMatmulAlgoConfigSetAttribute(&algos.back(), CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one,
+                                           sizeof(one));
+      cublasLtMatmulAlgoConfigSetAttribute(&algos.back(), CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                           &none, sizeof(none));
+    }
   }
   return algos;
+}
+
+void Fp8GemmRunner::SetBatchInvariant(bool on) {
+  if (on == batch_invariant_) return;
+  batch_invariant_ = on;
+  for (auto& [key, plan] : plans_) plan.settled = false;  // chosen again on their next Run
+  bucket_choices_.clear();
+}
+
+void Fp8GemmRunner::SettleInvariant(Plan& plan, int64_t m, int64_t n, int64_t k, bool out_f32,
+                                    bool accumulate) {
+  const auto key = std::make_tuple(n, k, out_f32);
+  auto found = invariant_choices_.find(key);
+  if (found == invariant_choices_.end()) {
+    // Asked once, for one m and contiguous operands: a function of (n, k, output type), the
+    // device and the cuBLASLt version only.
+    const int64_t rows = GemmRunner::kInvariantPlanRows;
+    const Plan& reference = PlanFor(rows, n, k, k, k, n, out_f32, false);
+    // Taken only if every row count a step may have takes it too (the plans of those m, made
+    // here, are the ones later calls of contiguous operands reuse).
+    const auto takes_every_m = [&](bool scaled, const cublasLtMatmulAlgo_t& algo) {
+      for (const int64_t probe_rows : GemmRunner::kInvariantProbeRows) {
+        const Plan& probe = PlanFor(probe_rows, n, k, k, k, n, out_f32, false);
+        cublasLtMatmulHeuristicResult_t check{};
+        if (cublasLtMatmulAlgoCheck(lt_, scaled ? probe.scaled_op : probe.unscaled_op, probe.a,
+                                    probe.b, scaled ? probe.c : probe.product,
+                                    scaled ? probe.c : probe.product, &algo,
+                                    &check) != CUBLAS_STATUS_SUCCESS ||
+            check.workspaceSize > kWorkspaceBytes) {
+          return false;
+        }
+      }
+      return true;
+    };
+    // The heuristic's first answer without split-k (a fixed choice: never timed).
+    const auto first_unsplit = [&](cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t c,
+                                   cublasLtMatmulAlgo_t* algo) {
+      const std::vector<cublasLtMatmulAlgo_t> algos =
+          Heuristic(op, reference.a, reference.b, c, /*no_split=*/true);
+      if (algos.empty()) return false;
+      *algo = algos.front();
+      return true;
+    };
+    InvariantChoice choice;
+    if (first_unsplit(reference.scaled_op, reference.c, &choice.algo) &&
+        takes_every_m(true, choice.algo)) {
+      choice.candidate = kScaled;
+    } else {
+      SIEVE_CHECK(first_unsplit(reference.unscaled_op, reference.product, &choice.algo) &&
+                  takes_every_m(false, choice.algo))
+          << "cuBLASLt offers no FP8 GEMM without split-k for n " << n << ", k " << k
+          << " that takes every row count: --batch-invariant cannot run this model here";
+      choice.candidate = kRescaled;
+    }
+    found = invariant_choices_.emplace(key, choice).first;
+  }
+  const InvariantChoice& choice = found->second;
+  const bool scaled = choice.candidate == kScaled;
+  cublasLtMatmulHeuristicResult_t check{};
+  const cublasStatus_t status = cublasLtMatmulAlgoCheck(
+      lt_, scaled ? plan.scaled_op : plan.unscaled_op, plan.a, plan.b,
+      scaled ? plan.c : plan.product, scaled ? plan.c : plan.product, &choice.algo, &check);
+  // No other configuration may stand in for an m it refuses: its rows would differ.
+  SIEVE_CHECK(status == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= kWorkspaceBytes)
+      << "the batch-invariant FP8 GEMM configuration of n " << n << ", k " << k
+      << " does not take m " << m << ": cuBLASLt status " << static_cast<int>(status);
+  if (scaled) {
+    plan.scaled_algos = {choice.algo};
+    plan.has_scaled = true;
+  } else {
+    plan.unscaled_algos = {choice.algo};
+    plan.has_unscaled = true;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    SIEVE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+    if (capture == cudaStreamCaptureStatusNone) GrowProduct(m, n);
+  }
+  plan.choice = choice.candidate;
+  plan.settled = true;
+  plan.name = CandidateName(choice.candidate) + ", batch-invariant, " + std::to_string(m) + " x " +
+              std::to_string(n) + " x " + std::to_string(k) + (accumulate ? " (+=)" : "");
 }
 
 namespace {
@@ -398,6 +495,7 @@ void Fp8GemmRunner::Run(int64_t m, int64_t n, int64_t k, const uint8_t* w, int64
   SIEVE_CHECK(k % 16 == 0 && ldw % 16 == 0 && ldx % 16 == 0 && Aligned16(w) && Aligned16(x))
       << "FP8 GEMM operands: k and row strides multiples of 16, 16-byte aligned (k " << k << ")";
   Plan& plan = PlanFor(m, n, k, ldw, ldx, ldo, out_f32, accumulate);
+  if (!plan.settled && batch_invariant_) SettleInvariant(plan, m, n, k, out_f32, accumulate);
   if (!plan.settled) {
     std::vector<int> candidates = Candidates(m, n, k, w, ldw, x, ldx, ldo, out_f32, accumulate);
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;

@@ -75,6 +75,12 @@ class Fp8GemmRunner {
                     const float* w_scales, const uint8_t* x, int64_t ldx, const float* x_scales,
                     void* out, int64_t ldo, bool out_f32, bool accumulate);
   const std::string& last_plan() const { return last_plan_; }
+  // Batch invariance (README_gemm.md "Batch invariance"): every shape of one (n, k, output type)
+  // runs one configuration whatever m is: cuBLASLt's scaled FP8 kernel where it has one for
+  // GemmRunner::kInvariantPlanRows rows, else its unscaled product and the rescale (a kernel
+  // per element), the heuristic's first configuration without split-k in either case. No timing,
+  // no skinny kernel. Shapes planned before are planned again.
+  void SetBatchInvariant(bool on);
 
  private:
   struct Plan {
@@ -98,14 +104,22 @@ class Fp8GemmRunner {
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
   Plan& PlanFor(int64_t m, int64_t n, int64_t k, int64_t ldw, int64_t ldx, int64_t ldo,
                 bool out_f32, bool accumulate);
-  // Up to kHeuristicConfigs configurations of cuBLASLt's heuristic, best first (none: no kernel).
+  // Up to kHeuristicConfigs configurations of cuBLASLt's heuristic, best first (none: no kernel);
+  // `no_split`: configurations without split-k only.
   std::vector<cublasLtMatmulAlgo_t> Heuristic(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
-                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c);
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                              bool no_split = false);
   // Times `candidates` on this call's operands (cold weights, warm x) and returns the fastest.
   int TimeCandidates(const Plan& plan, const std::vector<int>& candidates, int64_t m, int64_t n,
                      int64_t k, const uint8_t* w, int64_t ldw, const float* w_scales,
                      const uint8_t* x, int64_t ldx, const float* x_scales, void* out, int64_t ldo,
                      bool out_f32, bool accumulate);
+  // Batch invariance: settles `plan` (of m rows) on the (n, k, out_f32) configuration.
+  void SettleInvariant(Plan& plan, int64_t m, int64_t n, int64_t k, bool out_f32, bool accumulate);
+  struct InvariantChoice {
+    int candidate = kScaled;  // kScaled or kRescaled (configuration 0 of the plan)
+    cublasLtMatmulAlgo_t algo{};
+  };
   std::string CandidateName(int candidate) const;
   void GrowProduct(int64_t m, int64_t n);  // outside capture
 
@@ -120,6 +134,8 @@ class Fp8GemmRunner {
   // other (not power-of-two) m.
   std::map<Key, int> bucket_choices_;
   std::string last_plan_;
+  bool batch_invariant_ = false;
+  std::map<std::tuple<int64_t, int64_t, bool>, InvariantChoice> invariant_choices_;
 };
 
 }  // namespace sieve::cuda

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -170,14 +171,31 @@ GemmRunner::GemmRunner(cudaStream_t stream)
   flush_bytes_ = 2 * static_cast<size_t>(l2_bytes);
 }
 
-GemmRunner::~GemmRunner() {
-  cudaStreamSynchronize(stream_);
+void GemmRunner::DestroyPlans() {
   for (auto& [key, plan] : plans_) {
     if (plan.op != nullptr) cublasLtMatmulDescDestroy(plan.op);
     if (plan.a != nullptr) cublasLtMatrixLayoutDestroy(plan.a);
     if (plan.b != nullptr) cublasLtMatrixLayoutDestroy(plan.b);
     if (plan.c != nullptr) cublasLtMatrixLayoutDestroy(plan.c);
   }
+  plans_.clear();
+  bucket_sources_.clear();
+  scope_.clear();
+  last_plan_ = nullptr;
+}
+
+void GemmRunner::SetBatchInvariant(bool on) {
+  if (on == batch_invariant_) return;
+  // Plans made under the other mode are not this mode's: made again on their next use. Descriptors
+  // a queued cuBLASLt call may still read are destroyed only once the stream is done with them.
+  SIEVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  DestroyPlans();
+  batch_invariant_ = on;
+}
+
+GemmRunner::~GemmRunner() {
+  cudaStreamSynchronize(stream_);
+  DestroyPlans();
   cudaFree(workspace_);
   cudaFree(flush_);
   cudaEventDestroy(start_);
@@ -225,6 +243,9 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
                                       int64_t ldo, bool out_f32, bool accumulate) {
   const Key key{m, n, k, ldw, ldx, ldo, out_f32, accumulate};
   const auto found = plans_.find(key);
+  if (batch_invariant_ && found == plans_.end()) {
+    return InvariantPlan(key, m, n, k, ldw, ldx, ldo, out_f32);
+  }
   if (found != plans_.end()) {
     Plan& plan = found->second;
     if (!plan.settled) {
@@ -296,6 +317,116 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
     }
   }
   return stored;
+}
+
+const cublasLtMatmulAlgo_t& GemmRunner::InvariantAlgo(int64_t n, int64_t k, bool out_f32) {
+  const auto key = std::make_tuple(n, k, out_f32);
+  const auto found = invariant_algos_.find(key);
+  if (found != invariant_algos_.end()) return found->second;
+  // The heuristic asked once, for one m and contiguous operands: what it answers depends on
+  // (n, k, output type), the device and the cuBLASLt version only, so every process with the
+  // same model and GPU picks the same configuration.
+  const int64_t m = kInvariantPlanRows;
+  cublasLtMatmulDesc_t op = MakeWeightTransposedDesc();
+  cublasLtMatrixLayout_t a = nullptr;
+  cublasLtMatrixLayout_t b = nullptr;
+  cublasLtMatrixLayout_t c = nullptr;
+  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, k, n, k));
+  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, m, k));
+  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c, out_f32 ? CUDA_R_32F : CUDA_R_16BF, n, m, n));
+  cublasLtMatmulPreference_t preference;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  const size_t workspace = kWorkspaceBytes;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+  // No reduction scheme: no split-k, whose partial sums would be added in an order set by the
+  // split count.
+  const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_reduction, sizeof(no_reduction)));
+  std::vector<cublasLtMatmulHeuristicResult_t> results(kCublasCandidates);
+  int count = 0;
+  if (cublasLtMatmulAlgoGetHeuristic(lt_, op, a, b, c, c, preference,
+                                     static_cast<int>(results.size()), results.data(),
+                                     &count) != CUBLAS_STATUS_SUCCESS) {
+    count = 0;  // none: the check below says so
+  }
+  cublasLtMatmulPreferenceDestroy(preference);
+  // The first of the heuristic's answers that takes every m a step may have (a configuration
+  // refusing one at run time could not be replaced): the choice still depends on (n, k) only.
+  std::vector<std::pair<cublasLtMatrixLayout_t, cublasLtMatrixLayout_t>> probes;
+  for (const int64_t rows : kInvariantProbeRows) {
+    cublasLtMatrixLayout_t probe_b = nullptr;
+    cublasLtMatrixLayout_t probe_c = nullptr;
+    SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&probe_b, CUDA_R_16BF, k, rows, k));
+    SIEVE_CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&probe_c, out_f32 ? CUDA_R_32F : CUDA_R_16BF, n, rows, n));
+    probes.emplace_back(probe_b, probe_c);
+  }
+  std::optional<cublasLtMatmulAlgo_t> chosen;
+  for (int index = 0; index < count && !chosen; ++index) {
+    if (AlgoConfig(results[index].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1) continue;
+    cublasLtMatmulAlgo_t algo = results[index].algo;
+    // Stated, not left to the kernel's defaults: one piece of k, reduced by no one.
+    const int32_t one = 1;
+    const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one));
+    cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none,
+                                         sizeof(none));
+    bool takes_every_m = true;
+    for (const auto& [probe_b, probe_c] : probes) {
+      cublasLtMatmulHeuristicResult_t check{};
+      takes_every_m = takes_every_m &&
+                      cublasLtMatmulAlgoCheck(lt_, op, a, probe_b, probe_c, probe_c, &algo,
+                                              &check) == CUBLAS_STATUS_SUCCESS &&
+                      check.workspaceSize <= kWorkspaceBytes;
+    }
+    if (takes_every_m) chosen = algo;
+  }
+  for (const auto& [probe_b, probe_c] : probes) {
+    cublasLtMatrixLayoutDestroy(probe_b);
+    cublasLtMatrixLayoutDestroy(probe_c);
+  }
+  cublasLtMatrixLayoutDestroy(a);
+  cublasLtMatrixLayoutDestroy(b);
+  cublasLtMatrixLayoutDestroy(c);
+  cublasLtMatmulDescDestroy(op);
+  SIEVE_CHECK(chosen.has_value())
+      << "cuBLASLt offers no GEMM without split-k for n " << n << ", k " << k
+      << " that takes every row count: --batch-invariant cannot run this model here";
+  const cublasLtMatmulAlgo_t algo = *chosen;
+  if (verbose_) {
+    std::fprintf(stderr, "GEMM plan of every m x %lld x %lld%s (batch-invariant):%s\n",
+                 static_cast<long long>(n), static_cast<long long>(k), out_f32 ? " (f32 out)" : "",
+                 Describe(algo).c_str());
+  }
+  return invariant_algos_.emplace(key, algo).first->second;
+}
+
+GemmRunner::Plan& GemmRunner::InvariantPlan(const Key& key, int64_t m, int64_t n, int64_t k,
+                                            int64_t ldw, int64_t ldx, int64_t ldo, bool out_f32) {
+  Plan plan;
+  plan.op = MakeWeightTransposedDesc();
+  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, k, n, ldw));
+  SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, k, m, ldx));
+  SIEVE_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&plan.c, out_f32 ? CUDA_R_32F : CUDA_R_16BF, n, m, ldo));
+  plan.algo = InvariantAlgo(n, k, out_f32);
+  cublasLtMatmulHeuristicResult_t check{};
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoCheck(lt_, plan.op, plan.a, plan.b, plan.c, plan.c, &plan.algo, &check);
+  // A tile covers any m; only strides the configuration cannot read would fail, and no other
+  // configuration may stand in (its rows would differ).
+  SIEVE_CHECK(status == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= kWorkspaceBytes)
+      << "the batch-invariant GEMM configuration of n " << n << ", k " << k << " does not take m "
+      << m << " (strides " << ldw << ", " << ldx << ", " << ldo << "): cuBLASLt status "
+      << static_cast<int>(status);
+  plan.settled = true;
+  plan.closed = true;
+  plan.name = "cuBLASLt, batch-invariant" + Describe(plan.algo);
+  plan.shape = std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k) +
+               (out_f32 ? " (f32 out)" : "") + (std::get<7>(key) ? " (+=)" : "");
+  return plans_.emplace(key, std::move(plan)).first->second;
 }
 
 std::vector<cublasLtMatmulAlgo_t> GemmRunner::RetiledCandidates(

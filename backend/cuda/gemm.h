@@ -42,6 +42,19 @@ class GemmRunner {
            const __nv_bfloat16* x, int64_t ldx, void* out, int64_t ldo, bool out_f32,
            bool accumulate = false);
 
+  // Batch invariance (README_gemm.md "Batch invariance"): from now on every shape is planned as
+  // one fixed cuBLASLt configuration per (n, k, output type), the same for every m: the
+  // heuristic's first configuration without split-k for kInvariantPlanRows rows, checked against
+  // each m it runs. No timing, no skinny kernel, no step-tuning options: row r of the output is
+  // then computed by the same kernel in the same order whatever m is. Drops every plan made
+  // before (outside any capture, before graphs that replay them are made).
+  void SetBatchInvariant(bool on);
+  bool batch_invariant() const { return batch_invariant_; }
+  static constexpr int64_t kInvariantPlanRows = 128;
+  // The row counts the configuration must take (cublasLtMatmulAlgoCheck) to be chosen: one row,
+  // decode batches, prefill chunks and more.
+  static constexpr int64_t kInvariantProbeRows[] = {1, 7, 64, 128, 1000, 8192, 65536};
+
   // The plan the last Run used (call after one), e.g. "cuBLASLt, candidate 2 of 8 (algo 66, ...)"
   // or "skinny kernel, k split 2, candidate 10 of 11".
   const std::string& last_plan() const { return last_plan_->name; }
@@ -124,6 +137,12 @@ class GemmRunner {
       const Plan& plan, int64_t m, int64_t n, const cublasLtMatmulHeuristicResult_t* heuristic,
       int heuristic_count);
   Plan& OpenPlanAt(int index);
+  void DestroyPlans();  // every plan's descriptors, and the maps and pointers into plans_
+  // Batch invariance: the plan of this shape, its algo the (n, k, out_f32) one for every m.
+  Plan& InvariantPlan(const Key& key, int64_t m, int64_t n, int64_t k, int64_t ldw, int64_t ldx,
+                      int64_t ldo, bool out_f32);
+  // The configuration of every m for (n, k, out_f32), chosen on first use (see SetBatchInvariant).
+  const cublasLtMatmulAlgo_t& InvariantAlgo(int64_t n, int64_t k, bool out_f32);
   static float CandidateTime(const Plan& plan, size_t index);
   static size_t CandidateCount(const Plan& plan) {
     return plan.cublas_candidates.size() + plan.skinny_splits.size();
@@ -163,7 +182,9 @@ class GemmRunner {
   const Plan* last_plan_ = nullptr;  // map nodes do not move
   std::vector<Plan*> scope_;         // plans with options run since MarkTuningScope()
   size_t tuning_options_;            // kTuningOptions (gemm.cc) but in tests
-  float tuning_margin_;              // kTuningMargin but in tests
+  bool batch_invariant_ = false;
+  std::map<std::tuple<int64_t, int64_t, bool>, cublasLtMatmulAlgo_t> invariant_algos_;
+  float tuning_margin_;  // kTuningMargin but in tests
 };
 
 }  // namespace sieve::cuda

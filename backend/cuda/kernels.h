@@ -138,15 +138,20 @@ void PrefillAttentionWithKernel(PrefillKernel kernel, const bf16* q, int64_t q_s
                                 cudaStream_t stream);
 // Whether this device runs the sm_90a prefill kernel (an sm_90 GPU, and a build for sm_90a).
 bool PrefillAttentionSm90Supported();
-// Scratch bytes DecodeAttention needs for its split-K partial results at these sizes.
+// Scratch bytes DecodeAttention needs for its split-K partial results at these sizes (with
+// `batch_invariant`, for its fixed-size splits).
 size_t DecodeAttentionWorkspaceBytes(int num_decode_seqs, int num_heads, int head_dim,
-                                     int max_kv_len);
+                                     int max_kv_len, bool batch_invariant = false);
 // Attention of each decode token (rows [T_p, T) of q/out) over its sequence's entries in `layer`
 // (page table row seq_slots[s], kv_lens). Split-K over long contexts. When pool.scores is set,
 // adds each entry's probability averaged over the KV head's query group to it (H2O).
+// `batch_invariant`: a head's arithmetic depends on its sequence's length only, never on the batch
+// (splits of a fixed number of entries, one CTA shape, no folding: README_attention.md "Batch
+// invariance").
 void DecodeAttention(const bf16* q, int64_t q_stride, int num_heads, const StepView& step,
                      int layer, const PoolView& pool, bf16* out, int64_t out_stride,
-                     void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                     void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                     bool batch_invariant = false);
 // RopeAndCacheWrite over the decode tokens [T_p, T), then DecodeAttention of their q, in one
 // kernel: each CTA rotates its heads' q in shared memory and, when its piece of the sequence holds
 // the token's entry (write_start[layer][s]), rotates the token's k of its KV head and writes k, v
@@ -157,7 +162,7 @@ void DecodeAttention(const bf16* q, int64_t q_stride, int num_heads, const StepV
 void RopeDecodeAttention(const bf16* qkv, int64_t qkv_stride, const float* rope_table,
                          int num_heads, const StepView& step, int layer, const PoolView& pool,
                          bf16* out, int64_t out_stride, void* workspace, size_t workspace_bytes,
-                         const RowRmsView& norm, cudaStream_t stream);
+                         const RowRmsView& norm, cudaStream_t stream, bool batch_invariant = false);
 
 // ---------------- sparsity (sparsity_kernels.cu) ----------------
 // Compression jobs of one layer: rows [job_begin, job_end) of step.compression_jobs, whose host
