@@ -843,6 +843,7 @@ EngineStats Engine::Stats() const {
           : 0;
   stats.num_swapped_out = scheduler_->num_swapped_out();
   stats.num_swapped_in = scheduler_->num_swapped_in();
+  stats.num_swapped_removed = scheduler_->num_swapped_removed();
   stats.num_swap_fallbacks = scheduler_->num_swap_fallbacks();
   stats.num_replayed_tokens = scheduler_->num_replayed_tokens();
   stats.prefix_cache_queries = scheduler_->prefix_cache_queries();

@@ -157,6 +157,9 @@ struct EngineStats {
   int num_swap_slots_used = 0;  // host swap slots (one page each) holding swapped pages now
   int64_t num_swapped_out = 0;  // preemptions by swap
   int64_t num_swapped_in = 0;
+  // Removed while swapped out, never swapped in: aborted, or finished by the step that was in
+  // flight when they were swapped out (num_swapped_out = num_swapped_in + this + num_swapped).
+  int64_t num_swapped_removed = 0;
   int64_t num_swap_fallbacks = 0;  // swap mode, swap space full: recomputed instead
   // Decode steps that replayed a known token into the cache after a recompute (sparse requests).
   int64_t num_replayed_tokens = 0;

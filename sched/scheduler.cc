@@ -122,6 +122,7 @@ bool Scheduler::Remove(SeqId id) {
   if (it->second.state == SequenceState::kSwapped) {
     for (const int32_t slot : it->second.swap_slots) free_swap_slots_.push_back(slot);
     std::erase(swapped_, id);
+    ++num_swapped_removed_;
   }
   if (kv_->HasSequence(id)) {
     // Its last page may have filled in a step whose input token the host read only after it (a

@@ -106,6 +106,9 @@ class Scheduler {
   int64_t num_preemptions() const { return num_preemptions_; }  // by swap and by recompute
   int64_t num_swapped_out() const { return num_swapped_out_; }
   int64_t num_swapped_in() const { return num_swapped_in_; }
+  // Sequences removed while swapped out (aborted, or finished by the step in flight when they
+  // were swapped out: steps are planned before the step before them is read), never swapped in.
+  int64_t num_swapped_removed() const { return num_swapped_removed_; }
   // Preemptions in swap mode done by recompute because the swap slots were full.
   int64_t num_swap_fallbacks() const { return num_swap_fallbacks_; }
   // Decode steps that replayed a known token after a recompute (sparse sequences), unsampled.
@@ -185,6 +188,7 @@ class Scheduler {
   int64_t num_preemptions_ = 0;
   int64_t num_swapped_out_ = 0;
   int64_t num_swapped_in_ = 0;
+  int64_t num_swapped_removed_ = 0;
   int64_t num_swap_fallbacks_ = 0;
   int64_t num_replayed_tokens_ = 0;
   int64_t prefix_cache_queries_ = 0;
