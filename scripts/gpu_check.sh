@@ -1060,8 +1060,10 @@ if has soak; then
   # compute-sanitizer's memcheck (its report in logs/soak_memcheck_sanitizer.log).
   ensure_sieve
   start=$(date +%s)
+  # SOAK_ARGS adds arguments, e.g. "--replay-max 1000 -- --batch-invariant" (strict: every
+  # replayed answer must equal the one under load, issue 62).
   python3 scripts/soak.py --sieve build/gpu/sieve --device cuda --requests "${SOAK_REQUESTS:-5000}" \
-    --clients 64 --result-json "$OUT/soak-gpu.json" > "$LOGS/soak_gpu.log" 2>&1
+    --clients 64 --result-json "$OUT/soak-gpu.json" ${SOAK_ARGS:-} > "$LOGS/soak_gpu.log" 2>&1
   note "soak on the GPU: rc $? in $(( $(date +%s) - start )) s"
   tail -30 "$LOGS/soak_gpu.log" >> "$summary"
   # The soak stops its server with SIGTERM and wants exit status 0: the wrapper hands the signal

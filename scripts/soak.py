@@ -18,7 +18,8 @@ Then checks, each failing the run with a message:
     an OpenAI-shaped error body, no 5xx anywhere (the client's view and the server's
     sieve:http_requests_total), and the server stayed up the whole time;
   - greedy and seeded answers under load equal the same request sent alone to the idle server
-    afterwards, exactly, dense and sparse policies alike (preemption is transparent: by
+    afterwards, exactly, dense and sparse policies alike (checked on the CPU and with
+    `-- --batch-invariant`; elsewhere counted and reported) (preemption is transparent: by
     recompute a sparse request prefills its prompt again and replays its generated tokens as
     decode steps; with `-- --preemption-mode swap` its pages go to host memory and back); each
     sparse one is also checked to be deterministic alone;
@@ -36,6 +37,8 @@ Prints a summary; --result-json writes it as JSON. Python 3 standard library onl
   python3 scripts/soak.py                                   # CI: 1,200 jobs, CPU, 1.5-3 min
   python3 scripts/soak.py --sieve build/release/sieve --requests 20000 --clients 32
   python3 scripts/soak.py --sieve build/gpu/sieve --device cuda --clients 64 --requests 5000
+  python3 scripts/soak.py --sieve build/gpu/sieve --device cuda --clients 64 --requests 5000 \\
+      --replay-max 1000 -- --batch-invariant              # strict: issue 62's GPU check
   python3 scripts/soak.py --sieve build/gpu/sieve --device cuda \\
       --model /models/Meta-Llama-3-8B-Instruct --kv-memory 512M --clients 128 --requests 20000
 
@@ -1152,8 +1155,8 @@ def main():
     parser.add_argument("--greedy-check", choices=["strict", "report"], default=None,
                         help="strict: a greedy or seeded answer under load that differs "
                              "from the one alone fails the run; report: counted only "
-                             "(default: strict on the CPU, whose ops are batch-invariant; "
-                             "report elsewhere)")
+                             "(default: strict on the CPU, whose ops are batch-invariant, and "
+                             "with `-- --batch-invariant`; report elsewhere)")
     parser.add_argument("--rss-limit-mib", type=float, default=None,
                         help="most RSS growth over the second half of the load, MiB (default: "
                              "the larger of 4 MiB and 5%% of the RSS at its start)")
@@ -1176,7 +1179,8 @@ def main():
     if args.threads is None and args.device == "cpu":
         args.threads = 2
     if args.greedy_check is None:
-        args.greedy_check = "strict" if args.device == "cpu" else "report"
+        invariant = "--batch-invariant" in args.serve_args
+        args.greedy_check = "strict" if args.device == "cpu" or invariant else "report"
     if not os.access(args.sieve, os.X_OK):
         print(f"soak: {args.sieve} is not an executable (build it, or pass --sieve)",
               file=sys.stderr)
