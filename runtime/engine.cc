@@ -135,12 +135,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(
           "--batch-invariant with --tensor-parallel-size > 1 on the GPU: NCCL's all-reduce "
           "order depends on the message size, so a row's sum would depend on the batch");
     }
-    for (Backend* rank_backend : [&] {
-           std::vector<Backend*> backends = {&model->backend()};
-           for (const auto& other : other_ranks) backends.push_back(&other->backend());
-           return backends;
-         }()) {
-      SIEVE_RETURN_IF_ERROR(rank_backend->SetBatchInvariant(true));
+    SIEVE_RETURN_IF_ERROR(model->backend().SetBatchInvariant(true));
+    for (const auto& other : other_ranks) {
+      SIEVE_RETURN_IF_ERROR(other->backend().SetBatchInvariant(true));
     }
     // A multiple of the page size (a cached prefix ends on one), within every step's budget and
     // the prompt-logprob rows (a chunk must fit an empty step).

@@ -156,17 +156,8 @@ std::vector<cublasLtMatmulAlgo_t> Fp8GemmRunner::Heuristic(cublasLtMatmulDesc_t 
                                                            cublasLtMatrixLayout_t b,
                                                            cublasLtMatrixLayout_t c,
                                                            bool no_split) {
-  cublasLtMatmulPreference_t preference;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-  const size_t workspace = kWorkspaceBytes;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
-  if (no_split) {
-    const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
-    SIEVE_CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                             &no_reduction, sizeof(no_reduction)));
-  }
+  cublasLtMatmulPreference_t preference = MakeGemmPreference(
+      kWorkspaceBytes, no_split ? CUBLASLT_REDUCTION_SCHEME_NONE : CUBLASLT_REDUCTION_SCHEME_MASK);
   cublasLtMatmulHeuristicResult_t results[kHeuristicConfigs] = {};
   int count = 0;
   const int wanted = FirstConfigOnly() ? 1 : kHeuristicConfigs;
@@ -444,9 +435,7 @@ int Fp8GemmRunner::TimeCandidates(const Plan& plan, const std::vector<int>& cand
       flush = nullptr;
     }
   }
-  const uintptr_t x_begin = (reinterpret_cast<uintptr_t>(x) + 15) / 16 * 16;
-  const uintptr_t x_end =
-      (reinterpret_cast<uintptr_t>(x) + static_cast<uintptr_t>(m * ldx)) / 16 * 16;
+  const auto [x_warm, x_warm_bytes] = AlignedInside(x, (m - 1) * ldx + k);
   cudaEvent_t start, stop;
   SIEVE_CUDA_CHECK(cudaEventCreate(&start));
   SIEVE_CUDA_CHECK(cudaEventCreate(&stop));
@@ -457,9 +446,8 @@ int Fp8GemmRunner::TimeCandidates(const Plan& plan, const std::vector<int>& cand
     for (int rep = 0; rep < 6; ++rep) {
       if (flush != nullptr) {
         ReadThrough(flush, flush_bytes, stream_);
-        if (x_end > x_begin) {
-          ReadThrough(reinterpret_cast<const void*>(x_begin), x_end - x_begin, stream_,
-                      static_cast<uint32_t*>(flush));
+        if (x_warm_bytes > 0) {
+          ReadThrough(x_warm, x_warm_bytes, stream_, static_cast<uint32_t*>(flush));
         }
       }
       SIEVE_CUDA_CHECK(cudaEventRecord(start, stream_));

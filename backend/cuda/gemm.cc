@@ -96,14 +96,6 @@ bool RetiledGridFits(int64_t ctas) {
 constexpr float kTuningMargin = 0.03f;
 constexpr size_t kTuningOptions = 3;
 
-// The 16-byte aligned part of [data, data + bytes), as ReadThrough takes it.
-std::pair<const void*, size_t> AlignedInside(const void* data, int64_t bytes) {
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + 15) / 16 * 16;
-  const uintptr_t end =
-      (reinterpret_cast<uintptr_t>(data) + static_cast<uintptr_t>(bytes)) / 16 * 16;
-  return {reinterpret_cast<const void*>(begin), end > begin ? end - begin : 0};
-}
-
 // One attribute of an algo's configuration, or -1.
 int AlgoConfig(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attribute) {
   uint32_t value = 0;
@@ -143,6 +135,25 @@ std::string Describe(const cublasLtMatmulAlgo_t& algo) {
 }
 
 }  // namespace
+
+std::pair<const void*, size_t> AlignedInside(const void* data, int64_t bytes) {
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + 15) / 16 * 16;
+  const uintptr_t end =
+      (reinterpret_cast<uintptr_t>(data) + static_cast<uintptr_t>(bytes)) / 16 * 16;
+  return {reinterpret_cast<const void*>(begin), end > begin ? end - begin : 0};
+}
+
+cublasLtMatmulPreference_t MakeGemmPreference(size_t workspace_bytes, uint32_t reduction_mask) {
+  cublasLtMatmulPreference_t preference = nullptr;
+  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  SIEVE_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &workspace_bytes, sizeof(workspace_bytes)));
+  SIEVE_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                           &reduction_mask, sizeof(reduction_mask)));
+  return preference;
+}
 
 cublasLtMatmulDesc_t MakeWeightTransposedDesc() {
   cublasLtMatmulDesc_t op = nullptr;
@@ -260,17 +271,10 @@ GemmRunner::Plan& GemmRunner::PlanFor(int64_t m, int64_t n, int64_t k, const __n
   SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, k, n, ldw));
   SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, k, m, ldx));
   SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, out_type, n, m, ldo));
-  cublasLtMatmulPreference_t preference;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-  const size_t workspace = kWorkspaceBytes;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
   // Any split-k reduction: with none, the sparse decode step read 6.77 ms against 5.87
   // (bench/results/2026-12-01-s6-h200-step.json, "no split-k GEMMs").
-  const uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_MASK;
-  SIEVE_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                           &reduction_mask, sizeof(reduction_mask)));
+  cublasLtMatmulPreference_t preference =
+      MakeGemmPreference(kWorkspaceBytes, CUBLASLT_REDUCTION_SCHEME_MASK);
   std::vector<cublasLtMatmulHeuristicResult_t> results(kCublasCandidates);
   int cublas_count = 0;
   SIEVE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.c, plan.c,
@@ -334,16 +338,10 @@ const cublasLtMatmulAlgo_t& GemmRunner::InvariantAlgo(int64_t n, int64_t k, bool
   SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, k, n, k));
   SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, m, k));
   SIEVE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c, out_f32 ? CUDA_R_32F : CUDA_R_16BF, n, m, n));
-  cublasLtMatmulPreference_t preference;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-  const size_t workspace = kWorkspaceBytes;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
   // No reduction scheme: no split-k, whose partial sums would be added in an order set by the
   // split count.
-  const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
-  SIEVE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_reduction, sizeof(no_reduction)));
+  cublasLtMatmulPreference_t preference =
+      MakeGemmPreference(kWorkspaceBytes, CUBLASLT_REDUCTION_SCHEME_NONE);
   std::vector<cublasLtMatmulHeuristicResult_t> results(kCublasCandidates);
   int count = 0;
   if (cublasLtMatmulAlgoGetHeuristic(lt_, op, a, b, c, c, preference,

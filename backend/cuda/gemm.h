@@ -29,6 +29,14 @@ namespace sieve::cuda {
 // input) is not ("TN", the layout cuBLASLt's FP8 kernels require); f32 compute and scale.
 cublasLtMatmulDesc_t MakeWeightTransposedDesc();
 
+// A heuristic preference: at most `workspace_bytes` of workspace, split-k reductions limited to
+// `reduction_mask` (CUBLASLT_REDUCTION_SCHEME_MASK: any; CUBLASLT_REDUCTION_SCHEME_NONE: no
+// split-k). The caller destroys it.
+cublasLtMatmulPreference_t MakeGemmPreference(size_t workspace_bytes, uint32_t reduction_mask);
+
+// The 16-byte aligned part of [data, data + bytes), as ReadThrough takes it.
+std::pair<const void*, size_t> AlignedInside(const void* data, int64_t bytes);
+
 class GemmRunner {
  public:
   explicit GemmRunner(cudaStream_t stream);
